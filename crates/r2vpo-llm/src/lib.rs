@@ -1,0 +1,12 @@
+//! # r2vpo-llm — RL fine-tuning of language models on math reasoning
+//!
+//! The paper's main domain (Section 4.1). This crate grows into: a trainable
+//! Llama/Qwen decoder in candle, loading from Hugging Face folders and GGUF
+//! files, batched sampling with behaviour log-probs, math answer
+//! verification, datasets and evaluation. It depends on the algorithm core
+//! `r2vpo`, never the reverse.
+
+#![warn(missing_docs)]
+
+pub mod gguf;
+pub mod reward;

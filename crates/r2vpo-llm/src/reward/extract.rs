@@ -1,0 +1,266 @@
+//! Pulling the final answer out of a model response.
+//!
+//! Every function here is linear in the response length: responses are long
+//! chains of thought (tens of thousands of characters), and extraction runs
+//! once per rollout.
+
+/// Removes the reasoning block of "slow thinking" models.
+///
+/// Text after the last `</think>` is the answer part. Qwen3-style chat
+/// templates put `<think>` in the prompt, so a response may carry only the
+/// closing tag; that case is covered by the same rule. A response with an
+/// opening `<think>` and no closing tag was cut off while thinking, so it has
+/// no final answer and this returns an empty string: an unfinished thought's
+/// last number must not earn reward.
+pub fn strip_think(text: &str) -> &str {
+    const CLOSE: &str = "</think>";
+    if let Some(i) = text.rfind(CLOSE) {
+        &text[i + CLOSE.len()..]
+    } else if text.contains("<think>") {
+        ""
+    } else {
+        text
+    }
+}
+
+/// Content of the last `\boxed{…}` or `\fbox{…}`, with nested braces.
+///
+/// Also accepts the space form `\boxed 5` (content up to the next `$` or end
+/// of line) and the one-token form `\boxed5`. Escaped braces `\{ \}` do not
+/// count towards nesting, so `\boxed{\{1, 2\}}` yields `\{1, 2\}`. If the last
+/// box is never closed (a truncated response) this returns `None` rather than
+/// falling back to an earlier box, as verl's `last_boxed_only_string` does: an
+/// earlier box is usually a draft the model went on to revise. An empty box
+/// (`\boxed{}`, often in "put your answer in \boxed{}" prose) is `None` too.
+pub fn last_boxed(text: &str) -> Option<&str> {
+    let (start, name_len) = ["\\boxed", "\\fbox"]
+        .iter()
+        .filter_map(|name| text.rfind(name).map(|i| (i, name.len())))
+        .max_by_key(|&(i, _)| i)?;
+    let rest = &text[start + name_len..];
+    let content = if let Some(body) = rest.strip_prefix('{') {
+        let mut depth = 1usize;
+        let mut escaped = false;
+        let mut end = None;
+        for (i, c) in body.char_indices() {
+            if escaped {
+                escaped = false;
+                continue;
+            }
+            match c {
+                '\\' => escaped = true,
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(i);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        &body[..end?]
+    } else if rest.starts_with([' ', '\t']) {
+        let body = rest.trim_start_matches([' ', '\t']);
+        body.split(['$', '\n']).next().unwrap_or("")
+    } else {
+        // `\boxed5`: TeX takes a single token as the argument.
+        let c = rest.chars().next()?;
+        if c.is_alphabetic() {
+            return None; // `\boxedx` is some other command, not a box
+        }
+        &rest[..c.len_utf8()]
+    };
+    let content = content.trim();
+    (!content.is_empty()).then_some(content)
+}
+
+/// The answer on the last "Answer:" line, as verl's `math_dapo` finds it.
+///
+/// verl (`verl/utils/reward_score/math_dapo.py`, `compute_score` and
+/// `is_correct_minerva`) keeps only the last 300 characters of the response
+/// and takes the last match of the case-insensitive regex
+/// `Answer\s*:\s*([^\n]+)`. So "Final answer: 5" matches, whitespace
+/// (including a newline) may separate the colon from the answer, and the
+/// answer runs to the end of its line. `window` is that character count
+/// (`Some(300)` for verl parity, `None` for the whole text). One deviation:
+/// a capture that is only whitespace is skipped instead of returned, since
+/// it cannot be right anyway.
+pub fn answer_line(text: &str, window: Option<usize>) -> Option<&str> {
+    let text = match window {
+        Some(w) => tail_chars(text, w),
+        None => text,
+    };
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    let mut last = None;
+    while i + 6 <= bytes.len() {
+        if !bytes[i..i + 6].eq_ignore_ascii_case(b"answer") {
+            i += 1;
+            continue;
+        }
+        // ASCII match, so `i + 6` is a char boundary.
+        let after = &text[i + 6..];
+        let after_ws = after.trim_start();
+        if let Some(value) = after_ws.strip_prefix(':') {
+            let value = value.trim_start();
+            let line = value.split('\n').next().unwrap_or("");
+            if !line.trim().is_empty() {
+                last = Some(line.trim());
+                // Non-overlapping, as `re.findall`: resume after this match.
+                i = text.len() - value.len() + line.len();
+                continue;
+            }
+        }
+        i += 1;
+    }
+    last
+}
+
+/// The last `n` characters (not bytes) of `text`.
+fn tail_chars(text: &str, n: usize) -> &str {
+    if n == 0 {
+        return "";
+    }
+    match text.char_indices().rev().nth(n - 1) {
+        Some((i, _)) => &text[i..],
+        None => text,
+    }
+}
+
+/// Content of the last non-empty inline math span `$…$` (or `$$…$$`).
+///
+/// Used by [`super::AnswerFormat::Auto`] before falling back to the last
+/// number, so "the answer is $\frac{1}{2}$" yields `\frac{1}{2}`, not `2`.
+/// With an odd number of `$` the spans are ambiguous and this returns `None`.
+pub fn last_math_span(text: &str) -> Option<String> {
+    let text = text.replace("\\$", "").replace("$$", "$");
+    let segments: Vec<&str> = text.split('$').collect();
+    if segments.len() % 2 == 0 {
+        return None;
+    }
+    segments.iter().skip(1).step_by(2).rev().map(|s| s.trim()).find(|s| !s.is_empty()).map(str::to_string)
+}
+
+/// The last plain number in the text, for tasks whose answers are numbers.
+///
+/// Accepts a leading minus (when not glued to a preceding word or number),
+/// thousands groups (`1,234`: a comma followed by exactly three digits), a
+/// decimal part and a trailing `/denominator` (`3/4`). A final sentence
+/// period is not part of the number.
+pub fn last_number(text: &str) -> Option<&str> {
+    let b = text.as_bytes();
+    let n = b.len();
+    let digit = |i: usize| i < n && b[i].is_ascii_digit();
+    let run = |mut i: usize| {
+        while digit(i) {
+            i += 1;
+        }
+        i
+    };
+    let mut last = None;
+    let mut i = 0;
+    while i < n {
+        if !digit(i) {
+            i += 1;
+            continue;
+        }
+        let mut start = i;
+        if i > 0 && b[i - 1] == b'-' && (i < 2 || !b[i - 2].is_ascii_alphanumeric()) {
+            start = i - 1;
+        }
+        let mut end = run(i);
+        // Thousands groups: exactly three digits after each comma.
+        while end < n && b[end] == b',' && run(end + 1) == end + 4 {
+            end += 4;
+        }
+        if end + 1 < n && b[end] == b'.' && digit(end + 1) {
+            end = run(end + 1);
+        }
+        if end + 1 < n && b[end] == b'/' && digit(end + 1) {
+            end = run(end + 1);
+        }
+        last = Some(&text[start..end]);
+        i = end;
+    }
+    last
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn think_block_is_removed_and_unclosed_think_has_no_answer() {
+        assert_eq!(strip_think("<think>2+2=5</think>The answer is 4"), "The answer is 4");
+        assert_eq!(strip_think("hmm 5</think> 4"), " 4");
+        assert_eq!(strip_think("<think>still thinking, maybe \\boxed{3}"), "");
+        assert_eq!(strip_think("no tags \\boxed{1}"), "no tags \\boxed{1}");
+    }
+
+    #[test]
+    fn boxed_takes_the_last_box_with_nested_braces() {
+        assert_eq!(last_boxed("first \\boxed{1} then \\boxed{\\frac{1}{2}}."), Some("\\frac{1}{2}"));
+        assert_eq!(last_boxed("$\\boxed{\\{1, 2\\}}$"), Some("\\{1, 2\\}"));
+        assert_eq!(last_boxed("\\boxed{{a}{b}}"), Some("{a}{b}"));
+    }
+
+    #[test]
+    fn fbox_and_space_forms() {
+        assert_eq!(last_boxed("so \\fbox{7}"), Some("7"));
+        assert_eq!(last_boxed("\\boxed{1} and later \\fbox{2}"), Some("2"));
+        assert_eq!(last_boxed("the answer is $\\boxed 5$."), Some("5"));
+        assert_eq!(last_boxed("\\boxed 12\nmore"), Some("12"));
+        assert_eq!(last_boxed("\\boxed5"), Some("5"));
+    }
+
+    #[test]
+    fn boxed_rejects_unclosed_empty_and_absent() {
+        assert_eq!(last_boxed("\\boxed{1} then \\boxed{\\frac{1}{2}"), None);
+        assert_eq!(last_boxed("put it in \\boxed{}"), None);
+        assert_eq!(last_boxed("no box here 42"), None);
+        assert_eq!(last_boxed("\\boxedx"), None);
+    }
+
+    #[test]
+    fn answer_line_follows_verl_math_dapo() {
+        assert_eq!(answer_line("work...\nAnswer: 42", Some(300)), Some("42"));
+        assert_eq!(answer_line("answer:7\nANSWER : 8", Some(300)), Some("8"));
+        assert_eq!(answer_line("Final Answer: $\\frac{1}{2}$\nThanks", Some(300)), Some("$\\frac{1}{2}$"));
+        assert_eq!(answer_line("Answer:\n  13", Some(300)), Some("13"));
+        assert_eq!(answer_line("the answer is 5", Some(300)), None);
+        assert_eq!(answer_line("Answer:   ", Some(300)), None);
+    }
+
+    #[test]
+    fn answer_line_only_looks_at_the_window() {
+        let text = format!("Answer: 1\n{}", "x".repeat(400));
+        assert_eq!(answer_line(&text, Some(300)), None);
+        assert_eq!(answer_line(&text, None), Some("1"));
+        // The window counts characters, so multi-byte text cannot split a char.
+        let text = format!("Answer: 2\n{}", "é".repeat(100));
+        assert_eq!(answer_line(&text, Some(300)), Some("2"));
+    }
+
+    #[test]
+    fn last_math_span_takes_the_last_balanced_span() {
+        assert_eq!(last_math_span("so $x=1$ and then $\\frac{1}{2}$."), Some("\\frac{1}{2}".to_string()));
+        assert_eq!(last_math_span("$$7$$"), Some("7".to_string()));
+        assert_eq!(last_math_span("costs \\$5 and $3$"), Some("3".to_string()));
+        assert_eq!(last_math_span("odd $ count"), None);
+        assert_eq!(last_math_span("none"), None);
+    }
+
+    #[test]
+    fn last_number_handles_signs_separators_decimals_fractions() {
+        assert_eq!(last_number("so 3 apples and then 12."), Some("12"));
+        assert_eq!(last_number("total: -7"), Some("-7"));
+        assert_eq!(last_number("x-7"), Some("7"));
+        assert_eq!(last_number("cost 1,234,567 dollars"), Some("1,234,567"));
+        assert_eq!(last_number("points 1, 2"), Some("2"));
+        assert_eq!(last_number("pi is 3.14."), Some("3.14"));
+        assert_eq!(last_number("ratio 3/4"), Some("3/4"));
+        assert_eq!(last_number("none"), None);
+    }
+}
