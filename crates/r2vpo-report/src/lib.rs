@@ -1,0 +1,14 @@
+//! # r2vpo-report — what a run leaves on disk
+//!
+//! Run folders, atomic file writes, metric logs (JSONL and CSV) and PNG/SVG
+//! plots. Shared by the CLI and the domain crates so every command writes its
+//! outputs the same way: nothing already written is lost if a process dies
+//! mid-write, because every file is written to a temporary sibling and
+//! renamed into place.
+
+#![warn(missing_docs)]
+
+mod io;
+pub mod plot;
+
+pub use io::{atomic_write, atomic_write_json, atomic_write_string, CsvWriter, JsonlWriter, ReportError, RunDir};
