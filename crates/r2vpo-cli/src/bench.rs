@@ -1,0 +1,100 @@
+//! `r2vpo bench core`: cost of each policy objective (forward + backward)
+//! on a batch of LLM-like shape, so the claim that R²VPO's penalty costs
+//! nothing over GRPO's clip is a measured number.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor, Var};
+use serde::Serialize;
+
+use r2vpo::aggregate::GlobalBatch;
+use r2vpo::objective::{ObjectiveConfig, PolicyBatch};
+
+/// `r2vpo bench core` arguments.
+#[derive(clap::Args, Debug)]
+pub struct CoreArgs {
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 1024)]
+    pub tokens: usize,
+    /// Timed repetitions per objective (after one warm-up round).
+    #[arg(long, default_value_t = 20)]
+    pub reps: usize,
+    /// Where the JSON results go.
+    #[arg(long, default_value = "runs/bench/core.json")]
+    pub out: PathBuf,
+}
+
+#[derive(Serialize)]
+struct Row {
+    preset: String,
+    batch: usize,
+    tokens: usize,
+    /// Median over repetitions.
+    ms_per_step: f64,
+    ms_std: f64,
+    relative_to_grpo: f64,
+}
+
+/// Runs the benchmark and prints a Markdown table.
+pub fn core(a: &CoreArgs) -> Result<()> {
+    let dev = Device::Cpu;
+    let shape = (a.batch, a.tokens);
+    // Log-probs of an LLM after a few updates: behaviour ≈ current ± 0.1.
+    let old = Tensor::randn(-1.0f32, 0.5, shape, &dev)?;
+    let cur = Var::from_tensor(&(&old + Tensor::randn(0.0f32, 0.1, shape, &dev)?)?)?;
+    let adv = Tensor::randn(0.0f32, 1.0, (a.batch, 1), &dev)?.broadcast_as(shape)?.contiguous()?;
+    let mask = Tensor::ones(shape, DType::F32, &dev)?;
+    let global = GlobalBatch::from_mask(&mask)?;
+    let presets = ["grpo", "grpo-ch", "gppo", "topr", "grpo-kl", "is-pg", "r2vpo"];
+    let cfgs = presets.iter().map(|p| ObjectiveConfig::preset(p)).collect::<Result<Vec<_>, _>>()?;
+    let step = |cfg: &ObjectiveConfig| -> Result<f64> {
+        let t0 = Instant::now();
+        let batch = PolicyBatch { logp: cur.as_tensor(), old_logp: &old, advantages: &adv, mask: &mask };
+        let out = cfg.loss(&batch, 0.05, &global)?;
+        let grads = out.loss.backward()?;
+        std::hint::black_box(grads.get(&cur));
+        Ok(t0.elapsed().as_secs_f64() * 1e3)
+    };
+    // One untimed round first (page faults, allocator warm-up), then
+    // round-robin so slow drift of the machine hits every objective alike.
+    for cfg in &cfgs {
+        step(cfg)?;
+    }
+    let mut times = vec![Vec::with_capacity(a.reps); cfgs.len()];
+    for _ in 0..a.reps {
+        for (cfg, t) in cfgs.iter().zip(&mut times) {
+            t.push(step(cfg)?);
+        }
+    }
+    let mut rows = Vec::new();
+    for (name, t) in presets.iter().zip(&mut times) {
+        t.sort_by(f64::total_cmp);
+        let median = t[t.len() / 2];
+        let mean = t.iter().sum::<f64>() / t.len() as f64;
+        let std = (t.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / t.len() as f64).sqrt();
+        rows.push(Row { preset: name.to_string(), batch: a.batch, tokens: a.tokens, ms_per_step: median, ms_std: std, relative_to_grpo: 0.0 });
+    }
+    let base = rows[0].ms_per_step;
+    for r in &mut rows {
+        r.relative_to_grpo = r.ms_per_step / base;
+    }
+    println!(
+        "objective forward+backward, {}×{} tokens, f32, {} threads, {} reps",
+        a.batch,
+        a.tokens,
+        std::env::var("RAYON_NUM_THREADS").unwrap_or_default(),
+        a.reps
+    );
+    println!("| objective | median ms / step | ± std | × GRPO |\n|---|---|---|---|");
+    for r in &rows {
+        println!("| {} | {:.2} | {:.2} | {:.2} |", r.preset, r.ms_per_step, r.ms_std, r.relative_to_grpo);
+    }
+    r2vpo_report::atomic_write_json(&a.out, &rows)?;
+    println!("written: {}", a.out.display());
+    Ok(())
+}

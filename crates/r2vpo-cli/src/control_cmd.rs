@@ -1,0 +1,561 @@
+//! `r2vpo control train|eval|compare` and `r2vpo bench control`: PPO vs
+//! R²VPO on DeepMind Control tasks (issue #4).
+//!
+//! A run folder holds `config.toml` (resolved), `metrics.jsonl` (one record
+//! per update, see [`UpdateMetrics`]), `checkpoints/` and, when finished,
+//! `summary.json`. `--resume RUN_DIR` continues from the newest checkpoint.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use r2vpo_control::trainer::{
+    algo_overrides, evaluate_policy, load_policy, TrainConfig, Trainer, UpdateMetrics,
+};
+use r2vpo_control::{VecEnv, VecEnvConfig};
+use r2vpo_report::plot::{Grid, LineChart, Series};
+use r2vpo_report::{JsonlWriter, RunDir};
+
+use crate::config;
+
+/// The default config file, used when `--config` is not given and the file
+/// exists (it matches [`TrainConfig::default`]).
+pub const DEFAULT_CONFIG: &str = "configs/control/cpu.toml";
+
+/// `r2vpo control train` arguments.
+#[derive(clap::Args, Debug)]
+pub struct TrainArgs {
+    /// Task, e.g. `cheetah-run` (overrides the config's `task`).
+    #[arg(long)]
+    pub task: Option<String>,
+    /// `ppo` or `r2vpo`.
+    #[arg(long, default_value = "r2vpo")]
+    pub algo: String,
+    /// Seed (overrides the config's `seed`).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// TOML config (default: configs/control/cpu.toml if present).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Override a key (repeatable), e.g. `--set total_env_steps=200000`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Run folder (default runs/control/<task>-<algo>-seed<seed>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Continue the run in this folder from its newest checkpoint (its
+    /// config.toml, then --set, e.g. a larger total_env_steps).
+    #[arg(long, conflicts_with_all = ["task", "seed", "config", "out"])]
+    pub resume: Option<PathBuf>,
+}
+
+/// `r2vpo control eval` arguments.
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {
+    /// A run folder written by `control train`.
+    #[arg(long)]
+    pub run: PathBuf,
+    /// Episodes (one per parallel environment).
+    #[arg(long, default_value_t = 10)]
+    pub episodes: usize,
+    /// Seed of the evaluation environments.
+    #[arg(long, default_value_t = 12345)]
+    pub seed: u64,
+}
+
+/// `r2vpo control compare` arguments.
+#[derive(clap::Args, Debug)]
+pub struct CompareArgs {
+    /// Tasks, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "cartpole-swingup")]
+    pub tasks: Vec<String>,
+    /// Algorithms, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "ppo,r2vpo")]
+    pub algos: Vec<String>,
+    /// Seeds, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,2")]
+    pub seeds: Vec<u64>,
+    /// TOML config shared by every run (default: configs/control/cpu.toml if present).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Override a key for every run (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Output folder: one run folder per task/algo/seed, plots and table.
+    #[arg(long, default_value = "runs/control/compare")]
+    pub out: PathBuf,
+}
+
+/// `r2vpo bench control` arguments.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Tasks to measure.
+    #[arg(long, value_delimiter = ',', default_value = "cheetah-run,walker-walk")]
+    pub tasks: Vec<String>,
+    /// Environments for the raw physics measurement.
+    #[arg(long, default_value_t = 64)]
+    pub envs: usize,
+    /// Seconds per raw physics measurement.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Timed training updates (after one warm-up update).
+    #[arg(long, default_value_t = 3)]
+    pub updates: usize,
+    /// Training config (default: configs/control/cpu.toml if present).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Override a key of the training config (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Where the JSON results go.
+    #[arg(long, default_value = "runs/bench/control.json")]
+    pub out: PathBuf,
+}
+
+fn default_config(explicit: Option<&Path>) -> Option<PathBuf> {
+    explicit.map(Path::to_path_buf).or_else(|| Some(PathBuf::from(DEFAULT_CONFIG)).filter(|p| p.exists()))
+}
+
+/// Resolves a training config: file, then the algorithm preset, task and
+/// seed, then the user's `--set`s.
+pub fn resolve(file: Option<&Path>, algo: &str, task: Option<&str>, seed: Option<u64>, sets: &[String]) -> Result<TrainConfig> {
+    let mut all = algo_overrides(algo)?;
+    if let Some(t) = task {
+        all.push(format!("task=\"{t}\""));
+    }
+    if let Some(s) = seed {
+        all.push(format!("seed={s}"));
+    }
+    all.extend(sets.iter().cloned());
+    let file = default_config(file);
+    let cfg: TrainConfig = config::load(file.as_deref(), &all)?;
+    cfg.validate().with_context(|| format!("config {}", file.as_deref().map_or("defaults".into(), |p| p.display().to_string())))?;
+    Ok(cfg)
+}
+
+fn progress(total: u64, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    ProgressBar::new(total).with_style(
+        ProgressStyle::with_template("{bar:30} {human_pos}/{human_len} env steps  {msg}  [{elapsed} < {eta}]")
+            .expect("static template"),
+    )
+}
+
+/// Keeps only the records of updates `≤ update` in `metrics.jsonl`, so a
+/// resumed run does not repeat the updates done after its checkpoint.
+fn truncate_metrics(path: &Path, update: u64) -> Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
+    let mut kept = String::new();
+    for line in text.lines() {
+        let v: serde_json::Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(_) => continue, // a torn last line from a killed run
+        };
+        if v.get("update").and_then(|u| u.as_u64()).is_some_and(|u| u <= update) {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    r2vpo_report::atomic_write_string(path, &kept)?;
+    Ok(())
+}
+
+/// Trains (or resumes) one run into `dir`; returns all of its metrics.
+fn train_into(cfg: TrainConfig, dir: &Path, resume: bool, quiet: bool) -> Result<Vec<UpdateMetrics>> {
+    let run = RunDir::create(dir)?;
+    let ckpt = run.join("checkpoints");
+    let mut trainer = if resume {
+        let t = Trainer::resume(&ckpt, Some(cfg.clone())).with_context(|| format!("resuming {}", dir.display()))?;
+        truncate_metrics(&run.join("metrics.jsonl"), t.counters().update)?;
+        t
+    } else {
+        if run.join("metrics.jsonl").exists() {
+            bail!("{} already holds a run; use --resume {0} to continue it, or another --out", dir.display());
+        }
+        Trainer::new(cfg.clone())?
+    };
+    run.write_config(&config::to_toml(&cfg)?)?;
+    let mut log: JsonlWriter = run.metrics()?;
+    let bar = progress(cfg.total_env_steps, quiet);
+    bar.set_position(trainer.counters().env_steps);
+    let mut recent: Option<f64> = None;
+    let mut last_eval: Option<f64> = None;
+    let t0 = Instant::now();
+    let start_steps = trainer.counters().env_steps;
+    let metrics = trainer.run(Some(&ckpt), Some(&mut log), |m| {
+        recent = m.episode_return_mean.or(recent);
+        last_eval = m.eval_return_mean.or(last_eval);
+        let sps = (m.env_steps - start_steps) as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+        bar.set_position(m.env_steps);
+        bar.set_message(format!(
+            "{sps:.0} steps/s  return {}  eval {}  λ {:.3}",
+            recent.map_or("-".into(), |r| format!("{r:.1}")),
+            last_eval.map_or("-".into(), |r| format!("{r:.1}")),
+            m.lambda
+        ));
+    })?;
+    bar.finish_and_clear();
+    // The full history (earlier records included) for the summary.
+    let all = read_metrics(&run.join("metrics.jsonl"))?;
+    let last = all.last().or(metrics.last());
+    if let Some(last) = last {
+        r2vpo_report::atomic_write_json(&run.join("summary.json"), &summary(&cfg, &all, last))?;
+    }
+    Ok(all)
+}
+
+#[derive(Serialize)]
+struct Summary<'a> {
+    task: &'a str,
+    objective: String,
+    seed: u64,
+    env_steps: u64,
+    final_eval_return: Option<f64>,
+    final_train_return: Option<f64>,
+    mean_env_steps_per_s: f64,
+}
+
+fn summary<'a>(cfg: &'a TrainConfig, all: &[UpdateMetrics], last: &UpdateMetrics) -> Summary<'a> {
+    let sps = all.iter().map(|m| m.env_steps_per_s).sum::<f64>() / all.len().max(1) as f64;
+    Summary {
+        task: &cfg.task,
+        objective: format!("{:?}", cfg.objective.kind),
+        seed: cfg.seed,
+        env_steps: last.env_steps,
+        final_eval_return: all.iter().rev().find_map(|m| m.eval_return_mean),
+        final_train_return: all.iter().rev().find_map(|m| m.episode_return_mean),
+        mean_env_steps_per_s: sps,
+    }
+}
+
+fn read_metrics(path: &Path) -> Result<Vec<UpdateMetrics>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{} line {}", path.display(), i + 1)))
+        .collect()
+}
+
+/// `r2vpo control train`.
+pub fn train(a: &TrainArgs) -> Result<()> {
+    if let Some(dir) = &a.resume {
+        let cfg: TrainConfig = config::load(Some(&dir.join("config.toml")), &a.sets)?;
+        cfg.validate()?;
+        train_into(cfg, dir, true, false)?;
+        println!("run folder: {}", dir.display());
+        return Ok(());
+    }
+    let cfg = resolve(a.config.as_deref(), &a.algo, a.task.as_deref(), a.seed, &a.sets)?;
+    let out = a.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/control/{}-{}-seed{}", cfg.task, a.algo, cfg.seed)));
+    let all = train_into(cfg, &out, false, false)?;
+    if let Some(m) = all.last() {
+        println!(
+            "{} env steps; final eval return {}",
+            m.env_steps,
+            all.iter().rev().find_map(|m| m.eval_return_mean).map_or("-".into(), |r| format!("{r:.1}"))
+        );
+    }
+    println!("run folder: {}", out.display());
+    Ok(())
+}
+
+/// `r2vpo control eval`.
+pub fn eval(a: &EvalArgs) -> Result<()> {
+    let (cfg, net, stats) = load_policy(&a.run.join("checkpoints")).with_context(|| format!("loading {}", a.run.display()))?;
+    if a.episodes == 0 {
+        bail!("--episodes must be at least 1");
+    }
+    let returns = evaluate_policy(&cfg, &net, &stats, a.episodes, a.seed)?;
+    let (m, s) = mean_std(&returns);
+    println!("{}: {} deterministic episodes: return {m:.1} ± {s:.1}", cfg.task, returns.len());
+    #[derive(Serialize)]
+    struct Out<'a> {
+        task: &'a str,
+        episodes: usize,
+        seed: u64,
+        mean: f64,
+        std: f64,
+        returns: &'a [f64],
+    }
+    let path = a.run.join("eval.json");
+    r2vpo_report::atomic_write_json(&path, &Out { task: &cfg.task, episodes: returns.len(), seed: a.seed, mean: m, std: s, returns: &returns })?;
+    println!("written: {}", path.display());
+    Ok(())
+}
+
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    let n = v.len().max(1) as f64;
+    let m = v.iter().sum::<f64>() / n;
+    (m, (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / n).sqrt())
+}
+
+/// Training-return curve of one run: the return of the latest finished
+/// episodes, carried forward, at every update's env-step count.
+fn return_curve(ms: &[UpdateMetrics]) -> Vec<(f64, f64)> {
+    let mut last = None;
+    ms.iter()
+        .filter_map(|m| {
+            last = m.episode_return_mean.or(last);
+            last.map(|r| (m.env_steps as f64, r))
+        })
+        .collect()
+}
+
+/// Mean ± std over seeds at each x that every seed has.
+fn band(curves: &[Vec<(f64, f64)>]) -> (Vec<(f64, f64)>, Vec<(f64, f64, f64)>) {
+    let n = curves.iter().map(Vec::len).min().unwrap_or(0);
+    let mut mean = Vec::with_capacity(n);
+    let mut b = Vec::with_capacity(n);
+    for i in 0..n {
+        let x = curves[0][i].0;
+        let ys: Vec<f64> = curves.iter().map(|c| c[i].1).collect();
+        let (m, s) = mean_std(&ys);
+        mean.push((x, m));
+        b.push((x, m - s, m + s));
+    }
+    (mean, b)
+}
+
+/// `r2vpo control compare`.
+pub fn compare(a: &CompareArgs) -> Result<()> {
+    let root = RunDir::create(&a.out)?;
+    let total = a.tasks.len() * a.algos.len() * a.seeds.len();
+    let bar = ProgressBar::new(total as u64).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} runs  {msg}  [{elapsed}]").expect("static template"),
+    );
+    let mut table = String::from(
+        "| task | algorithm | seeds | env steps | final eval return | final training return |\n|---|---|---|---|---|---|\n",
+    );
+    let mut panels = Vec::new();
+    let mut eval_panels = Vec::new();
+    for task in &a.tasks {
+        let mut chart = LineChart::new(task.clone(), "environment steps", "episode return (training)");
+        let mut echart = LineChart::new(task.clone(), "environment steps", "deterministic evaluation return");
+        for (ai, algo) in a.algos.iter().enumerate() {
+            let mut curves = Vec::new();
+            let mut evals = Vec::new();
+            let (mut fin_eval, mut fin_train, mut steps) = (Vec::new(), Vec::new(), 0);
+            for &seed in &a.seeds {
+                bar.set_message(format!("{task} {algo} seed {seed}"));
+                let cfg = resolve(a.config.as_deref(), algo, Some(task), Some(seed), &a.sets)
+                    .with_context(|| format!("resolving the config of {task}/{algo}/seed {seed}"))?;
+                let dir = root.join(format!("{task}/{algo}-seed{seed}"));
+                // Resumable: finished runs are read back, interrupted ones continue.
+                let ms = if dir.join("summary.json").exists() && read_metrics(&dir.join("metrics.jsonl"))?.last().is_some_and(|m| m.env_steps >= cfg.total_env_steps) {
+                    read_metrics(&dir.join("metrics.jsonl"))?
+                } else {
+                    let resume = dir.join("checkpoints").exists() && r2vpo_control::trainer::latest_checkpoint(&dir.join("checkpoints")).is_ok();
+                    if !resume && dir.join("metrics.jsonl").exists() {
+                        std::fs::remove_file(dir.join("metrics.jsonl"))?;
+                    }
+                    train_into(cfg, &dir, resume, true)?
+                };
+                curves.push(return_curve(&ms));
+                evals.push(ms.iter().filter_map(|m| m.eval_return_mean.map(|r| (m.env_steps as f64, r))).collect::<Vec<_>>());
+                if let Some(r) = ms.iter().rev().find_map(|m| m.eval_return_mean) {
+                    fin_eval.push(r);
+                }
+                if let Some(r) = ms.iter().rev().find_map(|m| m.episode_return_mean) {
+                    fin_train.push(r);
+                }
+                steps = ms.last().map_or(0, |m| m.env_steps);
+                bar.inc(1);
+            }
+            let (m, b) = band(&curves);
+            chart.push(Series::line(algo.clone(), m).with_band(b).with_color(ai));
+            let (m, b) = band(&evals);
+            echart.push(Series::line(algo.clone(), m).with_band(b).with_color(ai));
+            let fmt = |v: &[f64]| {
+                if v.is_empty() {
+                    "-".to_string()
+                } else {
+                    let (m, s) = mean_std(v);
+                    format!("{m:.1} ± {s:.1}")
+                }
+            };
+            table.push_str(&format!(
+                "| {task} | {algo} | {} | {steps} | {} | {} |\n",
+                a.seeds.len(),
+                fmt(&fin_eval),
+                fmt(&fin_train)
+            ));
+        }
+        panels.push(chart);
+        eval_panels.push(echart);
+    }
+    bar.finish_and_clear();
+    let cols = panels.len().min(2);
+    let mut written = Grid::new(cols, panels).save(&root.join("learning_curves"))?;
+    written.extend(Grid::new(cols, eval_panels).save(&root.join("eval_curves"))?);
+    let tpath = root.join("final_returns.md");
+    r2vpo_report::atomic_write_string(&tpath, &table)?;
+    print!("{table}");
+    for p in written.iter().chain(std::iter::once(&tpath)) {
+        println!("written: {}", p.display());
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct BenchRow {
+    task: String,
+    raw_env_steps_per_s_1_thread: f64,
+    raw_env_steps_per_s_2_threads: f64,
+    train_env_steps_per_s: f64,
+    train_threads: usize,
+    train_config: String,
+}
+
+/// Env steps per second of `envs` environments under uniform random
+/// actions, on a pool of `threads` threads.
+fn raw_rate(task: &str, envs: usize, threads: usize, seconds: f64) -> Result<f64> {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    pool.install(|| -> Result<f64> {
+        let mut env = VecEnv::new(VecEnvConfig::new(task, envs, 0))?;
+        env.reset()?;
+        let a = env.action_dim();
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        // Pre-drawn actions, so the timing is the environments alone.
+        let actions: Vec<Vec<f64>> =
+            (0..64).map(|_| (0..envs * a).map(|_| rng.random_range(-1.0..=1.0)).collect()).collect();
+        for act in actions.iter().take(8) {
+            env.step(act)?;
+        }
+        let t0 = Instant::now();
+        let mut steps = 0u64;
+        while t0.elapsed().as_secs_f64() < seconds {
+            for act in &actions {
+                env.step(act)?;
+            }
+            steps += (actions.len() * envs) as u64;
+        }
+        Ok(steps as f64 / t0.elapsed().as_secs_f64())
+    })
+}
+
+/// `r2vpo bench control`.
+pub fn bench(a: &BenchArgs) -> Result<()> {
+    let threads = std::env::var("RAYON_NUM_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize);
+    let file = default_config(a.config.as_deref());
+    let mut rows = Vec::new();
+    for task in &a.tasks {
+        let r1 = raw_rate(task, a.envs, 1, a.seconds)?;
+        let r2 = raw_rate(task, a.envs, 2, a.seconds)?;
+        let mut sets = vec![format!("task=\"{task}\""), "eval_episodes=0".to_string()];
+        sets.extend(a.sets.iter().cloned());
+        let cfg: TrainConfig = config::load(file.as_deref(), &sets)?;
+        let cfg = TrainConfig { total_env_steps: u64::MAX / 2, ..cfg };
+        let mut t = Trainer::new(cfg.clone())?;
+        t.update()?; // warm-up: allocations, first-touch
+        let t0 = Instant::now();
+        let mut steps = 0u64;
+        for _ in 0..a.updates.max(1) {
+            t.update()?;
+            steps += cfg.steps_per_update();
+        }
+        let train = steps as f64 / t0.elapsed().as_secs_f64();
+        rows.push(BenchRow {
+            task: task.clone(),
+            raw_env_steps_per_s_1_thread: r1,
+            raw_env_steps_per_s_2_threads: r2,
+            train_env_steps_per_s: train,
+            train_threads: threads,
+            train_config: file.as_ref().map_or("defaults".into(), |p| p.display().to_string()),
+        });
+    }
+    println!("control throughput ({} envs for raw physics; training with {}, {threads} threads)", a.envs, rows[0].train_config);
+    println!("| task | raw env-steps/s, 1 thread | raw, 2 threads | training env-steps/s | training / raw(2) |\n|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {:.0} | {:.0} | {:.0} | {:.2} |",
+            r.task,
+            r.raw_env_steps_per_s_1_thread,
+            r.raw_env_steps_per_s_2_threads,
+            r.train_env_steps_per_s,
+            r.train_env_steps_per_s / r.raw_env_steps_per_s_2_threads
+        );
+    }
+    r2vpo_report::atomic_write_json(&a.out, &rows)?;
+    println!("written: {}", a.out.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn algo_presets_and_task_resolve() {
+        let c = resolve(None, "ppo", Some("walker-walk"), Some(3), &["total_env_steps=5000".into()]).unwrap();
+        assert_eq!(c.task, "walker-walk");
+        assert_eq!(c.seed, 3);
+        assert_eq!(c.objective.kind, r2vpo::objective::ObjectiveKind::Clip);
+        assert_eq!(c.objective.dual_clip, None);
+        let r = resolve(None, "r2vpo", None, None, &[]).unwrap();
+        assert_eq!(r.objective.kind, r2vpo::objective::ObjectiveKind::R2vpo);
+        assert!(resolve(None, "ppo2", None, None, &[]).is_err());
+        let e = resolve(None, "ppo", None, None, &["epochz=1".into()]).unwrap_err().to_string();
+        assert!(e.contains("epochz"), "{e}");
+    }
+
+    #[test]
+    fn shipped_configs_parse() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        for f in ["configs/control/cpu.toml", "configs/control/paper.toml"] {
+            let c: TrainConfig = config::load(Some(&root.join(f)), &[]).unwrap();
+            c.validate().unwrap();
+        }
+        let cpu: TrainConfig = config::load(Some(&root.join("configs/control/cpu.toml")), &[]).unwrap();
+        assert_eq!(cpu, TrainConfig::default(), "cpu.toml and TrainConfig::default() must agree");
+        let paper: TrainConfig = config::load(Some(&root.join("configs/control/paper.toml")), &[]).unwrap();
+        assert_eq!((paper.num_envs, paper.unroll, paper.minibatches, paper.epochs, paper.batch_size), (2048, 30, 32, 16, 1024));
+        assert_eq!(paper.policy.actor_hidden, vec![256; 5]);
+        assert_eq!(paper.dual.lambda0, 0.06);
+    }
+
+    #[test]
+    fn train_resume_eval_compare_end_to_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let sets: Vec<String> = [
+            "num_envs=4",
+            "unroll=8",
+            "batch_size=4",
+            "minibatches=2",
+            "epochs=1",
+            "total_env_steps=128",
+            "eval_every=0",
+            "eval_episodes=1",
+        ]
+        .map(String::from)
+        .to_vec();
+        let cfg = resolve(None, "ppo", Some("cartpole-balance"), Some(0), &sets).unwrap();
+        let run = dir.path().join("run");
+        train_into(cfg.clone(), &run, false, true).unwrap();
+        let more = TrainConfig { total_env_steps: 192, ..cfg };
+        let all = train_into(more, &run, true, true).unwrap();
+        assert_eq!(all.iter().map(|m| m.update).collect::<Vec<_>>(), vec![1, 2, 3]);
+        eval(&EvalArgs { run: run.clone(), episodes: 1, seed: 1 }).unwrap();
+        let out = dir.path().join("cmp");
+        let mut csets = sets.clone();
+        csets.push("total_env_steps=64".into());
+        compare(&CompareArgs {
+            tasks: vec!["cartpole-balance".into()],
+            algos: vec!["ppo".into(), "r2vpo".into()],
+            seeds: vec![0, 1],
+            config: None,
+            sets: csets,
+            out: out.clone(),
+        })
+        .unwrap();
+        assert!(out.join("final_returns.md").exists());
+        assert!(out.join("learning_curves.png").exists());
+    }
+}

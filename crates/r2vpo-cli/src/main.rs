@@ -1,0 +1,265 @@
+//! `r2vpo` — the command line of the R²VPO training system.
+//!
+//! One binary, subcommands per domain. Training commands are driven by TOML
+//! configs (`--config FILE`) with `--set key.path=value` overrides; every run
+//! folder receives the fully resolved config.
+
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+mod analyze;
+mod bench;
+mod config;
+mod pending;
+mod toy;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+
+/// Ratio-Variance Regularized Policy Optimization: training, analysis and
+/// benchmarks.
+#[derive(Parser, Debug)]
+#[command(name = "r2vpo", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    /// Worker threads for tensor maths and parallel environments (default:
+    /// $RAYON_NUM_THREADS, else all cores).
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// The paper's theory: f-divergence ≈ ½·f''(1)·Var[ρ] and the clipping-error bound.
+    #[command(subcommand)]
+    Analyze(AnalyzeCmd),
+    /// Continuous control on DeepMind Control Suite tasks (MuJoCo).
+    #[command(subcommand)]
+    Control(ControlCmd),
+    /// LLM reasoning RL: models, verification, evaluation, training.
+    #[command(subcommand)]
+    Llm(LlmCmd),
+    /// The algorithm core end to end on a synthetic sequence bandit (seconds).
+    #[command(subcommand)]
+    Toy(ToyCmd),
+    /// Benchmarks that print a table and write JSON.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+    /// Show the default or resolved config of a command.
+    #[command(subcommand)]
+    Config(ConfigCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum AnalyzeCmd {
+    /// Exact f-divergences vs ½·f''(1)·Var[ρ] for Gaussian and categorical
+    /// policy pairs (Proposition 3.1, Table 1, Figure 2, Appendix B).
+    Divergence(analyze::DivergenceArgs),
+    /// Check |J_UNC − J_CLIP| ≤ (A_max/ε)·E[(ρ−1)²] on random populations (Theorem 3.3).
+    ClipBound(analyze::ClipBoundArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum ControlCmd {
+    /// List the DeepMind Control tasks with their observation and action sizes.
+    Info(ControlInfoArgs),
+    /// Train PPO or R²VPO on a control task (issue #4).
+    Train(pending::Pending),
+    /// Evaluate a trained control policy (issue #4).
+    Eval(pending::Pending),
+    /// Run algorithms × seeds × tasks and plot learning curves (issue #4).
+    Compare(pending::Pending),
+}
+
+#[derive(Args, Debug)]
+struct ControlInfoArgs {
+    /// Only this task (e.g. `cheetah-run`); default: all.
+    #[arg(long)]
+    task: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum LlmCmd {
+    /// Print what a GGUF model file declares (architecture, sizes, vocabulary).
+    Info(LlmInfoArgs),
+    /// Check an answer against a gold answer and show how both were read.
+    Verify(LlmVerifyArgs),
+    /// Evaluate a model with avg@k / pass@k (issue #5).
+    Eval(pending::Pending),
+    /// RL fine-tuning with R²VPO-ON/OFF and the baselines (issue #6).
+    Train(pending::Pending),
+    /// Plot training runs (issue #6).
+    Plot(pending::Pending),
+}
+
+#[derive(Args, Debug)]
+struct LlmInfoArgs {
+    /// A GGUF file (default: the embedded SmolLM2-135M-Instruct from `make deps`).
+    #[arg(long, default_value = ".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    model: PathBuf,
+}
+
+#[derive(Args, Debug)]
+struct LlmVerifyArgs {
+    /// The model's answer: a whole response or just the final answer.
+    #[arg(long)]
+    answer: String,
+    /// The reference answer.
+    #[arg(long)]
+    gold: String,
+    /// Where the answer is taken from: auto, boxed, answer-line, last-number.
+    #[arg(long, default_value = "auto")]
+    format: String,
+    /// Compare as verl's Minerva normaliser does (exact string match after
+    /// normalisation) instead of numerically and structurally.
+    #[arg(long)]
+    minerva: bool,
+    /// Print the verdict as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum ToyCmd {
+    /// Train one algorithm on the toy task.
+    Train(toy::TrainArgs),
+    /// Algorithms × seeds on the toy task, with learning-curve plots.
+    Compare(toy::CompareArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCmd {
+    /// Forward+backward cost of every policy objective (R²VPO vs the baselines).
+    Core(bench::CoreArgs),
+    /// Environment and training throughput on control tasks (issue #4).
+    Control(pending::Pending),
+    /// Generation and training throughput of the LLM stack (issues #5, #6).
+    Llm(pending::Pending),
+}
+
+#[derive(Subcommand, Debug)]
+enum ConfigCmd {
+    /// Print the resolved config (defaults, then --config, then --set) as TOML.
+    Show(ConfigShowArgs),
+}
+
+#[derive(Args, Debug)]
+struct ConfigShowArgs {
+    /// Which command's config: `toy`.
+    kind: String,
+    /// TOML config file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override a key (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+}
+
+fn set_threads(threads: Option<usize>) {
+    // candle's CPU backend re-reads /proc/cpuinfo on every matmul unless
+    // RAYON_NUM_THREADS is set (shared/notes/candle-llm-training.md §6.3), so
+    // always set it, before any thread pool starts.
+    let n = threads
+        .or_else(|| std::env::var("RAYON_NUM_THREADS").ok().and_then(|v| v.parse().ok()))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    // SAFETY: called first thing in `main`, before any other thread exists.
+    unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
+    let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Analyze(cmd) => match cmd {
+            AnalyzeCmd::Divergence(a) => analyze::divergence(&a),
+            AnalyzeCmd::ClipBound(a) => analyze::clip_bound(&a),
+        },
+        Command::Control(cmd) => match cmd {
+            ControlCmd::Info(a) => control_info(&a),
+            ControlCmd::Train(_) => pending::not_yet("control train", 4),
+            ControlCmd::Eval(_) => pending::not_yet("control eval", 4),
+            ControlCmd::Compare(_) => pending::not_yet("control compare", 4),
+        },
+        Command::Llm(cmd) => match cmd {
+            LlmCmd::Info(a) => llm_info(&a),
+            LlmCmd::Verify(a) => llm_verify(&a),
+            LlmCmd::Eval(_) => pending::not_yet("llm eval", 5),
+            LlmCmd::Train(_) => pending::not_yet("llm train", 6),
+            LlmCmd::Plot(_) => pending::not_yet("llm plot", 6),
+        },
+        Command::Toy(cmd) => match cmd {
+            ToyCmd::Train(a) => toy::cmd_train(&a),
+            ToyCmd::Compare(a) => toy::cmd_compare(&a),
+        },
+        Command::Bench(cmd) => match cmd {
+            BenchCmd::Core(a) => bench::core(&a),
+            BenchCmd::Control(_) => pending::not_yet("bench control", 4),
+            BenchCmd::Llm(_) => pending::not_yet("bench llm", 5),
+        },
+        Command::Config(ConfigCmd::Show(a)) => config_show(&a),
+    }
+}
+
+fn config_show(a: &ConfigShowArgs) -> Result<()> {
+    let text = match a.kind.as_str() {
+        "toy" => config::to_toml(&config::load::<toy::ToyConfig>(a.config.as_deref(), &a.sets)?)?,
+        other => anyhow::bail!("no config kind `{other}`; known: toy"),
+    };
+    print!("{text}");
+    Ok(())
+}
+
+fn control_info(a: &ControlInfoArgs) -> Result<()> {
+    let names: Vec<&str> = match &a.task {
+        Some(t) => vec![t.as_str()],
+        None => r2vpo_control::task_names().to_vec(),
+    };
+    let envs = names.iter().map(|n| r2vpo_control::make_env(n, 0, None)).collect::<Result<Vec<_>, _>>()?;
+    println!("| task | observation dim | action dim | episode steps |\n|---|---|---|---|");
+    for (name, env) in names.iter().zip(envs) {
+        println!("| {name} | {} | {} | {} |", env.observation_dim(), env.action_dim(), env.episode_steps());
+    }
+    Ok(())
+}
+
+fn llm_verify(a: &LlmVerifyArgs) -> Result<()> {
+    use r2vpo_llm::reward::{verify, AnswerFormat, Equivalence, VerifyConfig};
+    let format: AnswerFormat = serde_json::from_value(serde_json::Value::String(a.format.clone()))
+        .map_err(|_| anyhow::anyhow!("--format `{}`: expected auto, boxed, answer-line or last-number", a.format))?;
+    let equivalence = if a.minerva { Equivalence::MinervaExact } else { Equivalence::Math };
+    let cfg = VerifyConfig { format, equivalence, ..VerifyConfig::default() };
+    let v = verify(&a.answer, &a.gold, &cfg);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("{v}");
+    }
+    Ok(())
+}
+
+fn llm_info(a: &LlmInfoArgs) -> Result<()> {
+    let s = r2vpo_llm::gguf::read_summary(&a.model)?;
+    println!("{}", serde_json::to_string_pretty(&s)?);
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`r2vpo … | head`), as Unix tools do,
+    // instead of panicking inside println!.
+    // SAFETY: restoring the default disposition of a signal before any
+    // thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    let cli = Cli::parse();
+    set_threads(cli.threads);
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
