@@ -26,7 +26,7 @@ use r2vpo::aggregate::GlobalBatch;
 use r2vpo::dual::{DualConfig, DualVariable};
 use r2vpo::objective::{ObjectiveConfig, ObjectiveKind, PolicyBatch, RatioStats};
 use r2vpo::replay::{ReplayBuffer, ReplayConfig};
-use r2vpo_report::{plot, RunDir};
+use r2vpo_report::{plot, RunDir, TensorBoardWriter};
 
 use crate::config;
 
@@ -228,8 +228,8 @@ impl Policy {
     }
 }
 
-/// Trains one toy run, writing `config.toml`, `metrics.jsonl` and
-/// `summary.json` into `out` when given.
+/// Trains one toy run, writing `config.toml`, `metrics.jsonl`, a
+/// TensorBoard event file and `summary.json` into `out` when given.
 pub fn train(cfg: &ToyConfig, out: Option<&RunDir>, quiet: bool) -> Result<ToyRun> {
     cfg.validate()?;
     let dev = Device::Cpu;
@@ -245,10 +245,10 @@ pub fn train(cfg: &ToyConfig, out: Option<&RunDir>, quiet: bool) -> Result<ToyRu
     let mut dual = DualVariable::new(&cfg.dual)?;
     let mut replay: ReplayBuffer<Sample> =
         ReplayBuffer::from_config(&ReplayConfig { seed: cfg.seed.wrapping_add(cfg.replay.seed), ..cfg.replay })?;
-    let mut metrics_log = match out {
+    let mut logs = match out {
         Some(run) => {
             run.write_config(&config::to_toml(cfg)?)?;
-            Some(run.metrics()?)
+            Some((run.metrics()?, TensorBoardWriter::create(run.path())?))
         }
         None => None,
     };
@@ -339,8 +339,24 @@ pub fn train(cfg: &ToyConfig, out: Option<&RunDir>, quiet: bool) -> Result<ToyRu
             zero_variance_groups: zero_var,
             ..Default::default()
         });
-        if let Some(log) = metrics_log.as_mut() {
-            log.write(&m)?;
+        if let Some((jsonl, tb)) = logs.as_mut() {
+            jsonl.write(&m)?;
+            tb.scalars(
+                iter as i64,
+                &[
+                    ("reward", m.reward),
+                    ("greedy_accuracy", m.greedy_accuracy),
+                    ("lambda", m.lambda),
+                    ("entropy", m.entropy),
+                    ("ratio/mean", m.ratio_mean),
+                    ("ratio/var", m.ratio_var),
+                    ("ratio/sq_dev", m.sq_dev),
+                    ("ratio/clip_frac_low", m.clip_frac_low),
+                    ("ratio/clip_frac_high", m.clip_frac_high),
+                    ("approx_kl", m.approx_kl),
+                    ("staleness", m.staleness),
+                ],
+            )?;
         }
         if !quiet {
             eprintln!(

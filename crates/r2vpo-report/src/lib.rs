@@ -10,5 +10,7 @@
 
 mod io;
 pub mod plot;
+mod tensorboard;
 
 pub use io::{atomic_write, atomic_write_json, atomic_write_string, CsvWriter, JsonlWriter, ReportError, RunDir};
+pub use tensorboard::TensorBoardWriter;
