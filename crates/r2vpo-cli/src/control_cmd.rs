@@ -309,8 +309,11 @@ fn return_curve(ms: &[UpdateMetrics]) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// A mean curve and its `(x, mean − std, mean + std)` band.
+type Banded = (Vec<(f64, f64)>, Vec<(f64, f64, f64)>);
+
 /// Mean ± std over seeds at each x that every seed has.
-fn band(curves: &[Vec<(f64, f64)>]) -> (Vec<(f64, f64)>, Vec<(f64, f64, f64)>) {
+fn band(curves: &[Vec<(f64, f64)>]) -> Banded {
     let n = curves.iter().map(Vec::len).min().unwrap_or(0);
     let mut mean = Vec::with_capacity(n);
     let mut b = Vec::with_capacity(n);

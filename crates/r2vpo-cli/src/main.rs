@@ -11,6 +11,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod analyze;
 mod bench;
 mod config;
+mod control_cmd;
 mod pending;
 mod toy;
 
@@ -68,12 +69,12 @@ enum AnalyzeCmd {
 enum ControlCmd {
     /// List the DeepMind Control tasks with their observation and action sizes.
     Info(ControlInfoArgs),
-    /// Train PPO or R²VPO on a control task (issue #4).
-    Train(pending::Pending),
-    /// Evaluate a trained control policy (issue #4).
-    Eval(pending::Pending),
-    /// Run algorithms × seeds × tasks and plot learning curves (issue #4).
-    Compare(pending::Pending),
+    /// Train PPO or R²VPO on a control task.
+    Train(control_cmd::TrainArgs),
+    /// Evaluate a trained control policy (deterministic mean action).
+    Eval(control_cmd::EvalArgs),
+    /// Run algorithms × seeds × tasks and plot learning curves.
+    Compare(control_cmd::CompareArgs),
 }
 
 #[derive(Args, Debug)]
@@ -136,8 +137,8 @@ enum ToyCmd {
 enum BenchCmd {
     /// Forward+backward cost of every policy objective (R²VPO vs the baselines).
     Core(bench::CoreArgs),
-    /// Environment and training throughput on control tasks (issue #4).
-    Control(pending::Pending),
+    /// Raw physics and end-to-end training throughput on control tasks.
+    Control(control_cmd::BenchArgs),
     /// Generation and training throughput of the LLM stack (issues #5, #6).
     Llm(pending::Pending),
 }
@@ -150,7 +151,7 @@ enum ConfigCmd {
 
 #[derive(Args, Debug)]
 struct ConfigShowArgs {
-    /// Which command's config: `toy`.
+    /// Which command's config: `toy` or `control`.
     kind: String,
     /// TOML config file.
     #[arg(long)]
@@ -180,9 +181,9 @@ fn run(cli: Cli) -> Result<()> {
         },
         Command::Control(cmd) => match cmd {
             ControlCmd::Info(a) => control_info(&a),
-            ControlCmd::Train(_) => pending::not_yet("control train", 4),
-            ControlCmd::Eval(_) => pending::not_yet("control eval", 4),
-            ControlCmd::Compare(_) => pending::not_yet("control compare", 4),
+            ControlCmd::Train(a) => control_cmd::train(&a),
+            ControlCmd::Eval(a) => control_cmd::eval(&a),
+            ControlCmd::Compare(a) => control_cmd::compare(&a),
         },
         Command::Llm(cmd) => match cmd {
             LlmCmd::Info(a) => llm_info(&a),
@@ -197,7 +198,7 @@ fn run(cli: Cli) -> Result<()> {
         },
         Command::Bench(cmd) => match cmd {
             BenchCmd::Core(a) => bench::core(&a),
-            BenchCmd::Control(_) => pending::not_yet("bench control", 4),
+            BenchCmd::Control(a) => control_cmd::bench(&a),
             BenchCmd::Llm(_) => pending::not_yet("bench llm", 5),
         },
         Command::Config(ConfigCmd::Show(a)) => config_show(&a),
@@ -207,7 +208,8 @@ fn run(cli: Cli) -> Result<()> {
 fn config_show(a: &ConfigShowArgs) -> Result<()> {
     let text = match a.kind.as_str() {
         "toy" => config::to_toml(&config::load::<toy::ToyConfig>(a.config.as_deref(), &a.sets)?)?,
-        other => anyhow::bail!("no config kind `{other}`; known: toy"),
+        "control" => config::to_toml(&config::load::<r2vpo_control::trainer::TrainConfig>(a.config.as_deref(), &a.sets)?)?,
+        other => anyhow::bail!("no config kind `{other}`; known: toy, control"),
     };
     print!("{text}");
     Ok(())

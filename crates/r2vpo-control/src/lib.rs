@@ -18,8 +18,10 @@
 pub mod env;
 pub mod error;
 pub mod physics;
+pub mod policy;
 pub mod rewards;
 pub mod tasks;
+pub mod trainer;
 pub mod vec_env;
 
 pub use env::{load_task_model, make_env, Env, StepResult};
