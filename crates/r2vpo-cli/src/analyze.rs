@@ -10,8 +10,8 @@ use anyhow::{bail, Context, Result};
 use r2vpo::divergence::{
     categorical_sample_ratios, clip_bound_check, diag_gaussian_divergence_closed, diag_gaussian_divergence_mc,
     diag_gaussian_ratio_variance, diag_gaussian_sample_ratios, discrete_divergence, discrete_ratio_moments,
-    gaussian_divergence_closed, gaussian_divergence_quadrature, gaussian_ratio_variance, gaussian_sample_ratios, softmax,
-    variance_approximation, DiagGaussian, FDivergence, Gaussian, RatioMoments, CLIP_BOUND_SHARP_FACTOR,
+    gaussian_divergence_closed, gaussian_divergence_quadrature, gaussian_ratio_variance, gaussian_sample_ratios,
+    softmax, variance_approximation, DiagGaussian, FDivergence, Gaussian, RatioMoments, CLIP_BOUND_SHARP_FACTOR,
 };
 use r2vpo_report::plot::{Grid, LineChart, Series};
 use r2vpo_report::CsvWriter;
@@ -94,7 +94,8 @@ enum Family {
 }
 
 impl Family {
-    const ALL: [Family; 5] = [Family::GaussMean, Family::GaussStdDown, Family::GaussStdUp, Family::Diag, Family::Categorical];
+    const ALL: [Family; 5] =
+        [Family::GaussMean, Family::GaussStdDown, Family::GaussStdUp, Family::Diag, Family::Categorical];
 
     fn key(self) -> &'static str {
         match self {
@@ -204,9 +205,15 @@ impl Setup {
             Family::GaussStdDown => Pair::Gauss(Gaussian::new(0.0, (-t).exp()), std_normal),
             Family::GaussStdUp => Pair::Gauss(Gaussian::new(0.0, t.exp()), std_normal),
             Family::Diag => {
-                let mean: Vec<f64> =
-                    self.diag_q_mean.iter().zip(&self.diag_q_std).zip(&self.diag_dir_mean).map(|((m, s), d)| m + t * d * s).collect();
-                let std: Vec<f64> = self.diag_q_std.iter().zip(&self.diag_dir_log_std).map(|(s, d)| s * (t * d).exp()).collect();
+                let mean: Vec<f64> = self
+                    .diag_q_mean
+                    .iter()
+                    .zip(&self.diag_q_std)
+                    .zip(&self.diag_dir_mean)
+                    .map(|((m, s), d)| m + t * d * s)
+                    .collect();
+                let std: Vec<f64> =
+                    self.diag_q_std.iter().zip(&self.diag_dir_log_std).map(|(s, d)| s * (t * d).exp()).collect();
                 Pair::Diag(DiagGaussian::new(&mean, &std), DiagGaussian::new(&self.diag_q_mean, &self.diag_q_std))
             }
             Family::Categorical => {
@@ -221,7 +228,9 @@ impl Setup {
         let half_ln2 = 0.5 * std::f64::consts::LN_2;
         match fam {
             Family::GaussStdUp => half_ln2,
-            Family::Diag => self.diag_dir_log_std.iter().filter(|d| **d > 0.0).map(|d| half_ln2 / d).fold(f64::INFINITY, f64::min),
+            Family::Diag => {
+                self.diag_dir_log_std.iter().filter(|d| **d > 0.0).map(|d| half_ln2 / d).fold(f64::INFINITY, f64::min)
+            }
             _ => f64::INFINITY,
         }
     }
@@ -279,15 +288,24 @@ struct PairResult {
     divs: Vec<(FDivergence, f64, &'static str, f64)>,
 }
 
-fn evaluate(a: &DivergenceArgs, setup: &Setup, fam: Family, fam_idx: u64, idx: u64, target: f64, with_mc: bool) -> Result<PairResult> {
+fn evaluate(
+    a: &DivergenceArgs,
+    setup: &Setup,
+    fam: Family,
+    fam_idx: u64,
+    idx: u64,
+    target: f64,
+    with_mc: bool,
+) -> Result<PairResult> {
     let t = setup.solve(fam, target)?;
     let pair = setup.pair(fam, t);
     let var = pair.ratio_variance();
     let mut rng = ChaCha8Rng::seed_from_u64(sub_seed(a.seed, fam_idx, idx));
     let mut mc_var = [f64::NAN; 3];
     if with_mc && a.mc_samples >= 2 && a.mc_repeats >= 1 {
-        let mut v: Vec<f64> =
-            (0..a.mc_repeats).map(|_| RatioMoments::from_samples(&pair.sample_ratios(a.mc_samples, &mut rng)).variance).collect();
+        let mut v: Vec<f64> = (0..a.mc_repeats)
+            .map(|_| RatioMoments::from_samples(&pair.sample_ratios(a.mc_samples, &mut rng)).variance)
+            .collect();
         v.sort_by(f64::total_cmp);
         mc_var = [quantile(&v, 0.1), quantile(&v, 0.5), quantile(&v, 0.9)];
     }
@@ -331,7 +349,8 @@ pub fn divergence(args: &DivergenceArgs) -> Result<()> {
             (a.var_min.ln() * (1.0 - s) + a.var_max.ln() * s).exp()
         })
         .collect();
-    let jobs: Vec<(usize, usize)> = (0..Family::ALL.len()).flat_map(|f| (0..targets.len()).map(move |i| (f, i))).collect();
+    let jobs: Vec<(usize, usize)> =
+        (0..Family::ALL.len()).flat_map(|f| (0..targets.len()).map(move |i| (f, i))).collect();
     let results: Vec<PairResult> = jobs
         .par_iter()
         .map(|&(f, i)| evaluate(a, &setup, Family::ALL[f], f as u64, i as u64, targets[i], true))
@@ -383,7 +402,8 @@ pub fn divergence(args: &DivergenceArgs) -> Result<()> {
     let mut fig2 = Grid::new(3, panels[..3].to_vec());
     fig2.title = Some("Ratio variance as a proxy for f-divergence trust regions (paper Figure 2)".into());
     let mut appb = Grid::new(3, panels);
-    appb.title = Some("Var[ρ] vs six f-divergences: exact (solid) and ½·f''(1)·Var[ρ] (dashed) — paper Appendix B".into());
+    appb.title =
+        Some("Var[ρ] vs six f-divergences: exact (solid) and ½·f''(1)·Var[ρ] (dashed) — paper Appendix B".into());
     let mut written = vec![csv_path];
     written.extend(fig2.save(&a.out.join("figure2"))?);
     written.extend(appb.save(&a.out.join("appendix_b"))?);
@@ -392,7 +412,8 @@ pub fn divergence(args: &DivergenceArgs) -> Result<()> {
     // Summary at the exact variances asked for: each family's parameter is
     // solved for the target (bisection), not interpolated.
     let sums = [1e-3, 1e-2, 1e-1];
-    let sjobs: Vec<(usize, usize)> = (0..Family::ALL.len()).flat_map(|f| (0..sums.len()).map(move |i| (f, i))).collect();
+    let sjobs: Vec<(usize, usize)> =
+        (0..Family::ALL.len()).flat_map(|f| (0..sums.len()).map(move |i| (f, i))).collect();
     let summary: Vec<PairResult> = sjobs
         .par_iter()
         .map(|&(f, i)| evaluate(a, &setup, Family::ALL[f], 100 + f as u64, i as u64, sums[i], false))
@@ -440,8 +461,12 @@ fn divergence_panel(a: &DivergenceArgs, f: FDivergence, results: &[PairResult]) 
     // batches of the Gaussian mean-shift family.
     let base: Vec<&PairResult> = results.iter().filter(|r| r.family == Family::GaussMean).collect();
     let approx = base.iter().map(|r| (r.var, variance_approximation(f, r.var))).collect();
-    let band = base.iter().map(|r| (r.var, variance_approximation(f, r.mc_var[0]), variance_approximation(f, r.mc_var[2]))).collect();
-    let mut s = Series::dashed(format!("½·f''(1)·Var[ρ]; band: 80 % of MC Var, n = {}", a.mc_samples), approx).with_band(band);
+    let band = base
+        .iter()
+        .map(|r| (r.var, variance_approximation(f, r.mc_var[0]), variance_approximation(f, r.mc_var[2])))
+        .collect();
+    let mut s =
+        Series::dashed(format!("½·f''(1)·Var[ρ]; band: 80 % of MC Var, n = {}", a.mc_samples), approx).with_band(band);
     s.color = None;
     c.push(s);
     c
@@ -451,7 +476,8 @@ fn relative_error_grid(a: &DivergenceArgs, results: &[PairResult]) -> Grid {
     let panels = Family::ALL
         .into_iter()
         .map(|fam| {
-            let mut c = LineChart::new(fam.legend(a), "Var[ρ] under π_off (exact)", "|approx − exact| / exact").log_axes(true, true);
+            let mut c = LineChart::new(fam.legend(a), "Var[ρ] under π_off (exact)", "|approx − exact| / exact")
+                .log_axes(true, true);
             for (k, f) in FDivergence::ALL.into_iter().enumerate().filter(|(_, f)| *f != FDivergence::ChiSquared) {
                 let pts = results
                     .iter()
@@ -494,7 +520,10 @@ fn populations(a: &ClipBoundArgs) -> Vec<Population> {
         // log ρ ~ N(−σ²/2, σ²): E[ρ] = 1 in expectation, not in the sample.
         let lognormal: Vec<f64> = (0..n).map(|_| (sigma * normal(&mut r) - 0.5 * sigma * sigma).exp()).collect();
         let m = mean(&lognormal);
-        out.push(Population { name: format!("lognormal_sigma{sigma}_normalised"), ratios: lognormal.iter().map(|v| v / m).collect() });
+        out.push(Population {
+            name: format!("lognormal_sigma{sigma}_normalised"),
+            ratios: lognormal.iter().map(|v| v / m).collect(),
+        });
         out.push(Population { name: format!("lognormal_sigma{sigma}"), ratios: lognormal });
         // A drifted population (E[ρ] ≠ 1), as stale data from an old policy.
         let mut r = rng(&mut k);
@@ -573,7 +602,8 @@ pub fn clip_bound(args: &ClipBoundArgs) -> Result<()> {
     for (pi, pop) in pops.iter().enumerate() {
         let mut rng = ChaCha8Rng::seed_from_u64(sub_seed(a.seed, 11, pi as u64));
         let uniform: Vec<f64> = (0..pop.ratios.len()).map(|_| rng.random_range(-a.a_max..=a.a_max)).collect();
-        let rademacher: Vec<f64> = (0..pop.ratios.len()).map(|_| if rng.random::<bool>() { a.a_max } else { -a.a_max }).collect();
+        let rademacher: Vec<f64> =
+            (0..pop.ratios.len()).map(|_| if rng.random::<bool>() { a.a_max } else { -a.a_max }).collect();
         for &eps in &a.eps {
             // Advantages of magnitude A_max signed like the clipping residual:
             // the largest gap bounded advantages allow.
@@ -670,7 +700,10 @@ fn clip_chart(scatter: &[Vec<(f64, f64)>], kinds: &[&str], a: &ClipBoundArgs) ->
     let xs = scatter.iter().flatten().map(|p| p.0).filter(|x| *x > 0.0 && x.is_finite());
     let (lo, hi) = xs.fold((f64::INFINITY, 0.0f64), |(l, h), x| (l.min(x), h.max(x)));
     if lo < hi {
-        let mut s = Series::dashed("y = x/4 (sharp constant)", vec![(lo, lo * CLIP_BOUND_SHARP_FACTOR), (hi, hi * CLIP_BOUND_SHARP_FACTOR)]);
+        let mut s = Series::dashed(
+            "y = x/4 (sharp constant)",
+            vec![(lo, lo * CLIP_BOUND_SHARP_FACTOR), (hi, hi * CLIP_BOUND_SHARP_FACTOR)],
+        );
         s.color = None;
         c.push(s);
     }

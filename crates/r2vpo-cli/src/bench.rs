@@ -77,7 +77,14 @@ pub fn core(a: &CoreArgs) -> Result<()> {
         let median = t[t.len() / 2];
         let mean = t.iter().sum::<f64>() / t.len() as f64;
         let std = (t.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / t.len() as f64).sqrt();
-        rows.push(Row { preset: name.to_string(), batch: a.batch, tokens: a.tokens, ms_per_step: median, ms_std: std, relative_to_grpo: 0.0 });
+        rows.push(Row {
+            preset: name.to_string(),
+            batch: a.batch,
+            tokens: a.tokens,
+            ms_per_step: median,
+            ms_std: std,
+            relative_to_grpo: 0.0,
+        });
     }
     let base = rows[0].ms_per_step;
     for r in &mut rows {

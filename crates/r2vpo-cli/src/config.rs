@@ -17,7 +17,8 @@ use toml::{Table, Value};
 pub fn load<T: DeserializeOwned + Serialize>(file: Option<&Path>, sets: &[String]) -> Result<T> {
     let (mut table, source) = match file {
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("cannot read config file {}", p.display()))?;
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("cannot read config file {}", p.display()))?;
             let table: Table = toml::from_str(&text).map_err(|e| anyhow!("{}: invalid TOML: {e}", p.display()))?;
             (table, p.display().to_string())
         }

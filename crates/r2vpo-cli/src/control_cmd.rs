@@ -14,9 +14,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use r2vpo_control::trainer::{
-    algo_overrides, evaluate_policy, load_policy, TrainConfig, Trainer, UpdateMetrics,
-};
+use r2vpo_control::trainer::{algo_overrides, evaluate_policy, load_policy, TrainConfig, Trainer, UpdateMetrics};
 use r2vpo_control::{VecEnv, VecEnvConfig};
 use r2vpo_report::plot::{Grid, LineChart, Series};
 use r2vpo_report::{JsonlWriter, RunDir};
@@ -123,7 +121,13 @@ fn default_config(explicit: Option<&Path>) -> Option<PathBuf> {
 
 /// Resolves a training config: file, then the algorithm preset, task and
 /// seed, then the user's `--set`s.
-pub fn resolve(file: Option<&Path>, algo: &str, task: Option<&str>, seed: Option<u64>, sets: &[String]) -> Result<TrainConfig> {
+pub fn resolve(
+    file: Option<&Path>,
+    algo: &str,
+    task: Option<&str>,
+    seed: Option<u64>,
+    sets: &[String],
+) -> Result<TrainConfig> {
     let mut all = algo_overrides(algo)?;
     if let Some(t) = task {
         all.push(format!("task=\"{t}\""));
@@ -134,7 +138,9 @@ pub fn resolve(file: Option<&Path>, algo: &str, task: Option<&str>, seed: Option
     all.extend(sets.iter().cloned());
     let file = default_config(file);
     let cfg: TrainConfig = config::load(file.as_deref(), &all)?;
-    cfg.validate().with_context(|| format!("config {}", file.as_deref().map_or("defaults".into(), |p| p.display().to_string())))?;
+    cfg.validate().with_context(|| {
+        format!("config {}", file.as_deref().map_or("defaults".into(), |p| p.display().to_string()))
+    })?;
     Ok(cfg)
 }
 
@@ -254,7 +260,10 @@ pub fn train(a: &TrainArgs) -> Result<()> {
         return Ok(());
     }
     let cfg = resolve(a.config.as_deref(), &a.algo, a.task.as_deref(), a.seed, &a.sets)?;
-    let out = a.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/control/{}-{}-seed{}", cfg.task, a.algo, cfg.seed)));
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("runs/control/{}-{}-seed{}", cfg.task, a.algo, cfg.seed)));
     let all = train_into(cfg, &out, false, false)?;
     if let Some(m) = all.last() {
         println!(
@@ -269,7 +278,8 @@ pub fn train(a: &TrainArgs) -> Result<()> {
 
 /// `r2vpo control eval`.
 pub fn eval(a: &EvalArgs) -> Result<()> {
-    let (cfg, net, stats) = load_policy(&a.run.join("checkpoints")).with_context(|| format!("loading {}", a.run.display()))?;
+    let (cfg, net, stats) =
+        load_policy(&a.run.join("checkpoints")).with_context(|| format!("loading {}", a.run.display()))?;
     if a.episodes == 0 {
         bail!("--episodes must be at least 1");
     }
@@ -286,7 +296,10 @@ pub fn eval(a: &EvalArgs) -> Result<()> {
         returns: &'a [f64],
     }
     let path = a.run.join("eval.json");
-    r2vpo_report::atomic_write_json(&path, &Out { task: &cfg.task, episodes: returns.len(), seed: a.seed, mean: m, std: s, returns: &returns })?;
+    r2vpo_report::atomic_write_json(
+        &path,
+        &Out { task: &cfg.task, episodes: returns.len(), seed: a.seed, mean: m, std: s, returns: &returns },
+    )?;
     println!("written: {}", path.display());
     Ok(())
 }
@@ -352,17 +365,24 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
                     .with_context(|| format!("resolving the config of {task}/{algo}/seed {seed}"))?;
                 let dir = root.join(format!("{task}/{algo}-seed{seed}"));
                 // Resumable: finished runs are read back, interrupted ones continue.
-                let ms = if dir.join("summary.json").exists() && read_metrics(&dir.join("metrics.jsonl"))?.last().is_some_and(|m| m.env_steps >= cfg.total_env_steps) {
+                let ms = if dir.join("summary.json").exists()
+                    && read_metrics(&dir.join("metrics.jsonl"))?
+                        .last()
+                        .is_some_and(|m| m.env_steps >= cfg.total_env_steps)
+                {
                     read_metrics(&dir.join("metrics.jsonl"))?
                 } else {
-                    let resume = dir.join("checkpoints").exists() && r2vpo_control::trainer::latest_checkpoint(&dir.join("checkpoints")).is_ok();
+                    let resume = dir.join("checkpoints").exists()
+                        && r2vpo_control::trainer::latest_checkpoint(&dir.join("checkpoints")).is_ok();
                     if !resume && dir.join("metrics.jsonl").exists() {
                         std::fs::remove_file(dir.join("metrics.jsonl"))?;
                     }
                     train_into(cfg, &dir, resume, true)?
                 };
                 curves.push(return_curve(&ms));
-                evals.push(ms.iter().filter_map(|m| m.eval_return_mean.map(|r| (m.env_steps as f64, r))).collect::<Vec<_>>());
+                evals.push(
+                    ms.iter().filter_map(|m| m.eval_return_mean.map(|r| (m.env_steps as f64, r))).collect::<Vec<_>>(),
+                );
                 if let Some(r) = ms.iter().rev().find_map(|m| m.eval_return_mean) {
                     fin_eval.push(r);
                 }
@@ -474,7 +494,10 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             train_config: file.as_ref().map_or("defaults".into(), |p| p.display().to_string()),
         });
     }
-    println!("control throughput ({} envs for raw physics; training with {}, {threads} threads)", a.envs, rows[0].train_config);
+    println!(
+        "control throughput ({} envs for raw physics; training with {}, {threads} threads)",
+        a.envs, rows[0].train_config
+    );
     println!("| task | raw env-steps/s, 1 thread | raw, 2 threads | training env-steps/s | training / raw(2) |\n|---|---|---|---|---|");
     for r in &rows {
         println!(
@@ -519,7 +542,10 @@ mod tests {
         let cpu: TrainConfig = config::load(Some(&root.join("configs/control/cpu.toml")), &[]).unwrap();
         assert_eq!(cpu, TrainConfig::default(), "cpu.toml and TrainConfig::default() must agree");
         let paper: TrainConfig = config::load(Some(&root.join("configs/control/paper.toml")), &[]).unwrap();
-        assert_eq!((paper.num_envs, paper.unroll, paper.minibatches, paper.epochs, paper.batch_size), (2048, 30, 32, 16, 1024));
+        assert_eq!(
+            (paper.num_envs, paper.unroll, paper.minibatches, paper.epochs, paper.batch_size),
+            (2048, 30, 32, 16, 1024)
+        );
         assert_eq!(paper.policy.actor_hidden, vec![256; 5]);
         assert_eq!(paper.dual.lambda0, 0.06);
     }

@@ -208,7 +208,9 @@ fn run(cli: Cli) -> Result<()> {
 fn config_show(a: &ConfigShowArgs) -> Result<()> {
     let text = match a.kind.as_str() {
         "toy" => config::to_toml(&config::load::<toy::ToyConfig>(a.config.as_deref(), &a.sets)?)?,
-        "control" => config::to_toml(&config::load::<r2vpo_control::trainer::TrainConfig>(a.config.as_deref(), &a.sets)?)?,
+        "control" => {
+            config::to_toml(&config::load::<r2vpo_control::trainer::TrainConfig>(a.config.as_deref(), &a.sets)?)?
+        }
         other => anyhow::bail!("no config kind `{other}`; known: toy, control"),
     };
     print!("{text}");

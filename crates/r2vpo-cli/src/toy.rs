@@ -234,14 +234,12 @@ pub fn train(cfg: &ToyConfig, out: Option<&RunDir>, quiet: bool) -> Result<ToyRu
     cfg.validate()?;
     let dev = Device::Cpu;
     let mut task_rng = ChaCha8Rng::seed_from_u64(cfg.task_seed);
-    let targets: Vec<u32> =
-        (0..cfg.prompts * cfg.length).map(|_| task_rng.random_range(0..cfg.vocab as u32)).collect();
+    let targets: Vec<u32> = (0..cfg.prompts * cfg.length).map(|_| task_rng.random_range(0..cfg.vocab as u32)).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-    let policy = Policy {
-        logits: Var::zeros((cfg.prompts, cfg.length, cfg.vocab), DType::F32, &dev)?,
-        length: cfg.length,
-    };
-    let mut opt = AdamW::new(vec![policy.logits.clone()], ParamsAdamW { lr: cfg.lr, weight_decay: 0.0, ..Default::default() })?;
+    let policy =
+        Policy { logits: Var::zeros((cfg.prompts, cfg.length, cfg.vocab), DType::F32, &dev)?, length: cfg.length };
+    let mut opt =
+        AdamW::new(vec![policy.logits.clone()], ParamsAdamW { lr: cfg.lr, weight_decay: 0.0, ..Default::default() })?;
     let mut dual = DualVariable::new(&cfg.dual)?;
     let mut replay: ReplayBuffer<Sample> =
         ReplayBuffer::from_config(&ReplayConfig { seed: cfg.seed.wrapping_add(cfg.replay.seed), ..cfg.replay })?;
@@ -392,7 +390,11 @@ fn update(
     let adv = Tensor::from_vec(adv, (b, l), dev)?;
     let mask = Tensor::ones((b, l), DType::F32, dev)?;
     let global = GlobalBatch::from_mask(&mask)?;
-    let out = cfg.objective.loss(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask }, dual.value(), &global)?;
+    let out = cfg.objective.loss(
+        &PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask },
+        dual.value(),
+        &global,
+    )?;
     let grads = out.loss.backward()?;
     opt.step(&grads)?;
     // λ moves once per optimizer step, from the detached statistic (Eq. λ
@@ -621,7 +623,10 @@ mod tests {
 
     fn small(algo: &str) -> ToyConfig {
         let mut sets = algo_overrides(algo).unwrap();
-        sets.extend(["iterations=12", "prompts=8", "prompts_per_iter=8", "vocab=4", "length=3", "replay.minibatch_size=32"].map(String::from));
+        sets.extend(
+            ["iterations=12", "prompts=8", "prompts_per_iter=8", "vocab=4", "length=3", "replay.minibatch_size=32"]
+                .map(String::from),
+        );
         config::load(None, &sets).unwrap()
     }
 

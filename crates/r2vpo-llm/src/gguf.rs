@@ -78,7 +78,8 @@ pub fn read_summary(path: &Path) -> Result<GgufSummary, GgufError> {
 }
 
 fn summarize(path: &Path, c: &Content) -> Result<GgufSummary, GgufError> {
-    let field_err = |field: &str, message: String| GgufError::Field { path: path.to_path_buf(), field: field.to_string(), message };
+    let field_err =
+        |field: &str, message: String| GgufError::Field { path: path.to_path_buf(), field: field.to_string(), message };
     let get = |key: &str| c.metadata.get(key);
     let string = |key: &str| -> Result<String, GgufError> {
         get(key)
@@ -90,7 +91,9 @@ fn summarize(path: &Path, c: &Content) -> Result<GgufSummary, GgufError> {
     let int = |key: &str| -> Result<Option<u64>, GgufError> {
         match get(key) {
             None => Ok(None),
-            Some(v) => as_u64(v).map(Some).ok_or_else(|| field_err(key, format!("expected an integer, found {:?}", v.value_type()))),
+            Some(v) => as_u64(v)
+                .map(Some)
+                .ok_or_else(|| field_err(key, format!("expected an integer, found {:?}", v.value_type()))),
         }
     };
     let arch = string("general.architecture")?;
@@ -101,7 +104,9 @@ fn summarize(path: &Path, c: &Content) -> Result<GgufSummary, GgufError> {
     let heads = need("attention.head_count")?;
     let vocab = match get("tokenizer.ggml.tokens") {
         Some(Value::Array(a)) => a.len(),
-        Some(v) => return Err(field_err("tokenizer.ggml.tokens", format!("expected an array, found {:?}", v.value_type()))),
+        Some(v) => {
+            return Err(field_err("tokenizer.ggml.tokens", format!("expected an array, found {:?}", v.value_type())))
+        }
         None => return Err(field_err("tokenizer.ggml.tokens", "missing".into())),
     };
     let mut dtypes = BTreeMap::new();

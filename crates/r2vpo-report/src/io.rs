@@ -68,7 +68,8 @@ pub fn atomic_write_string(path: &Path, text: &str) -> Result<(), ReportError> {
 
 /// [`atomic_write`] of a value as pretty JSON.
 pub fn atomic_write_json<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<(), ReportError> {
-    let mut text = serde_json::to_string_pretty(value).map_err(|source| ReportError::Json { path: path.to_path_buf(), source })?;
+    let mut text =
+        serde_json::to_string_pretty(value).map_err(|source| ReportError::Json { path: path.to_path_buf(), source })?;
     text.push('\n');
     atomic_write(path, text.as_bytes())
 }
@@ -130,7 +131,8 @@ impl JsonlWriter {
 
     /// Appends one record and flushes it.
     pub fn write<T: Serialize + ?Sized>(&mut self, record: &T) -> Result<(), ReportError> {
-        let line = serde_json::to_string(record).map_err(|source| ReportError::Json { path: self.path.clone(), source })?;
+        let line =
+            serde_json::to_string(record).map_err(|source| ReportError::Json { path: self.path.clone(), source })?;
         writeln!(self.out, "{line}").and_then(|_| self.out.flush()).map_err(io_err(&self.path))
     }
 

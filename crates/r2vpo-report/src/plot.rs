@@ -357,7 +357,8 @@ fn save_both<R: Render>(stem: &Path, size: (u32, u32), chart: &R) -> Result<Vec<
     let mut text = String::new();
     {
         let root = SVGBackend::with_string(&mut text, size).into_drawing_area();
-        let drawn = root.fill(&WHITE).map_err(err).and_then(|_| chart.render(&root)).and_then(|_| root.present().map_err(err));
+        let drawn =
+            root.fill(&WHITE).map_err(err).and_then(|_| chart.render(&root)).and_then(|_| root.present().map_err(err));
         drawn.map_err(|m| plot_err(&svg, m))?;
     }
     atomic_write_string(&svg, &text)?;
@@ -468,8 +469,17 @@ where
     for s in &c.series {
         let Some(band) = &s.band else { continue };
         let col = colour(s.color);
-        let pts: Vec<(f64, f64)> = band.iter().filter(|&&(x, lo, hi)| visible(c, (x, lo)) && visible(c, (x, hi))).map(|&(x, lo, _)| (x, lo)).collect();
-        let top: Vec<(f64, f64)> = band.iter().filter(|&&(x, lo, hi)| visible(c, (x, lo)) && visible(c, (x, hi))).rev().map(|&(x, _, hi)| (x, hi)).collect();
+        let pts: Vec<(f64, f64)> = band
+            .iter()
+            .filter(|&&(x, lo, hi)| visible(c, (x, lo)) && visible(c, (x, hi)))
+            .map(|&(x, lo, _)| (x, lo))
+            .collect();
+        let top: Vec<(f64, f64)> = band
+            .iter()
+            .filter(|&&(x, lo, hi)| visible(c, (x, lo)) && visible(c, (x, hi)))
+            .rev()
+            .map(|&(x, _, hi)| (x, hi))
+            .collect();
         if pts.len() >= 2 {
             let poly: Vec<(f64, f64)> = pts.into_iter().chain(top).collect();
             chart.draw_series(std::iter::once(Polygon::new(poly, col.mix(0.18).filled()))).map_err(err)?;
@@ -486,7 +496,9 @@ where
                 .map_err(err)?
                 .label("y = x")
                 .legend(move |(x, y)| {
-                    EmptyElement::at((x, y)) + PathElement::new(vec![(0, 0), (8, 0)], grey) + PathElement::new(vec![(13, 0), (21, 0)], grey)
+                    EmptyElement::at((x, y))
+                        + PathElement::new(vec![(0, 0), (8, 0)], grey)
+                        + PathElement::new(vec![(13, 0), (21, 0)], grey)
                 });
         }
     }
@@ -500,7 +512,9 @@ where
         let anno = match s.style {
             LineStyle::Solid => chart.draw_series(LineSeries::new(pts, style)).map_err(err)?,
             LineStyle::Dashed => chart.draw_series(DashedLineSeries::new(pts, px(8.0), px(5.0), style)).map_err(err)?,
-            LineStyle::Points => chart.draw_series(pts.into_iter().map(|p| Circle::new(p, r, col.mix(0.75).filled()))).map_err(err)?,
+            LineStyle::Points => {
+                chart.draw_series(pts.into_iter().map(|p| Circle::new(p, r, col.mix(0.75).filled()))).map_err(err)?
+            }
         };
         if s.label.is_empty() {
             continue;
@@ -512,7 +526,9 @@ where
             LineStyle::Points => ((8, 14), (8, 14), col.stroke_width(2 * r as u32)),
         };
         anno.label(&s.label).legend(move |(x, y)| {
-            EmptyElement::at((x, y)) + PathElement::new(vec![(a.0, 0), (a.1, 0)], mark) + PathElement::new(vec![(b.0, 0), (b.1, 0)], mark)
+            EmptyElement::at((x, y))
+                + PathElement::new(vec![(a.0, 0), (a.1, 0)], mark)
+                + PathElement::new(vec![(b.0, 0), (b.1, 0)], mark)
         });
     }
 
@@ -556,8 +572,10 @@ mod tests {
             let svg = std::fs::read_to_string(&files[1]).unwrap();
             assert!(svg.starts_with("<svg") && svg.contains("exact curve") && svg.contains("quadratic approx"));
         }
-        let names: Vec<String> =
-            std::fs::read_dir(dir.path().join("sub")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let names: Vec<String> = std::fs::read_dir(dir.path().join("sub"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         assert_eq!(names.len(), 4, "temporary files left: {names:?}");
     }
 
@@ -570,8 +588,16 @@ mod tests {
         assert!(files.iter().all(|f| f.exists()));
 
         let mut h = HistogramChart::new("Ratios by staleness", "ratio", "density");
-        h.series.push(HistogramSeries { label: "fresh".into(), values: (0..500).map(|i| 1.0 + (i as f64 / 500.0 - 0.5) * 0.2).collect(), color: None });
-        h.series.push(HistogramSeries { label: "stale".into(), values: (0..500).map(|i| 1.0 + (i as f64 / 500.0 - 0.5)).collect(), color: None });
+        h.series.push(HistogramSeries {
+            label: "fresh".into(),
+            values: (0..500).map(|i| 1.0 + (i as f64 / 500.0 - 0.5) * 0.2).collect(),
+            color: None,
+        });
+        h.series.push(HistogramSeries {
+            label: "stale".into(),
+            values: (0..500).map(|i| 1.0 + (i as f64 / 500.0 - 0.5)).collect(),
+            color: None,
+        });
         let files = h.save(&dir.path().join("hist")).unwrap();
         let svg = std::fs::read_to_string(&files[1]).unwrap();
         assert!(svg.contains("stale"));

@@ -138,7 +138,12 @@ mod tests {
         let (l, m) = mats();
         let l2 = (l.clone() + m.affine(-1.0, 1.0).unwrap().affine(1e6, 0.0).unwrap()).unwrap();
         let g = GlobalBatch::from_mask(&m).unwrap();
-        for mode in [Aggregation::TokenMean, Aggregation::SeqMeanTokenMean, Aggregation::SeqMeanTokenSum, Aggregation::SeqMeanTokenSumNorm] {
+        for mode in [
+            Aggregation::TokenMean,
+            Aggregation::SeqMeanTokenMean,
+            Aggregation::SeqMeanTokenSum,
+            Aggregation::SeqMeanTokenSumNorm,
+        ] {
             let a = scalar(aggregate(&l, &m, mode, &g).unwrap());
             let b = scalar(aggregate(&l2, &m, mode, &g).unwrap());
             assert!((a - b).abs() < 1e-9, "{mode:?}");
@@ -150,11 +155,27 @@ mod tests {
     #[test]
     fn accumulated_gradient_equals_full_batch_gradient() {
         let dev = Device::Cpu;
-        let w = Var::from_tensor(&Tensor::new(&[[0.3f64, -1.2, 0.7, 2.0], [1.1, 0.4, -0.5, 0.9], [0.2, 0.8, -1.5, 0.6], [-0.7, 1.3, 0.1, 0.05]], &dev).unwrap()).unwrap();
-        let m = Tensor::new(&[[1.0f64, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]], &dev).unwrap();
+        let w = Var::from_tensor(
+            &Tensor::new(
+                &[[0.3f64, -1.2, 0.7, 2.0], [1.1, 0.4, -0.5, 0.9], [0.2, 0.8, -1.5, 0.6], [-0.7, 1.3, 0.1, 0.05]],
+                &dev,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let m = Tensor::new(
+            &[[1.0f64, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]],
+            &dev,
+        )
+        .unwrap();
         // A non-linear per-token loss so that gradients differ per token.
         let loss_of = |x: &Tensor| x.sqr().unwrap().affine(0.5, 0.0).unwrap().add(&x.sin().unwrap()).unwrap();
-        for mode in [Aggregation::TokenMean, Aggregation::SeqMeanTokenMean, Aggregation::SeqMeanTokenSum, Aggregation::SeqMeanTokenSumNorm] {
+        for mode in [
+            Aggregation::TokenMean,
+            Aggregation::SeqMeanTokenMean,
+            Aggregation::SeqMeanTokenSum,
+            Aggregation::SeqMeanTokenSumNorm,
+        ] {
             let g = GlobalBatch::from_mask(&m).unwrap();
             let full = aggregate(&loss_of(w.as_tensor()), &m, mode, &g).unwrap();
             let gfull = full.backward().unwrap().get(&w).unwrap().to_vec2::<f64>().unwrap();

@@ -604,7 +604,12 @@ pub fn diag_gaussian_divergence_mc<R: Rng + ?Sized>(
 }
 
 /// `n` ratios `p(x)/q(x)` at `x ∼ q` for diagonal Gaussians.
-pub fn diag_gaussian_sample_ratios<R: Rng + ?Sized>(p: &DiagGaussian, q: &DiagGaussian, n: usize, rng: &mut R) -> Vec<f64> {
+pub fn diag_gaussian_sample_ratios<R: Rng + ?Sized>(
+    p: &DiagGaussian,
+    q: &DiagGaussian,
+    n: usize,
+    rng: &mut R,
+) -> Vec<f64> {
     let mut z = vec![0.0; q.dim()];
     (0..n)
         .map(|_| {

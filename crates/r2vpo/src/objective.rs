@@ -297,7 +297,9 @@ impl ObjectiveConfig {
             "r2vpo" => base,
             "ppo" | "grpo" => ObjectiveConfig { kind: ObjectiveKind::Clip, ..base },
             "grpo-ch" => ObjectiveConfig { kind: ObjectiveKind::Clip, eps_high: 0.28, ..base },
-            "gppo" => ObjectiveConfig { kind: ObjectiveKind::Gppo, eps_high: 0.28, gppo_beta1: 0.25, gppo_beta2: 1.0, ..base },
+            "gppo" => {
+                ObjectiveConfig { kind: ObjectiveKind::Gppo, eps_high: 0.28, gppo_beta1: 0.25, gppo_beta2: 1.0, ..base }
+            }
             "topr" => ObjectiveConfig { kind: ObjectiveKind::Topr, topr_ratio_level: RatioLevel::Token, ..base },
             "grpo-kl" => ObjectiveConfig { kind: ObjectiveKind::KlPenalty, kl_estimator: KlEstimator::K3, ..base },
             "is-pg" => ObjectiveConfig { kind: ObjectiveKind::IsPg, ..base },
@@ -313,9 +315,20 @@ impl ObjectiveConfig {
 
     /// Checks every field's range; the error names the offending field.
     pub fn validate(&self) -> Result<()> {
-        let check = |ok: bool, field: &str, msg: &str, v: f64| if ok { Ok(()) } else { Err(invalid(field, format!("{msg}, got {v}"))) };
+        let check = |ok: bool, field: &str, msg: &str, v: f64| {
+            if ok {
+                Ok(())
+            } else {
+                Err(invalid(field, format!("{msg}, got {v}")))
+            }
+        };
         check(self.eps_low > 0.0 && self.eps_low < 1.0, "objective.eps_low", "must be in (0, 1)", self.eps_low)?;
-        check(self.eps_high > 0.0 && self.eps_high.is_finite(), "objective.eps_high", "must be finite and > 0", self.eps_high)?;
+        check(
+            self.eps_high > 0.0 && self.eps_high.is_finite(),
+            "objective.eps_high",
+            "must be finite and > 0",
+            self.eps_high,
+        )?;
         if let Some(c) = self.dual_clip {
             check(c > 1.0 && c.is_finite(), "objective.dual_clip", "must be finite and > 1 (or \"none\")", c)?;
         }
@@ -349,10 +362,22 @@ impl ObjectiveConfig {
         }
         let p = Prepared::new(batch, self.log_ratio_clamp)?;
         let (pg, penalty) = match self.kind {
-            ObjectiveKind::R2vpo => (is_pg_per_token(&p.ratio, &p.adv)?, Some(r2vpo_penalty_per_token(&p.ratio, lambda)?)),
-            ObjectiveKind::Clip => (clip_per_token(&p.ratio, &p.adv, self.eps_low, self.eps_high, self.dual_clip)?, None),
+            ObjectiveKind::R2vpo => {
+                (is_pg_per_token(&p.ratio, &p.adv)?, Some(r2vpo_penalty_per_token(&p.ratio, lambda)?))
+            }
+            ObjectiveKind::Clip => {
+                (clip_per_token(&p.ratio, &p.adv, self.eps_low, self.eps_high, self.dual_clip)?, None)
+            }
             ObjectiveKind::Gppo => (
-                gppo_per_token(&p.ratio, &p.adv, self.eps_low, self.eps_high, self.gppo_beta1, self.gppo_beta2, self.dual_clip)?,
+                gppo_per_token(
+                    &p.ratio,
+                    &p.adv,
+                    self.eps_low,
+                    self.eps_high,
+                    self.gppo_beta1,
+                    self.gppo_beta2,
+                    self.dual_clip,
+                )?,
                 None,
             ),
             ObjectiveKind::Topr => {
@@ -475,7 +500,9 @@ pub fn r2vpo_per_token(ratio: &Tensor, adv: &Tensor, lambda: f64) -> Result<Tens
 
 fn check_dual_clip(dual_clip: Option<f64>) -> Result<()> {
     match dual_clip {
-        Some(c) if !(c > 1.0 && c.is_finite()) => Err(invalid("objective.dual_clip", format!("must be finite and > 1, got {c}"))),
+        Some(c) if !(c > 1.0 && c.is_finite()) => {
+            Err(invalid("objective.dual_clip", format!("must be finite and > 1, got {c}")))
+        }
         _ => Ok(()),
     }
 }
@@ -501,7 +528,13 @@ fn apply_dual_clip(loss: &Tensor, adv: &Tensor, dual_clip: Option<f64>) -> Resul
 ///
 /// Gradient: `−A·ρ·∇log π` inside the band and on the pessimistic side;
 /// zero for A > 0, ρ > 1+ε_h, for A < 0, ρ < 1−ε_l, and for A < 0, ρ > c.
-pub fn clip_per_token(ratio: &Tensor, adv: &Tensor, eps_low: f64, eps_high: f64, dual_clip: Option<f64>) -> Result<Tensor> {
+pub fn clip_per_token(
+    ratio: &Tensor,
+    adv: &Tensor,
+    eps_low: f64,
+    eps_high: f64,
+    dual_clip: Option<f64>,
+) -> Result<Tensor> {
     let unclipped = is_pg_per_token(ratio, adv)?;
     let clipped = is_pg_per_token(&clamp_st(ratio, 1.0 - eps_low, 1.0 + eps_high)?, adv)?;
     apply_dual_clip(&unclipped.maximum(&clipped)?, adv, dual_clip)
@@ -554,7 +587,13 @@ pub fn sequence_ratio(log_ratio: &Tensor, mask: &Tensor, c: f64) -> Result<Tenso
 /// (both branches give 0); "positive ⇔ A > 0" follows ROLL (score > 0) and
 /// Trinity-RFT (negative ⇔ A ≤ 0). `taper_ratio` is the token ratio or
 /// [`sequence_ratio`].
-pub fn topr_per_token(logp: &Tensor, taper_ratio: &Tensor, adv: &Tensor, positive_weight: f64, negative_weight: f64) -> Result<Tensor> {
+pub fn topr_per_token(
+    logp: &Tensor,
+    taper_ratio: &Tensor,
+    adv: &Tensor,
+    positive_weight: f64,
+    negative_weight: f64,
+) -> Result<Tensor> {
     let taper = taper_ratio.detach().clamp(0.0, 1.0)?.affine(negative_weight, 0.0)?;
     let pos = adv.ones_like()?.affine(positive_weight, 0.0)?;
     let weight = adv.gt(0.0)?.where_cond(&pos, &taper)?;
@@ -596,7 +635,13 @@ pub fn kl_estimate_scalar(k: KlEstimator, x: f64) -> f64 {
 /// The paper's GRPO-KL per-token loss `ℓ = −ρ·A + λ·k(log ρ)`: R²VPO with its
 /// ratio-variance term replaced by an empirical KL(π_off‖π_θ) penalty (see
 /// [`kl_estimate`] for the direction and the estimators).
-pub fn kl_penalty_per_token(ratio: &Tensor, log_ratio: &Tensor, adv: &Tensor, lambda: f64, k: KlEstimator) -> Result<Tensor> {
+pub fn kl_penalty_per_token(
+    ratio: &Tensor,
+    log_ratio: &Tensor,
+    adv: &Tensor,
+    lambda: f64,
+    k: KlEstimator,
+) -> Result<Tensor> {
     Ok(is_pg_per_token(ratio, adv)?.add(&kl_estimate(k, log_ratio)?.affine(lambda, 0.0)?)?)
 }
 
@@ -614,7 +659,8 @@ fn quantile_sorted(sorted: &[f64], q: f64) -> f64 {
 /// at 0 (they need λ and the aggregation; [`ObjectiveConfig::loss`] fills them).
 pub fn ratio_stats(batch: &PolicyBatch, cfg: &ObjectiveConfig) -> Result<RatioStats> {
     check_shapes(batch)?;
-    let host = |t: &Tensor| -> Result<Vec<f64>> { Ok(t.detach().to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?) };
+    let host =
+        |t: &Tensor| -> Result<Vec<f64>> { Ok(t.detach().to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?) };
     let (logp, old, adv, mask) = (host(batch.logp)?, host(batch.old_logp)?, host(batch.advantages)?, host(batch.mask)?);
     let c = cfg.log_ratio_clamp;
     let (lo, hi) = (1.0 - cfg.eps_low, 1.0 + cfg.eps_high);
@@ -827,8 +873,12 @@ mod tests {
         }
     }
 
-    const ALL_MODES: [Aggregation; 4] =
-        [Aggregation::TokenMean, Aggregation::SeqMeanTokenMean, Aggregation::SeqMeanTokenSum, Aggregation::SeqMeanTokenSumNorm];
+    const ALL_MODES: [Aggregation; 4] = [
+        Aggregation::TokenMean,
+        Aggregation::SeqMeanTokenMean,
+        Aggregation::SeqMeanTokenSum,
+        Aggregation::SeqMeanTokenSumNorm,
+    ];
 
     /// Eq. (gradient): ∂ℓ/∂log π = −(A − 2λ(ρ−1))·ρ, times the aggregation weight.
     #[test]
@@ -949,7 +999,8 @@ mod tests {
         let old = mat(&[vec![-1.2, -1.5, -0.9, -1.0], vec![-0.6, -0.8, -1.0, -1.0]]);
         let adv = mat(&[vec![1.0, 2.0, -1.0, -2.0], vec![-1.5, 0.0, 9.0, 9.0]]);
         let mask = mat(&[vec![1.0; 4], vec![1.0, 1.0, 0.0, 0.0]]);
-        let (lp, ol, ad) = (logp.to_vec2::<f64>().unwrap(), old.to_vec2::<f64>().unwrap(), adv.to_vec2::<f64>().unwrap());
+        let (lp, ol, ad) =
+            (logp.to_vec2::<f64>().unwrap(), old.to_vec2::<f64>().unwrap(), adv.to_vec2::<f64>().unwrap());
         let (wp, wn) = (1.0, 0.5);
         let w = 1.0 / 6.0;
         for level in [RatioLevel::Token, RatioLevel::Sequence] {
@@ -975,7 +1026,12 @@ mod tests {
                     };
                     let coef = if a > 0.0 { wp } else { wn * rho.clamp(0.0, 1.0) };
                     assert_close(out.grad[i][t], -coef * a * w, 1e-12, &format!("{level:?} grad ({i},{t})"));
-                    assert_close(out.per_token[i][t], -coef * a * lp[i][t], 1e-12, &format!("{level:?} value ({i},{t})"));
+                    assert_close(
+                        out.per_token[i][t],
+                        -coef * a * lp[i][t],
+                        1e-12,
+                        &format!("{level:?} value ({i},{t})"),
+                    );
                 }
             }
             // Token 2 of row 0 (ρ = e^0.4 > 1, A < 0) separates the levels:
@@ -1045,14 +1101,19 @@ mod tests {
     }
 
     fn masks(b: usize, t: usize) -> impl Strategy<Value = Vec<Vec<f64>>> {
-        prop::collection::vec(prop::collection::vec(prop::bool::weighted(0.8).prop_map(|m| if m { 1.0 } else { 0.0 }), t), b)
+        prop::collection::vec(
+            prop::collection::vec(prop::bool::weighted(0.8).prop_map(|m| if m { 1.0 } else { 0.0 }), t),
+            b,
+        )
     }
 
     type Grid = Vec<Vec<f64>>;
 
     /// (logp, log-ratio, adv, mask) of a random (B, T) batch.
     fn batches(dev: f64) -> impl Strategy<Value = (Grid, Grid, Grid, Grid)> {
-        (1usize..4, 1usize..6).prop_flat_map(move |(b, t)| (vecs(b, t, -5.0, -0.01), vecs(b, t, -dev, dev), vecs(b, t, -3.0, 3.0), masks(b, t)))
+        (1usize..4, 1usize..6).prop_flat_map(move |(b, t)| {
+            (vecs(b, t, -5.0, -0.01), vecs(b, t, -dev, dev), vecs(b, t, -3.0, 3.0), masks(b, t))
+        })
     }
 
     #[track_caller]
@@ -1149,10 +1210,13 @@ mod tests {
         assert_close(s.pg_loss, -(0.5 + 1.0 - 1.5 - 2.0) / 4.0, tol, "pg");
         assert_eq!(s.log_ratio_clamped_frac, 0.0);
         // The public helper gives the same ratio statistics.
-        let direct = ratio_stats(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask }, &cfg).unwrap();
+        let direct =
+            ratio_stats(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask }, &cfg).unwrap();
         assert_eq!(RatioStats { pg_loss: s.pg_loss, penalty: s.penalty, ..direct }, s);
         // No unmasked token: zeros, no quantiles.
-        let empty = ratio_stats(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &row(&[0.0; 5]) }, &cfg).unwrap();
+        let empty =
+            ratio_stats(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &row(&[0.0; 5]) }, &cfg)
+                .unwrap();
         assert_eq!(empty, RatioStats::default());
     }
 
@@ -1173,7 +1237,12 @@ mod tests {
             let rows: Vec<Vec<f64>> = m
                 .iter()
                 .enumerate()
-                .map(|(i, r)| r.iter().enumerate().map(|(t, v)| if rb.mask[i][t] == 0.0 { garbage[(i + t + shift) % 5] } else { *v }).collect())
+                .map(|(i, r)| {
+                    r.iter()
+                        .enumerate()
+                        .map(|(t, v)| if rb.mask[i][t] == 0.0 { garbage[(i + t + shift) % 5] } else { *v })
+                        .collect()
+                })
                 .collect();
             mat(&rows)
         };
@@ -1219,13 +1288,25 @@ mod tests {
         let rb = random_batch(5, 4, 6, 0.7);
         let cfg = ObjectiveConfig { aggregation: Aggregation::SeqMeanTokenMean, ..ObjectiveConfig::default() };
         let (logp, old, adv, mask) = (mat(&rb.logp), mat(&rb.old), mat(&rb.adv), mat(&rb.mask));
-        let full = cfg.loss(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask }, 0.4, &GlobalBatch::from_mask(&mask).unwrap()).unwrap();
-        let part = |s: usize, n: usize| -> Vec<Tensor> { [&logp, &old, &adv, &mask].iter().map(|t| t.narrow(0, s, n).unwrap()).collect() };
+        let full = cfg
+            .loss(
+                &PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask },
+                0.4,
+                &GlobalBatch::from_mask(&mask).unwrap(),
+            )
+            .unwrap();
+        let part = |s: usize, n: usize| -> Vec<Tensor> {
+            [&logp, &old, &adv, &mask].iter().map(|t| t.narrow(0, s, n).unwrap()).collect()
+        };
         let (p1, p2) = (part(0, 1), part(1, 3));
         let global = GlobalBatch::from_masks(&[&p1[3], &p2[3]]).unwrap();
         let stats: Vec<RatioStats> = [p1, p2]
             .iter()
-            .map(|p| cfg.loss(&PolicyBatch { logp: &p[0], old_logp: &p[1], advantages: &p[2], mask: &p[3] }, 0.4, &global).unwrap().stats)
+            .map(|p| {
+                cfg.loss(&PolicyBatch { logp: &p[0], old_logp: &p[1], advantages: &p[2], mask: &p[3] }, 0.4, &global)
+                    .unwrap()
+                    .stats
+            })
             .collect();
         let merged = RatioStats::merge(&stats);
         let f = &full.stats;
@@ -1259,11 +1340,17 @@ mod tests {
         assert_eq!(ObjectiveConfig::preset("r2vpo").unwrap(), ObjectiveConfig::default());
         assert_eq!(ObjectiveConfig::preset("ppo").unwrap(), ObjectiveConfig::preset("grpo").unwrap());
         let grpo = ObjectiveConfig::preset("grpo").unwrap();
-        assert_eq!((grpo.kind, grpo.eps_low, grpo.eps_high, grpo.dual_clip), (ObjectiveKind::Clip, 0.2, 0.2, Some(3.0)));
+        assert_eq!(
+            (grpo.kind, grpo.eps_low, grpo.eps_high, grpo.dual_clip),
+            (ObjectiveKind::Clip, 0.2, 0.2, Some(3.0))
+        );
         let ch = ObjectiveConfig::preset("grpo-ch").unwrap();
         assert_eq!((ch.kind, ch.eps_low, ch.eps_high), (ObjectiveKind::Clip, 0.2, 0.28));
         let g = ObjectiveConfig::preset("gppo").unwrap();
-        assert_eq!((g.kind, g.eps_high, g.gppo_beta1, g.gppo_beta2, g.dual_clip), (ObjectiveKind::Gppo, 0.28, 0.25, 1.0, Some(3.0)));
+        assert_eq!(
+            (g.kind, g.eps_high, g.gppo_beta1, g.gppo_beta2, g.dual_clip),
+            (ObjectiveKind::Gppo, 0.28, 0.25, 1.0, Some(3.0))
+        );
         assert_eq!(ObjectiveConfig::preset("topr").unwrap().topr_ratio_level, RatioLevel::Token);
         assert_eq!(ObjectiveConfig::preset("grpo-kl").unwrap().kl_estimator, KlEstimator::K3);
         assert_eq!(ObjectiveConfig::preset("is-pg").unwrap().kind, ObjectiveKind::IsPg);
@@ -1341,7 +1428,11 @@ mod tests {
     #[test]
     fn serde_round_trips_json_and_toml() {
         let mut cfgs = all_kinds();
-        cfgs.push(ObjectiveConfig { dual_clip: None, aggregation: Aggregation::SeqMeanTokenSumNorm, ..ObjectiveConfig::default() });
+        cfgs.push(ObjectiveConfig {
+            dual_clip: None,
+            aggregation: Aggregation::SeqMeanTokenSumNorm,
+            ..ObjectiveConfig::default()
+        });
         for cfg in cfgs {
             let json = serde_json::to_string(&cfg).unwrap();
             assert_eq!(serde_json::from_str::<ObjectiveConfig>(&json).unwrap(), cfg, "{json}");
@@ -1366,7 +1457,10 @@ mod tests {
         assert_eq!(toml::from_str::<RunFile>("[objective]\ndual_clip = false\n").unwrap().objective.dual_clip, None);
         assert_eq!(serde_json::from_str::<ObjectiveConfig>("{\"dual_clip\": null}").unwrap().dual_clip, None);
         assert!(toml::from_str::<RunFile>("[objective]\ndual_clip = \"yes\"\n").is_err());
-        assert!(toml::from_str::<RunFile>("[objective]\nkind = \"ppo\"\n").is_err(), "kind names the loss, presets name configs");
+        assert!(
+            toml::from_str::<RunFile>("[objective]\nkind = \"ppo\"\n").is_err(),
+            "kind names the loss, presets name configs"
+        );
         assert!(toml::from_str::<RunFile>("[objective]\nclip_ratio = 0.2\n").is_err(), "unknown fields are rejected");
         for (kind, name) in [
             (ObjectiveKind::R2vpo, "\"r2vpo\""),
