@@ -9,4 +9,5 @@
 #![warn(missing_docs)]
 
 pub mod gguf;
+pub mod model;
 pub mod reward;

@@ -1,0 +1,87 @@
+//! The trainable decoder: one config-driven transformer for Llama (SmolLM2),
+//! Qwen2/Qwen2.5 (qkv bias) and Qwen3 (q/k RMSNorm), with loading from GGUF
+//! and Hugging Face folders and saving back to the Hugging Face layout.
+//!
+//! Two facts about candle 0.11 shape this module (see
+//! `shared/notes/candle-llm-training.md`):
+//! * candle-nn's fused kernels record no backward, so every op on the
+//!   training path is either a candle primitive or one of our [`ops`] with a
+//!   hand-written `bwd`;
+//! * candle has no `no_grad`, so inference runs on detached weight handles
+//!   ([`Transformer::forward_step`], [`Transformer::score_logprobs`]), which
+//!   share storage with the trainable `Var`s and therefore see optimizer
+//!   updates without retaining a graph.
+
+pub mod config;
+pub mod load_gguf;
+pub mod load_hf;
+pub mod ops;
+pub mod save;
+pub mod transformer;
+
+use std::path::PathBuf;
+
+pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use transformer::{KvCache, Transformer};
+
+/// Errors from building, loading or saving a model; each names the file and
+/// the field or tensor concerned where there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A configuration field is missing, malformed or inconsistent.
+    #[error("{path}: config field `{field}`: {message}")]
+    Config {
+        /// The configuration file (`config.json`, or the GGUF file).
+        path: PathBuf,
+        /// The field, e.g. `num_key_value_heads`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A weight tensor is missing, has the wrong shape or cannot be decoded.
+    #[error("{path}: tensor `{tensor}`: {message}")]
+    Tensor {
+        /// The weights file.
+        path: PathBuf,
+        /// The tensor name (Hugging Face or GGUF naming as in the file).
+        tensor: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A file is not in the expected format (corrupt header, bad JSON).
+    #[error("{path}: {message}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What the parser reported.
+        message: String,
+    },
+    /// An error from candle while computing.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Result alias for this module.
+pub type Result<T> = std::result::Result<T, ModelError>;
+
+/// Loads a model from a Hugging Face folder or a `.gguf` file, as weights
+/// of `dtype` (f32 for training) on `device`.
+pub fn load_model(
+    path: &std::path::Path,
+    dtype: candle_core::DType,
+    device: &candle_core::Device,
+) -> Result<Transformer> {
+    if path.is_dir() {
+        load_hf::load_hf_dir(path, dtype, device)
+    } else {
+        load_gguf::load_gguf(path, dtype, device)
+    }
+}

@@ -1,0 +1,598 @@
+//! Differentiable fused ops for the decoder: RMSNorm, softmax over the last
+//! dimension, rotate-half RoPE with per-row tables, and a log-prob gather.
+//!
+//! candle-nn's fused versions of the first three record no backward and the
+//! gradient silently stops there, so these are our own `CustomOp`s with a
+//! `bwd`. The CPU kernels handle F32 and F64 (F64 is what the finite
+//! difference tests use); on any other device or dtype each function falls
+//! back to its composite of candle primitives, which is differentiable
+//! everywhere but materialises more temporaries. The composites are public
+//! because the tests use them as the reference.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Error, Layout, Result, Shape, Tensor, D};
+use rayon::prelude::*;
+
+/// The float operations the kernels need, for f32 and f64.
+trait Float:
+    Copy
+    + Send
+    + Sync
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::ops::Neg<Output = Self>
+    + std::iter::Sum
+    + 'static
+{
+    const ZERO: Self;
+    const ONE: Self;
+    const NEG_INF: Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn from_f64(v: f64) -> Self;
+}
+
+macro_rules! impl_float {
+    ($t:ty) => {
+        impl Float for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const NEG_INF: Self = <$t>::NEG_INFINITY;
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+impl_float!(f32);
+impl_float!(f64);
+
+/// Rows below this many elements in total run on one thread: rayon's
+/// hand-off costs more than the work for decode-sized inputs.
+const PAR_MIN: usize = 1 << 14;
+
+fn contiguous<'a, T>(s: &'a [T], l: &Layout, op: &str) -> Result<&'a [T]> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&s[a..b]),
+        None => Err(Error::Msg(format!("{op}: input must be contiguous"))),
+    }
+}
+
+fn for_rows<T: Send>(out: &mut [T], row: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
+    if out.len() >= PAR_MIN {
+        out.par_chunks_mut(row).enumerate().for_each(|(i, o)| f(i, o));
+    } else {
+        out.chunks_mut(row).enumerate().for_each(|(i, o)| f(i, o));
+    }
+}
+
+fn last_dim(l: &Layout, op: &str) -> Result<usize> {
+    match l.dims().last() {
+        Some(&d) if d > 0 => Ok(d),
+        _ => Err(Error::Msg(format!("{op}: input needs a non-empty last dimension"))),
+    }
+}
+
+/// Whether the fused CPU kernels apply to `t`.
+fn fused_ok(t: &Tensor) -> bool {
+    t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64)
+}
+
+fn unsupported(op: &str, s: &CpuStorage) -> Error {
+    Error::Msg(format!("{op}: unsupported dtype {:?} (F32/F64 only)", s.dtype()))
+}
+
+// ---------------------------------------------------------------- softmax
+
+fn softmax_rows<T: Float>(x: &[T], d: usize) -> Vec<T> {
+    let mut out = vec![T::ZERO; x.len()];
+    for_rows(&mut out, d, |i, o| {
+        let xi = &x[i * d..(i + 1) * d];
+        let m = xi.iter().copied().fold(T::NEG_INF, |a, b| if b > a { b } else { a });
+        let mut s = T::ZERO;
+        for (o, &v) in o.iter_mut().zip(xi) {
+            *o = (v - m).exp();
+            s = s + *o;
+        }
+        let inv = T::ONE / s;
+        o.iter_mut().for_each(|v| *v = *v * inv);
+    });
+    out
+}
+
+struct Softmax;
+
+impl CustomOp1 for Softmax {
+    fn name(&self) -> &'static str {
+        "r2vpo-softmax-last-dim"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let d = last_dim(l, self.name())?;
+        let out = match s {
+            CpuStorage::F32(v) => CpuStorage::F32(softmax_rows(contiguous(v, l, self.name())?, d)),
+            CpuStorage::F64(v) => CpuStorage::F64(softmax_rows(contiguous(v, l, self.name())?, d)),
+            _ => return Err(unsupported(self.name(), s)),
+        };
+        Ok((out, l.shape().clone()))
+    }
+
+    fn bwd(&self, _arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let g = grad.contiguous()?;
+        Ok(Some(res.apply_op2_no_bwd(&g, &SoftmaxBwd)?))
+    }
+}
+
+/// dx = y ⊙ (g − Σ g⊙y), one pass per row and one allocation.
+struct SoftmaxBwd;
+
+fn softmax_bwd_rows<T: Float>(y: &[T], g: &[T], d: usize) -> Vec<T> {
+    let mut out = vec![T::ZERO; y.len()];
+    for_rows(&mut out, d, |i, o| {
+        let (yi, gi) = (&y[i * d..(i + 1) * d], &g[i * d..(i + 1) * d]);
+        let dot: T = yi.iter().zip(gi).map(|(&a, &b)| a * b).sum();
+        for ((o, &a), &b) in o.iter_mut().zip(yi).zip(gi) {
+            *o = a * (b - dot);
+        }
+    });
+    out
+}
+
+impl CustomOp2 for SoftmaxBwd {
+    fn name(&self) -> &'static str {
+        "r2vpo-softmax-bwd"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let d = last_dim(l1, self.name())?;
+        let n = self.name();
+        let out = match (s1, s2) {
+            (CpuStorage::F32(y), CpuStorage::F32(g)) => {
+                CpuStorage::F32(softmax_bwd_rows(contiguous(y, l1, n)?, contiguous(g, l2, n)?, d))
+            }
+            (CpuStorage::F64(y), CpuStorage::F64(g)) => {
+                CpuStorage::F64(softmax_bwd_rows(contiguous(y, l1, n)?, contiguous(g, l2, n)?, d))
+            }
+            _ => return Err(unsupported(n, s1)),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+}
+
+/// Softmax over the last dimension, differentiable.
+pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    if fused_ok(x) {
+        x.contiguous()?.apply_op1(Softmax)
+    } else {
+        softmax_composite(x)
+    }
+}
+
+/// Reference softmax from candle primitives.
+pub fn softmax_composite(x: &Tensor) -> Result<Tensor> {
+    let m = x.max_keepdim(D::Minus1)?;
+    let e = x.broadcast_sub(&m)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+// ---------------------------------------------------------------- rms norm
+
+struct RmsNorm {
+    eps: f64,
+}
+
+fn rms_fwd<T: Float>(x: &[T], w: &[T], d: usize, eps: f64) -> Vec<T> {
+    let mut out = vec![T::ZERO; x.len()];
+    let (eps, dn) = (T::from_f64(eps), T::from_f64(d as f64));
+    for_rows(&mut out, d, |i, o| {
+        let xi = &x[i * d..(i + 1) * d];
+        let ms: T = xi.iter().map(|&v| v * v).sum::<T>() / dn;
+        let r = T::ONE / (ms + eps).sqrt();
+        for ((o, &v), &wv) in o.iter_mut().zip(xi).zip(w) {
+            *o = v * r * wv;
+        }
+    });
+    out
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "r2vpo-rms-norm"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let d = last_dim(l1, self.name())?;
+        if l2.shape().elem_count() != d {
+            return Err(Error::Msg(format!(
+                "{}: weight has {} elements, expected {d}",
+                self.name(),
+                l2.shape().elem_count()
+            )));
+        }
+        let n = self.name();
+        let out = match (s1, s2) {
+            (CpuStorage::F32(x), CpuStorage::F32(w)) => {
+                CpuStorage::F32(rms_fwd(contiguous(x, l1, n)?, contiguous(w, l2, n)?, d, self.eps))
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(w)) => {
+                CpuStorage::F64(rms_fwd(contiguous(x, l1, n)?, contiguous(w, l2, n)?, d, self.eps))
+            }
+            _ => return Err(unsupported(n, s1)),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = grad.contiguous()?;
+        let x = x.contiguous()?;
+        let dx = x.apply_op3_no_bwd(w, &g, &RmsNormBwd { eps: self.eps, want_w: false })?;
+        let dw = x.apply_op3_no_bwd(w, &g, &RmsNormBwd { eps: self.eps, want_w: true })?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// Gradients of RMSNorm. With r = (mean x² + ε)^(-1/2):
+/// dx = r·(g⊙w) − x·r³·mean(g⊙w⊙x), dw = Σ_rows g⊙x·r.
+struct RmsNormBwd {
+    eps: f64,
+    want_w: bool,
+}
+
+fn rms_bwd<T: Float>(x: &[T], w: &[T], g: &[T], d: usize, eps: f64, want_w: bool) -> Vec<T> {
+    let (eps, dn) = (T::from_f64(eps), T::from_f64(d as f64));
+    let r_of = |xi: &[T]| T::ONE / (xi.iter().map(|&v| v * v).sum::<T>() / dn + eps).sqrt();
+    if want_w {
+        // Summed over rows serially: it is O(N·D), negligible next to the matmuls.
+        let mut dw = vec![T::ZERO; d];
+        for (xi, gi) in x.chunks(d).zip(g.chunks(d)) {
+            let r = r_of(xi);
+            for ((o, &xv), &gv) in dw.iter_mut().zip(xi).zip(gi) {
+                *o = *o + gv * xv * r;
+            }
+        }
+        return dw;
+    }
+    let mut out = vec![T::ZERO; x.len()];
+    for_rows(&mut out, d, |i, o| {
+        let (xi, gi) = (&x[i * d..(i + 1) * d], &g[i * d..(i + 1) * d]);
+        let r = r_of(xi);
+        let dot: T = xi.iter().zip(gi).zip(w).map(|((&xv, &gv), &wv)| xv * gv * wv).sum();
+        let c = r * r * r * dot / dn;
+        for (((o, &xv), &gv), &wv) in o.iter_mut().zip(xi).zip(gi).zip(w) {
+            *o = r * gv * wv - xv * c;
+        }
+    });
+    out
+}
+
+impl CustomOp3 for RmsNormBwd {
+    fn name(&self) -> &'static str {
+        "r2vpo-rms-norm-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let d = last_dim(l1, self.name())?;
+        let n = self.name();
+        let shape = if self.want_w { l2.shape().clone() } else { l1.shape().clone() };
+        let out = match (s1, s2, s3) {
+            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(g)) => CpuStorage::F32(rms_bwd(
+                contiguous(x, l1, n)?,
+                contiguous(w, l2, n)?,
+                contiguous(g, l3, n)?,
+                d,
+                self.eps,
+                self.want_w,
+            )),
+            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(g)) => CpuStorage::F64(rms_bwd(
+                contiguous(x, l1, n)?,
+                contiguous(w, l2, n)?,
+                contiguous(g, l3, n)?,
+                d,
+                self.eps,
+                self.want_w,
+            )),
+            _ => return Err(unsupported(n, s1)),
+        };
+        Ok((out, shape))
+    }
+}
+
+/// RMSNorm over the last dimension with weight `w`, differentiable in both.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    if fused_ok(x) && x.dtype() == w.dtype() {
+        x.contiguous()?.apply_op2(&w.contiguous()?, RmsNorm { eps })
+    } else {
+        rms_norm_composite(x, w, eps)
+    }
+}
+
+/// Reference RMSNorm from candle primitives.
+pub fn rms_norm_composite(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let r = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
+    x.broadcast_mul(&r)?.broadcast_mul(w)
+}
+
+// ---------------------------------------------------------------- rope
+
+/// Rotate-half RoPE on `x: (B, H, T, D)` with tables `cos, sin: (B, T, D/2)`.
+/// `inverse` rotates by −θ, which is exactly the backward of the forward.
+struct Rope {
+    inverse: bool,
+}
+
+fn rope_kernel<T: Float>(x: &[T], cos: &[T], sin: &[T], dims: (usize, usize, usize, usize), inverse: bool) -> Vec<T> {
+    let (_b, h, t, d) = dims;
+    let half = d / 2;
+    let mut out = vec![T::ZERO; x.len()];
+    // One chunk = one (b, h, t) vector; its table row is (b, t).
+    for_rows(&mut out, d, |i, o| {
+        let bi = i / (h * t);
+        let ti = i % t;
+        let tab = (bi * t + ti) * half;
+        let (c, s) = (&cos[tab..tab + half], &sin[tab..tab + half]);
+        let xi = &x[i * d..(i + 1) * d];
+        let (x1, x2) = xi.split_at(half);
+        let (o1, o2) = o.split_at_mut(half);
+        for j in 0..half {
+            let sj = if inverse { -s[j] } else { s[j] };
+            o1[j] = x1[j] * c[j] - x2[j] * sj;
+            o2[j] = x2[j] * c[j] + x1[j] * sj;
+        }
+    });
+    out
+}
+
+impl CustomOp3 for Rope {
+    fn name(&self) -> &'static str {
+        "r2vpo-rope"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let n = self.name();
+        let (b, h, t, d) = l1.shape().dims4()?;
+        let (cb, ct, ch) = l2.shape().dims3()?;
+        if d % 2 != 0 || (cb, ct, ch) != (b, t, d / 2) || l3.shape() != l2.shape() {
+            return Err(Error::Msg(format!(
+                "{n}: x {:?} needs cos/sin of shape ({b}, {t}, {}), got {:?} / {:?}",
+                l1.dims(),
+                d / 2,
+                l2.dims(),
+                l3.dims()
+            )));
+        }
+        let dims = (b, h, t, d);
+        let out = match (s1, s2, s3) {
+            (CpuStorage::F32(x), CpuStorage::F32(c), CpuStorage::F32(s)) => CpuStorage::F32(rope_kernel(
+                contiguous(x, l1, n)?,
+                contiguous(c, l2, n)?,
+                contiguous(s, l3, n)?,
+                dims,
+                self.inverse,
+            )),
+            (CpuStorage::F64(x), CpuStorage::F64(c), CpuStorage::F64(s)) => CpuStorage::F64(rope_kernel(
+                contiguous(x, l1, n)?,
+                contiguous(c, l2, n)?,
+                contiguous(s, l3, n)?,
+                dims,
+                self.inverse,
+            )),
+            _ => return Err(unsupported(n, s1)),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // The tables are constants (built from positions), so only x gets a gradient.
+        let dx = grad.contiguous()?.apply_op3_no_bwd(cos, sin, &Rope { inverse: !self.inverse })?;
+        Ok((Some(dx), None, None))
+    }
+}
+
+/// Rotate-half RoPE (Hugging Face layout) on `x: (B, H, T, D)` with per-row
+/// tables `cos, sin: (B, T, D/2)`; differentiable in `x`.
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    if fused_ok(x) && cos.dtype() == x.dtype() {
+        x.contiguous()?.apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rope { inverse: false })
+    } else {
+        rope_composite(x, cos, sin)
+    }
+}
+
+/// Reference RoPE from candle primitives.
+pub fn rope_composite(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let d = x.dim(D::Minus1)?;
+    let c = Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?;
+    let s = Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?;
+    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
+    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
+    let rot = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+    x.broadcast_mul(&c)? + rot.broadcast_mul(&s)?
+}
+
+// ---------------------------------------------------------------- log-prob gather
+
+fn targets_of(s: &CpuStorage, l: &Layout, op: &str) -> Result<Vec<usize>> {
+    Ok(match s {
+        CpuStorage::U32(v) => contiguous(v, l, op)?.iter().map(|&t| t as usize).collect(),
+        CpuStorage::I64(v) => contiguous(v, l, op)?.iter().map(|&t| t.max(0) as usize).collect(),
+        CpuStorage::U8(v) => contiguous(v, l, op)?.iter().map(|&t| t as usize).collect(),
+        _ => return Err(Error::Msg(format!("{op}: targets must be U32, I64 or U8, got {:?}", s.dtype()))),
+    })
+}
+
+fn check_targets(t: &[usize], v: usize, rows: usize, op: &str) -> Result<()> {
+    if t.len() != rows {
+        return Err(Error::Msg(format!("{op}: {} targets for {rows} rows", t.len())));
+    }
+    if let Some(bad) = t.iter().find(|&&x| x >= v) {
+        return Err(Error::Msg(format!("{op}: target id {bad} out of range for vocabulary {v}")));
+    }
+    Ok(())
+}
+
+/// Row max and log-sum-exp.
+fn lse<T: Float>(x: &[T]) -> T {
+    let m = x.iter().copied().fold(T::NEG_INF, |a, b| if b > a { b } else { a });
+    let s: T = x.iter().map(|&v| (v - m).exp()).sum();
+    m + s.ln()
+}
+
+fn gather_fwd<T: Float>(x: &[T], t: &[usize], v: usize) -> Vec<T> {
+    let mut out = vec![T::ZERO; t.len()];
+    let f = |(i, o): (usize, &mut T)| {
+        let xi = &x[i * v..(i + 1) * v];
+        *o = xi[t[i]] - lse(xi);
+    };
+    if x.len() >= PAR_MIN {
+        out.par_iter_mut().enumerate().for_each(f);
+    } else {
+        out.iter_mut().enumerate().for_each(f);
+    }
+    out
+}
+
+/// `logits (…, V)`, `targets (…)` → `log softmax(logits)[target]`.
+struct LogProbGather;
+
+impl CustomOp2 for LogProbGather {
+    fn name(&self) -> &'static str {
+        "r2vpo-log-prob-gather"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let n = self.name();
+        let v = last_dim(l1, n)?;
+        let rows = l1.shape().elem_count() / v;
+        let t = targets_of(s2, l2, n)?;
+        check_targets(&t, v, rows, n)?;
+        let out = match s1 {
+            CpuStorage::F32(x) => CpuStorage::F32(gather_fwd(contiguous(x, l1, n)?, &t, v)),
+            CpuStorage::F64(x) => CpuStorage::F64(gather_fwd(contiguous(x, l1, n)?, &t, v)),
+            _ => return Err(unsupported(n, s1)),
+        };
+        Ok((out, l2.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = grad.contiguous()?;
+        let d = logits.apply_op3_no_bwd(targets, &g, &LogProbGatherBwd)?;
+        Ok((Some(d), None))
+    }
+}
+
+/// d logits = g · (onehot(target) − softmax(logits)), written in one allocation.
+struct LogProbGatherBwd;
+
+fn gather_bwd<T: Float>(x: &[T], t: &[usize], g: &[T], v: usize) -> Vec<T> {
+    let mut out = vec![T::ZERO; x.len()];
+    for_rows(&mut out, v, |i, o| {
+        let xi = &x[i * v..(i + 1) * v];
+        let l = lse(xi);
+        let gi = g[i];
+        for (o, &xv) in o.iter_mut().zip(xi) {
+            *o = -gi * (xv - l).exp();
+        }
+        o[t[i]] = o[t[i]] + gi;
+    });
+    out
+}
+
+impl CustomOp3 for LogProbGatherBwd {
+    fn name(&self) -> &'static str {
+        "r2vpo-log-prob-gather-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let n = self.name();
+        let v = last_dim(l1, n)?;
+        let t = targets_of(s2, l2, n)?;
+        check_targets(&t, v, l1.shape().elem_count() / v, n)?;
+        let out = match (s1, s3) {
+            (CpuStorage::F32(x), CpuStorage::F32(g)) => {
+                CpuStorage::F32(gather_bwd(contiguous(x, l1, n)?, &t, contiguous(g, l3, n)?, v))
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(g)) => {
+                CpuStorage::F64(gather_bwd(contiguous(x, l1, n)?, &t, contiguous(g, l3, n)?, v))
+            }
+            _ => return Err(unsupported(n, s1)),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+}
+
+/// Log-probabilities of `targets (…)` under `logits (…, V)`, i.e.
+/// `log_softmax(logits).gather(targets)`, without materialising the
+/// log-softmax; differentiable in `logits`.
+pub fn log_prob_gather(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let lead = &logits.dims()[..logits.rank().saturating_sub(1)];
+    if targets.dims() != lead {
+        return Err(Error::Msg(format!(
+            "log_prob_gather: targets {:?} must match logits' leading dims {lead:?}",
+            targets.dims()
+        )));
+    }
+    if fused_ok(logits) {
+        logits.contiguous()?.apply_op2(&targets.contiguous()?, LogProbGather)
+    } else {
+        log_prob_gather_composite(logits, targets)
+    }
+}
+
+/// Reference log-prob gather from candle primitives.
+pub fn log_prob_gather_composite(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let m = logits.max_keepdim(D::Minus1)?;
+    let shifted = logits.broadcast_sub(&m)?;
+    let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    let logp = shifted.broadcast_sub(&lse)?;
+    logp.gather(&targets.unsqueeze(D::Minus1)?.contiguous()?, D::Minus1)?.squeeze(D::Minus1)
+}

@@ -1,0 +1,38 @@
+//! Saving a model as a Hugging Face folder (`config.json` +
+//! `model.safetensors`), loadable by [`super::load_hf::load_hf_dir`] and by
+//! `transformers`. Tokenizer files are written by the tokenizer module.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Tensor};
+use serde_json::Value;
+
+use super::{ModelError, Result, Transformer};
+
+/// Writes `config.json` and `model.safetensors` (f32) into `dir`, creating it.
+/// A tied model saves no `lm_head.weight`, as Hugging Face does.
+pub fn save_hf_dir(model: &Transformer, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| ModelError::Io { path: dir.to_path_buf(), source })?;
+    let mut cfg = model.config().clone();
+    if let Some(arch) = cfg.architecture() {
+        cfg.architectures = vec![arch.hf_class().to_string()];
+        cfg.model_type = arch.model_type().to_string();
+    }
+    // transformers < 5 reads `torch_dtype`, ≥ 5 reads `dtype`.
+    cfg.extra.insert("torch_dtype".into(), Value::String("float32".into()));
+    if cfg.extra.contains_key("dtype") {
+        cfg.extra.insert("dtype".into(), Value::String("float32".into()));
+    }
+    let cfg_path = dir.join("config.json");
+    std::fs::write(&cfg_path, cfg.to_json_string() + "\n")
+        .map_err(|source| ModelError::Io { path: cfg_path.clone(), source })?;
+
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    for (name, var) in model.named_vars() {
+        tensors.insert(name, var.as_tensor().detach().to_dtype(DType::F32)?.contiguous()?);
+    }
+    let st = dir.join("model.safetensors");
+    candle_core::safetensors::save(&tensors, &st)
+        .map_err(|e| ModelError::Format { path: st.clone(), message: format!("writing safetensors: {e}") })
+}

@@ -1,0 +1,526 @@
+//! The config-driven decoder (Llama / Qwen2 / Qwen3) with trainable weights
+//! in a candle `VarMap` under Hugging Face names.
+//!
+//! Batches are LEFT-padded: `attention_mask` is 1 for real tokens and 0 for
+//! padding, positions count real tokens per row (as Hugging Face's
+//! `cumsum(mask) - 1`), and padded keys are masked with −1e9 (not −inf, so a
+//! fully masked padding query row stays finite instead of NaN).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::VarMap;
+
+use super::config::ModelConfig;
+use super::ops;
+use super::{ModelError, Result};
+
+/// Additive mask value for keys a query must not see.
+const MASKED: f64 = -1e9;
+
+/// One decoder layer's weights (HF shapes: linear weights are `(out, in)`).
+#[derive(Clone)]
+struct Layer {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    q_b: Option<Tensor>,
+    k_b: Option<Tensor>,
+    v_b: Option<Tensor>,
+    o_b: Option<Tensor>,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    in_norm: Tensor,
+    post_norm: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+}
+
+/// All weights, either the `Var`s themselves (training) or detached handles
+/// sharing their storage (inference: no graph is recorded).
+#[derive(Clone)]
+struct Params {
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    /// `None` when tied to `embed`.
+    lm_head: Option<Tensor>,
+}
+
+impl Params {
+    fn map(&self, f: &impl Fn(&Tensor) -> Tensor) -> Params {
+        let o = |t: &Option<Tensor>| t.as_ref().map(f);
+        Params {
+            embed: f(&self.embed),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| Layer {
+                    q: f(&l.q),
+                    k: f(&l.k),
+                    v: f(&l.v),
+                    o: f(&l.o),
+                    q_b: o(&l.q_b),
+                    k_b: o(&l.k_b),
+                    v_b: o(&l.v_b),
+                    o_b: o(&l.o_b),
+                    q_norm: o(&l.q_norm),
+                    k_norm: o(&l.k_norm),
+                    in_norm: f(&l.in_norm),
+                    post_norm: f(&l.post_norm),
+                    gate: f(&l.gate),
+                    up: f(&l.up),
+                    down: f(&l.down),
+                })
+                .collect(),
+            norm: f(&self.norm),
+            lm_head: o(&self.lm_head),
+        }
+    }
+}
+
+/// Per-layer key/value cache for batched incremental decoding. Each row
+/// keeps its own attention mask and next position, so rows of a left-padded
+/// batch (or rows that feed padding after finishing) decode together.
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    /// Per row: 1 for each cached real token, 0 for padding.
+    mask: Vec<Vec<u8>>,
+}
+
+impl KvCache {
+    /// An empty cache for `batch` rows.
+    pub fn new(model: &Transformer, batch: usize) -> Self {
+        KvCache { layers: vec![None; model.config.num_hidden_layers], mask: vec![Vec::new(); batch] }
+    }
+
+    /// Rows in the batch.
+    pub fn batch(&self) -> usize {
+        self.mask.len()
+    }
+
+    /// Tokens cached so far (padding included), the same for every row.
+    pub fn len(&self) -> usize {
+        self.mask.first().map_or(0, Vec::len)
+    }
+
+    /// Whether nothing has been cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keeps only the given rows, in the given order (drop finished
+    /// sequences, or repeat a prompt's prefill for several samples).
+    pub fn select_rows(&mut self, rows: &[usize]) -> Result<()> {
+        if let Some(&bad) = rows.iter().find(|&&r| r >= self.batch()) {
+            return Err(candle_core::Error::Msg(format!(
+                "row {bad} out of range for a cache of {} rows",
+                self.batch()
+            ))
+            .into());
+        }
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        for layer in self.layers.iter_mut().flatten() {
+            let dev = layer.0.device().clone();
+            let idx = Tensor::new(idx.as_slice(), &dev)?;
+            *layer = (layer.0.index_select(&idx, 0)?, layer.1.index_select(&idx, 0)?);
+        }
+        self.mask = rows.iter().map(|&r| self.mask[r].clone()).collect();
+        Ok(())
+    }
+
+    /// The next position of each row (its count of real tokens so far).
+    pub fn positions(&self) -> Vec<usize> {
+        self.mask.iter().map(|m| m.iter().filter(|&&x| x != 0).count()).collect()
+    }
+}
+
+/// Expected parameters of a configuration: HF name and shape, in a fixed order.
+pub fn expected_params(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, hd) = (cfg.hidden_size, cfg.head_dim());
+    let (nq, nkv) = (cfg.num_attention_heads * hd, cfg.kv_heads() * hd);
+    let mut v = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h])];
+    for i in 0..cfg.num_hidden_layers {
+        let p = |s: &str| format!("model.layers.{i}.{s}");
+        v.push((p("input_layernorm.weight"), vec![h]));
+        v.push((p("self_attn.q_proj.weight"), vec![nq, h]));
+        v.push((p("self_attn.k_proj.weight"), vec![nkv, h]));
+        v.push((p("self_attn.v_proj.weight"), vec![nkv, h]));
+        if cfg.qkv_bias() {
+            v.push((p("self_attn.q_proj.bias"), vec![nq]));
+            v.push((p("self_attn.k_proj.bias"), vec![nkv]));
+            v.push((p("self_attn.v_proj.bias"), vec![nkv]));
+        }
+        v.push((p("self_attn.o_proj.weight"), vec![h, nq]));
+        if cfg.o_bias() {
+            v.push((p("self_attn.o_proj.bias"), vec![h]));
+        }
+        if cfg.qk_norm() {
+            v.push((p("self_attn.q_norm.weight"), vec![hd]));
+            v.push((p("self_attn.k_norm.weight"), vec![hd]));
+        }
+        v.push((p("post_attention_layernorm.weight"), vec![h]));
+        v.push((p("mlp.gate_proj.weight"), vec![cfg.intermediate_size, h]));
+        v.push((p("mlp.up_proj.weight"), vec![cfg.intermediate_size, h]));
+        v.push((p("mlp.down_proj.weight"), vec![h, cfg.intermediate_size]));
+    }
+    v.push(("model.norm.weight".to_string(), vec![h]));
+    if !cfg.tie_word_embeddings {
+        v.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h]));
+    }
+    v
+}
+
+/// The decoder. Weights are `Var`s in [`Transformer::varmap`] under Hugging
+/// Face names, so an optimizer built from `varmap().all_vars()` trains them
+/// and inference paths see its in-place updates.
+pub struct Transformer {
+    config: ModelConfig,
+    varmap: VarMap,
+    params: Params,
+    inv_freq: Vec<f32>,
+    dtype: DType,
+    device: Device,
+}
+
+/// A small deterministic generator for random initialisation, so tests need
+/// no RNG crate and are reproducible across platforms.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next_f64(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+impl Transformer {
+    /// Builds a model from Hugging Face-named tensors. Every expected tensor
+    /// must be present with its exact shape; it is converted to `dtype` on
+    /// `device`. Extra tensors (e.g. `lm_head.weight` of a tied model) are
+    /// ignored. `path` names the source in errors.
+    pub fn from_tensors(
+        config: ModelConfig,
+        mut tensors: HashMap<String, Tensor>,
+        dtype: DType,
+        device: &Device,
+        path: &Path,
+    ) -> Result<Self> {
+        config.validate(path)?;
+        let varmap = VarMap::new();
+        let mut vars: HashMap<String, Tensor> = HashMap::new();
+        {
+            let mut data = varmap.data().lock().map_err(|_| ModelError::Format {
+                path: path.to_path_buf(),
+                message: "var map lock poisoned".into(),
+            })?;
+            for (name, shape) in expected_params(&config) {
+                let t = tensors.remove(&name).ok_or_else(|| ModelError::Tensor {
+                    path: path.to_path_buf(),
+                    tensor: name.clone(),
+                    message: "missing".into(),
+                })?;
+                if t.dims() != shape.as_slice() {
+                    return Err(ModelError::Tensor {
+                        path: path.to_path_buf(),
+                        tensor: name,
+                        message: format!("shape {:?}, expected {shape:?}", t.dims()),
+                    });
+                }
+                let t = t.to_device(device)?.to_dtype(dtype)?.contiguous()?;
+                let var = Var::from_tensor(&t)?;
+                vars.insert(name.clone(), var.as_tensor().clone());
+                data.insert(name, var);
+            }
+        }
+        let params = Self::params_from(&config, &vars);
+        let inv_freq = config.inv_freq().into_iter().map(|f| f as f32).collect();
+        Ok(Transformer { config, varmap, params, inv_freq, dtype, device: device.clone() })
+    }
+
+    /// A randomly initialised model (normal-ish weights of std 0.02, norms at
+    /// 1, biases small), deterministic in `seed`; for tests and toy runs.
+    pub fn new_random(config: ModelConfig, seed: u64, dtype: DType, device: &Device) -> Result<Self> {
+        let mut rng = SplitMix(seed);
+        let mut tensors = HashMap::new();
+        for (name, shape) in expected_params(&config) {
+            let n: usize = shape.iter().product();
+            let data: Vec<f64> = if name.ends_with("norm.weight") {
+                // Perturbed around 1 so norm-weight gradients are not degenerate.
+                (0..n).map(|_| 1.0 + 0.1 * (rng.next_f64() - 0.5)).collect()
+            } else {
+                // Uniform with std 0.02: half-width 0.02·√3.
+                let a = 0.02 * 3f64.sqrt();
+                (0..n).map(|_| a * (2.0 * rng.next_f64() - 1.0)).collect()
+            };
+            tensors.insert(name, Tensor::from_vec(data, shape, &Device::Cpu)?);
+        }
+        Self::from_tensors(config, tensors, dtype, device, Path::new("<random init>"))
+    }
+
+    fn params_from(cfg: &ModelConfig, vars: &HashMap<String, Tensor>) -> Params {
+        // from_tensors inserted every expected name, so lookups cannot fail.
+        let get = |n: &str| vars[n].clone();
+        let opt = |n: &str| vars.get(n).cloned();
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let p = |s: &str| format!("model.layers.{i}.{s}");
+                Layer {
+                    q: get(&p("self_attn.q_proj.weight")),
+                    k: get(&p("self_attn.k_proj.weight")),
+                    v: get(&p("self_attn.v_proj.weight")),
+                    o: get(&p("self_attn.o_proj.weight")),
+                    q_b: opt(&p("self_attn.q_proj.bias")),
+                    k_b: opt(&p("self_attn.k_proj.bias")),
+                    v_b: opt(&p("self_attn.v_proj.bias")),
+                    o_b: opt(&p("self_attn.o_proj.bias")),
+                    q_norm: opt(&p("self_attn.q_norm.weight")),
+                    k_norm: opt(&p("self_attn.k_norm.weight")),
+                    in_norm: get(&p("input_layernorm.weight")),
+                    post_norm: get(&p("post_attention_layernorm.weight")),
+                    gate: get(&p("mlp.gate_proj.weight")),
+                    up: get(&p("mlp.up_proj.weight")),
+                    down: get(&p("mlp.down_proj.weight")),
+                }
+            })
+            .collect();
+        Params {
+            embed: get("model.embed_tokens.weight"),
+            layers,
+            norm: get("model.norm.weight"),
+            lm_head: opt("lm_head.weight"),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The trainable variables under Hugging Face names.
+    pub fn varmap(&self) -> &VarMap {
+        &self.varmap
+    }
+
+    /// All parameters as `(name, var)`, sorted by name.
+    pub fn named_vars(&self) -> Vec<(String, Var)> {
+        let data = self.varmap.data().lock().map(|d| d.clone()).unwrap_or_default();
+        let mut v: Vec<(String, Var)> = data.into_iter().collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Total number of scalar parameters.
+    pub fn num_parameters(&self) -> usize {
+        self.named_vars().iter().map(|(_, v)| v.elem_count()).sum()
+    }
+
+    /// Weight dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn detached(&self) -> Params {
+        self.params.map(&|t: &Tensor| t.detach())
+    }
+
+    /// Differentiable per-token log-probabilities of `targets (B, T)` given
+    /// `input_ids (B, T)` and a left-padding `attention_mask (B, T)` (any
+    /// integer or float dtype, nonzero = real). Typically `targets` is
+    /// `input_ids` shifted left by one; values at padded positions are
+    /// meaningless and must be masked by the caller. Returns `(B, T)`.
+    pub fn forward_logprobs(&self, input_ids: &Tensor, attention_mask: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        self.logprobs_with(&self.params, input_ids, attention_mask, targets)
+    }
+
+    /// [`Transformer::forward_logprobs`] on detached weights: the same
+    /// kernels (so old/reference log-probs equal the training path's
+    /// exactly at step 0) but no graph is kept.
+    pub fn score_logprobs(&self, input_ids: &Tensor, attention_mask: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        self.logprobs_with(&self.detached(), input_ids, attention_mask, targets)
+    }
+
+    fn logprobs_with(&self, p: &Params, ids: &Tensor, mask: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        if targets.dims() != [b, t] {
+            return Err(candle_core::Error::Msg(format!("targets {:?} must be ({b}, {t})", targets.dims())).into());
+        }
+        let rows = mask_rows(mask, b, t)?;
+        let h = self.hidden(p, ids, &rows, None)?;
+        let logits = self.head(p, &h.reshape((b * t, self.config.hidden_size))?)?;
+        let tg = targets.to_dtype(DType::U32)?.flatten_all()?;
+        Ok(ops::log_prob_gather(&logits, &tg)?.reshape((b, t))?)
+    }
+
+    /// Logits `(B, T, V)` for every position, on detached weights.
+    pub fn forward_logits(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
+        let (b, t) = input_ids.dims2()?;
+        let rows = mask_rows(attention_mask, b, t)?;
+        let p = self.detached();
+        let h = self.hidden(&p, input_ids, &rows, None)?;
+        Ok(self.head(&p, &h.reshape((b * t, self.config.hidden_size))?)?.reshape((b, t, self.config.vocab_size))?)
+    }
+
+    /// One incremental step on detached weights: appends `input_ids (B, Tn)`
+    /// with their `attention_mask (B, Tn)` to `cache` (a prefill is simply
+    /// the first step) and returns the logits of the last new position,
+    /// `(B, V)`. Rows that are finished can feed any token with mask 0.
+    pub fn forward_step(&self, input_ids: &Tensor, attention_mask: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        let (b, t) = input_ids.dims2()?;
+        if t == 0 {
+            return Err(candle_core::Error::Msg("forward_step needs at least one new token".into()).into());
+        }
+        if cache.batch() != b {
+            return Err(candle_core::Error::Msg(format!("cache has {} rows, input has {b}", cache.batch())).into());
+        }
+        let new_rows = mask_rows(attention_mask, b, t)?;
+        let p = self.detached();
+        let h = self.hidden(&p, input_ids, &new_rows, Some(cache))?;
+        let last = h.narrow(1, t - 1, 1)?.reshape((b, self.config.hidden_size))?;
+        self.head(&p, &last)
+    }
+
+    fn head(&self, p: &Params, h: &Tensor) -> Result<Tensor> {
+        let w = p.lm_head.as_ref().unwrap_or(&p.embed);
+        Ok(h.matmul(&w.t()?)?)
+    }
+
+    /// RoPE tables `(B, T, D/2)` for per-row positions. Angles and their
+    /// cos/sin are computed in f32, as transformers does for every model
+    /// dtype (it disables autocast and calls `.float()`): pretrained models
+    /// saw exactly these tables, and the parity goldens depend on it.
+    fn rope_tables(&self, pos: &[Vec<usize>]) -> Result<(Tensor, Tensor)> {
+        let (b, t, half) = (pos.len(), pos.first().map_or(0, Vec::len), self.inv_freq.len());
+        let mut c = Vec::with_capacity(b * t * half);
+        let mut s = Vec::with_capacity(b * t * half);
+        for row in pos {
+            for &p in row {
+                for &f in &self.inv_freq {
+                    let a = p as f32 * f;
+                    c.push(a.cos());
+                    s.push(a.sin());
+                }
+            }
+        }
+        let c = Tensor::from_vec(c, (b, t, half), &self.device)?.to_dtype(self.dtype)?;
+        let s = Tensor::from_vec(s, (b, t, half), &self.device)?.to_dtype(self.dtype)?;
+        Ok((c, s))
+    }
+
+    /// Runs the decoder stack and final norm: `(B, T, hidden)`. `new_mask`
+    /// is the mask of the `T` new tokens; with a cache, the cached rows'
+    /// masks extend it on the left.
+    fn hidden(
+        &self,
+        p: &Params,
+        ids: &Tensor,
+        new_mask: &[Vec<u8>],
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let cfg = &self.config;
+        let (b, t) = ids.dims2()?;
+        let (nh, nkv, hd, hs) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim(), cfg.hidden_size);
+        let g = nh / nkv;
+        let past = cache.as_ref().map_or(0, |c| c.len());
+        let tk = past + t;
+
+        // Per-row positions and the additive mask over all keys.
+        let mut pos = vec![vec![0usize; t]; b];
+        let mut add = vec![0f64; b * t * tk];
+        for r in 0..b {
+            let old: &[u8] = cache.as_ref().map_or(&[], |c| c.mask[r].as_slice());
+            let full: Vec<u8> = old.iter().chain(&new_mask[r]).copied().collect();
+            let mut n = old.iter().filter(|&&x| x != 0).count();
+            for i in 0..t {
+                pos[r][i] = n;
+                if full[past + i] != 0 {
+                    n += 1;
+                }
+                for (j, &m) in full.iter().enumerate() {
+                    if j > past + i || m == 0 {
+                        add[(r * t + i) * tk + j] = MASKED;
+                    }
+                }
+            }
+        }
+        if let Some(c) = cache.as_deref_mut() {
+            for (r, m) in new_mask.iter().enumerate() {
+                c.mask[r].extend_from_slice(m);
+            }
+        }
+        let mask = Tensor::from_vec(add, (b, 1, 1, t, tk), &self.device)?.to_dtype(self.dtype)?;
+        let (cos, sin) = self.rope_tables(&pos)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+
+        let ids = ids.to_dtype(DType::U32)?.flatten_all()?;
+        let mut x = p.embed.index_select(&ids, 0)?.reshape((b * t, hs))?;
+        for (li, l) in p.layers.iter().enumerate() {
+            let h = ops::rms_norm(&x, &l.in_norm, cfg.rms_norm_eps)?;
+            let proj = |w: &Tensor, bias: &Option<Tensor>, heads: usize| -> Result<Tensor> {
+                let mut y = h.matmul(&w.t()?)?;
+                if let Some(bb) = bias {
+                    y = y.broadcast_add(bb)?;
+                }
+                Ok(y.reshape((b, t, heads, hd))?)
+            };
+            let mut q = proj(&l.q, &l.q_b, nh)?;
+            let mut k = proj(&l.k, &l.k_b, nkv)?;
+            let v = proj(&l.v, &l.v_b, nkv)?.transpose(1, 2)?.contiguous()?;
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                q = ops::rms_norm(&q, qn, cfg.rms_norm_eps)?;
+                k = ops::rms_norm(&k, kn, cfg.rms_norm_eps)?;
+            }
+            let q = ops::rope(&q.transpose(1, 2)?.contiguous()?, &cos, &sin)?;
+            let k = ops::rope(&k.transpose(1, 2)?.contiguous()?, &cos, &sin)?;
+            let (k, v) = match cache.as_deref_mut() {
+                Some(c) => {
+                    let kv = match &c.layers[li] {
+                        Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
+                        None => (k, v),
+                    };
+                    c.layers[li] = Some(kv.clone());
+                    kv
+                }
+                None => (k, v),
+            };
+            // GQA without repeat_kv: the g query heads sharing a kv head are
+            // stacked along the sequence axis of one matmul.
+            let q = (q * scale)?.reshape((b, nkv, g * t, hd))?;
+            let scores = q.matmul(&k.t()?)?.reshape((b, nkv, g, t, tk))?.broadcast_add(&mask)?;
+            let probs = ops::softmax_last_dim(&scores)?.reshape((b, nkv, g * t, tk))?;
+            let attn =
+                probs.matmul(&v)?.reshape((b, nh, t, hd))?.transpose(1, 2)?.contiguous()?.reshape((b * t, nh * hd))?;
+            let mut o = attn.matmul(&l.o.t()?)?;
+            if let Some(ob) = &l.o_b {
+                o = o.broadcast_add(ob)?;
+            }
+            x = (x + o)?;
+            let h2 = ops::rms_norm(&x, &l.post_norm, cfg.rms_norm_eps)?;
+            let gate = h2.matmul(&l.gate.t()?)?.silu()?;
+            let up = h2.matmul(&l.up.t()?)?;
+            x = (x + (gate * up)?.matmul(&l.down.t()?)?)?;
+        }
+        Ok(ops::rms_norm(&x, &p.norm, cfg.rms_norm_eps)?.reshape((b, t, hs))?)
+    }
+}
+
+/// A `(B, T)` mask tensor as rows of 0/1 bytes.
+fn mask_rows(mask: &Tensor, b: usize, t: usize) -> Result<Vec<Vec<u8>>> {
+    if mask.dims() != [b, t] {
+        return Err(candle_core::Error::Msg(format!("attention_mask {:?} must be ({b}, {t})", mask.dims())).into());
+    }
+    let m = mask.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    Ok(m.into_iter().map(|r| r.into_iter().map(|x| u8::from(x != 0.0)).collect()).collect())
+}

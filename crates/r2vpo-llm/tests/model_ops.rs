@@ -1,0 +1,159 @@
+//! The fused ops against composite candle ops and against central finite
+//! differences in f64 (forward values and gradients).
+
+use candle_core::{DType, Device, Tensor, Var};
+use r2vpo_llm::model::ops;
+
+fn pseudo(shape: &[usize], seed: f64, dtype: DType) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n).map(|i| ((i as f64 + 1.0) * 0.7123 + seed).sin() * 1.5).collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).unwrap().to_dtype(dtype).unwrap()
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap()
+}
+
+fn scalar(t: &Tensor) -> f64 {
+    t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
+}
+
+/// Loss = Σ out ⊙ R, so the upstream gradient is a generic tensor R.
+fn loss(out: &Tensor, seed: f64) -> Tensor {
+    let r = pseudo(out.dims(), seed, out.dtype());
+    (out * r).unwrap().sum_all().unwrap()
+}
+
+/// Gradients of `f` w.r.t. every input, via backward.
+fn grads(f: &dyn Fn(&[Tensor]) -> Tensor, inputs: &[Tensor]) -> Vec<Tensor> {
+    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+    let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let l = loss(&f(&ts), 0.31);
+    let g = l.backward().unwrap();
+    vars.iter().map(|v| g.get(v.as_tensor()).expect("input received no gradient").clone()).collect()
+}
+
+/// Central finite differences on a few entries of each input, in f64.
+fn check_fd(f: &dyn Fn(&[Tensor]) -> Tensor, inputs: &[Tensor], tol: f64) {
+    let g = grads(f, inputs);
+    let eps = 1e-5;
+    for (k, inp) in inputs.iter().enumerate() {
+        let base: Vec<f64> = inp.flatten_all().unwrap().to_vec1().unwrap();
+        let gk: Vec<f64> = g[k].flatten_all().unwrap().to_vec1().unwrap();
+        let step = (base.len() / 7).max(1);
+        for idx in (0..base.len()).step_by(step) {
+            let eval = |d: f64| {
+                let mut v = base.clone();
+                v[idx] += d;
+                let mut ins = inputs.to_vec();
+                ins[k] = Tensor::from_vec(v, inp.dims(), &Device::Cpu).unwrap();
+                scalar(&loss(&f(&ins), 0.31))
+            };
+            let fd = (eval(eps) - eval(-eps)) / (2.0 * eps);
+            let err = (fd - gk[idx]).abs() / (1.0 + fd.abs());
+            assert!(err < tol, "input {k} entry {idx}: fd {fd} vs backward {}, err {err}", gk[idx]);
+        }
+    }
+}
+
+fn compare(fused: &dyn Fn(&[Tensor]) -> Tensor, composite: &dyn Fn(&[Tensor]) -> Tensor, inputs: &[Tensor], tol: f64) {
+    let (a, b) = (fused(inputs), composite(inputs));
+    assert_eq!(a.dims(), b.dims());
+    let d = max_abs_diff(&a, &b);
+    assert!(d < tol, "forward differs by {d}");
+    let (ga, gb) = (grads(fused, inputs), grads(composite, inputs));
+    for (i, (x, y)) in ga.iter().zip(&gb).enumerate() {
+        let d = max_abs_diff(x, y);
+        assert!(d < tol, "gradient {i} differs by {d}");
+    }
+}
+
+fn rope_tables(b: usize, t: usize, half: usize, dtype: DType) -> (Tensor, Tensor) {
+    let mut c = vec![];
+    let mut s = vec![];
+    for bi in 0..b {
+        for ti in 0..t {
+            for i in 0..half {
+                let a = (ti + 2 * bi) as f64 / 10f64.powf(i as f64 / half as f64);
+                c.push(a.cos());
+                s.push(a.sin());
+            }
+        }
+    }
+    let mk = |v| Tensor::from_vec(v, (b, t, half), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+    (mk(c), mk(s))
+}
+
+#[test]
+fn softmax_matches_composite_and_fd() {
+    let f = |x: &[Tensor]| ops::softmax_last_dim(&x[0]).unwrap();
+    let c = |x: &[Tensor]| ops::softmax_composite(&x[0]).unwrap();
+    for (dt, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+        compare(&f, &c, &[pseudo(&[2, 3, 17], 0.1, dt)], tol);
+    }
+    check_fd(&f, &[pseudo(&[3, 11], 0.2, DType::F64)], 1e-7);
+    // Large inputs run the multi-threaded path.
+    compare(&f, &c, &[pseudo(&[64, 300], 0.3, DType::F32)], 1e-5);
+}
+
+#[test]
+fn rms_norm_matches_composite_and_fd() {
+    let f = |x: &[Tensor]| ops::rms_norm(&x[0], &x[1], 1e-6).unwrap();
+    let c = |x: &[Tensor]| ops::rms_norm_composite(&x[0], &x[1], 1e-6).unwrap();
+    for (dt, tol) in [(DType::F64, 1e-11), (DType::F32, 2e-4)] {
+        compare(&f, &c, &[pseudo(&[2, 5, 24], 0.4, dt), pseudo(&[24], 0.5, dt)], tol);
+    }
+    check_fd(&f, &[pseudo(&[4, 9], 0.6, DType::F64), pseudo(&[9], 0.7, DType::F64)], 1e-7);
+    compare(&f, &c, &[pseudo(&[128, 200], 0.3, DType::F32), pseudo(&[200], 0.5, DType::F32)], 2e-3);
+}
+
+#[test]
+fn rope_matches_composite_and_fd() {
+    let (b, h, t, d) = (2, 3, 5, 8);
+    for (dt, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+        let (cs, sn) = rope_tables(b, t, d / 2, dt);
+        let (c1, s1, c2, s2) = (cs.clone(), sn.clone(), cs.clone(), sn.clone());
+        let f = move |x: &[Tensor]| ops::rope(&x[0], &c1, &s1).unwrap();
+        let c = move |x: &[Tensor]| ops::rope_composite(&x[0], &c2, &s2).unwrap();
+        compare(&f, &c, &[pseudo(&[b, h, t, d], 0.8, dt)], tol);
+        if dt == DType::F64 {
+            check_fd(&f, &[pseudo(&[b, h, t, d], 0.9, dt)], 1e-7);
+        }
+    }
+}
+
+#[test]
+fn log_prob_gather_matches_composite_and_fd() {
+    let targets = Tensor::from_vec(vec![3u32, 0, 12, 7, 7, 1], (2, 3), &Device::Cpu).unwrap();
+    let (t1, t2) = (targets.clone(), targets.clone());
+    let f = move |x: &[Tensor]| ops::log_prob_gather(&x[0], &t1).unwrap();
+    let c = move |x: &[Tensor]| ops::log_prob_gather_composite(&x[0], &t2).unwrap();
+    for (dt, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+        compare(&f, &c, &[pseudo(&[2, 3, 13], 1.0, dt)], tol);
+    }
+    check_fd(&f, &[pseudo(&[2, 3, 13], 1.1, DType::F64)], 1e-7);
+    // Out-of-range targets are an error, not a panic.
+    let bad = Tensor::from_vec(vec![13u32, 0, 0, 0, 0, 0], (2, 3), &Device::Cpu).unwrap();
+    assert!(ops::log_prob_gather(&pseudo(&[2, 3, 13], 1.0, DType::F32), &bad).is_err());
+}
+
+#[test]
+fn fused_ops_record_a_backward() {
+    // The failure mode candle-nn's fused ops have: Ok(backward) but no gradient.
+    let x = Var::from_tensor(&pseudo(&[2, 6], 0.1, DType::F32)).unwrap();
+    let w = Var::from_tensor(&pseudo(&[6], 0.2, DType::F32)).unwrap();
+    let y = ops::softmax_last_dim(&ops::rms_norm(x.as_tensor(), w.as_tensor(), 1e-5).unwrap()).unwrap();
+    let g = y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+    assert!(g.get(x.as_tensor()).is_some() && g.get(w.as_tensor()).is_some());
+}
