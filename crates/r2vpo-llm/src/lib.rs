@@ -8,6 +8,9 @@
 
 #![warn(missing_docs)]
 
+pub mod chat;
 pub mod gguf;
 pub mod model;
 pub mod reward;
+pub mod sample;
+pub mod tokenizer;
