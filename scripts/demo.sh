@@ -6,19 +6,23 @@ BIN=${1:-target/release/r2vpo}
 OUT=runs/demo
 mkdir -p "$OUT"
 
-echo "== 1/4  The embedded default model (SmolLM2-135M-Instruct, GGUF from make deps)"
+echo "== 1/5  The embedded default model (SmolLM2-135M-Instruct, GGUF from make deps)"
 "$BIN" llm info | tee "$OUT/smollm2-info.json"
 
 echo
-echo "== 2/4  R²VPO vs GRPO on the synthetic sequence bandit (core algorithm end to end, on- and off-policy)"
+echo "== 2/5  R²VPO vs GRPO on the synthetic sequence bandit (core algorithm end to end, on- and off-policy)"
 "$BIN" toy compare --algos grpo,grpo-ch,r2vpo-on,grpo-off,r2vpo-off --seeds 0,1 --out "$OUT/toy"
 
 echo
-echo "== 3/4  Theory: f-divergence ≈ ½·f''(1)·Var[ρ] (Proposition 3.1, Table 1, Figure 2)"
+echo "== 3/5  PPO vs R²VPO (fixed λ = 0.06) on DeepMind Control cartpole-swingup, real MuJoCo physics, 2 seeds × 200k steps"
+"$BIN" control compare --tasks cartpole-swingup --algos ppo,r2vpo --seeds 0,1 --set total_env_steps=204800 --out "$OUT/control"
+
+echo
+echo "== 4/5  Theory: f-divergence ≈ ½·f''(1)·Var[ρ] (Proposition 3.1, Table 1, Figure 2)"
 "$BIN" analyze divergence --out "$OUT/theory"
 
 echo
-echo "== 4/4  Theory: clipping error ≤ (A_max/ε)·E[(ρ−1)²] (Theorem 3.3)"
+echo "== 5/5  Theory: clipping error ≤ (A_max/ε)·E[(ρ−1)²] (Theorem 3.3)"
 "$BIN" analyze clip-bound --out "$OUT/theory"
 
 echo

@@ -105,3 +105,47 @@ pub fn core(a: &CoreArgs) -> Result<()> {
     println!("written: {}", a.out.display());
     Ok(())
 }
+
+/// `r2vpo bench llm` arguments.
+#[derive(clap::Args, Debug)]
+pub struct LlmArgs {
+    /// Model: a GGUF file or a Hugging Face folder.
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub model: PathBuf,
+    /// Batch sizes to decode.
+    #[arg(long, default_value = "1,8,32", value_delimiter = ',')]
+    pub batches: Vec<usize>,
+    /// New tokens per row (stop tokens are ignored so every row runs to the end).
+    #[arg(long, default_value_t = 64)]
+    pub new_tokens: usize,
+    /// Where the JSON results go.
+    #[arg(long, default_value = "runs/bench/llm.json")]
+    pub out: PathBuf,
+}
+
+/// Generation throughput of the LLM stack: sampled decode with a KV cache at
+/// the paper's training temperature, on a chat-formatted prompt.
+pub fn llm(a: &LlmArgs) -> Result<()> {
+    use r2vpo_llm::{chat::ChatTemplate, model::load_model, sample, tokenizer::Tokenizer};
+    let path = if a.model.exists() { a.model.clone() } else { PathBuf::from(".deps").join(&a.model) };
+    let model = load_model(&path, DType::F32, &Device::Cpu)?;
+    let tok = Tokenizer::load(&path)?;
+    let prompt = ChatTemplate::from_tokenizer(&tok)?.prompt("What is 12 + 7? Think step by step.", None)?;
+    let ids = tok.encode(&prompt, false)?;
+    let rows = sample::bench_generate(&model, &ids, &a.batches, a.new_tokens, &sample::SamplingConfig::default())?;
+    println!(
+        "decode throughput, {} ({} parameters), f32, {} threads, {}-token prompt, {} new tokens, T = 1",
+        path.display(),
+        model.num_parameters(),
+        std::env::var("RAYON_NUM_THREADS").unwrap_or_default(),
+        ids.len(),
+        a.new_tokens
+    );
+    println!("| batch | seconds | new tokens/s |\n|---|---|---|");
+    for r in &rows {
+        println!("| {} | {:.2} | {:.1} |", r.batch, r.seconds, r.tokens_per_s);
+    }
+    r2vpo_report::atomic_write_json(&a.out, &rows)?;
+    println!("written: {}", a.out.display());
+    Ok(())
+}

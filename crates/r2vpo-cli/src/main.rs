@@ -139,8 +139,8 @@ enum BenchCmd {
     Core(bench::CoreArgs),
     /// Raw physics and end-to-end training throughput on control tasks.
     Control(control_cmd::BenchArgs),
-    /// Generation and training throughput of the LLM stack (issues #5, #6).
-    Llm(pending::Pending),
+    /// Generation throughput of the LLM stack (decode with KV cache at batch 1/8/32).
+    Llm(bench::LlmArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -199,7 +199,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(cmd) => match cmd {
             BenchCmd::Core(a) => bench::core(&a),
             BenchCmd::Control(a) => control_cmd::bench(&a),
-            BenchCmd::Llm(_) => pending::not_yet("bench llm", 5),
+            BenchCmd::Llm(a) => bench::llm(&a),
         },
         Command::Config(ConfigCmd::Show(a)) => config_show(&a),
     }
