@@ -135,9 +135,14 @@ impl PolicyConfig {
             ));
         }
         if !(self.min_log_std..=self.max_log_std).contains(&self.init_log_std) {
-            return Err(bad("policy.init_log_std", format!("must lie in [min_log_std, max_log_std], got {}", self.init_log_std)));
+            return Err(bad(
+                "policy.init_log_std",
+                format!("must lie in [min_log_std, max_log_std], got {}", self.init_log_std),
+            ));
         }
-        for (field, g) in [("policy.actor_out_gain", self.actor_out_gain), ("policy.critic_out_gain", self.critic_out_gain)] {
+        for (field, g) in
+            [("policy.actor_out_gain", self.actor_out_gain), ("policy.critic_out_gain", self.critic_out_gain)]
+        {
             if !(g.is_finite() && g > 0.0) {
                 return Err(bad(field, format!("must be finite and > 0, got {g}")));
             }
@@ -157,7 +162,13 @@ pub struct Mlp {
 impl Mlp {
     /// Builds the layers `sizes[0] → … → sizes[last]`; `out_gain` scales the
     /// last layer under orthogonal initialisation.
-    pub fn new(sizes: &[usize], activation: Activation, init: Init, out_gain: f64, rng: &mut ChaCha8Rng) -> Result<Self> {
+    pub fn new(
+        sizes: &[usize],
+        activation: Activation,
+        init: Init,
+        out_gain: f64,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Self> {
         let mut weights = Vec::new();
         let mut biases = Vec::new();
         for (i, w) in sizes.windows(2).enumerate() {
@@ -204,8 +215,7 @@ impl Mlp {
 fn orthogonal(rows: usize, cols: usize, gain: f64, rng: &mut ChaCha8Rng) -> Vec<f32> {
     let (long, short) = (rows.max(cols), rows.min(cols));
     // `short` vectors of length `long`.
-    let mut q: Vec<Vec<f64>> =
-        (0..short).map(|_| (0..long).map(|_| StandardNormal.sample(rng)).collect()).collect();
+    let mut q: Vec<Vec<f64>> = (0..short).map(|_| (0..long).map(|_| StandardNormal.sample(rng)).collect()).collect();
     for j in 0..short {
         for _pass in 0..2 {
             // Re-orthogonalising once more keeps Q orthonormal to ~1e-15.
@@ -390,13 +400,15 @@ mod tests {
             let mut want = 0.0;
             for i in 0..2 {
                 let s = ls[i].exp();
-                let pdf = (-(a[b][i] - m[b][i]).powi(2) / (2.0 * s * s)).exp() / (s * (2.0 * std::f64::consts::PI).sqrt());
+                let pdf =
+                    (-(a[b][i] - m[b][i]).powi(2) / (2.0 * s * s)).exp() / (s * (2.0 * std::f64::consts::PI).sqrt());
                 want += pdf.ln();
             }
             assert!((lp[b] as f64 - want).abs() < 1e-5, "{} vs {want}", lp[b]);
         }
         let h = gaussian_entropy(&log_std).unwrap().to_vec1::<f32>().unwrap();
-        let want: f64 = ls.iter().map(|l| 0.5 * (2.0 * std::f64::consts::PI * std::f64::consts::E * (2.0 * l).exp()).ln()).sum();
+        let want: f64 =
+            ls.iter().map(|l| 0.5 * (2.0 * std::f64::consts::PI * std::f64::consts::E * (2.0 * l).exp()).ln()).sum();
         assert!((h[0] as f64 - want).abs() < 1e-5);
     }
 
@@ -407,11 +419,8 @@ mod tests {
             let w = orthogonal(r, c, 1.0, &mut rng);
             // Gram matrix of the shorter side is the identity.
             type Get<'a> = Box<dyn Fn(usize, usize) -> f32 + 'a>;
-            let (n, len, get): (usize, usize, Get) = if r >= c {
-                (c, r, Box::new(|j, k| w[k * c + j]))
-            } else {
-                (r, c, Box::new(|j, k| w[j * c + k]))
-            };
+            let (n, len, get): (usize, usize, Get) =
+                if r >= c { (c, r, Box::new(|j, k| w[k * c + j])) } else { (r, c, Box::new(|j, k| w[j * c + k])) };
             for a in 0..n {
                 for b in 0..n {
                     let dot: f32 = (0..len).map(|k| get(a, k) * get(b, k)).sum();

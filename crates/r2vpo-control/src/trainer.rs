@@ -222,7 +222,12 @@ impl TrainConfig {
                 ),
             ));
         }
-        for (k, v) in [("lr", self.lr), ("adam_eps", self.adam_eps), ("reward_scale", self.reward_scale), ("obs_clip", self.obs_clip)] {
+        for (k, v) in [
+            ("lr", self.lr),
+            ("adam_eps", self.adam_eps),
+            ("reward_scale", self.reward_scale),
+            ("obs_clip", self.obs_clip),
+        ] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(config_err(k, format!("must be finite and > 0, got {v}")));
             }
@@ -232,7 +237,11 @@ impl TrainConfig {
                 return Err(config_err(k, format!("must lie in [0, 1), got {v}")));
             }
         }
-        for (k, v) in [("max_grad_norm", self.max_grad_norm), ("entropy_cost", self.entropy_cost), ("value_coef", self.value_coef)] {
+        for (k, v) in [
+            ("max_grad_norm", self.max_grad_norm),
+            ("entropy_cost", self.entropy_cost),
+            ("value_coef", self.value_coef),
+        ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(config_err(k, format!("must be finite and >= 0, got {v}")));
             }
@@ -505,12 +514,18 @@ impl Trainer {
     pub fn new(cfg: TrainConfig) -> TrainResult<Self> {
         cfg.validate()?;
         let env = VecEnv::new(cfg.env_config(cfg.num_envs, derived_seed(cfg.seed, TAG_ENV, 0)))?;
-        let net = ActorCritic::new(&cfg.policy, env.observation_dim(), env.action_dim(), derived_seed(cfg.seed, TAG_INIT, 0))?;
+        let net = ActorCritic::new(
+            &cfg.policy,
+            env.observation_dim(),
+            env.action_dim(),
+            derived_seed(cfg.seed, TAG_INIT, 0),
+        )?;
         let params = net.named_params();
         let adam = Adam::new(&params, cfg.lr, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps);
         let dual = DualVariable::new(&cfg.dual)?;
         let rng = ChaCha8Rng::seed_from_u64(derived_seed(cfg.seed, TAG_SAMPLING, 0));
-        let counters = Counters { next_eval: cfg.eval_every, next_checkpoint: cfg.checkpoint_every, ..Counters::default() };
+        let counters =
+            Counters { next_eval: cfg.eval_every, next_checkpoint: cfg.checkpoint_every, ..Counters::default() };
         let segment_stats = env.obs_stats().clone();
         let mut t = Self {
             cfg,
@@ -569,7 +584,8 @@ impl Trainer {
     /// `(seed, segment)`, carrying the observation statistics over.
     fn new_segment(&mut self, segment: u64) -> TrainResult<()> {
         let stats = self.env.obs_stats().clone();
-        let mut env = VecEnv::new(self.cfg.env_config(self.cfg.num_envs, derived_seed(self.cfg.seed, TAG_ENV, segment)))?;
+        let mut env =
+            VecEnv::new(self.cfg.env_config(self.cfg.num_envs, derived_seed(self.cfg.seed, TAG_ENV, segment)))?;
         env.set_obs_stats(stats.clone())?;
         self.segment_stats = stats;
         self.env = env;
@@ -684,7 +700,11 @@ impl Trainer {
             let (_, sr) = mean_std(&ret.iter().map(|&x| f64::from(x)).collect::<Vec<_>>());
             let resid: Vec<f64> = ret.iter().zip(&b.values).map(|(&r, &v)| f64::from(r - v)).collect();
             let (_, se) = mean_std(&resid);
-            if sr > 0.0 { 1.0 - (se * se) / (sr * sr) } else { 0.0 }
+            if sr > 0.0 {
+                1.0 - (se * se) / (sr * sr)
+            } else {
+                0.0
+            }
         };
 
         let mb = self.cfg.minibatch_size();
@@ -693,8 +713,13 @@ impl Trainer {
         let (mut ent_sum, mut vl_sum, mut gn_sum, mut pl_sum) = (0.0, 0.0, 0.0, 0.0);
         let mut first_dev = 0.0;
         let mut steps = 0usize;
-        let (mut o_mb, mut a_mb, mut lp_mb, mut adv_mb, mut ret_mb) =
-            (Vec::with_capacity(mb * d), Vec::with_capacity(mb * a), Vec::with_capacity(mb), Vec::with_capacity(mb), Vec::with_capacity(mb));
+        let (mut o_mb, mut a_mb, mut lp_mb, mut adv_mb, mut ret_mb) = (
+            Vec::with_capacity(mb * d),
+            Vec::with_capacity(mb * a),
+            Vec::with_capacity(mb),
+            Vec::with_capacity(mb),
+            Vec::with_capacity(mb),
+        );
         let mask = Tensor::ones((mb, 1), DType::F32, &Device::Cpu)?;
         let global = GlobalBatch::from_mask(&mask)?;
         let update_index = self.counters.update + 1;
@@ -810,7 +835,13 @@ impl Trainer {
     /// with the training observation statistics frozen. Returns the
     /// undiscounted returns.
     pub fn evaluate(&self, episodes: usize, index: u64) -> TrainResult<Vec<f64>> {
-        evaluate_policy(&self.cfg, &self.net, self.env.obs_stats(), episodes, derived_seed(self.cfg.seed, TAG_EVAL, index))
+        evaluate_policy(
+            &self.cfg,
+            &self.net,
+            self.env.obs_stats(),
+            episodes,
+            derived_seed(self.cfg.seed, TAG_EVAL, index),
+        )
     }
 
     /// Trains until the budget is spent, evaluating and checkpointing on
@@ -880,7 +911,8 @@ impl Trainer {
         // its bytes into place atomically.
         let scratch = dir.join(format!(".{weights}.partial"));
         candle_core::safetensors::save(&tensors, &scratch)?;
-        let bytes = std::fs::read(&scratch).map_err(|e| TrainError::File { path: scratch.clone(), message: e.to_string() })?;
+        let bytes =
+            std::fs::read(&scratch).map_err(|e| TrainError::File { path: scratch.clone(), message: e.to_string() })?;
         atomic_write(&dir.join(&weights), &bytes)?;
         let _ = std::fs::remove_file(&scratch);
         let state = CheckpointState {
@@ -939,13 +971,19 @@ impl Trainer {
         };
         let mut params = std::collections::HashMap::new();
         for (i, (name, p)) in t.params.iter().enumerate() {
-            params.insert(name.clone(), tensors.get(&format!("param/{name}")).cloned().ok_or_else(|| TrainError::File {
-                path: wpath.clone(),
-                message: format!("no tensor `param/{name}`"),
-            })?);
+            params.insert(
+                name.clone(),
+                tensors.get(&format!("param/{name}")).cloned().ok_or_else(|| TrainError::File {
+                    path: wpath.clone(),
+                    message: format!("no tensor `param/{name}`"),
+                })?,
+            );
             let (m, v) = (get(format!("adam_m/{name}"))?, get(format!("adam_v/{name}"))?);
             if m.len() != p.elem_count() || v.len() != p.elem_count() {
-                return Err(TrainError::File { path: wpath.clone(), message: format!("Adam moments of `{name}` have the wrong size") });
+                return Err(TrainError::File {
+                    path: wpath.clone(),
+                    message: format!("Adam moments of `{name}` have the wrong size"),
+                });
             }
             t.adam.m[i] = m;
             t.adam.v[i] = v;
@@ -963,9 +1001,10 @@ impl Trainer {
 }
 
 fn read_state(path: &Path) -> TrainResult<CheckpointState> {
-    let text = std::fs::read_to_string(path).map_err(|e| TrainError::File { path: path.into(), message: e.to_string() })?;
-    let s: CheckpointState =
-        serde_json::from_str(&text).map_err(|e| TrainError::File { path: path.into(), message: format!("invalid checkpoint: {e}") })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| TrainError::File { path: path.into(), message: e.to_string() })?;
+    let s: CheckpointState = serde_json::from_str(&text)
+        .map_err(|e| TrainError::File { path: path.into(), message: format!("invalid checkpoint: {e}") })?;
     if s.format != CHECKPOINT_FORMAT {
         return Err(TrainError::File {
             path: path.into(),
@@ -992,10 +1031,10 @@ fn list_checkpoints(dir: &Path) -> TrainResult<Vec<(u64, PathBuf)>> {
 
 /// The newest checkpoint JSON in `dir`.
 pub fn latest_checkpoint(dir: &Path) -> TrainResult<PathBuf> {
-    list_checkpoints(dir)?
-        .pop()
-        .map(|(_, p)| p)
-        .ok_or_else(|| TrainError::File { path: dir.into(), message: "no checkpoint (ckpt-*.json) in this folder".into() })
+    list_checkpoints(dir)?.pop().map(|(_, p)| p).ok_or_else(|| TrainError::File {
+        path: dir.into(),
+        message: "no checkpoint (ckpt-*.json) in this folder".into(),
+    })
 }
 
 /// Loads the networks and observation statistics of the newest checkpoint
@@ -1010,10 +1049,8 @@ pub fn load_policy(dir: &Path) -> TrainResult<(TrainConfig, ActorCritic, Running
     let wpath = dir.join(&state.weights);
     let tensors = candle_core::safetensors::load(&wpath, &Device::Cpu)
         .map_err(|e| TrainError::File { path: wpath.clone(), message: e.to_string() })?;
-    let params = tensors
-        .into_iter()
-        .filter_map(|(k, v)| k.strip_prefix("param/").map(|n| (n.to_string(), v)))
-        .collect();
+    let params =
+        tensors.into_iter().filter_map(|(k, v)| k.strip_prefix("param/").map(|n| (n.to_string(), v))).collect();
     net.load_state_dict(&params)?;
     Ok((state.config, net, state.obs_stats))
 }
@@ -1040,7 +1077,8 @@ pub fn evaluate_policy(
     // Unstable episodes restart; give up after a generous number of steps.
     let limit = 20 * env.episode_steps();
     for _ in 0..limit {
-        let mean = net.dist(&Tensor::from_slice(&obs, (episodes, d), &Device::Cpu)?)?.mean.flatten_all()?.to_vec1::<f32>()?;
+        let mean =
+            net.dist(&Tensor::from_slice(&obs, (episodes, d), &Device::Cpu)?)?.mean.flatten_all()?.to_vec1::<f32>()?;
         for (x, &m) in actions.iter_mut().zip(&mean) {
             *x = f64::from(m).clamp(-1.0, 1.0);
         }
@@ -1123,7 +1161,10 @@ mod tests {
         let p2 = Var::new(&[3.0f32], &Device::Cpu).unwrap();
         let params = vec![("a".to_string(), p1.clone()), ("b".to_string(), p2.clone())];
         // loss = 3·Σa + 4·b: gradient (3, 3, 4), norm √34.
-        let loss = (p1.as_tensor().sum_all().unwrap() * 3.0).unwrap().add(&(p2.as_tensor().sum_all().unwrap() * 4.0).unwrap()).unwrap();
+        let loss = (p1.as_tensor().sum_all().unwrap() * 3.0)
+            .unwrap()
+            .add(&(p2.as_tensor().sum_all().unwrap() * 4.0).unwrap())
+            .unwrap();
         let grads = loss.backward().unwrap();
         let mut sgd_like = Adam::new(&params, 0.1, 0.0, 0.0, 0.0);
         let norm = sgd_like.step(&params, &grads, 1.0).unwrap();
@@ -1163,7 +1204,8 @@ mod tests {
         assert_eq!(next[n + 2], 10.0, "unstable: next value is ignored by GAE, not replaced");
         assert_eq!(&next[2 * n..], &boot[..]);
         let gcfg = GaeConfig { gamma: 0.5, lambda: 1.0 };
-        let (adv, _) = gae(&t.buf.rewards, &t.buf.values, &next, &t.buf.terminated, &t.buf.truncated, n, &gcfg).unwrap();
+        let (adv, _) =
+            gae(&t.buf.rewards, &t.buf.values, &next, &t.buf.terminated, &t.buf.truncated, n, &gcfg).unwrap();
         // Truncated: δ = r + γ·V(final) − V, no trace across the reset.
         assert!((adv[1] - (1.0 + 0.5 * 100.0 - 1.0)).abs() < 1e-4);
         // Unstable: δ = r − V, no bootstrap at all.
@@ -1173,7 +1215,13 @@ mod tests {
     #[test]
     fn real_truncation_records_final_values() {
         // cartpole episodes are 1000 steps: 4 envs × 1000 steps exactly.
-        let cfg = TrainConfig { total_env_steps: 4000, unroll: 125, batch_size: 4, minibatches: 1, ..tiny("cartpole-balance") };
+        let cfg = TrainConfig {
+            total_env_steps: 4000,
+            unroll: 125,
+            batch_size: 4,
+            minibatches: 1,
+            ..tiny("cartpole-balance")
+        };
         assert_eq!(cfg.rollout_len(), 125);
         let mut t = Trainer::new(cfg).unwrap();
         let mut episodes = 0;
