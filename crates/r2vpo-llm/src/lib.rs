@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod chat;
+pub mod data;
 pub mod gguf;
 pub mod model;
 pub mod reward;

@@ -1,0 +1,678 @@
+//! Math datasets: built-in procedurally generated arithmetic tasks, a JSONL
+//! loader, de-duplication and prompt templates.
+//!
+//! * [`generate_arithmetic`] / [`builtin_split`] produce seeded arithmetic
+//!   problems (four difficulty levels, the last being short multi-step word
+//!   problems) with exact integer answers computed in Rust, so training and
+//!   evaluation run with no downloaded dataset.
+//! * [`load_jsonl`] reads one JSON object per line with configurable
+//!   question / answer / source keys; [`dedupe`] drops repeated questions by
+//!   [`normalize_question`].
+//! * [`PromptTemplate`] renders a question as DAPO's "Answer:" prompt, the
+//!   `\boxed{}` prompt, or unchanged.
+//!
+//! Parquet (the verl schema of DAPO-Math-17k: `prompt` as a chat list,
+//! `reward_model.ground_truth`, `data_source`) is **not** implemented here: it
+//! needs the heavy `parquet` crate and is left for later.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+/// Errors from generating or loading datasets.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// The file could not be opened or read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A line is not a valid JSON object.
+    #[error("{path}:{line}: invalid JSON: {message}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What the parser said.
+        message: String,
+    },
+    /// A required key is absent from a line's object.
+    #[error("{path}:{line}: missing key `{key}`")]
+    MissingKey {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// The key that was looked for.
+        key: String,
+    },
+    /// A key is present but its value is neither a string nor a number.
+    #[error("{path}:{line}: key `{key}` must be a string or a number, found {found}")]
+    BadValue {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// The key.
+        key: String,
+        /// The JSON type found instead.
+        found: String,
+    },
+    /// A difficulty outside `1..=4`.
+    #[error("arithmetic difficulty must be in 1..=4, got {0}")]
+    BadDifficulty(u8),
+    /// A built-in split name other than `arith-train` / `arith-eval`.
+    #[error("unknown built-in split `{0}` (expected `arith-train` or `arith-eval`)")]
+    UnknownSplit(String),
+    /// The generator could not find enough distinct questions.
+    #[error("could only generate {got} distinct problems of difficulty {difficulty}, {wanted} requested")]
+    Exhausted {
+        /// The difficulty.
+        difficulty: u8,
+        /// Requested count.
+        wanted: usize,
+        /// Distinct problems found.
+        got: usize,
+    },
+}
+
+/// One math problem with its gold answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    /// Stable identifier (e.g. `arith-train-d2-17` or `file:42`).
+    pub id: String,
+    /// The question text, without any prompt template.
+    pub question: String,
+    /// The gold answer as text (for built-in tasks, an integer).
+    pub answer: String,
+    /// Where the problem came from (used for per-source breakdowns).
+    pub source: String,
+}
+
+/// Settings for the built-in arithmetic generator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArithmeticConfig {
+    /// 1: `a ± b` with 1–2 digit operands; 2: `a ± b` or `a * b` with 2-digit
+    /// operands; 3: three operands mixing `+ - *` (precedence applies);
+    /// 4: short multi-step word problems.
+    pub difficulty: u8,
+    /// Number of distinct problems to produce.
+    pub count: usize,
+    /// Seed of the `ChaCha8Rng` stream.
+    pub seed: u64,
+}
+
+/// The two built-in splits, disjoint by construction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Split {
+    All,
+    Train,
+    Eval,
+}
+
+/// 64-bit FNV-1a: a hash fixed by definition (unlike `DefaultHasher`), so the
+/// train/eval partition never changes between Rust versions.
+fn fnv1a(text: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// One question in eight (by hash of the normalised text) belongs to the
+/// held-out evaluation split; the rest to training.
+fn is_eval_question(question: &str) -> bool {
+    fnv1a(&normalize_question(question)) % 8 == 0
+}
+
+/// Generates `config.count` distinct arithmetic problems, deterministic in
+/// `config.seed` and `config.difficulty`. Answers are exact integers computed
+/// with `i64` arithmetic. Problems are not filtered by split; use
+/// [`builtin_split`] for disjoint train / eval sets.
+pub fn generate_arithmetic(config: &ArithmeticConfig) -> Result<Vec<Problem>, DataError> {
+    generate(config, Split::All)
+}
+
+/// A built-in split: `"arith-train"` or `"arith-eval"`.
+///
+/// The splits are disjoint by construction, whatever the seeds and counts:
+/// every question is assigned to exactly one split by a fixed hash
+/// (64-bit FNV-1a) of its normalised text (one in eight goes to eval), and
+/// the two splits also draw from different random streams of the seed. So a
+/// model trained on `arith-train` never sees an `arith-eval` question.
+pub fn builtin_split(name: &str, config: &ArithmeticConfig) -> Result<Vec<Problem>, DataError> {
+    let split = match name {
+        "arith-train" => Split::Train,
+        "arith-eval" => Split::Eval,
+        other => return Err(DataError::UnknownSplit(other.to_string())),
+    };
+    generate(config, split)
+}
+
+fn generate(config: &ArithmeticConfig, split: Split) -> Result<Vec<Problem>, DataError> {
+    let d = config.difficulty;
+    if !(1..=4).contains(&d) {
+        return Err(DataError::BadDifficulty(d));
+    }
+    let (split_id, prefix) = match split {
+        Split::All => (0u64, "arith"),
+        Split::Train => (1, "arith-train"),
+        Split::Eval => (2, "arith-eval"),
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
+    rng.set_stream(u64::from(d) * 4 + split_id);
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(config.count);
+    // Give up after this many draws in a row that add nothing new: the
+    // question space (or this split's share of it) is nearly exhausted.
+    const MAX_STALL: usize = 20_000;
+    let mut stall = 0usize;
+    while out.len() < config.count {
+        if stall >= MAX_STALL {
+            return Err(DataError::Exhausted { difficulty: d, wanted: config.count, got: out.len() });
+        }
+        stall += 1;
+        let (question, answer) = match d {
+            1 => level1(&mut rng),
+            2 => level2(&mut rng),
+            3 => level3(&mut rng),
+            _ => level4(&mut rng),
+        };
+        let keep = match split {
+            Split::All => true,
+            Split::Train => !is_eval_question(&question),
+            Split::Eval => is_eval_question(&question),
+        };
+        if !keep || !seen.insert(normalize_question(&question)) {
+            continue;
+        }
+        stall = 0;
+        out.push(Problem {
+            id: format!("{prefix}-d{d}-{}", out.len()),
+            question,
+            answer: answer.to_string(),
+            source: format!("arith-d{d}"),
+        });
+    }
+    Ok(out)
+}
+
+fn expr_question(expr: &str) -> String {
+    format!("What is {expr}?")
+}
+
+/// `a ± b`, operands 1..=99, result never negative.
+fn level1(rng: &mut ChaCha8Rng) -> (String, i64) {
+    let a: i64 = rng.random_range(1..=99);
+    let b: i64 = rng.random_range(1..=99);
+    if rng.random_bool(0.5) {
+        (expr_question(&format!("{a} + {b}")), a + b)
+    } else {
+        let (x, y) = if a >= b { (a, b) } else { (b, a) };
+        (expr_question(&format!("{x} - {y}")), x - y)
+    }
+}
+
+/// `a + b`, `a - b` (may be negative) or `a * b`, 2-digit operands.
+fn level2(rng: &mut ChaCha8Rng) -> (String, i64) {
+    let a: i64 = rng.random_range(10..=99);
+    let b: i64 = rng.random_range(10..=99);
+    match rng.random_range(0..3) {
+        0 => (expr_question(&format!("{a} + {b}")), a + b),
+        1 => (expr_question(&format!("{a} - {b}")), a - b),
+        _ => (expr_question(&format!("{a} * {b}")), a * b),
+    }
+}
+
+fn apply(op: char, x: i64, y: i64) -> i64 {
+    match op {
+        '+' => x + y,
+        '-' => x - y,
+        _ => x * y,
+    }
+}
+
+/// `a op b op c` with `op` in `+ - *`, usual precedence.
+fn level3(rng: &mut ChaCha8Rng) -> (String, i64) {
+    const OPS: [char; 3] = ['+', '-', '*'];
+    let op1 = OPS[rng.random_range(0..3)];
+    let op2 = OPS[rng.random_range(0..3)];
+    // Keep multiplication operands small so products stay readable.
+    let mut operand = |next_to_mul: bool| -> i64 {
+        if next_to_mul {
+            rng.random_range(2..=12)
+        } else {
+            rng.random_range(1..=99)
+        }
+    };
+    let a = operand(op1 == '*');
+    let b = operand(op1 == '*' || op2 == '*');
+    let c = operand(op2 == '*');
+    let value = if op2 == '*' && op1 != '*' { apply(op1, a, b * c) } else { apply(op2, apply(op1, a, b), c) };
+    (expr_question(&format!("{a} {op1} {b} {op2} {c}")), value)
+}
+
+const NAMES: [&str; 10] = ["Tom", "Anna", "Ravi", "Mei", "Lucas", "Sara", "Omar", "Emma", "Kofi", "Lena"];
+const ITEMS: [&str; 8] = ["apples", "pencils", "marbles", "cookies", "stickers", "books", "stamps", "shells"];
+
+/// Short multi-step word problems; every answer is a non-negative integer.
+fn level4(rng: &mut ChaCha8Rng) -> (String, i64) {
+    let name = NAMES[rng.random_range(0..NAMES.len())];
+    let item = ITEMS[rng.random_range(0..ITEMS.len())];
+    match rng.random_range(0..5) {
+        0 => {
+            let a: i64 = rng.random_range(2..=30);
+            let b: i64 = rng.random_range(2..=9);
+            let c: i64 = rng.random_range(2..=12);
+            (
+                format!(
+                    "{name} has {a} {item}, then buys {b} bags with {c} {item} in each bag. \
+                     How many {item} does {name} have now?"
+                ),
+                a + b * c,
+            )
+        }
+        1 => {
+            let a: i64 = rng.random_range(10..=60);
+            let b: i64 = rng.random_range(1..=a);
+            let c: i64 = rng.random_range(1..=30);
+            (
+                format!(
+                    "{name} has {a} {item}, gives {b} of them to a friend, and then gets {c} more. \
+                     How many {item} does {name} have now?"
+                ),
+                a - b + c,
+            )
+        }
+        2 => {
+            let a: i64 = rng.random_range(3..=12);
+            let b: i64 = rng.random_range(2..=9);
+            let c: i64 = rng.random_range(1..=a * b);
+            (
+                format!(
+                    "A box holds {a} {item}. {name} fills {b} boxes and then takes out {c} {item}. \
+                     How many {item} are left in the boxes?"
+                ),
+                a * b - c,
+            )
+        }
+        3 => {
+            let a: i64 = rng.random_range(2..=9);
+            let b: i64 = rng.random_range(2..=15);
+            let extra: i64 = rng.random_range(0..=20);
+            let paid = a * b + extra;
+            (
+                format!(
+                    "{name} buys {a} {item} at {b} dollars each and pays with {paid} dollars. \
+                     How many dollars of change does {name} get?"
+                ),
+                extra,
+            )
+        }
+        _ => {
+            let friends: i64 = rng.random_range(2..=9);
+            let each: i64 = rng.random_range(2..=12);
+            let kept: i64 = rng.random_range(1..=20);
+            let total = friends * each + kept;
+            (
+                format!(
+                    "{name} has {total} {item}, keeps {kept} of them, and shares the rest equally \
+                     among {friends} friends. How many {item} does each friend get?"
+                ),
+                each,
+            )
+        }
+    }
+}
+
+/// Normalises a question for de-duplication: lower case, whitespace runs
+/// collapsed to one space, leading/trailing whitespace removed.
+pub fn normalize_question(question: &str) -> String {
+    question.split_whitespace().collect::<Vec<_>>().join(" ").to_lowercase()
+}
+
+/// Drops every problem whose [`normalize_question`] text was already seen,
+/// keeping first occurrences in order. Returns the kept problems and how
+/// many were dropped.
+pub fn dedupe(problems: Vec<Problem>) -> (Vec<Problem>, usize) {
+    let mut seen = HashSet::new();
+    let before = problems.len();
+    let kept: Vec<Problem> = problems.into_iter().filter(|p| seen.insert(normalize_question(&p.question))).collect();
+    let dropped = before - kept.len();
+    (kept, dropped)
+}
+
+fn json_type(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// Loads problems from a JSONL file: one JSON object per line, blank lines
+/// skipped. `question_key` and `answer_key` name the fields holding the
+/// question and the gold answer (a string, or a number that is kept as its
+/// JSON text); `source_key`, if given, names a field for the source,
+/// otherwise the file stem is the source. Ids are `"{file stem}:{line}"`.
+///
+/// Errors name the file, the 1-based line number and, where relevant, the key.
+/// No de-duplication is done here; see [`dedupe`].
+pub fn load_jsonl(
+    path: &Path,
+    question_key: &str,
+    answer_key: &str,
+    source_key: Option<&str>,
+) -> Result<Vec<Problem>, DataError> {
+    let text = std::fs::read_to_string(path).map_err(|source| DataError::Io { path: path.to_path_buf(), source })?;
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "jsonl".to_string());
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = i + 1;
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let value: serde_json::Value = serde_json::from_str(raw).map_err(|e| DataError::Json {
+            path: path.to_path_buf(),
+            line,
+            message: e.to_string(),
+        })?;
+        let obj = value.as_object().ok_or_else(|| DataError::Json {
+            path: path.to_path_buf(),
+            line,
+            message: format!("expected an object, found {}", json_type(&value)),
+        })?;
+        let field = |key: &str| -> Result<String, DataError> {
+            match obj.get(key) {
+                None => Err(DataError::MissingKey { path: path.to_path_buf(), line, key: key.to_string() }),
+                Some(serde_json::Value::String(s)) => Ok(s.clone()),
+                Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+                Some(other) => Err(DataError::BadValue {
+                    path: path.to_path_buf(),
+                    line,
+                    key: key.to_string(),
+                    found: json_type(other).to_string(),
+                }),
+            }
+        };
+        let question = field(question_key)?;
+        let answer = field(answer_key)?;
+        let source = match source_key {
+            Some(k) => field(k)?,
+            None => stem.clone(),
+        };
+        out.push(Problem { id: format!("{stem}:{line}"), question, answer, source });
+    }
+    Ok(out)
+}
+
+/// How a question is wrapped into the user message given to the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PromptTemplate {
+    /// DAPO's prompt asking for a final `Answer: …` line.
+    #[default]
+    Dapo,
+    /// The question followed by a request to put the answer in `\boxed{}`.
+    Boxed,
+    /// The question unchanged.
+    Plain,
+}
+
+impl PromptTemplate {
+    /// Renders `question` with this template.
+    pub fn render(&self, question: &str) -> String {
+        match self {
+            PromptTemplate::Dapo => format!(
+                "Solve the following math problem step by step. The last line of your response \
+                 should be of the form Answer: $Answer (without quotes) where $Answer is the \
+                 answer to the problem.\n\n{question}\n\nRemember to put your answer on its own \
+                 line after \"Answer:\"."
+            ),
+            PromptTemplate::Boxed => {
+                format!("{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}.")
+            }
+            PromptTemplate::Plain => question.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// Independent evaluator for `What is <expr>?` with `+ - *` and the usual
+    /// precedence: multiplication first, then left-to-right addition/subtraction.
+    fn eval_question(q: &str) -> i64 {
+        let expr = q.strip_prefix("What is ").and_then(|s| s.strip_suffix('?')).expect("expression question");
+        let tokens: Vec<&str> = expr.split_whitespace().collect();
+        // Pass 1: fold products into terms with their signs.
+        let mut terms: Vec<(i64, i64)> = Vec::new(); // (sign, value)
+        let mut sign = 1;
+        let mut cur: i64 = tokens[0].parse().unwrap();
+        let mut i = 1;
+        while i < tokens.len() {
+            let op = tokens[i];
+            let n: i64 = tokens[i + 1].parse().unwrap();
+            match op {
+                "*" => cur *= n,
+                "+" | "-" => {
+                    terms.push((sign, cur));
+                    sign = if op == "+" { 1 } else { -1 };
+                    cur = n;
+                }
+                _ => panic!("unknown operator {op}"),
+            }
+            i += 2;
+        }
+        terms.push((sign, cur));
+        terms.iter().map(|(s, v)| s * v).sum()
+    }
+
+    fn cfg(difficulty: u8, count: usize, seed: u64) -> ArithmeticConfig {
+        ArithmeticConfig { difficulty, count, seed }
+    }
+
+    #[test]
+    fn deterministic_per_seed() {
+        for d in 1..=4 {
+            let a = generate_arithmetic(&cfg(d, 50, 7)).unwrap();
+            let b = generate_arithmetic(&cfg(d, 50, 7)).unwrap();
+            let c = generate_arithmetic(&cfg(d, 50, 8)).unwrap();
+            assert_eq!(a, b);
+            assert_ne!(a, c);
+            assert_eq!(a.len(), 50);
+            let (kept, dropped) = dedupe(a);
+            assert_eq!((kept.len(), dropped), (50, 0), "generated questions are distinct");
+        }
+    }
+
+    #[test]
+    fn expression_answers_match_independent_evaluation() {
+        for d in 1..=3 {
+            for p in generate_arithmetic(&cfg(d, 300, 3)).unwrap() {
+                let expected = eval_question(&p.question);
+                assert_eq!(p.answer, expected.to_string(), "{}", p.question);
+                assert_eq!(p.source, format!("arith-d{d}"));
+                if d == 1 {
+                    assert!(expected >= 0, "level 1 never negative: {}", p.question);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn hand_checked_items() {
+        assert_eq!(eval_question("What is 2 + 3 * 4?"), 14);
+        assert_eq!(eval_question("What is 2 * 3 - 4?"), 2);
+        assert_eq!(eval_question("What is 10 - 3 - 4?"), 3);
+        assert_eq!(eval_question("What is 5 - 2 * 6?"), -7);
+        // Level-3 precedence must be visible in the generated data.
+        let ps = generate_arithmetic(&cfg(3, 300, 11)).unwrap();
+        let p = ps
+            .iter()
+            .find(|p| {
+                p.question.contains(" + ") && p.question.ends_with("?") && {
+                    let t: Vec<&str> = p.question.split_whitespace().collect();
+                    t[3] == "+" && t[5] == "*"
+                }
+            })
+            .expect("an `a + b * c` item");
+        let t: Vec<i64> =
+            p.question[8..p.question.len() - 1].split_whitespace().filter_map(|s| s.parse().ok()).collect();
+        assert_eq!(p.answer, (t[0] + t[1] * t[2]).to_string());
+    }
+
+    #[test]
+    fn word_problem_answers() {
+        let ps = generate_arithmetic(&cfg(4, 400, 5)).unwrap();
+        let nums = |q: &str| -> Vec<i64> {
+            q.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect()
+        };
+        let mut kinds = [0usize; 5];
+        for p in &ps {
+            let n = nums(&p.question);
+            let ans: i64 = p.answer.parse().unwrap();
+            assert!(ans >= 0, "{}", p.question);
+            let expected = if p.question.contains("bags with") {
+                kinds[0] += 1;
+                n[0] + n[1] * n[2]
+            } else if p.question.contains("to a friend") {
+                kinds[1] += 1;
+                n[0] - n[1] + n[2]
+            } else if p.question.contains("A box holds") {
+                kinds[2] += 1;
+                n[0] * n[1] - n[2]
+            } else if p.question.contains("change") {
+                kinds[3] += 1;
+                n[2] - n[0] * n[1]
+            } else {
+                kinds[4] += 1;
+                (n[0] - n[1]) / n[2]
+            };
+            assert_eq!(ans, expected, "{}", p.question);
+        }
+        assert!(kinds.iter().all(|&k| k > 0), "all templates used: {kinds:?}");
+    }
+
+    #[test]
+    fn splits_are_disjoint() {
+        for d in 1..=4 {
+            let train = builtin_split("arith-train", &cfg(d, 1000, 1)).unwrap();
+            // Even with the same seed the eval split shares no question.
+            let eval = builtin_split("arith-eval", &cfg(d, 200, 1)).unwrap();
+            assert_eq!((train.len(), eval.len()), (1000, 200));
+            let train_q: HashSet<String> = train.iter().map(|p| normalize_question(&p.question)).collect();
+            assert!(eval.iter().all(|p| !train_q.contains(&normalize_question(&p.question))));
+            assert!(eval.iter().all(|p| p.id.starts_with("arith-eval-")));
+        }
+        assert!(matches!(builtin_split("nope", &cfg(1, 1, 1)), Err(DataError::UnknownSplit(_))));
+        assert!(matches!(generate_arithmetic(&cfg(5, 1, 1)), Err(DataError::BadDifficulty(5))));
+    }
+
+    #[test]
+    fn exhaustion_is_an_error_not_a_hang() {
+        // Level 1 has fewer than 20 000 distinct questions.
+        let err = generate_arithmetic(&cfg(1, 50_000, 1)).unwrap_err();
+        assert!(matches!(err, DataError::Exhausted { .. }), "{err}");
+    }
+
+    fn write_file(dir: &Path, name: &str, content: &str) -> PathBuf {
+        let path = dir.join(name);
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(content.as_bytes()).unwrap();
+        path
+    }
+
+    #[test]
+    fn jsonl_loads_and_dedupes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_file(
+            dir.path(),
+            "mini.jsonl",
+            "{\"problem\": \"What is 1+1?\", \"solution\": \"2\", \"src\": \"a\"}\n\
+             \n\
+             {\"problem\": \"  what IS 1+1? \", \"solution\": 2, \"src\": \"b\"}\n\
+             {\"problem\": \"What is 2+2?\", \"solution\": \"4\", \"src\": \"a\"}\n",
+        );
+        let ps = load_jsonl(&path, "problem", "solution", Some("src")).unwrap();
+        assert_eq!(ps.len(), 3);
+        assert_eq!(ps[1].id, "mini:3");
+        assert_eq!(ps[1].answer, "2");
+        assert_eq!(ps[1].source, "b");
+        let no_src = load_jsonl(&path, "problem", "solution", None).unwrap();
+        assert_eq!(no_src[0].source, "mini");
+        let (kept, dropped) = dedupe(ps);
+        assert_eq!(dropped, 1);
+        assert_eq!(kept.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["mini:1", "mini:4"]);
+    }
+
+    #[test]
+    fn jsonl_errors_name_file_line_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = write_file(
+            dir.path(),
+            "missing.jsonl",
+            "{\"question\": \"q1\", \"answer\": \"1\"}\n{\"question\": \"q2\"}\n",
+        );
+        let err = load_jsonl(&missing, "question", "answer", None).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, DataError::MissingKey { line: 2, .. }), "{msg}");
+        assert!(msg.contains("missing.jsonl") && msg.contains(":2:") && msg.contains("`answer`"), "{msg}");
+
+        let bad = write_file(dir.path(), "bad.jsonl", "{\"question\": \"q1\", \"answer\": \"1\"}\n\n{not json\n");
+        let err = load_jsonl(&bad, "question", "answer", None).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, DataError::Json { line: 3, .. }), "{msg}");
+        assert!(msg.contains("bad.jsonl:3:"), "{msg}");
+
+        let wrong = write_file(dir.path(), "wrong.jsonl", "{\"question\": [1], \"answer\": \"1\"}\n");
+        let msg = load_jsonl(&wrong, "question", "answer", None).unwrap_err().to_string();
+        assert!(msg.contains("wrong.jsonl:1:") && msg.contains("`question`") && msg.contains("array"), "{msg}");
+
+        let absent = dir.path().join("absent.jsonl");
+        let msg = load_jsonl(&absent, "question", "answer", None).unwrap_err().to_string();
+        assert!(msg.contains("absent.jsonl"), "{msg}");
+    }
+
+    #[test]
+    fn prompt_templates() {
+        assert_eq!(
+            PromptTemplate::Dapo.render("What is 1+1?"),
+            "Solve the following math problem step by step. The last line of your response should be of the form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\nWhat is 1+1?\n\nRemember to put your answer on its own line after \"Answer:\"."
+        );
+        assert_eq!(
+            PromptTemplate::Boxed.render("Q"),
+            "Q\nPlease reason step by step, and put your final answer within \\boxed{}."
+        );
+        assert_eq!(PromptTemplate::Plain.render("Q"), "Q");
+        for (t, name) in [
+            (PromptTemplate::Dapo, "\"dapo\""),
+            (PromptTemplate::Boxed, "\"boxed\""),
+            (PromptTemplate::Plain, "\"plain\""),
+        ] {
+            assert_eq!(serde_json::to_string(&t).unwrap(), name);
+            assert_eq!(serde_json::from_str::<PromptTemplate>(name).unwrap(), t);
+        }
+    }
+
+    #[test]
+    fn problem_serde_roundtrip() {
+        let p = generate_arithmetic(&cfg(2, 1, 0)).unwrap().remove(0);
+        let json = serde_json::to_string(&p).unwrap();
+        assert_eq!(serde_json::from_str::<Problem>(&json).unwrap(), p);
+    }
+}
