@@ -41,7 +41,7 @@ def stamp_path(w: dict) -> Path:
     return DEPS / f".stamp-{w['name']}-{w['version']}-{w['sha256'][:16]}"
 
 
-def expected_outputs(w: dict, zf_names: list[str] | None = None) -> bool:
+def expected_outputs(w: dict) -> bool:
     stamp = stamp_path(w)
     if not stamp.exists():
         return False

@@ -256,10 +256,7 @@ pub fn train(cfg: &ToyConfig, out: Option<&RunDir>, quiet: bool) -> Result<ToyRu
         // Rollout: G responses for each of a random subset of prompts, with
         // the behaviour log-probs recorded at sampling time.
         let mut prompt_ids: Vec<u32> = (0..cfg.prompts as u32).collect();
-        for i in 0..cfg.prompts_per_iter {
-            let j = rng.random_range(i..prompt_ids.len());
-            prompt_ids.swap(i, j);
-        }
+        shuffle_prefix(&mut prompt_ids, cfg.prompts_per_iter, &mut rng);
         prompt_ids.truncate(cfg.prompts_per_iter);
         let probs = candle_nn::ops::softmax_last_dim(&(policy.logits.as_tensor().detach() / cfg.temperature)?)?
             .to_vec3::<f32>()?;
@@ -298,10 +295,7 @@ pub fn train(cfg: &ToyConfig, out: Option<&RunDir>, quiet: bool) -> Result<ToyRu
                 let n = batch.len();
                 for _ in 0..cfg.epochs {
                     let mut order: Vec<usize> = (0..n).collect();
-                    for i in 0..n {
-                        let j = rng.random_range(i..n);
-                        order.swap(i, j);
-                    }
+                    shuffle_prefix(&mut order, n, &mut rng);
                     let mb = n.div_ceil(cfg.minibatches);
                     for chunk in order.chunks(mb) {
                         let items: Vec<&Sample> = chunk.iter().map(|&i| &batch[i]).collect();
@@ -410,6 +404,15 @@ fn greedy_accuracy(policy: &Policy, targets: &[u32]) -> Result<f64> {
     let arg: Vec<u32> = policy.logits.as_tensor().argmax(D::Minus1)?.flatten_all()?.to_vec1()?;
     let hits = arg.iter().zip(targets).filter(|(a, b)| a == b).count();
     Ok(hits as f64 / targets.len() as f64)
+}
+
+/// Fisher–Yates over the first `k` positions: they become a uniform random
+/// `k`-subset in random order (all of `v` shuffled when `k = v.len()`).
+fn shuffle_prefix<T>(v: &mut [T], k: usize, rng: &mut ChaCha8Rng) {
+    for i in 0..k.min(v.len()) {
+        let j = rng.random_range(i..v.len());
+        v.swap(i, j);
+    }
 }
 
 fn sample_categorical(p: &[f32], rng: &mut ChaCha8Rng) -> usize {
