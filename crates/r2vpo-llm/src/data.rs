@@ -71,6 +71,12 @@ pub enum DataError {
     /// A built-in split name other than `arith-train` / `arith-eval`.
     #[error("unknown built-in split `{0}` (expected `arith-train` or `arith-eval`)")]
     UnknownSplit(String),
+    /// A data path whose extension names no supported format.
+    #[error("{0}: unsupported dataset format (expected `builtin:<split>`, `.jsonl` or `.parquet`)")]
+    UnknownFormat(PathBuf),
+    /// The dataset holds no problems after filtering.
+    #[error("dataset `{0}` has no problems")]
+    Empty(String),
     /// The generator could not find enough distinct questions.
     #[error("could only generate {got} distinct problems of difficulty {difficulty}, {wanted} requested")]
     Exhausted {
@@ -416,6 +422,81 @@ pub fn load_jsonl(
         out.push(Problem { id: format!("{stem}:{line}"), question, answer, source });
     }
     Ok(out)
+}
+
+/// Where a run's problems come from: one table of a TOML config
+/// (`[data]`, `[eval_data]`), shared by `llm eval` and `llm train`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// `builtin:arith-train` / `builtin:arith-eval` for the generated tasks,
+    /// otherwise a path to a `.jsonl` (or, where supported, `.parquet`) file.
+    pub path: String,
+    /// Built-in tasks: difficulty 1–4 (see [`ArithmeticConfig`]).
+    pub difficulty: u8,
+    /// Built-in tasks: how many problems to generate.
+    pub count: usize,
+    /// Built-in tasks: generator seed.
+    pub seed: u64,
+    /// JSONL: key of the question.
+    pub question_key: String,
+    /// JSONL: key of the gold answer.
+    pub answer_key: String,
+    /// JSONL: key of the source label (default: the file stem).
+    pub source_key: Option<String>,
+    /// Drop repeated questions ([`dedupe`]).
+    pub dedupe: bool,
+    /// Keep only the first `limit` problems (after de-duplication).
+    pub limit: Option<usize>,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            path: "builtin:arith-train".into(),
+            difficulty: 1,
+            count: 2000,
+            seed: 0,
+            question_key: "question".into(),
+            answer_key: "answer".into(),
+            source_key: None,
+            dedupe: true,
+            limit: None,
+        }
+    }
+}
+
+impl DataConfig {
+    /// The built-in held-out split with the given size and difficulty.
+    pub fn builtin_eval(difficulty: u8, count: usize) -> Self {
+        Self { path: "builtin:arith-eval".into(), difficulty, count, ..Self::default() }
+    }
+}
+
+/// Loads the problems `cfg` describes: generated for `builtin:<split>`,
+/// read from JSONL otherwise; then de-duplicated and truncated as configured.
+pub fn load_problems(cfg: &DataConfig) -> Result<Vec<Problem>, DataError> {
+    let mut problems = if let Some(split) = cfg.path.strip_prefix("builtin:") {
+        builtin_split(split, &ArithmeticConfig { difficulty: cfg.difficulty, count: cfg.count, seed: cfg.seed })?
+    } else {
+        let path = Path::new(&cfg.path);
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("jsonl") | Some("json") => {
+                load_jsonl(path, &cfg.question_key, &cfg.answer_key, cfg.source_key.as_deref())?
+            }
+            _ => return Err(DataError::UnknownFormat(path.to_path_buf())),
+        }
+    };
+    if cfg.dedupe {
+        problems = dedupe(problems).0;
+    }
+    if let Some(n) = cfg.limit {
+        problems.truncate(n);
+    }
+    if problems.is_empty() {
+        return Err(DataError::Empty(cfg.path.clone()));
+    }
+    Ok(problems)
 }
 
 /// How a question is wrapped into the user message given to the model.
