@@ -1,8 +1,9 @@
 //! TOML configs with `--set key.path=value` overrides.
 //!
 //! A config is a serde struct whose defaults are the paper's values. It is
-//! built in three layers — struct defaults, then the TOML file, then each
-//! `--set` in order — and the fully resolved result is written into every run
+//! built in three layers — the *serialised* default config, then the TOML
+//! file merged into it table by table, then each `--set` in order — and the
+//! fully resolved result is written into every run
 //! folder so a run can be repeated from its folder alone. Unknown keys are
 //! errors (the structs deny them), and every error names the file and the
 //! dotted key at fault.
@@ -13,16 +14,35 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{de::DeserializeOwned, Serialize};
 use toml::{Table, Value};
 
+/// Merges `over` into `base`: tables recursively, any other value replaces.
+pub fn merge(base: &mut Table, over: Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(Value::Table(b)), Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
 /// Loads a config of type `T` from an optional TOML file plus overrides.
-pub fn load<T: DeserializeOwned + Serialize>(file: Option<&Path>, sets: &[String]) -> Result<T> {
-    let (mut table, source) = match file {
+///
+/// Layers start from `T::default()` serialised, so a partial nested table
+/// keeps the *parent's* defaults for the keys it omits (`--set
+/// eval.data.count=50` keeps the eval split; plain serde would fill the
+/// table from `DataConfig`'s own defaults).
+pub fn load<T: DeserializeOwned + Serialize + Default>(file: Option<&Path>, sets: &[String]) -> Result<T> {
+    let mut table = Table::try_from(T::default()).context("cannot serialise the default config")?;
+    let source = match file {
         Some(p) => {
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("cannot read config file {}", p.display()))?;
-            let table: Table = toml::from_str(&text).map_err(|e| anyhow!("{}: invalid TOML: {e}", p.display()))?;
-            (table, p.display().to_string())
+            let over: Table = toml::from_str(&text).map_err(|e| anyhow!("{}: invalid TOML: {e}", p.display()))?;
+            merge(&mut table, over);
+            p.display().to_string()
         }
-        None => (Table::new(), "defaults".to_string()),
+        None => "defaults".to_string(),
     };
     for s in sets {
         apply_override(&mut table, s)?;

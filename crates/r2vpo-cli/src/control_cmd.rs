@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use r2vpo_control::trainer::{algo_overrides, evaluate_policy, load_policy, TrainConfig, Trainer, UpdateMetrics};
 use r2vpo_control::{VecEnv, VecEnvConfig};
-use r2vpo_report::plot::{Grid, LineChart, Series};
+use r2vpo_report::plot::{mean_std_band, Grid, LineChart, Series};
 use r2vpo_report::{JsonlWriter, RunDir};
 
 use crate::config;
@@ -322,24 +322,6 @@ fn return_curve(ms: &[UpdateMetrics]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// A mean curve and its `(x, mean − std, mean + std)` band.
-type Banded = (Vec<(f64, f64)>, Vec<(f64, f64, f64)>);
-
-/// Mean ± std over seeds at each x that every seed has.
-fn band(curves: &[Vec<(f64, f64)>]) -> Banded {
-    let n = curves.iter().map(Vec::len).min().unwrap_or(0);
-    let mut mean = Vec::with_capacity(n);
-    let mut b = Vec::with_capacity(n);
-    for i in 0..n {
-        let x = curves[0][i].0;
-        let ys: Vec<f64> = curves.iter().map(|c| c[i].1).collect();
-        let (m, s) = mean_std(&ys);
-        mean.push((x, m));
-        b.push((x, m - s, m + s));
-    }
-    (mean, b)
-}
-
 /// `r2vpo control compare`.
 pub fn compare(a: &CompareArgs) -> Result<()> {
     let root = RunDir::create(&a.out)?;
@@ -392,9 +374,9 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
                 steps = ms.last().map_or(0, |m| m.env_steps);
                 bar.inc(1);
             }
-            let (m, b) = band(&curves);
+            let (m, b) = mean_std_band(&curves);
             chart.push(Series::line(algo.clone(), m).with_band(b).with_color(ai));
-            let (m, b) = band(&evals);
+            let (m, b) = mean_std_band(&evals);
             echart.push(Series::line(algo.clone(), m).with_band(b).with_color(ai));
             let fmt = |v: &[f64]| {
                 if v.is_empty() {

@@ -12,7 +12,9 @@ mod analyze;
 mod bench;
 mod config;
 mod control_cmd;
-mod pending;
+mod llm_eval;
+mod llm_plot;
+mod llm_train;
 mod toy;
 
 use std::path::PathBuf;
@@ -90,12 +92,13 @@ enum LlmCmd {
     Info(LlmInfoArgs),
     /// Check an answer against a gold answer and show how both were read.
     Verify(LlmVerifyArgs),
-    /// Evaluate a model with avg@k / pass@k (issue #5).
-    Eval(pending::Pending),
-    /// RL fine-tuning with R²VPO-ON/OFF and the baselines (issue #6).
-    Train(pending::Pending),
-    /// Plot training runs (issue #6).
-    Plot(pending::Pending),
+    /// Evaluate a model on math problems: avg@k, pass@k, maj@k (test-time sampling).
+    Eval(llm_eval::EvalArgs),
+    /// RL fine-tuning with R²VPO-ON/OFF and the baselines (resumable).
+    Train(llm_train::TrainArgs),
+    /// Reward/length/λ curves, ratio histograms by staleness and a summary
+    /// table from one or more `llm train` runs.
+    Plot(llm_plot::PlotArgs),
 }
 
 #[derive(Args, Debug)]
@@ -151,7 +154,7 @@ enum ConfigCmd {
 
 #[derive(Args, Debug)]
 struct ConfigShowArgs {
-    /// Which command's config: `toy` or `control`.
+    /// Which command's config: `toy`, `control`, `llm-eval` or `llm-train`.
     kind: String,
     /// TOML config file.
     #[arg(long)]
@@ -188,9 +191,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Llm(cmd) => match cmd {
             LlmCmd::Info(a) => llm_info(&a),
             LlmCmd::Verify(a) => llm_verify(&a),
-            LlmCmd::Eval(_) => pending::not_yet("llm eval", 5),
-            LlmCmd::Train(_) => pending::not_yet("llm train", 6),
-            LlmCmd::Plot(_) => pending::not_yet("llm plot", 6),
+            LlmCmd::Eval(a) => llm_eval::eval(&a),
+            LlmCmd::Train(a) => llm_train::train(&a),
+            LlmCmd::Plot(a) => llm_plot::plot(&a),
         },
         Command::Toy(cmd) => match cmd {
             ToyCmd::Train(a) => toy::cmd_train(&a),
@@ -211,7 +214,9 @@ fn config_show(a: &ConfigShowArgs) -> Result<()> {
         "control" => {
             config::to_toml(&config::load::<r2vpo_control::trainer::TrainConfig>(a.config.as_deref(), &a.sets)?)?
         }
-        other => anyhow::bail!("no config kind `{other}`; known: toy, control"),
+        "llm-eval" => config::to_toml(&llm_eval::load_config(a.config.as_deref(), &a.sets)?)?,
+        "llm-train" => config::to_toml(&llm_train::load_config(a.config.as_deref(), None, None, &a.sets)?)?,
+        other => anyhow::bail!("no config kind `{other}`; known: toy, control, llm-eval, llm-train"),
     };
     print!("{text}");
     Ok(())

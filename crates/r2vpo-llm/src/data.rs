@@ -1,26 +1,47 @@
-//! Math datasets: built-in procedurally generated arithmetic tasks, a JSONL
-//! loader, de-duplication and prompt templates.
+//! Math datasets: built-in procedurally generated arithmetic tasks, JSONL and
+//! Parquet loaders, de-duplication and prompt templates.
 //!
 //! * [`generate_arithmetic`] / [`builtin_split`] produce seeded arithmetic
 //!   problems (four difficulty levels, the last being short multi-step word
 //!   problems) with exact integer answers computed in Rust, so training and
 //!   evaluation run with no downloaded dataset.
-//! * [`load_jsonl`] reads one JSON object per line with configurable
-//!   question / answer / source keys; [`dedupe`] drops repeated questions by
-//!   [`normalize_question`].
+//! * [`load_jsonl`] / [`load_jsonl_with`] read one JSON object per line,
+//!   [`load_parquet`] reads a Parquet file; both understand two record
+//!   layouts ([`RecordLayout`], chosen in configs by [`DataSchema`]):
+//!   - **flat**: top-level question / answer / source fields with
+//!     configurable names;
+//!   - **verl**: verl's RL dataset layout, as in DAPO-Math-17k — `prompt` a
+//!     list of `{role, content}` chat messages (the question is the content of
+//!     the last `user` message), gold answer in `reward_model.ground_truth`,
+//!     source in `data_source`, id from `extra_info.index` when present.
+//! * [`dedupe`] drops repeated questions by [`normalize_question`];
+//!   [`load_problems`] does all of this from a [`DataConfig`].
 //! * [`PromptTemplate`] renders a question as DAPO's "Answer:" prompt, the
 //!   `\boxed{}` prompt, or unchanged.
 //!
-//! Parquet (the verl schema of DAPO-Math-17k: `prompt` as a chat list,
-//! `reward_model.ground_truth`, `data_source`) is **not** implemented here: it
-//! needs the heavy `parquet` crate and is left for later.
+//! verl datasets store the prompt **already templated** (DAPO-Math-17k's
+//! user message is DAPO's "Answer:" prompt around the problem), so use them
+//! with [`PromptTemplate::Plain`] (`template = "plain"`); another template
+//! would wrap the prompt twice. Nothing here changes the template for you.
+//!
+//! Parquet files are read through the `parquet` crate's row API (no arrow),
+//! with the snappy (pyarrow, pandas and Hugging Face `datasets` default),
+//! gzip and lz4 codecs; zstd (polars' default) needs this crate's
+//! `parquet-zstd` feature, which compiles libzstd from C. A file using a
+//! codec that is not built in gives [`DataError::UnsupportedCodec`] with a
+//! hint.
 
 use std::collections::HashSet;
+use std::fmt;
+use std::io::BufRead;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+
+mod parquet_rows;
 
 /// Errors from generating or loading datasets.
 #[derive(Debug, thiserror::Error)]
@@ -43,27 +64,74 @@ pub enum DataError {
         /// What the parser said.
         message: String,
     },
-    /// A required key is absent from a line's object.
-    #[error("{path}:{line}: missing key `{key}`")]
+    /// A required field is absent from a record (a JSONL line or a Parquet
+    /// row), or a nested field is absent from its parent.
+    #[error("{}: missing field `{key}`", .at.locate(.path))]
     MissingKey {
         /// The file.
         path: PathBuf,
-        /// 1-based line number.
-        line: usize,
-        /// The key that was looked for.
+        /// The record.
+        at: Position,
+        /// The field that was looked for, as a path: `answer`,
+        /// `reward_model.ground_truth`, `prompt[2].role`.
         key: String,
     },
-    /// A key is present but its value is neither a string nor a number.
-    #[error("{path}:{line}: key `{key}` must be a string or a number, found {found}")]
+    /// A field is present but holds the wrong kind of value (for an answer:
+    /// neither a string nor a number; null counts as wrong).
+    #[error("{}: field `{key}` must be {expected}, found {found}", .at.locate(.path))]
     BadValue {
         /// The file.
         path: PathBuf,
-        /// 1-based line number.
-        line: usize,
-        /// The key.
+        /// The record.
+        at: Position,
+        /// The field, as a path (see [`DataError::MissingKey`]).
         key: String,
-        /// The JSON type found instead.
+        /// What was expected, e.g. `a string or a number`.
+        expected: String,
+        /// What was found instead, e.g. `null`, `an array`.
         found: String,
+    },
+    /// The file is not a readable Parquet file (bad magic bytes, corrupt
+    /// footer or metadata).
+    #[error("{path}: not a readable Parquet file: {message}")]
+    NotParquet {
+        /// The file.
+        path: PathBuf,
+        /// What the Parquet reader said.
+        message: String,
+    },
+    /// A Parquet row could not be decoded (corrupt page, bad encoding).
+    #[error("{path}: row {row}: cannot decode Parquet data: {message}")]
+    ParquetRow {
+        /// The file.
+        path: PathBuf,
+        /// 1-based row number.
+        row: usize,
+        /// What the Parquet reader said.
+        message: String,
+    },
+    /// A Parquet file lacks a top-level column the record layout needs.
+    #[error("{path}: no column `{column}` (columns: {available})")]
+    MissingColumn {
+        /// The file.
+        path: PathBuf,
+        /// The column looked for.
+        column: String,
+        /// The file's top-level columns, comma-separated.
+        available: String,
+    },
+    /// A needed Parquet column is compressed with a codec this build cannot
+    /// decompress.
+    #[error("{path}: column `{column}` is compressed with {codec}, which this build cannot read; {hint}")]
+    UnsupportedCodec {
+        /// The file.
+        path: PathBuf,
+        /// The column (dotted leaf path).
+        column: String,
+        /// The codec, e.g. `ZSTD`.
+        codec: String,
+        /// What to do about it.
+        hint: String,
     },
     /// A difficulty outside `1..=4`.
     #[error("arithmetic difficulty must be in 1..=4, got {0}")]
@@ -87,6 +155,35 @@ pub enum DataError {
         /// Distinct problems found.
         got: usize,
     },
+}
+
+/// Where a record sits in its file, for error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Position {
+    /// 1-based line of a JSONL file.
+    Line(usize),
+    /// 1-based row of a Parquet file (row 1 is the first row, `df.iloc[0]`
+    /// in pandas), counted across row groups.
+    Row(usize),
+}
+
+impl Position {
+    /// `file:7` for a line, `file: row 7` for a row.
+    pub fn locate(&self, path: &Path) -> String {
+        match self {
+            Position::Line(n) => format!("{}:{n}", path.display()),
+            Position::Row(n) => format!("{}: row {n}", path.display()),
+        }
+    }
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Position::Line(n) => write!(f, "line {n}"),
+            Position::Row(n) => write!(f, "row {n}"),
+        }
+    }
 }
 
 /// One math problem with its gold answer.
@@ -368,29 +465,215 @@ fn json_type(v: &serde_json::Value) -> &'static str {
     }
 }
 
-/// Loads problems from a JSONL file: one JSON object per line, blank lines
-/// skipped. `question_key` and `answer_key` name the fields holding the
-/// question and the gold answer (a string, or a number that is kept as its
-/// JSON text); `source_key`, if given, names a field for the source,
-/// otherwise the file stem is the source. Ids are `"{file stem}:{line}"`.
-///
-/// Errors name the file, the 1-based line number and, where relevant, the key.
-/// No de-duplication is done here; see [`dedupe`].
-pub fn load_jsonl(
-    path: &Path,
-    question_key: &str,
-    answer_key: &str,
-    source_key: Option<&str>,
-) -> Result<Vec<Problem>, DataError> {
-    let text = std::fs::read_to_string(path).map_err(|source| DataError::Io { path: path.to_path_buf(), source })?;
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "jsonl".to_string());
-    let mut out = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
+/// The record layout named in configs (`schema = "flat"` / `"verl"`); see
+/// [`RecordLayout`] for what each means. Applies to JSONL and Parquet alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataSchema {
+    /// Top-level question / answer / source fields named by
+    /// [`DataConfig::question_key`], [`DataConfig::answer_key`] and
+    /// [`DataConfig::source_key`].
+    #[default]
+    Flat,
+    /// verl's RL dataset layout (DAPO-Math-17k): see [`RecordLayout::Verl`].
+    /// Its prompts are already templated: use `template = "plain"`.
+    Verl,
+}
+
+/// How one record (a JSONL object or a Parquet row) maps to a [`Problem`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordLayout {
+    /// Top-level fields. Question and answer must be strings or numbers (a
+    /// number is kept as its text, e.g. `144`). The source is the
+    /// `source_key` field if given, otherwise the file stem. Ids are
+    /// `"{file stem}:{n}"` with `n` the 1-based line (JSONL) or row (Parquet).
+    Flat {
+        /// Field holding the question.
+        question_key: String,
+        /// Field holding the gold answer.
+        answer_key: String,
+        /// Field holding the source label; `None`: the file stem.
+        source_key: Option<String>,
+    },
+    /// verl's RL dataset layout, as in DAPO-Math-17k:
+    /// `prompt` — a list of `{role, content}` chat messages, the question
+    /// being the `content` of the **last** message whose `role` is `user`
+    /// (kept verbatim: for DAPO it already holds the "Answer:" instructions,
+    /// so render it with [`PromptTemplate::Plain`]);
+    /// `reward_model.ground_truth` — the gold answer (string or number);
+    /// `data_source` — the source label;
+    /// `extra_info.index` — the id, verbatim, when present and not null,
+    /// otherwise `"{file stem}:{n}"` as for [`RecordLayout::Flat`].
+    /// Other fields (`ability`, `reward_model.style`, …) are ignored.
+    Verl,
+}
+
+impl RecordLayout {
+    /// The flat layout with the given field names.
+    pub fn flat(question_key: &str, answer_key: &str, source_key: Option<&str>) -> Self {
+        RecordLayout::Flat {
+            question_key: question_key.to_string(),
+            answer_key: answer_key.to_string(),
+            source_key: source_key.map(str::to_string),
+        }
+    }
+
+    /// Top-level fields this layout reads: `(name, required)`.
+    fn columns(&self) -> Vec<(&str, bool)> {
+        match self {
+            RecordLayout::Flat { question_key, answer_key, source_key } => {
+                let mut cols = vec![(question_key.as_str(), true), (answer_key.as_str(), true)];
+                if let Some(k) = source_key {
+                    cols.push((k.as_str(), true));
+                }
+                cols
+            }
+            RecordLayout::Verl => {
+                vec![("prompt", true), ("reward_model", true), ("data_source", true), ("extra_info", false)]
+            }
+        }
+    }
+}
+
+/// A field problem inside one record, located by the caller.
+#[derive(Debug)]
+enum FieldError {
+    Missing(String),
+    Bad { key: String, expected: &'static str, found: String },
+}
+
+impl FieldError {
+    fn at(self, path: &Path, at: Position) -> DataError {
+        match self {
+            FieldError::Missing(key) => DataError::MissingKey { path: path.to_path_buf(), at, key },
+            FieldError::Bad { key, expected, found } => {
+                DataError::BadValue { path: path.to_path_buf(), at, key, expected: expected.to_string(), found }
+            }
+        }
+    }
+}
+
+type Record = serde_json::Map<String, serde_json::Value>;
+
+const SCALAR: &str = "a string or a number";
+
+/// A string, or a number kept as its JSON text.
+fn scalar_text(key: &str, value: &serde_json::Value) -> Result<String, FieldError> {
+    match value {
+        serde_json::Value::String(s) => Ok(s.clone()),
+        serde_json::Value::Number(n) => Ok(n.to_string()),
+        other => Err(FieldError::Bad { key: key.to_string(), expected: SCALAR, found: json_type(other).to_string() }),
+    }
+}
+
+fn required<'a>(obj: &'a Record, key: &str, name: &str) -> Result<&'a serde_json::Value, FieldError> {
+    obj.get(key).ok_or_else(|| FieldError::Missing(name.to_string()))
+}
+
+fn object<'a>(value: &'a serde_json::Value, name: &str) -> Result<&'a Record, FieldError> {
+    value.as_object().ok_or_else(|| FieldError::Bad {
+        key: name.to_string(),
+        expected: "an object (struct)",
+        found: json_type(value).to_string(),
+    })
+}
+
+/// The content of the last `user` message of a verl `prompt`.
+fn last_user_content(prompt: &serde_json::Value) -> Result<String, FieldError> {
+    const CHAT: &str = "a list of {role, content} chat messages";
+    let messages = prompt.as_array().ok_or_else(|| FieldError::Bad {
+        key: "prompt".into(),
+        expected: CHAT,
+        found: json_type(prompt).to_string(),
+    })?;
+    for (i, message) in messages.iter().enumerate().rev() {
+        let name = format!("prompt[{i}]");
+        let message = object(message, &name)?;
+        let role = required(message, "role", &format!("{name}.role"))?;
+        let role = role.as_str().ok_or_else(|| FieldError::Bad {
+            key: format!("{name}.role"),
+            expected: "a string",
+            found: json_type(role).to_string(),
+        })?;
+        if role == "user" {
+            let key = format!("{name}.content");
+            let content = required(message, "content", &key)?;
+            return content.as_str().map(str::to_string).ok_or_else(|| FieldError::Bad {
+                key,
+                expected: "a string",
+                found: json_type(content).to_string(),
+            });
+        }
+    }
+    Err(FieldError::Bad {
+        key: "prompt".into(),
+        expected: "a chat with a `user` message",
+        found: format!("{} message(s), none with role `user`", messages.len()),
+    })
+}
+
+/// Maps one record to a problem. `fallback_id` is used when the layout
+/// gives no id; `stem` is the default source of the flat layout.
+fn record_to_problem(
+    obj: &Record,
+    layout: &RecordLayout,
+    stem: &str,
+    fallback_id: String,
+) -> Result<Problem, FieldError> {
+    match layout {
+        RecordLayout::Flat { question_key, answer_key, source_key } => {
+            let field = |key: &str| scalar_text(key, required(obj, key, key)?);
+            let question = field(question_key)?;
+            let answer = field(answer_key)?;
+            let source = match source_key {
+                Some(k) => field(k)?,
+                None => stem.to_string(),
+            };
+            Ok(Problem { id: fallback_id, question, answer, source })
+        }
+        RecordLayout::Verl => {
+            let question = last_user_content(required(obj, "prompt", "prompt")?)?;
+            let reward_model = object(required(obj, "reward_model", "reward_model")?, "reward_model")?;
+            let answer = scalar_text(
+                "reward_model.ground_truth",
+                required(reward_model, "ground_truth", "reward_model.ground_truth")?,
+            )?;
+            let source = scalar_text("data_source", required(obj, "data_source", "data_source")?)?;
+            let id = match obj.get("extra_info") {
+                None | Some(serde_json::Value::Null) => None,
+                Some(extra) => match object(extra, "extra_info")?.get("index") {
+                    None | Some(serde_json::Value::Null) => None,
+                    Some(index) => Some(scalar_text("extra_info.index", index)?),
+                },
+            };
+            Ok(Problem { id: id.unwrap_or(fallback_id), question, answer, source })
+        }
+    }
+}
+
+fn file_stem(path: &Path, default: &str) -> String {
+    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| default.to_string())
+}
+
+/// Receives problems as they are read; `Break` stops reading early.
+type Sink<'a> = dyn FnMut(Problem) -> ControlFlow<()> + 'a;
+
+fn read_jsonl(path: &Path, layout: &RecordLayout, sink: &mut Sink<'_>) -> Result<(), DataError> {
+    let io = |source| DataError::Io { path: path.to_path_buf(), source };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let stem = file_stem(path, "jsonl");
+    for (i, raw) in std::io::BufReader::new(file).lines().enumerate() {
         let line = i + 1;
+        let raw = raw.map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => {
+                DataError::Json { path: path.to_path_buf(), line, message: "line is not valid UTF-8".to_string() }
+            }
+            _ => io(e),
+        })?;
         if raw.trim().is_empty() {
             continue;
         }
-        let value: serde_json::Value = serde_json::from_str(raw).map_err(|e| DataError::Json {
+        let value: serde_json::Value = serde_json::from_str(&raw).map_err(|e| DataError::Json {
             path: path.to_path_buf(),
             line,
             message: e.to_string(),
@@ -400,37 +683,82 @@ pub fn load_jsonl(
             line,
             message: format!("expected an object, found {}", json_type(&value)),
         })?;
-        let field = |key: &str| -> Result<String, DataError> {
-            match obj.get(key) {
-                None => Err(DataError::MissingKey { path: path.to_path_buf(), line, key: key.to_string() }),
-                Some(serde_json::Value::String(s)) => Ok(s.clone()),
-                Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
-                Some(other) => Err(DataError::BadValue {
-                    path: path.to_path_buf(),
-                    line,
-                    key: key.to_string(),
-                    found: json_type(other).to_string(),
-                }),
-            }
-        };
-        let question = field(question_key)?;
-        let answer = field(answer_key)?;
-        let source = match source_key {
-            Some(k) => field(k)?,
-            None => stem.clone(),
-        };
-        out.push(Problem { id: format!("{stem}:{line}"), question, answer, source });
+        let problem = record_to_problem(obj, layout, &stem, format!("{stem}:{line}"))
+            .map_err(|e| e.at(path, Position::Line(line)))?;
+        if sink(problem).is_break() {
+            break;
+        }
     }
+    Ok(())
+}
+
+/// Loads problems from a JSONL file in the flat layout: one JSON object per
+/// line, blank lines skipped. `question_key` and `answer_key` name the fields
+/// holding the question and the gold answer (a string, or a number that is
+/// kept as its JSON text); `source_key`, if given, names a field for the
+/// source, otherwise the file stem is the source. Ids are
+/// `"{file stem}:{line}"`.
+///
+/// Errors name the file, the 1-based line number and, where relevant, the key.
+/// No de-duplication is done here; see [`dedupe`].
+pub fn load_jsonl(
+    path: &Path,
+    question_key: &str,
+    answer_key: &str,
+    source_key: Option<&str>,
+) -> Result<Vec<Problem>, DataError> {
+    load_jsonl_with(path, &RecordLayout::flat(question_key, answer_key, source_key))
+}
+
+/// Loads problems from a JSONL file (one JSON object per line, blank lines
+/// skipped) in the given [`RecordLayout`]. Errors name the file, the 1-based
+/// line and the field path (e.g. `reward_model.ground_truth`). No
+/// de-duplication is done here; see [`dedupe`].
+pub fn load_jsonl_with(path: &Path, layout: &RecordLayout) -> Result<Vec<Problem>, DataError> {
+    let mut out = Vec::new();
+    read_jsonl(path, layout, &mut |p| {
+        out.push(p);
+        ControlFlow::Continue(())
+    })?;
+    Ok(out)
+}
+
+/// Loads problems from a Parquet file in the given [`RecordLayout`], rows in
+/// file order across row groups. Only the columns the layout needs are
+/// decoded; nested columns (verl's `prompt: list<struct<content, role>>`,
+/// `reward_model: struct<…>`) are read whole. Strings, integers, floats,
+/// decimals and UTF-8 binary columns are accepted where a string or number is
+/// expected.
+///
+/// Errors: [`DataError::NotParquet`] (not a Parquet file),
+/// [`DataError::MissingColumn`] (a needed top-level column is absent, with
+/// the columns that exist), [`DataError::UnsupportedCodec`],
+/// [`DataError::MissingKey`] / [`DataError::BadValue`] naming the 1-based row
+/// and the field path, [`DataError::ParquetRow`] for undecodable data.
+/// No de-duplication is done here; see [`dedupe`].
+pub fn load_parquet(path: &Path, layout: &RecordLayout) -> Result<Vec<Problem>, DataError> {
+    let mut out = Vec::new();
+    parquet_rows::read_parquet(path, layout, &mut |p| {
+        out.push(p);
+        ControlFlow::Continue(())
+    })?;
     Ok(out)
 }
 
 /// Where a run's problems come from: one table of a TOML config
 /// (`[data]`, `[eval_data]`), shared by `llm eval` and `llm train`.
+///
+/// ```toml
+/// [data]                      # DAPO-Math-17k as verl ships it
+/// path = "dapo-math-17k.parquet"
+/// schema = "verl"             # prompts are pre-templated: use template = "plain"
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
     /// `builtin:arith-train` / `builtin:arith-eval` for the generated tasks,
-    /// otherwise a path to a `.jsonl` (or, where supported, `.parquet`) file.
+    /// otherwise a path to a `.jsonl` (or `.json`, read as JSONL) or
+    /// `.parquet` file.
     pub path: String,
     /// Built-in tasks: difficulty 1–4 (see [`ArithmeticConfig`]).
     pub difficulty: u8,
@@ -438,15 +766,20 @@ pub struct DataConfig {
     pub count: usize,
     /// Built-in tasks: generator seed.
     pub seed: u64,
-    /// JSONL: key of the question.
+    /// Files: the record layout, `flat` (default) or `verl`. With `verl` the
+    /// three `*_key` settings are ignored, and since verl prompts are already
+    /// templated the dataset should be used with `template = "plain"`.
+    pub schema: DataSchema,
+    /// Flat schema: field holding the question.
     pub question_key: String,
-    /// JSONL: key of the gold answer.
+    /// Flat schema: field holding the gold answer.
     pub answer_key: String,
-    /// JSONL: key of the source label (default: the file stem).
+    /// Flat schema: field holding the source label (default: the file stem).
     pub source_key: Option<String>,
-    /// Drop repeated questions ([`dedupe`]).
+    /// Drop repeated questions ([`dedupe`]), keeping first occurrences.
     pub dedupe: bool,
-    /// Keep only the first `limit` problems (after de-duplication).
+    /// Keep only the first `limit` problems (after de-duplication); reading
+    /// a file stops once they are found.
     pub limit: Option<usize>,
 }
 
@@ -457,6 +790,7 @@ impl Default for DataConfig {
             difficulty: 1,
             count: 2000,
             seed: 0,
+            schema: DataSchema::Flat,
             question_key: "question".into(),
             answer_key: "answer".into(),
             source_key: None,
@@ -471,27 +805,55 @@ impl DataConfig {
     pub fn builtin_eval(difficulty: u8, count: usize) -> Self {
         Self { path: "builtin:arith-eval".into(), difficulty, count, ..Self::default() }
     }
+
+    /// The record layout of [`DataConfig::schema`] with this config's keys.
+    pub fn layout(&self) -> RecordLayout {
+        match self.schema {
+            DataSchema::Flat => RecordLayout::flat(&self.question_key, &self.answer_key, self.source_key.as_deref()),
+            DataSchema::Verl => RecordLayout::Verl,
+        }
+    }
 }
 
 /// Loads the problems `cfg` describes: generated for `builtin:<split>`,
-/// read from JSONL otherwise; then de-duplicated and truncated as configured.
+/// otherwise read from a `.jsonl` / `.json` (JSONL) or `.parquet` file in the
+/// layout of [`DataConfig::schema`]; de-duplicated and truncated as
+/// configured. De-duplication happens while reading, so a file with many
+/// repeats (DAPO-Math-17k holds each of its ~17.9k questions about 100 times)
+/// never holds the repeats in memory.
 pub fn load_problems(cfg: &DataConfig) -> Result<Vec<Problem>, DataError> {
-    let mut problems = if let Some(split) = cfg.path.strip_prefix("builtin:") {
-        builtin_split(split, &ArithmeticConfig { difficulty: cfg.difficulty, count: cfg.count, seed: cfg.seed })?
-    } else {
-        let path = Path::new(&cfg.path);
-        match path.extension().and_then(|e| e.to_str()) {
-            Some("jsonl") | Some("json") => {
-                load_jsonl(path, &cfg.question_key, &cfg.answer_key, cfg.source_key.as_deref())?
-            }
-            _ => return Err(DataError::UnknownFormat(path.to_path_buf())),
+    let limit = cfg.limit.unwrap_or(usize::MAX);
+    let mut problems = Vec::new();
+    let mut seen = HashSet::new();
+    let mut keep = |p: Problem| {
+        if problems.len() >= limit {
+            return ControlFlow::Break(());
+        }
+        if !cfg.dedupe || seen.insert(normalize_question(&p.question)) {
+            problems.push(p);
+        }
+        if problems.len() >= limit {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
         }
     };
-    if cfg.dedupe {
-        problems = dedupe(problems).0;
-    }
-    if let Some(n) = cfg.limit {
-        problems.truncate(n);
+    if let Some(split) = cfg.path.strip_prefix("builtin:") {
+        let generated =
+            builtin_split(split, &ArithmeticConfig { difficulty: cfg.difficulty, count: cfg.count, seed: cfg.seed })?;
+        for p in generated {
+            if keep(p).is_break() {
+                break;
+            }
+        }
+    } else {
+        let path = Path::new(&cfg.path);
+        let layout = cfg.layout();
+        match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+            Some("jsonl") | Some("json") => read_jsonl(path, &layout, &mut keep)?,
+            Some("parquet") => parquet_rows::read_parquet(path, &layout, &mut keep)?,
+            _ => return Err(DataError::UnknownFormat(path.to_path_buf())),
+        }
     }
     if problems.is_empty() {
         return Err(DataError::Empty(cfg.path.clone()));
@@ -711,7 +1073,7 @@ mod tests {
         );
         let err = load_jsonl(&missing, "question", "answer", None).unwrap_err();
         let msg = err.to_string();
-        assert!(matches!(err, DataError::MissingKey { line: 2, .. }), "{msg}");
+        assert!(matches!(err, DataError::MissingKey { at: Position::Line(2), .. }), "{msg}");
         assert!(msg.contains("missing.jsonl") && msg.contains(":2:") && msg.contains("`answer`"), "{msg}");
 
         let bad = write_file(dir.path(), "bad.jsonl", "{\"question\": \"q1\", \"answer\": \"1\"}\n\n{not json\n");
@@ -727,6 +1089,145 @@ mod tests {
         let absent = dir.path().join("absent.jsonl");
         let msg = load_jsonl(&absent, "question", "answer", None).unwrap_err().to_string();
         assert!(msg.contains("absent.jsonl"), "{msg}");
+    }
+
+    fn verl_line(prompt: &str, rest: &str) -> String {
+        format!("{{\"data_source\": \"src\", \"prompt\": {prompt}{rest}}}\n")
+    }
+
+    #[test]
+    fn verl_jsonl_mapping() {
+        let dir = tempfile::tempdir().unwrap();
+        let gt = ", \"reward_model\": {\"ground_truth\": \"7\", \"style\": \"rule\"}";
+        let text = [
+            // Last user message wins; system and assistant turns are skipped.
+            verl_line(
+                concat!(
+                    r#"[{"role": "system", "content": "S"}, {"role": "user", "content": "U1"}, "#,
+                    r#"{"role": "assistant", "content": "A"}, {"role": "user", "content": "U2"}, "#,
+                    r#"{"role": "assistant", "content": "A2"}]"#
+                ),
+                &format!("{gt}, \"extra_info\": {{\"index\": 41, \"split\": \"train\"}}"),
+            ),
+            // extra_info without index, or null: the file:line fallback.
+            verl_line(r#"[{"content": "Q", "role": "user"}]"#, &format!("{gt}, \"extra_info\": {{\"split\": \"x\"}}")),
+            verl_line(r#"[{"content": "Q", "role": "user"}]"#, &format!("{gt}, \"extra_info\": null")),
+            // A numeric ground truth is kept as its text.
+            verl_line(r#"[{"content": "Q3", "role": "user"}]"#, ", \"reward_model\": {\"ground_truth\": 12.5}"),
+        ]
+        .concat();
+        let path = write_file(dir.path(), "v.jsonl", &text);
+        let ps = load_jsonl_with(&path, &RecordLayout::Verl).unwrap();
+        let got: Vec<_> = ps.iter().map(|p| (p.id.as_str(), p.question.as_str(), p.answer.as_str())).collect();
+        assert_eq!(got, [("41", "U2", "7"), ("v:2", "Q", "7"), ("v:3", "Q", "7"), ("v:4", "Q3", "12.5")]);
+        assert!(ps.iter().all(|p| p.source == "src"));
+    }
+
+    #[test]
+    fn verl_jsonl_errors_name_line_and_field_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let user = r#"[{"role": "user", "content": "Q"}]"#;
+        let cases: [(&str, String, &str, &str); 8] = [
+            (
+                "no_gt",
+                verl_line(user, ", \"reward_model\": {\"style\": \"rule\"}"),
+                "reward_model.ground_truth",
+                "missing",
+            ),
+            (
+                "null_gt",
+                verl_line(user, ", \"reward_model\": {\"ground_truth\": null}"),
+                "reward_model.ground_truth",
+                "null",
+            ),
+            ("rm_str", verl_line(user, ", \"reward_model\": \"7\""), "reward_model", "a string"),
+            ("prompt_str", verl_line("\"Q\"", ", \"reward_model\": {\"ground_truth\": \"7\"}"), "prompt", "a string"),
+            (
+                "no_user",
+                verl_line(r#"[{"role": "system", "content": "S"}]"#, ", \"reward_model\": {\"ground_truth\": \"7\"}"),
+                "prompt",
+                "none with role `user`",
+            ),
+            (
+                "no_role",
+                verl_line(
+                    r#"[{"role": "user", "content": "Q"}, {"content": "X"}]"#,
+                    ", \"reward_model\": {\"ground_truth\": 1}",
+                ),
+                "prompt[1].role",
+                "missing",
+            ),
+            (
+                "content_list",
+                verl_line(r#"[{"role": "user", "content": ["Q"]}]"#, ", \"reward_model\": {\"ground_truth\": 1}"),
+                "prompt[0].content",
+                "an array",
+            ),
+            (
+                "index_list",
+                verl_line(user, ", \"reward_model\": {\"ground_truth\": 1}, \"extra_info\": {\"index\": [1]}"),
+                "extra_info.index",
+                "an array",
+            ),
+        ];
+        for (name, bad, key, what) in cases {
+            let good = verl_line(user, ", \"reward_model\": {\"ground_truth\": \"7\"}");
+            let path = write_file(dir.path(), &format!("{name}.jsonl"), &format!("{good}\n{bad}"));
+            let err = load_jsonl_with(&path, &RecordLayout::Verl).unwrap_err();
+            let msg = err.to_string();
+            match &err {
+                DataError::MissingKey { at, key: k, .. } => {
+                    assert_eq!((*at, k.as_str(), "missing"), (Position::Line(3), key, what), "{msg}")
+                }
+                DataError::BadValue { at, key: k, .. } => {
+                    assert_eq!((*at, k.as_str()), (Position::Line(3), key), "{msg}");
+                    assert!(msg.contains(what), "{msg}");
+                }
+                _ => panic!("{name}: unexpected {msg}"),
+            }
+            assert!(msg.starts_with(&format!("{}:3: ", path.display())) && msg.contains(&format!("`{key}`")), "{msg}");
+        }
+        let no_source = write_file(dir.path(), "nosrc.jsonl", "{\"prompt\": [], \"reward_model\": {}}\n");
+        let msg = load_jsonl_with(&no_source, &RecordLayout::Verl).unwrap_err().to_string();
+        assert!(msg.contains("nosrc.jsonl:1: ") && msg.contains("`prompt`"), "{msg}");
+    }
+
+    #[test]
+    fn load_problems_dedupes_and_limits_while_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        // The third line is malformed: a limit of 2 distinct problems is met
+        // before it, so reading stops and no error is raised.
+        let path = write_file(
+            dir.path(),
+            "d.jsonl",
+            "{\"q\": \"A\", \"a\": 1}\n{\"q\": \" a \", \"a\": 1}\n{\"q\": \"B\", \"a\": 2}\n{broken\n",
+        );
+        let base = DataConfig {
+            path: path.display().to_string(),
+            question_key: "q".into(),
+            answer_key: "a".into(),
+            ..DataConfig::default()
+        };
+        let ps = load_problems(&DataConfig { limit: Some(2), ..base.clone() }).unwrap();
+        assert_eq!(ps.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["d:1", "d:3"]);
+        let ps = load_problems(&DataConfig { limit: Some(2), dedupe: false, ..base.clone() }).unwrap();
+        assert_eq!(ps.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["d:1", "d:2"]);
+        let err = load_problems(&base).unwrap_err();
+        assert!(matches!(err, DataError::Json { line: 4, .. }), "{err}");
+        assert!(matches!(load_problems(&DataConfig { limit: Some(0), ..base }), Err(DataError::Empty(_))));
+        let csv = DataConfig { path: "x.csv".into(), ..DataConfig::default() };
+        assert!(matches!(load_problems(&csv), Err(DataError::UnknownFormat(_))));
+    }
+
+    #[test]
+    fn data_config_schema_serde() {
+        let cfg: DataConfig = serde_json::from_str(r#"{"path": "d.parquet", "schema": "verl"}"#).unwrap();
+        assert_eq!((cfg.schema, cfg.layout()), (DataSchema::Verl, RecordLayout::Verl));
+        let cfg: DataConfig = serde_json::from_str(r#"{"path": "d.jsonl", "question_key": "problem"}"#).unwrap();
+        assert_eq!(cfg.schema, DataSchema::Flat);
+        assert_eq!(cfg.layout(), RecordLayout::flat("problem", "answer", None));
+        assert!(serde_json::from_str::<DataConfig>(r#"{"schema": "hf"}"#).is_err());
+        assert_eq!(serde_json::to_string(&DataSchema::Verl).unwrap(), "\"verl\"");
     }
 
     #[test]

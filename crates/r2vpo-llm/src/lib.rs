@@ -10,8 +10,10 @@
 
 pub mod chat;
 pub mod data;
+pub mod eval;
 pub mod gguf;
 pub mod model;
 pub mod reward;
 pub mod sample;
 pub mod tokenizer;
+pub mod train;

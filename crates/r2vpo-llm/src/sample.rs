@@ -193,6 +193,9 @@ pub struct Generation {
     /// Per token: log-prob under the untruncated temperature-1 model
     /// distribution; what the trainer's ratio uses as log π_old.
     pub model_logprobs: Vec<f32>,
+    /// Per token: entropy (nats) of the untruncated temperature-1 model
+    /// distribution at that step (the paper's entropy diagnostic).
+    pub entropy: Vec<f32>,
 }
 
 /// Generates continuations of `requests` with `model`, decoding the text
@@ -246,6 +249,7 @@ struct Row {
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     model_logprobs: Vec<f32>,
+    entropy: Vec<f32>,
     finish: Option<FinishReason>,
 }
 
@@ -279,6 +283,7 @@ pub fn generate_ids(
             tokens: Vec::new(),
             logprobs: Vec::new(),
             model_logprobs: Vec::new(),
+            entropy: Vec::new(),
             finish: None,
         })
         .collect();
@@ -318,6 +323,7 @@ pub fn generate_ids(
                 row.tokens.push(s.token);
                 row.logprobs.push(s.logprob as f32);
                 row.model_logprobs.push(s.model_logprob as f32);
+                row.entropy.push(s.entropy as f32);
                 if Some(s.token) == eos {
                     row.finish = Some(FinishReason::Eos);
                 } else if cfg.stop_token_ids.contains(&s.token) {
@@ -351,6 +357,7 @@ pub fn generate_ids(
             finish_reason: r.finish.unwrap_or(FinishReason::Length),
             logprobs: r.logprobs,
             model_logprobs: r.model_logprobs,
+            entropy: r.entropy,
         })
         .collect())
 }
@@ -364,6 +371,8 @@ pub struct Sampled {
     pub logprob: f64,
     /// log softmax(logits)(token): the untruncated T = 1 model log-prob.
     pub model_logprob: f64,
+    /// Entropy (nats) of the untruncated T = 1 model distribution.
+    pub entropy: f64,
 }
 
 /// Draws one token from `logits` (one row, length V) under `cfg`, using
@@ -373,10 +382,18 @@ pub struct Sampled {
 /// (so the token that crosses `top_p` is kept, and always at least one).
 pub fn sample_token(logits: &[f32], cfg: &SamplingConfig, rng: &mut impl Rng) -> Sampled {
     let (max_i, max_l) = argmax(logits);
-    let lse = f64::from(max_l) + logits.iter().map(|&x| (f64::from(x) - f64::from(max_l)).exp()).sum::<f64>().ln();
+    // One pass gives both the log-normaliser and the entropy:
+    // H = ln Σe − Σ e·(l − max) / Σe with e = exp(l − max).
+    let (s0, s1) = logits.iter().fold((0.0f64, 0.0f64), |(s0, s1), &x| {
+        let d = f64::from(x) - f64::from(max_l);
+        let e = d.exp();
+        (s0 + e, s1 + e * d)
+    });
+    let lse = f64::from(max_l) + s0.ln();
+    let entropy = s0.ln() - s1 / s0;
     let model_lp = |t: usize| f64::from(logits[t]) - lse;
     if cfg.temperature == 0.0 {
-        return Sampled { token: max_i as u32, logprob: 0.0, model_logprob: model_lp(max_i) };
+        return Sampled { token: max_i as u32, logprob: 0.0, model_logprob: model_lp(max_i), entropy };
     }
     let inv_t = 1.0 / cfg.temperature;
     let z = |t: usize| (f64::from(logits[t]) - f64::from(max_l)) * inv_t;
@@ -396,7 +413,7 @@ pub fn sample_token(logits: &[f32], cfg: &SamplingConfig, rng: &mut impl Rng) ->
                 break;
             }
         }
-        return Sampled { token: tok as u32, logprob: z(tok) - total.ln(), model_logprob: model_lp(tok) };
+        return Sampled { token: tok as u32, logprob: z(tok) - total.ln(), model_logprob: model_lp(tok), entropy };
     }
     // Candidates in descending order (ties to the lower id). Only the head
     // of the order is needed, so select before sorting.
@@ -458,7 +475,7 @@ pub fn sample_token(logits: &[f32], cfg: &SamplingConfig, rng: &mut impl Rng) ->
         }
     }
     let tok = cand[pick];
-    Sampled { token: tok as u32, logprob: (weights[pick] / total).ln(), model_logprob: model_lp(tok) }
+    Sampled { token: tok as u32, logprob: (weights[pick] / total).ln(), model_logprob: model_lp(tok), entropy }
 }
 
 fn argmax(x: &[f32]) -> (usize, f32) {

@@ -536,6 +536,43 @@ impl Tokenizer {
         &self.source
     }
 
+    /// Writes `tokenizer.json`, `tokenizer_config.json` (special tokens,
+    /// BOS policy, chat template) and `generation_config.json` (the stop
+    /// ids) into `dir`, so the folder loads back with [`Tokenizer::load`]
+    /// and in Hugging Face tools (e.g. after a GGUF-built tokenizer).
+    pub fn save_hf_files(&self, dir: &Path) -> Result<()> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| TokenizerError::Io { path, source }
+        };
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let tj = dir.join("tokenizer.json");
+        self.inner
+            .save(&tj, false)
+            .map_err(|e| TokenizerError::Format { path: tj.clone(), message: format!("writing: {e}") })?;
+        let mut cfg = serde_json::json!({
+            "eos_token": self.eos_token(),
+            "pad_token": self.id_to_token(self.pad_token_id).unwrap_or_default(),
+            "add_bos_token": self.prepend_bos,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        });
+        if let Some(b) = self.bos_token() {
+            cfg["bos_token"] = serde_json::Value::String(b);
+        }
+        if let Some(t) = &self.chat_template {
+            cfg["chat_template"] = serde_json::Value::String(t.clone());
+        }
+        let tc = dir.join("tokenizer_config.json");
+        std::fs::write(&tc, serde_json::to_string_pretty(&cfg).expect("json") + "\n").map_err(io(&tc))?;
+        let mut gen = serde_json::json!({ "eos_token_id": self.stop_token_ids, "pad_token_id": self.pad_token_id });
+        if let Some(b) = self.bos_token_id {
+            gen["bos_token_id"] = b.into();
+        }
+        let gc = dir.join("generation_config.json");
+        std::fs::write(&gc, serde_json::to_string_pretty(&gen).expect("json") + "\n").map_err(io(&gc))?;
+        Ok(())
+    }
+
     /// The underlying `tokenizers` tokenizer (e.g. to save `tokenizer.json`).
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner

@@ -260,3 +260,32 @@ fn kv_cache_select_rows_keeps_decoding_the_chosen_rows() {
     assert!(c.select_rows(&[5]).is_err());
     assert!(m.forward_step(&ids.narrow(1, 0, 0).unwrap(), &mask.narrow(1, 0, 0).unwrap(), &mut c).is_err());
 }
+
+/// The trainer's tail path scores exactly the last r tokens of each row,
+/// equal to the matching columns of the full path, with and without a
+/// graph, and its gradient reaches every parameter.
+#[test]
+fn tail_logprobs_match_the_full_forward() {
+    for arch in ARCHS {
+        let m = model(arch, true, DType::F32);
+        let (ids, mask, tg) = batch();
+        let full: Vec<Vec<f32>> = m.forward_logprobs(&ids, &mask, &tg).unwrap().to_vec2().unwrap();
+        let r = 3;
+        for tail in [m.tail_logprobs(&ids, &mask, r).unwrap(), m.score_tail_logprobs(&ids, &mask, r).unwrap()] {
+            let tail: Vec<Vec<f32>> = tail.to_vec2().unwrap();
+            for (f, t) in full.iter().zip(&tail) {
+                // Column c scores token W − r + c, predicted at position W − r − 1 + c.
+                for c in 0..r {
+                    assert!((f[8 - r - 1 + c] - t[c]).abs() < 1e-5, "{arch:?}: {} vs {}", f[8 - r - 1 + c], t[c]);
+                }
+            }
+        }
+        let grads = m.tail_logprobs(&ids, &mask, r).unwrap().sum_all().unwrap().backward().unwrap();
+        for (name, v) in m.named_vars() {
+            assert!(grads.get(v.as_tensor()).is_some(), "{arch:?}: no gradient for {name}");
+        }
+        let ent: Vec<Vec<f32>> = m.tail_entropy(&ids, &mask, r).unwrap().to_vec2().unwrap();
+        assert!(ent.iter().flatten().all(|&e| e > 0.0 && e <= (50f32).ln() + 1e-4), "{ent:?}");
+        assert!(m.tail_logprobs(&ids, &mask, 8).is_err(), "a tail as wide as the batch has no context");
+    }
+}

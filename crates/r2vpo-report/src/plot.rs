@@ -226,6 +226,27 @@ impl Grid {
     }
 }
 
+/// A mean curve and its `(x, lo, hi)` band.
+pub type Banded = (Vec<(f64, f64)>, Vec<(f64, f64, f64)>);
+
+/// Mean ± (population) std over several curves at each index that every
+/// curve has: the mean curve and its `(x, mean − std, mean + std)` band, for
+/// learning curves over seeds. The x of each point is the first curve's.
+pub fn mean_std_band(curves: &[Vec<(f64, f64)>]) -> Banded {
+    let n = curves.iter().map(Vec::len).min().unwrap_or(0);
+    let mut mean = Vec::with_capacity(n);
+    let mut band = Vec::with_capacity(n);
+    for i in 0..n {
+        let x = curves[0][i].0;
+        let k = curves.len() as f64;
+        let m = curves.iter().map(|c| c[i].1).sum::<f64>() / k;
+        let s = (curves.iter().map(|c| (c[i].1 - m).powi(2)).sum::<f64>() / k).sqrt();
+        mean.push((x, m));
+        band.push((x, m - s, m + s));
+    }
+    (mean, band)
+}
+
 /// One distribution of a [`HistogramChart`].
 #[derive(Clone, Debug, Default)]
 pub struct HistogramSeries {

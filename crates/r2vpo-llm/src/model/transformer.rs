@@ -245,9 +245,23 @@ impl Transformer {
         Ok(Transformer { config, varmap, params, inv_freq, dtype, device: device.clone() })
     }
 
-    /// A randomly initialised model (normal-ish weights of std 0.02, norms at
+    /// A randomly initialised model (uniform weights of std 0.02, norms at
     /// 1, biases small), deterministic in `seed`; for tests and toy runs.
     pub fn new_random(config: ModelConfig, seed: u64, dtype: DType, device: &Device) -> Result<Self> {
+        Self::new_random_with_std(config, seed, 0.02, dtype, device)
+    }
+
+    /// [`Transformer::new_random`] with weight std `std` instead of 0.02: a
+    /// larger one gives peaked next-token distributions, as a trained model
+    /// has (useful for RL tests, where a uniform policy over a 49k vocabulary
+    /// cannot learn from a handful of samples).
+    pub fn new_random_with_std(
+        config: ModelConfig,
+        seed: u64,
+        std: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let mut rng = SplitMix(seed);
         let mut tensors = HashMap::new();
         for (name, shape) in expected_params(&config) {
@@ -256,8 +270,8 @@ impl Transformer {
                 // Perturbed around 1 so norm-weight gradients are not degenerate.
                 (0..n).map(|_| 1.0 + 0.1 * (rng.next_f64() - 0.5)).collect()
             } else {
-                // Uniform with std 0.02: half-width 0.02·√3.
-                let a = 0.02 * 3f64.sqrt();
+                // Uniform with the given std: half-width std·√3.
+                let a = std * 3f64.sqrt();
                 (0..n).map(|_| a * (2.0 * rng.next_f64() - 1.0)).collect()
             };
             tensors.insert(name, Tensor::from_vec(data, shape, &Device::Cpu)?);
@@ -362,6 +376,48 @@ impl Transformer {
         let logits = self.head(p, &h.reshape((b * t, self.config.hidden_size))?)?;
         let tg = targets.to_dtype(DType::U32)?.flatten_all()?;
         Ok(ops::log_prob_gather(&logits, &tg)?.reshape((b, t))?)
+    }
+
+    /// Differentiable log-probabilities of the last `r` tokens of each
+    /// left-padded row given everything before them, `(B, r)`: column `c`
+    /// scores token `W − r + c`. The LM head runs only on those `r`
+    /// positions, which is what RL training needs (responses end at the
+    /// right edge of a left-padded batch) and saves the vocabulary-sized
+    /// matmul over the prompt.
+    pub fn tail_logprobs(&self, input_ids: &Tensor, attention_mask: &Tensor, r: usize) -> Result<Tensor> {
+        let (logits, targets) = self.tail_logits(&self.params, input_ids, attention_mask, r)?;
+        Ok(ops::log_prob_gather(&logits, &targets)?.reshape((input_ids.dim(0)?, r))?)
+    }
+
+    /// [`Transformer::tail_logprobs`] on detached weights (no graph).
+    pub fn score_tail_logprobs(&self, input_ids: &Tensor, attention_mask: &Tensor, r: usize) -> Result<Tensor> {
+        let (logits, targets) = self.tail_logits(&self.detached(), input_ids, attention_mask, r)?;
+        Ok(ops::log_prob_gather(&logits, &targets)?.reshape((input_ids.dim(0)?, r))?)
+    }
+
+    /// Differentiable entropy (nats) of the next-token distribution at the
+    /// positions [`Transformer::tail_logprobs`] scores, `(B, r)`, for an
+    /// entropy bonus. It materialises the `(B·r, V)` log-softmax, several
+    /// times the memory of the log-prob path; use it only when the bonus is on.
+    pub fn tail_entropy(&self, input_ids: &Tensor, attention_mask: &Tensor, r: usize) -> Result<Tensor> {
+        let (logits, _) = self.tail_logits(&self.params, input_ids, attention_mask, r)?;
+        let lsm = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
+        let ent = lsm.exp()?.mul(&lsm)?.sum(candle_core::D::Minus1)?.neg()?;
+        Ok(ent.reshape((input_ids.dim(0)?, r))?)
+    }
+
+    /// Logits `(B·r, V)` predicting the last `r` tokens of each row, and
+    /// those tokens `(B·r,)`.
+    fn tail_logits(&self, p: &Params, ids: &Tensor, mask: &Tensor, r: usize) -> Result<(Tensor, Tensor)> {
+        let (b, w) = ids.dims2()?;
+        if r == 0 || r >= w {
+            return Err(candle_core::Error::Msg(format!("tail length {r} must be in 1..{w} for width {w}")).into());
+        }
+        let rows = mask_rows(mask, b, w)?;
+        let h = self.hidden(p, ids, &rows, None)?;
+        let hs = h.narrow(1, w - r - 1, r)?.contiguous()?.reshape((b * r, self.config.hidden_size))?;
+        let targets = ids.narrow(1, w - r, r)?.to_dtype(DType::U32)?.flatten_all()?;
+        Ok((self.head(p, &hs)?, targets))
     }
 
     /// Logits `(B, T, V)` for every position, on detached weights.

@@ -1,0 +1,315 @@
+//! `r2vpo llm eval`: avg@k / pass@k / maj@k of a model on math problems
+//! (issue #5), with the paper's test-time sampling by default.
+//!
+//! The output folder gets `config.toml` (the resolved [`EvalConfig`],
+//! written before generation starts), `eval.json` ([`EvalReport`]: summaries
+//! and every problem's samples) and `eval.md` (the command line and the
+//! Markdown table).
+
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device};
+use indicatif::{ProgressBar, ProgressStyle};
+use toml::Value;
+
+use r2vpo_llm::data::load_problems;
+use r2vpo_llm::eval::{evaluate, EvalConfig, EvalReport};
+use r2vpo_llm::model::load_model;
+use r2vpo_llm::tokenizer::Tokenizer;
+use r2vpo_report::RunDir;
+
+use crate::config;
+
+/// The embedded default model (`make deps`).
+pub const DEFAULT_MODEL: &str = ".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// `r2vpo llm eval` arguments.
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {
+    /// Model: a GGUF file or a Hugging Face folder.
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: PathBuf,
+    /// TOML config (see configs/llm/eval-arith.toml; default: the built-in
+    /// defaults, which that file spells out).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Dataset: `builtin:arith-eval`, `builtin:arith-train` or a .jsonl file
+    /// (sets `data.path`).
+    #[arg(long)]
+    pub data: Option<String>,
+    /// Samples per problem (sets `k`).
+    #[arg(long)]
+    pub k: Option<usize>,
+    /// Evaluate only the first N problems (sets `data.limit`).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Base sampling seed (sets `sampling.seed`).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Override a key (repeatable, applied after the flags above), e.g.
+    /// `--set sampling.max_new_tokens=512`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Output folder (default runs/llm/eval-<UTC date-time>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Deep-merges `over` into `base`: tables merge key by key, anything else
+/// replaces.
+/// Loads an [`EvalConfig`] ([`config::load`]: the serialised default, the
+/// file merged into it, then each `--set`), then validates it.
+pub fn load_config(file: Option<&Path>, sets: &[String]) -> Result<EvalConfig> {
+    let cfg: EvalConfig = config::load(file, sets)?;
+    let source = file.map_or("defaults".to_string(), |p| p.display().to_string());
+    let after = if sets.is_empty() { "" } else { " (after --set overrides)" };
+    cfg.validate().with_context(|| format!("config {source}{after}"))?;
+    Ok(cfg)
+}
+
+/// The config of `a`: file, then the shortcut flags, then `--set`s.
+pub fn resolve(a: &EvalArgs) -> Result<EvalConfig> {
+    let mut sets = Vec::new();
+    if let Some(d) = &a.data {
+        // Quoted, so a path that looks like a number stays a string.
+        sets.push(format!("data.path={}", Value::String(d.clone())));
+    }
+    if let Some(k) = a.k {
+        sets.push(format!("k={k}"));
+    }
+    if let Some(n) = a.limit {
+        sets.push(format!("data.limit={n}"));
+    }
+    if let Some(s) = a.seed {
+        sets.push(format!("sampling.seed={s}"));
+    }
+    sets.extend(a.sets.iter().cloned());
+    load_config(a.config.as_deref(), &sets)
+}
+
+/// `YYYYmmdd-HHMMSS` in UTC.
+fn utc_stamp(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}{month:02}{day:02}-{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The command line as typed, quoted where a shell would need it.
+fn command_line() -> String {
+    let quote = |s: String| {
+        if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./:=,@+".contains(c)) {
+            s
+        } else {
+            format!("'{}'", s.replace('\'', r"'\''"))
+        }
+    };
+    let mut args = std::env::args();
+    // The binary as `r2vpo`, wherever it was run from.
+    args.next();
+    std::iter::once("r2vpo".to_string()).chain(args.map(quote)).collect::<Vec<_>>().join(" ")
+}
+
+/// `eval.md`: what was run, then the table.
+fn markdown(report: &EvalReport, command: &str) -> String {
+    let c = &report.config;
+    let s = &c.sampling;
+    let data = if c.data.path.starts_with("builtin:") {
+        format!("`{}` (difficulty {}, seed {})", c.data.path, c.data.difficulty, c.data.seed)
+    } else {
+        format!("`{}`", c.data.path)
+    };
+    format!(
+        "# Evaluation of `{model}`\n\n```sh\n{command}\n```\n\n\
+         {problems} problems from {data}; k = {k} samples each at T = {t}, top-p = {p}, top-k = {tk}, \
+         at most {max} new tokens; prompt template `{template}`, answers read as `{format}`. \
+         {tokens} tokens generated in {wall:.1} s ({tps:.1} tokens/s, {threads} threads).\n\n{table}",
+        model = report.model_path,
+        problems = report.overall.problems,
+        k = c.k,
+        t = s.temperature,
+        p = s.top_p,
+        tk = s.top_k,
+        max = s.max_new_tokens,
+        template = serde_plain(&c.template),
+        format = serde_plain(&c.verify.format),
+        tokens = report.generated_tokens,
+        wall = report.wall_seconds,
+        tps = report.tokens_per_s,
+        threads = rayon::current_num_threads(),
+        table = report.to_markdown(),
+    )
+}
+
+/// A unit enum's serde name (`answer-line`), as configs spell it.
+fn serde_plain<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_value(v).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+}
+
+/// Evaluates with the resolved config and writes the output folder; returns
+/// the report.
+fn run_eval(model_path: &Path, cfg: &EvalConfig, out: &Path, command: &str, quiet: bool) -> Result<EvalReport> {
+    let problems =
+        load_problems(&cfg.data).with_context(|| format!("data `{}` (config table `[data]`)", cfg.data.path))?;
+    let hint = if model_path == Path::new(DEFAULT_MODEL) { " (run `make deps`)" } else { "" };
+    let model = load_model(model_path, DType::F32, &Device::Cpu)
+        .with_context(|| format!("loading model {}{hint}", model_path.display()))?;
+    let tok = Tokenizer::load(model_path).with_context(|| format!("loading tokenizer of {}", model_path.display()))?;
+    let run = RunDir::create(out)?;
+    // Written first, so an interrupted evaluation still says what it was.
+    run.write_config(&config::to_toml(cfg)?)?;
+
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0).with_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} samples  {msg}  [{elapsed} < {eta}]")
+                .expect("static template"),
+        )
+    };
+    let t0 = Instant::now();
+    let mut report = evaluate(&model, &tok, &problems, cfg, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        bar.set_message(format!("{:.2} samples/s", done as f64 / t0.elapsed().as_secs_f64().max(1e-9)));
+    })?;
+    bar.finish_and_clear();
+    report.model_path = model_path.display().to_string();
+    r2vpo_report::atomic_write_json(&run.join("eval.json"), &report)?;
+    r2vpo_report::atomic_write_string(&run.join("eval.md"), &markdown(&report, command))?;
+    Ok(report)
+}
+
+/// `r2vpo llm eval`.
+pub fn eval(a: &EvalArgs) -> Result<()> {
+    let cfg = resolve(a)?;
+    let out = a.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/llm/eval-{}", utc_stamp(SystemTime::now()))));
+    let report = run_eval(&a.model, &cfg, &out, &command_line(), false)?;
+    print!("{}", report.to_markdown());
+    println!(
+        "{} samples, {} tokens in {:.1} s ({:.1} tokens/s)",
+        report.overall.samples, report.generated_tokens, report.wall_seconds, report.tokens_per_s
+    );
+    for f in ["config.toml", "eval.json", "eval.md"] {
+        println!("written: {}", out.join(f).display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
+
+    fn args() -> EvalArgs {
+        EvalArgs {
+            model: PathBuf::from(DEFAULT_MODEL),
+            config: None,
+            data: None,
+            k: None,
+            limit: None,
+            seed: None,
+            sets: Vec::new(),
+            out: None,
+        }
+    }
+
+    fn sets(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn shipped_config_is_the_default() {
+        let c = load_config(Some(&root().join("configs/llm/eval-arith.toml")), &[]).unwrap();
+        assert_eq!(c, EvalConfig::default(), "configs/llm/eval-arith.toml and EvalConfig::default() must agree");
+    }
+
+    #[test]
+    fn partial_tables_keep_the_eval_defaults() {
+        let c =
+            load_config(None, &sets(&["data.limit=5", "sampling.max_new_tokens=8", "verify.rel_tol=0.01"])).unwrap();
+        let d = EvalConfig::default();
+        assert_eq!((c.data.path.as_str(), c.data.limit), ("builtin:arith-eval", Some(5)));
+        assert_eq!((c.sampling.temperature, c.sampling.max_new_tokens), (0.6, 8));
+        assert_eq!((c.verify.format, c.verify.rel_tol), (d.verify.format, 0.01));
+        // The same through a file with a partial table.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("e.toml");
+        std::fs::write(&p, "k = 4\n[sampling]\nseed = 9\n[data]\ndifficulty = 3\n").unwrap();
+        let c = load_config(Some(&p), &sets(&["k=2"])).unwrap();
+        assert_eq!((c.k, c.sampling.seed, c.sampling.top_k), (2, 9, 20));
+        assert_eq!((c.data.path.as_str(), c.data.difficulty), ("builtin:arith-eval", 3));
+    }
+
+    #[test]
+    fn shortcut_flags_then_sets() {
+        let a = EvalArgs {
+            data: Some("123".into()),
+            k: Some(4),
+            limit: Some(10),
+            seed: Some(7),
+            sets: sets(&["k=2"]),
+            ..args()
+        };
+        let c = resolve(&a).unwrap();
+        assert_eq!((c.data.path.as_str(), c.k, c.data.limit, c.sampling.seed), ("123", 2, Some(10), 7));
+    }
+
+    #[test]
+    fn errors_name_the_file_and_key() {
+        let e = load_config(None, &sets(&["sampling.tempreature=1"])).unwrap_err().to_string();
+        assert!(e.contains("sampling") && e.contains("tempreature"), "{e}");
+        let e = load_config(None, &sets(&["k=\"x\""])).unwrap_err().to_string();
+        assert!(e.contains("`k`"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.toml");
+        std::fs::write(&p, "k = 4\npass_k = [1, 8]\n").unwrap();
+        let e = format!("{:#}", load_config(Some(&p), &[]).unwrap_err());
+        assert!(e.contains("bad.toml") && e.contains("`pass_k`"), "{e}");
+        std::fs::write(&p, "k = [").unwrap();
+        let e = load_config(Some(&p), &[]).unwrap_err().to_string();
+        assert!(e.contains("bad.toml"), "{e}");
+    }
+
+    #[test]
+    fn utc_stamps() {
+        assert_eq!(utc_stamp(UNIX_EPOCH), "19700101-000000");
+        let t = UNIX_EPOCH + std::time::Duration::from_secs(951_782_400 + 3 * 3600 + 4 * 60 + 5); // 2000-02-29
+        assert_eq!(utc_stamp(t), "20000229-030405");
+        let t = UNIX_EPOCH + std::time::Duration::from_secs(1_767_225_599); // last second of 2025
+        assert_eq!(utc_stamp(t), "20251231-235959");
+    }
+
+    #[test]
+    fn eval_end_to_end_on_the_embedded_model() {
+        let model = root().join(DEFAULT_MODEL);
+        let cfg =
+            load_config(None, &sets(&["k=2", "data.limit=2", "sampling.max_new_tokens=4", "batch_size=3"])).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("ev");
+        let rep = run_eval(&model, &cfg, &out, "r2vpo llm eval --k 2", true)
+            .unwrap_or_else(|e| panic!("{e:#} (run `make deps`)"));
+        assert_eq!((rep.overall.problems, rep.overall.samples), (2, 4));
+        assert_eq!(rep.overall.truncated_fraction, 1.0, "4 tokens cannot finish an answer");
+        let json: EvalReport = serde_json::from_str(&std::fs::read_to_string(out.join("eval.json")).unwrap()).unwrap();
+        assert_eq!(json.problems, rep.problems);
+        let md = std::fs::read_to_string(out.join("eval.md")).unwrap();
+        assert!(md.contains("r2vpo llm eval --k 2") && md.contains("| all | 2 |"), "{md}");
+        let back = load_config(Some(&out.join("config.toml")), &[]).unwrap();
+        assert_eq!(back, cfg);
+    }
+}

@@ -1,0 +1,299 @@
+//! `r2vpo llm plot RUN…`: the paper's LLM figures from run folders — reward,
+//! accuracy and response-length curves of several runs on one figure (runs
+//! of the same algorithm with different seeds become mean ± std), λ
+//! trajectories, ratio diagnostics, held-out accuracy, and ratio histograms
+//! by staleness — plus a Markdown summary table.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use r2vpo::objective::ObjectiveKind;
+use r2vpo_llm::train::metrics::{EvalRecord, IterMetrics, RatioHistogram};
+use r2vpo_llm::train::{Mode, TrainConfig};
+use r2vpo_report::plot::{mean_std_band, Grid, LineChart, Series};
+
+use crate::config;
+
+/// `r2vpo llm plot` arguments.
+#[derive(clap::Args, Debug)]
+pub struct PlotArgs {
+    /// Run folders written by `r2vpo llm train`.
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+    /// Output folder (default: `plots` inside the first run, or `runs/llm/plots`
+    /// for several runs).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Iteration whose ratio histograms are drawn (default: the last one
+    /// recorded in each run).
+    #[arg(long)]
+    pub hist_iter: Option<usize>,
+}
+
+/// One run folder's logs.
+struct Run {
+    dir: PathBuf,
+    label: String,
+    seed: u64,
+    metrics: Vec<IterMetrics>,
+    evals: Vec<EvalRecord>,
+    hists: Vec<RatioHistogram>,
+}
+
+/// A short algorithm name for a config, as the paper labels its curves.
+pub fn algo_label(cfg: &TrainConfig) -> String {
+    let o = &cfg.objective;
+    let base = match o.kind {
+        ObjectiveKind::R2vpo => "R²VPO".to_string(),
+        ObjectiveKind::Clip if o.eps_high > o.eps_low => "GRPO-CH".to_string(),
+        ObjectiveKind::Clip => "GRPO".to_string(),
+        ObjectiveKind::Gppo => "GPPO".to_string(),
+        ObjectiveKind::Topr => "TOPR".to_string(),
+        ObjectiveKind::KlPenalty => "GRPO-KL".to_string(),
+        ObjectiveKind::IsPg => "IS-PG".to_string(),
+    };
+    match cfg.mode {
+        Mode::On if o.kind == ObjectiveKind::R2vpo => format!("{base}-ON"),
+        Mode::On => base,
+        Mode::Off if o.kind == ObjectiveKind::R2vpo => format!("{base}-OFF rb{}", cfg.replay.capacity_iters),
+        Mode::Off => format!("{base} rb{}", cfg.replay.capacity_iters),
+    }
+}
+
+fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{} line {}", path.display(), i + 1)))
+        .collect()
+}
+
+fn load_run(dir: &Path) -> Result<Run> {
+    let cfg_path = dir.join("config.toml");
+    if !cfg_path.exists() {
+        bail!("{} has no config.toml: not an `r2vpo llm train` run folder", dir.display());
+    }
+    let cfg: TrainConfig = config::load(Some(&cfg_path), &[])?;
+    let metrics: Vec<IterMetrics> = read_jsonl(&dir.join("metrics.jsonl"))?;
+    if metrics.is_empty() {
+        bail!("{} has no metrics yet", dir.join("metrics.jsonl").display());
+    }
+    Ok(Run {
+        dir: dir.to_path_buf(),
+        label: algo_label(&cfg),
+        seed: cfg.seed,
+        metrics,
+        evals: read_jsonl(&dir.join("eval.jsonl"))?,
+        hists: read_jsonl(&dir.join("ratio_hist.jsonl"))?,
+    })
+}
+
+/// Trailing moving average over `w` points (the first points average what
+/// exists so far), so noisy per-iteration rewards read as curves.
+fn smooth(points: &[(f64, f64)], w: usize) -> Vec<(f64, f64)> {
+    (0..points.len())
+        .map(|i| {
+            let lo = i.saturating_sub(w.saturating_sub(1));
+            let ys = &points[lo..=i];
+            (points[i].0, ys.iter().map(|p| p.1).sum::<f64>() / ys.len() as f64)
+        })
+        .collect()
+}
+
+/// One chart: per label, the mean over seeds (± std band when there are
+/// several) of `f` against the iteration.
+fn chart(
+    groups: &BTreeMap<String, Vec<&Run>>,
+    title: &str,
+    y: &str,
+    window: usize,
+    f: &dyn Fn(&IterMetrics) -> f64,
+) -> LineChart {
+    let mut c = LineChart::new(title, "iteration", y);
+    for (i, (label, runs)) in groups.iter().enumerate() {
+        let curves: Vec<Vec<(f64, f64)>> = runs
+            .iter()
+            .map(|r| smooth(&r.metrics.iter().map(|m| (m.iter as f64, f(m))).collect::<Vec<_>>(), window))
+            .collect();
+        let (mean, band) = mean_std_band(&curves);
+        let name = if runs.len() > 1 { format!("{label} ({} seeds)", runs.len()) } else { label.clone() };
+        let s = Series::line(name, mean).with_color(i);
+        c.push(if runs.len() > 1 { s.with_band(band) } else { s });
+    }
+    c
+}
+
+/// The histogram of one run at one iteration: a density step curve per age.
+fn histogram_chart(run: &Run, iter: usize) -> LineChart {
+    let mut c = LineChart::new(
+        format!("{} seed {}: ratio ρ by staleness, iteration {iter}", run.label, run.seed),
+        "ρ = π_θ / π_off",
+        "density",
+    );
+    for (k, h) in run.hists.iter().filter(|h| h.iter == iter).enumerate() {
+        let bins = h.counts.len().max(1);
+        let width = (h.hi - h.lo) / bins as f64;
+        let scale = 1.0 / (h.n.max(1) as f64 * width);
+        let mut pts = vec![(h.lo, 0.0)];
+        for (i, &n) in h.counts.iter().enumerate() {
+            let y = n as f64 * scale;
+            pts.push((h.lo + i as f64 * width, y));
+            pts.push((h.lo + (i + 1) as f64 * width, y));
+        }
+        pts.push((h.hi, 0.0));
+        let label = format!(
+            "age {} {}{} (n {}, mean {:.3}, var {:.1e}, out of range {})",
+            h.age,
+            h.age_unit,
+            if h.age == 1 { "" } else { "s" },
+            h.n,
+            h.mean,
+            h.var,
+            h.underflow + h.overflow
+        );
+        c.push(Series::line(label, pts).with_color(k));
+    }
+    c
+}
+
+/// A label as a file-name part: `R²VPO-OFF rb4` → `r2vpo-off-rb4`.
+fn slug(label: &str) -> String {
+    label
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            '²' => Some('2'),
+            ' ' => Some('-'),
+            c if c.is_ascii_alphanumeric() || c == '-' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    xs.iter().sum::<f64>() / xs.len().max(1) as f64
+}
+
+/// The Markdown summary: per algorithm, mean over seeds of the last five
+/// iterations' reward, accuracy and length, λ at the end, and held-out
+/// accuracy at the first and last evaluation.
+fn summary_table(groups: &BTreeMap<String, Vec<&Run>>) -> String {
+    let mut out = String::from(
+        "| algorithm | seeds | iterations | reward (last 5) | accuracy (last 5) | length (last 5) | λ final | \
+         E[(ρ−1)²] (last 5) | held-out avg@k first → last |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (label, runs) in groups {
+        let last5 = |f: &dyn Fn(&IterMetrics) -> f64| {
+            mean(
+                &runs
+                    .iter()
+                    .map(|r| mean(&r.metrics.iter().rev().take(5).map(f).collect::<Vec<_>>()))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let its = runs.iter().map(|r| r.metrics.len()).min().unwrap_or(0);
+        let lambda = mean(&runs.iter().map(|r| r.metrics.last().map_or(0.0, |m| m.lambda)).collect::<Vec<_>>());
+        let evals: Vec<(f64, f64)> =
+            runs.iter().filter_map(|r| Some((r.evals.first()?.avg_at_k, r.evals.last()?.avg_at_k))).collect();
+        let held = if evals.is_empty() {
+            "-".to_string()
+        } else {
+            let first = mean(&evals.iter().map(|e| e.0).collect::<Vec<_>>());
+            let last = mean(&evals.iter().map(|e| e.1).collect::<Vec<_>>());
+            format!("{:.1}% → {:.1}%", 100.0 * first, 100.0 * last)
+        };
+        out.push_str(&format!(
+            "| {label} | {} | {its} | {:.3} | {:.3} | {:.1} | {:.4} | {:.2e} | {held} |\n",
+            runs.len(),
+            last5(&|m| m.reward_mean),
+            last5(&|m| m.accuracy),
+            last5(&|m| m.response_len_mean),
+            lambda,
+            last5(&|m| m.sq_dev),
+        ));
+    }
+    out
+}
+
+/// Writes every figure for `runs` into `out`; returns the files written.
+pub fn plot_runs(runs: &[PathBuf], out: &Path, hist_iter: Option<usize>) -> Result<Vec<PathBuf>> {
+    let loaded: Vec<Run> = runs.iter().map(|d| load_run(d)).collect::<Result<_>>()?;
+    let mut groups: BTreeMap<String, Vec<&Run>> = BTreeMap::new();
+    for r in &loaded {
+        groups.entry(r.label.clone()).or_default().push(r);
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let mut written = Vec::new();
+    let w = 5;
+    written.extend(
+        chart(&groups, "Training reward", "mean reward (5-iteration average)", w, &|m| m.reward_mean)
+            .save(&out.join("reward"))?,
+    );
+    written.extend(
+        chart(&groups, "Response length", "mean tokens (5-iteration average)", w, &|m| m.response_len_mean)
+            .save(&out.join("response_length"))?,
+    );
+    written.extend(chart(&groups, "λ trajectory", "λ", 1, &|m| m.lambda).save(&out.join("lambda"))?);
+    let diag = Grid::new(
+        3,
+        vec![
+            chart(&groups, "Accuracy (rollouts)", "fraction correct", w, &|m| m.accuracy),
+            chart(&groups, "E[(ρ−1)²]", "E[(ρ−1)²]", 1, &|m| m.sq_dev),
+            chart(&groups, "Var[ρ]", "Var[ρ]", 1, &|m| m.ratio_var),
+            chart(&groups, "Tokens outside [1−ε, 1+ε]", "fraction", 1, &|m| m.clip_frac_low + m.clip_frac_high),
+            chart(&groups, "Entropy", "nats / token", 1, &|m| m.entropy),
+            chart(&groups, "approx KL(π_off‖π_θ)", "k1", 1, &|m| m.approx_kl),
+            chart(&groups, "Zero-variance groups", "fraction", 1, &|m| m.zero_variance_frac),
+            chart(&groups, "Mean ratio", "E[ρ]", 1, &|m| m.ratio_mean),
+            chart(&groups, "Gradient norm", "‖g‖ before clipping", 1, &|m| m.grad_norm),
+        ],
+    );
+    written.extend(diag.save(&out.join("diagnostics"))?);
+    if loaded.iter().any(|r| !r.evals.is_empty()) {
+        let mut c = LineChart::new("Held-out accuracy", "iteration", "avg@k");
+        for (i, (label, runs)) in groups.iter().enumerate() {
+            let curves: Vec<Vec<(f64, f64)>> =
+                runs.iter().map(|r| r.evals.iter().map(|e| (e.iter as f64, e.avg_at_k)).collect()).collect();
+            if curves.iter().any(|c| !c.is_empty()) {
+                let (m, b) = mean_std_band(&curves);
+                c.push(Series::line(label.clone(), m).with_band(b).with_color(i));
+            }
+        }
+        written.extend(c.save(&out.join("eval_accuracy"))?);
+    }
+    for r in &loaded {
+        let Some(last) = r.hists.iter().map(|h| h.iter).max() else { continue };
+        let iter = hist_iter.unwrap_or(last);
+        if !r.hists.iter().any(|h| h.iter == iter) {
+            bail!("{}: no ratio histogram at iteration {iter}", r.dir.display());
+        }
+        let stem = out.join(format!("ratio_hist_{}_seed{}", slug(&r.label), r.seed));
+        written.extend(histogram_chart(r, iter).save(&stem)?);
+    }
+    let table = summary_table(&groups);
+    let md = out.join("summary.md");
+    r2vpo_report::atomic_write_string(&md, &table)?;
+    written.push(md);
+    Ok(written)
+}
+
+/// `r2vpo llm plot`.
+pub fn plot(a: &PlotArgs) -> Result<()> {
+    let out = a.out.clone().unwrap_or_else(|| {
+        if a.runs.len() == 1 {
+            a.runs[0].join("plots")
+        } else {
+            PathBuf::from("runs/llm/plots")
+        }
+    });
+    for p in plot_runs(&a.runs, &out, a.hist_iter)? {
+        println!("written: {}", p.display());
+    }
+    Ok(())
+}

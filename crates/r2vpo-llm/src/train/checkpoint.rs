@@ -1,0 +1,180 @@
+//! Checkpoints: `RUN/checkpoints/iter-NNNNNN/` holds `model.safetensors` +
+//! `config.json` (a Hugging Face folder, loadable on its own),
+//! `optimizer.safetensors` (Adam moments) and `state.json` (counters, data
+//! position, λ, the replay buffer with its sampler RNG, log line counts).
+//!
+//! Atomicity: a checkpoint is written into a `.tmp-…` folder, its files are
+//! synced, the folder is renamed into place and only then does the
+//! `checkpoints/latest` pointer (itself written atomically) move to it; older
+//! checkpoints are deleted last. A crash at any point leaves `latest`
+//! naming a complete checkpoint.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Tensor};
+use serde::{Deserialize, Serialize};
+
+use r2vpo::dual::DualVariable;
+use r2vpo::replay::ReplayBuffer;
+
+use super::{Progress, RewardFn, Sample, TrainConfig, TrainError, TrainResult, Trainer, VerifierReward};
+
+/// Bumped when the layout changes.
+const FORMAT: u32 = 1;
+
+#[derive(Serialize, Deserialize)]
+struct State {
+    format: u32,
+    progress: Progress,
+    optimizer_steps: u64,
+    dual: DualVariable,
+    replay: ReplayBuffer<Sample>,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io { path: path.to_path_buf(), source }
+}
+
+fn ckpt_err(path: &Path, message: impl Into<String>) -> TrainError {
+    TrainError::Checkpoint { path: path.to_path_buf(), message: message.into() }
+}
+
+fn sync(path: &Path) -> TrainResult<()> {
+    std::fs::File::open(path).and_then(|f| f.sync_all()).map_err(io(path))
+}
+
+/// The folder `checkpoints/latest` points to, if any.
+pub fn latest(run_dir: &Path) -> TrainResult<Option<PathBuf>> {
+    let pointer = run_dir.join("checkpoints").join("latest");
+    if !pointer.exists() {
+        return Ok(None);
+    }
+    let name = std::fs::read_to_string(&pointer).map_err(io(&pointer))?;
+    let dir = run_dir.join("checkpoints").join(name.trim());
+    if !dir.join("state.json").exists() {
+        return Err(ckpt_err(&dir, "`latest` names a checkpoint without state.json"));
+    }
+    Ok(Some(dir))
+}
+
+/// Keeps the first `n` lines of a log (dropping what a killed run wrote
+/// after its last checkpoint), atomically.
+fn truncate_lines(path: &Path, n: usize) -> TrainResult<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    let kept: String = text.split_inclusive('\n').take(n).collect();
+    if kept.len() != text.len() {
+        r2vpo_report::atomic_write_string(path, &kept)?;
+    }
+    Ok(())
+}
+
+impl Trainer {
+    /// Writes a checkpoint of the current state and returns its folder.
+    pub fn save_checkpoint(&mut self) -> TrainResult<PathBuf> {
+        let root = self.run_dir.join("checkpoints");
+        std::fs::create_dir_all(&root).map_err(io(&root))?;
+        let name = format!("iter-{:06}", self.progress.iteration);
+        let tmp = root.join(format!(".tmp-{name}"));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+        }
+        std::fs::create_dir(&tmp).map_err(io(&tmp))?;
+
+        let mut weights: HashMap<String, Tensor> = HashMap::new();
+        for (n, v) in self.model.named_vars() {
+            weights.insert(n, v.as_tensor().detach().contiguous()?);
+        }
+        let w = tmp.join("model.safetensors");
+        candle_core::safetensors::save(&weights, &w).map_err(|e| ckpt_err(&w, e.to_string()))?;
+        let c = tmp.join("config.json");
+        std::fs::write(&c, self.model.config().to_json_string() + "\n").map_err(io(&c))?;
+        let o = tmp.join("optimizer.safetensors");
+        self.opt.save(&o)?;
+        let state = State {
+            format: FORMAT,
+            progress: self.progress.clone(),
+            optimizer_steps: self.opt.steps(),
+            dual: self.dual.clone(),
+            replay: self.replay.clone(),
+        };
+        let s = tmp.join("state.json");
+        let json = serde_json::to_vec(&state).map_err(|e| ckpt_err(&s, e.to_string()))?;
+        std::fs::write(&s, json).map_err(io(&s))?;
+        for f in [&w, &c, &o, &s] {
+            sync(f)?;
+        }
+        let dest = root.join(&name);
+        if dest.exists() {
+            std::fs::remove_dir_all(&dest).map_err(io(&dest))?;
+        }
+        std::fs::rename(&tmp, &dest).map_err(io(&dest))?;
+        r2vpo_report::atomic_write_string(&root.join("latest"), &name)?;
+        for entry in std::fs::read_dir(&root).map_err(io(&root))? {
+            let p = entry.map_err(io(&root))?.path();
+            let file = p.file_name().and_then(|f| f.to_str()).unwrap_or("");
+            if p.is_dir() && file != name && (file.starts_with("iter-") || file.starts_with(".tmp-")) {
+                std::fs::remove_dir_all(&p).map_err(io(&p))?;
+            }
+        }
+        Ok(dest)
+    }
+
+    /// Continues the run in `run_dir` from its latest checkpoint with
+    /// `cfg` (normally the run's own `config.toml`, possibly with more
+    /// iterations) and the verifier reward.
+    pub fn resume(cfg: TrainConfig, run_dir: &Path) -> TrainResult<Self> {
+        let reward = Box::new(VerifierReward(cfg.verify.clone()));
+        Self::resume_with_reward(cfg, run_dir, reward)
+    }
+
+    /// [`Trainer::resume`] with a custom reward function.
+    pub fn resume_with_reward(cfg: TrainConfig, run_dir: &Path, reward_fn: Box<dyn RewardFn>) -> TrainResult<Self> {
+        cfg.validate()?;
+        let dir = latest(run_dir)?
+            .ok_or_else(|| ckpt_err(run_dir, "no checkpoint to resume from (no checkpoints/latest)"))?;
+        let s = dir.join("state.json");
+        let text = std::fs::read(&s).map_err(io(&s))?;
+        let state: State = serde_json::from_slice(&text).map_err(|e| ckpt_err(&s, e.to_string()))?;
+        if state.format != FORMAT {
+            return Err(ckpt_err(&s, format!("format {} (this build reads {FORMAT})", state.format)));
+        }
+        for (file, lines) in [
+            ("metrics.jsonl", state.progress.metrics_lines),
+            ("eval.jsonl", state.progress.eval_lines),
+            ("ratio_hist.jsonl", state.progress.hist_lines),
+        ] {
+            truncate_lines(&run_dir.join(file), lines)?;
+        }
+        let mut t = Self::build(cfg, run_dir, reward_fn, state.progress)?;
+        let w = dir.join("model.safetensors");
+        let weights = candle_core::safetensors::load(&w, t.model.device()).map_err(|e| ckpt_err(&w, e.to_string()))?;
+        for (n, v) in t.model.named_vars() {
+            let x = weights.get(&n).ok_or_else(|| ckpt_err(&w, format!("missing tensor `{n}`")))?;
+            if x.dims() != v.as_tensor().dims() {
+                return Err(ckpt_err(
+                    &w,
+                    format!("`{n}` has shape {:?}, the configured model has {:?}", x.dims(), v.as_tensor().dims()),
+                ));
+            }
+            v.set(&x.to_dtype(DType::F32)?)?;
+        }
+        t.opt.load(&dir.join("optimizer.safetensors"), state.optimizer_steps)?;
+        t.dual = state.dual;
+        t.replay = state.replay;
+        if t.replay.capacity_iters() != t.cfg.replay.capacity_iters {
+            return Err(ckpt_err(
+                &s,
+                format!(
+                    "replay capacity {} in the checkpoint, {} in the config",
+                    t.replay.capacity_iters(),
+                    t.cfg.replay.capacity_iters
+                ),
+            ));
+        }
+        Ok(t)
+    }
+}

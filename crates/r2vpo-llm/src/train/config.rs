@@ -1,0 +1,358 @@
+//! The `r2vpo llm train` configuration (`configs/llm/*.toml`).
+
+use serde::{Deserialize, Serialize};
+
+use r2vpo::advantage::GroupNormConfig;
+use r2vpo::dual::DualConfig;
+use r2vpo::objective::ObjectiveConfig;
+use r2vpo::replay::ReplayConfig;
+
+use crate::data::{DataConfig, PromptTemplate};
+use crate::eval::EvalConfig;
+use crate::reward::VerifyConfig;
+use crate::sample::SamplingConfig;
+
+use super::{TrainError, TrainResult};
+
+/// The embedded default model, relative to the repository root.
+pub const EMBEDDED_MODEL: &str = ".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// On-policy (Algorithm 1) or replay (Algorithm 2) training.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// R²VPO-ON / GRPO: `epochs` passes over each fresh batch, then discard it.
+    On,
+    /// R²VPO-OFF: a FIFO buffer of the last `replay.capacity_iters`
+    /// iterations, sampled uniformly with `replay.utd` updates per datum.
+    Off,
+}
+
+/// Which log-probabilities become log π_off, the ratio's denominator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BehaviourLogprobs {
+    /// The untruncated temperature-1 model log-probs recorded while sampling
+    /// (equal to the sampling distribution at the paper's training settings
+    /// T = 1, top-p = 1, top-k = −1). No extra pass.
+    Model,
+    /// The exact sampling distribution (temperature, top-k, top-p
+    /// truncation): the true behaviour policy when sampling is truncated.
+    Sampled,
+    /// Recomputed by a full-sequence scoring pass right after the rollout
+    /// (what verl does): costs one forward pass, makes ρ = 1 exactly before
+    /// the first update instead of up to incremental-decoding rounding.
+    Recompute,
+}
+
+/// Where the policy's weights come from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSource {
+    /// A GGUF file or a Hugging Face folder (default: the embedded SmolLM2).
+    pub path: String,
+    /// Tokenizer (and chat template) source; default: `path`.
+    pub tokenizer: Option<String>,
+    /// Testing only: ignore `path`'s weights and build a random model of
+    /// this shape with the tokenizer's vocabulary (Llama layout).
+    pub random: Option<RandomModel>,
+}
+
+impl Default for ModelSource {
+    fn default() -> Self {
+        Self { path: EMBEDDED_MODEL.into(), tokenizer: None, random: None }
+    }
+}
+
+/// Shape of a random test model.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RandomModel {
+    /// Hidden size.
+    pub hidden: usize,
+    /// MLP size.
+    pub intermediate: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Weight seed.
+    pub seed: u64,
+    /// Std of the uniform weight init (0.02 is Hugging Face's; larger gives
+    /// peaked, more "trained-looking" next-token distributions).
+    #[serde(default = "default_init_std")]
+    pub init_std: f64,
+}
+
+fn default_init_std() -> f64 {
+    0.02
+}
+
+/// AdamW with warmup and gradient-norm clipping.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimConfig {
+    /// Peak learning rate (the paper: 1e-6 for 1.7B–8B models).
+    pub lr: f64,
+    /// Adam β₁.
+    pub beta1: f64,
+    /// Adam β₂.
+    pub beta2: f64,
+    /// Adam ε.
+    pub eps: f64,
+    /// Decoupled weight decay, applied to matrices only: 1-D tensors (norm
+    /// weights, biases) are excluded, as in Hugging Face's trainer.
+    pub weight_decay: f64,
+    /// Optimizer steps of linear warmup from 0 to `lr`; constant after.
+    pub warmup_steps: u64,
+    /// Clip the global gradient L2 norm to this value (0 = off).
+    pub grad_clip: f64,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        Self { lr: 1e-6, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, warmup_steps: 0, grad_clip: 1.0 }
+    }
+}
+
+/// Optional KL penalty to a frozen copy of the initial policy (off when
+/// `coef = 0`, as in the paper).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RefKlConfig {
+    /// Weight of the KL term in the loss.
+    pub coef: f64,
+    /// Estimator of KL(π_θ‖π_ref) per token: `k1`, `k2` or `k3` (Schulman's).
+    pub estimator: r2vpo::objective::KlEstimator,
+}
+
+impl Default for RefKlConfig {
+    fn default() -> Self {
+        Self { coef: 0.0, estimator: r2vpo::objective::KlEstimator::K3 }
+    }
+}
+
+/// Everything one `r2vpo llm train` run needs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Master seed: rollout seeds, data order, minibatch shuffles and the
+    /// replay sampler all derive from it.
+    pub seed: u64,
+    /// The policy.
+    pub model: ModelSource,
+    /// Training iterations (rollout + update phases).
+    pub iterations: usize,
+    /// Prompts per iteration (the global batch is `prompts_per_iter ×
+    /// group_size` sequences).
+    pub prompts_per_iter: usize,
+    /// Responses per prompt, G.
+    pub group_size: usize,
+    /// Training problems.
+    pub data: DataConfig,
+    /// How a question becomes the user message.
+    pub template: PromptTemplate,
+    /// Qwen3's thinking switch (`false` = the paper's fast mode).
+    pub enable_thinking: Option<bool>,
+    /// Rollout sampling (the paper: T 1, top-p 1, top-k −1).
+    pub sampling: SamplingConfig,
+    /// Sequences decoded together during rollouts (memory/speed knob only).
+    pub rollout_batch: usize,
+    /// The verifier that turns responses into rewards.
+    pub verify: VerifyConfig,
+    /// Where log π_off comes from.
+    pub behaviour_logprobs: BehaviourLogprobs,
+    /// `on` (Algorithm 1) or `off` (Algorithm 2).
+    pub mode: Mode,
+    /// On-policy: passes over each fresh batch (K of Algorithm 1).
+    pub epochs: usize,
+    /// Sequences per optimizer step (on-policy; off-policy uses
+    /// `replay.minibatch_size`).
+    pub minibatch_size: usize,
+    /// Sequences per forward/backward; gradients of a minibatch's
+    /// micro-batches are accumulated, with the loss normalised over the
+    /// whole minibatch so the sum equals the full-batch gradient.
+    pub micro_batch_size: usize,
+    /// The policy objective (R²VPO or a baseline).
+    pub objective: ObjectiveConfig,
+    /// λ: fixed or adaptive (Appendix C: adaptive, λ₀ 0, η 5e-3, δ 1e-3).
+    pub dual: DualConfig,
+    /// Replay settings (`mode = "off"`).
+    pub replay: ReplayConfig,
+    /// Group-relative advantage normalisation.
+    pub group_norm: GroupNormConfig,
+    /// Drop groups whose rewards are all equal from the update (DAPO's
+    /// dynamic-sampling filter without over-sampling: the batch shrinks).
+    /// They are counted either way.
+    pub filter_zero_variance: bool,
+    /// Optimizer.
+    pub optim: OptimConfig,
+    /// KL to the initial policy.
+    pub ref_kl: RefKlConfig,
+    /// Entropy bonus weight (loss −= coef · mean token entropy; 0 = off).
+    pub entropy_coef: f64,
+    /// Checkpoint every this many iterations (0 = only at the end / on
+    /// Ctrl-C).
+    pub checkpoint_every: usize,
+    /// Record ratio histograms by staleness every this many iterations
+    /// (0 = never).
+    pub histogram_every: usize,
+    /// Abort after this many consecutive optimizer steps with a non-finite
+    /// loss or gradient (each one is skipped and logged).
+    pub max_bad_steps: usize,
+    /// Lower edge, upper edge and bin count of the ρ histograms.
+    pub histogram_range: (f64, f64, usize),
+    /// Evaluate on held-out problems before the first and after the last
+    /// iteration.
+    pub eval_at_start_and_end: bool,
+    /// Also evaluate every this many iterations (0 = never in between).
+    pub eval_every: usize,
+    /// The held-out evaluation (the same table as an `r2vpo llm eval`
+    /// config; its `template`/`verify` should normally match training's).
+    pub eval: EvalConfig,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            seed: 0,
+            model: ModelSource::default(),
+            iterations: 10,
+            prompts_per_iter: 8,
+            group_size: 8,
+            data: DataConfig::default(),
+            template: PromptTemplate::Dapo,
+            enable_thinking: None,
+            sampling: SamplingConfig { max_new_tokens: 128, ..SamplingConfig::default() },
+            rollout_batch: 64,
+            verify: VerifyConfig::dapo(),
+            behaviour_logprobs: BehaviourLogprobs::Model,
+            mode: Mode::On,
+            epochs: 1,
+            minibatch_size: 32,
+            micro_batch_size: 8,
+            objective: ObjectiveConfig::default(),
+            dual: DualConfig::llm_default(),
+            replay: ReplayConfig { minibatch_size: 32, ..ReplayConfig::default() },
+            group_norm: GroupNormConfig::default(),
+            filter_zero_variance: false,
+            optim: OptimConfig::default(),
+            ref_kl: RefKlConfig::default(),
+            entropy_coef: 0.0,
+            checkpoint_every: 5,
+            histogram_every: 5,
+            max_bad_steps: 3,
+            histogram_range: (0.5, 1.5, 100),
+            eval_at_start_and_end: false,
+            eval_every: 0,
+            eval: EvalConfig {
+                k: 4,
+                sampling: SamplingConfig { max_new_tokens: 128, ..SamplingConfig::test_time() },
+                data: DataConfig::builtin_eval(1, 100),
+                ..EvalConfig::default()
+            },
+        }
+    }
+}
+
+fn bad(field: &str, message: impl Into<String>) -> TrainError {
+    TrainError::Config { field: field.into(), message: message.into() }
+}
+
+impl TrainConfig {
+    /// `(lo, hi, bins)` of the ratio histograms.
+    pub fn histogram_range(&self) -> (f64, f64, usize) {
+        self.histogram_range
+    }
+
+    /// Checks every field, naming the first bad one.
+    pub fn validate(&self) -> TrainResult<()> {
+        let positive = [
+            ("iterations", self.iterations),
+            ("prompts_per_iter", self.prompts_per_iter),
+            ("group_size", self.group_size),
+            ("rollout_batch", self.rollout_batch),
+            ("epochs", self.epochs),
+            ("minibatch_size", self.minibatch_size),
+            ("micro_batch_size", self.micro_batch_size),
+            ("max_bad_steps", self.max_bad_steps),
+        ];
+        for (k, v) in positive {
+            if v == 0 {
+                return Err(bad(k, "must be at least 1"));
+            }
+        }
+        if self.group_size < 2 {
+            return Err(bad("group_size", "group-relative advantages need at least 2 samples per prompt"));
+        }
+        if self.sampling.max_new_tokens == 0 {
+            return Err(bad("sampling.max_new_tokens", "must be at least 1"));
+        }
+        if self.sampling.temperature <= 0.0 {
+            return Err(bad("sampling.temperature", "training rollouts must sample (temperature > 0)"));
+        }
+        self.sampling.validate().map_err(|e| bad("sampling", e.to_string()))?;
+        let o = &self.optim;
+        if !(o.lr > 0.0 && o.lr.is_finite()) {
+            return Err(bad("optim.lr", format!("must be positive, got {}", o.lr)));
+        }
+        if !(0.0..1.0).contains(&o.beta1) || !(0.0..1.0).contains(&o.beta2) {
+            return Err(bad("optim.beta1/beta2", "must lie in [0, 1)"));
+        }
+        if o.eps.is_nan()
+            || o.eps <= 0.0
+            || o.weight_decay.is_nan()
+            || o.weight_decay < 0.0
+            || o.grad_clip.is_nan()
+            || o.grad_clip < 0.0
+        {
+            return Err(bad("optim", "eps must be positive; weight_decay and grad_clip non-negative"));
+        }
+        if self.ref_kl.coef.is_nan() || self.ref_kl.coef < 0.0 {
+            return Err(bad("ref_kl.coef", "must be non-negative"));
+        }
+        if !self.entropy_coef.is_finite() {
+            return Err(bad("entropy_coef", "must be finite"));
+        }
+        let (lo, hi, bins) = self.histogram_range;
+        if !(lo < hi && lo.is_finite() && hi.is_finite()) || bins == 0 {
+            return Err(bad("histogram_range", "needs lo < hi (finite) and at least one bin"));
+        }
+        if self.eval_at_start_and_end || self.eval_every > 0 {
+            self.eval.validate().map_err(|e| bad("eval", e.to_string()))?;
+        }
+        self.objective.validate().map_err(|e| bad("objective", e.to_string()))?;
+        self.dual.validate().map_err(|e| bad("dual", e.to_string()))?;
+        self.replay.validate().map_err(|e| bad("replay", e.to_string()))?;
+        self.group_norm.validate().map_err(|e| bad("group_norm", e.to_string()))?;
+        Ok(())
+    }
+
+    /// Named algorithm presets (the paper's comparisons), as `--set`
+    /// overrides applied before the user's own.
+    pub fn algo_overrides(name: &str) -> TrainResult<Vec<String>> {
+        let v: &[&str] = match name {
+            "grpo" => &["objective.kind=clip", "objective.eps_low=0.2", "objective.eps_high=0.2", "mode=on"],
+            "grpo-ch" => &["objective.kind=clip", "objective.eps_low=0.2", "objective.eps_high=0.28", "mode=on"],
+            "gppo" => &["objective.kind=gppo", "mode=on"],
+            "topr" => &["objective.kind=topr", "mode=on"],
+            "grpo-kl" => &["objective.kind=kl-penalty", "mode=on"],
+            "r2vpo-on" => &["objective.kind=r2vpo", "mode=on"],
+            "r2vpo-off" => &["objective.kind=r2vpo", "mode=off"],
+            "grpo-off" => &["objective.kind=clip", "objective.eps_low=0.2", "objective.eps_high=0.2", "mode=off"],
+            "grpo-ch-off" => &["objective.kind=clip", "objective.eps_low=0.2", "objective.eps_high=0.28", "mode=off"],
+            other => {
+                return Err(bad(
+                    "algo",
+                    format!(
+                        "unknown algorithm `{other}`; one of: grpo, grpo-ch, gppo, topr, grpo-kl, r2vpo-on, \
+                         r2vpo-off, grpo-off, grpo-ch-off"
+                    ),
+                ))
+            }
+        };
+        Ok(v.iter().map(|s| s.to_string()).collect())
+    }
+}

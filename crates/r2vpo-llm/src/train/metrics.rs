@@ -1,0 +1,310 @@
+//! What the trainer writes per iteration (`metrics.jsonl`), per evaluation
+//! (`eval.jsonl`) and per histogram (`ratio_hist.jsonl`): the paper's
+//! diagnostics.
+
+use serde::{Deserialize, Serialize};
+
+use r2vpo::objective::RatioStats;
+
+use super::config::Mode;
+
+/// Wall-clock fields: everything in a metrics line that may differ between
+/// two runs of the same seed (a resumed run is compared without them).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    /// Seconds spent sampling.
+    pub rollout_s: f64,
+    /// Seconds spent in scoring passes (recomputed behaviour / reference).
+    pub score_s: f64,
+    /// Seconds spent in optimizer steps.
+    pub train_s: f64,
+    /// Generated tokens per second during the rollout.
+    pub rollout_tokens_per_s: f64,
+    /// Trained (response) tokens per second, forward + backward + AdamW.
+    pub train_tokens_per_s: f64,
+    /// Seconds for the whole iteration.
+    pub iteration_s: f64,
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct IterMetrics {
+    /// Iteration (0-based).
+    pub iter: usize,
+    /// Optimizer steps after this iteration (the policy version).
+    pub steps: u64,
+    /// Mean reward of this iteration's rollouts.
+    pub reward_mean: f64,
+    /// Fraction of rollouts the verifier judged correct.
+    pub accuracy: f64,
+    /// Mean response length (tokens).
+    pub response_len_mean: f64,
+    /// Longest response (tokens).
+    pub response_len_max: usize,
+    /// Fraction of responses cut by `max_new_tokens`.
+    pub truncated_frac: f64,
+    /// Mean per-token entropy (nats) of the T = 1 policy over the rollout.
+    pub entropy: f64,
+    /// Groups whose rewards are all equal (no learning signal).
+    pub zero_variance_groups: usize,
+    /// Their fraction of the iteration's groups.
+    pub zero_variance_frac: f64,
+    /// Groups dropped by `filter_zero_variance`.
+    pub filtered_groups: usize,
+    /// λ after the iteration.
+    pub lambda: f64,
+    /// Optimizer steps taken in this iteration.
+    pub updates: usize,
+    /// Steps skipped for a non-finite loss or gradient.
+    pub skipped_steps: usize,
+    /// Mean loss per optimizer step.
+    pub loss: f64,
+    /// Mean policy-gradient part of the loss.
+    pub pg_loss: f64,
+    /// Mean penalty part (R²VPO's λ·E\[(ρ−1)²\], GRPO-KL's KL term).
+    pub penalty: f64,
+    /// Mean KL-to-reference term (0 when off).
+    pub ref_kl: f64,
+    /// Mean global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Learning rate of the last step.
+    pub lr: f64,
+    /// Mean age of the trained samples: epochs (on-policy) or iterations
+    /// since collection (replay).
+    pub staleness: f64,
+    /// Tokens trained on (summed over steps).
+    pub trained_tokens: usize,
+    /// Ratio statistics pooled over all of the iteration's steps.
+    pub ratio_mean: f64,
+    /// Var\[ρ\].
+    pub ratio_var: f64,
+    /// E\[(ρ−1)²\], the quantity R²VPO constrains.
+    pub sq_dev: f64,
+    /// Smallest ρ.
+    pub ratio_min: f64,
+    /// Largest ρ.
+    pub ratio_max: f64,
+    /// `(q, ρ_q)` quantiles (token-weighted average of the steps').
+    pub ratio_quantiles: Vec<(f64, f64)>,
+    /// Fraction of tokens with ρ < 1 − ε_low (reported for every objective).
+    pub clip_frac_low: f64,
+    /// Fraction with ρ > 1 + ε_high.
+    pub clip_frac_high: f64,
+    /// Fraction where the dual clip binds.
+    pub clip_frac_dual: f64,
+    /// k1 estimate of KL(π_off‖π_θ).
+    pub approx_kl: f64,
+    /// k3 estimate of KL(π_off‖π_θ).
+    pub kl_k3: f64,
+    /// Wall-clock measurements.
+    pub timing: Timing,
+}
+
+impl IterMetrics {
+    /// The scalars written to TensorBoard.
+    pub fn scalars(&self) -> Vec<(&'static str, f64)> {
+        vec![
+            ("reward", self.reward_mean),
+            ("accuracy", self.accuracy),
+            ("response_len", self.response_len_mean),
+            ("entropy", self.entropy),
+            ("lambda", self.lambda),
+            ("ratio/mean", self.ratio_mean),
+            ("ratio/var", self.ratio_var),
+            ("ratio/sq_dev", self.sq_dev),
+            ("ratio/clip_frac_low", self.clip_frac_low),
+            ("ratio/clip_frac_high", self.clip_frac_high),
+            ("approx_kl", self.approx_kl),
+            ("grad_norm", self.grad_norm),
+            ("zero_variance_frac", self.zero_variance_frac),
+            ("staleness", self.staleness),
+            ("time/rollout_tokens_per_s", self.timing.rollout_tokens_per_s),
+            ("time/train_tokens_per_s", self.timing.train_tokens_per_s),
+        ]
+    }
+}
+
+/// Sums over one iteration's optimizer steps.
+#[derive(Default)]
+pub(crate) struct StepAccumulator {
+    stats: Vec<RatioStats>,
+    loss: f64,
+    grad_norm: f64,
+    lr: f64,
+    ref_kl: f64,
+    age: f64,
+    pub(crate) tokens: usize,
+    pub(crate) skipped: usize,
+}
+
+impl StepAccumulator {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn add(
+        &mut self,
+        s: &RatioStats,
+        loss: f64,
+        grad_norm: f64,
+        lr: f64,
+        ref_kl: f64,
+        age: f64,
+        tokens: usize,
+    ) {
+        self.stats.push(s.clone());
+        self.loss += loss;
+        self.grad_norm += grad_norm;
+        self.lr = lr;
+        self.ref_kl += ref_kl;
+        self.age += age;
+        self.tokens += tokens;
+    }
+
+    pub(crate) fn finish_into(&self, m: &mut IterMetrics) {
+        let n = self.stats.len();
+        m.updates = n;
+        m.skipped_steps = self.skipped;
+        m.trained_tokens = self.tokens;
+        if n == 0 {
+            return;
+        }
+        let k = n as f64;
+        let s = RatioStats::merge(&self.stats);
+        m.loss = self.loss / k;
+        m.pg_loss = s.pg_loss / k;
+        m.penalty = s.penalty / k;
+        m.ref_kl = self.ref_kl / k;
+        m.grad_norm = self.grad_norm / k;
+        m.lr = self.lr;
+        m.staleness = self.age / k;
+        m.ratio_mean = s.ratio_mean;
+        m.ratio_var = s.ratio_var;
+        m.sq_dev = s.sq_dev_mean;
+        m.ratio_min = s.ratio_min;
+        m.ratio_max = s.ratio_max;
+        m.ratio_quantiles = s.quantiles.clone();
+        m.clip_frac_low = s.clip_frac_low;
+        m.clip_frac_high = s.clip_frac_high;
+        m.clip_frac_dual = s.clip_frac_dual;
+        m.approx_kl = s.approx_kl;
+        m.kl_k3 = s.kl_k3;
+    }
+}
+
+/// One line of `ratio_hist.jsonl`: the distribution of token ratios ρ seen
+/// by the optimizer at one iteration, for samples of one age.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RatioHistogram {
+    /// Iteration.
+    pub iter: usize,
+    /// Age of the samples (see `age_unit`).
+    pub age: u64,
+    /// `epoch` (on-policy: which pass over the fresh batch) or `iteration`
+    /// (replay: iterations since the samples were collected).
+    pub age_unit: String,
+    /// Lower edge of the first bin.
+    pub lo: f64,
+    /// Upper edge of the last bin.
+    pub hi: f64,
+    /// Counts in equal-width bins over `[lo, hi)`.
+    pub counts: Vec<u64>,
+    /// Ratios below `lo`.
+    pub underflow: u64,
+    /// Ratios at or above `hi`.
+    pub overflow: u64,
+    /// All ratios counted.
+    pub n: u64,
+    /// Their mean.
+    pub mean: f64,
+    /// Their population variance.
+    pub var: f64,
+}
+
+/// Counts, underflow, overflow, n, Σρ, Σρ² of one age.
+type AgeBins = (Vec<u64>, u64, u64, u64, f64, f64);
+
+/// Histograms under construction, one per age.
+pub(crate) struct HistogramSet {
+    enabled: bool,
+    lo: f64,
+    hi: f64,
+    bins: usize,
+    unit: &'static str,
+    by_age: std::collections::BTreeMap<u64, AgeBins>,
+}
+
+impl HistogramSet {
+    pub(crate) fn new(enabled: bool, range: (f64, f64, usize), mode: Mode) -> Self {
+        let unit = match mode {
+            Mode::On => "epoch",
+            Mode::Off => "iteration",
+        };
+        Self { enabled, lo: range.0, hi: range.1, bins: range.2, unit, by_age: Default::default() }
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    pub(crate) fn add(&mut self, age: u64, values: impl Iterator<Item = f64>) {
+        let bins = self.bins;
+        let e = self.by_age.entry(age).or_insert_with(|| (vec![0; bins], 0, 0, 0, 0.0, 0.0));
+        let w = (self.hi - self.lo) / bins as f64;
+        for v in values {
+            e.3 += 1;
+            e.4 += v;
+            e.5 += v * v;
+            if v < self.lo {
+                e.1 += 1;
+            } else if v >= self.hi {
+                e.2 += 1;
+            } else {
+                e.0[(((v - self.lo) / w) as usize).min(bins - 1)] += 1;
+            }
+        }
+    }
+
+    pub(crate) fn finish(self, iter: usize) -> Vec<RatioHistogram> {
+        self.by_age
+            .into_iter()
+            .map(|(age, (counts, under, over, n, s, s2))| {
+                let mean = if n > 0 { s / n as f64 } else { 0.0 };
+                let var = if n > 0 { (s2 / n as f64 - mean * mean).max(0.0) } else { 0.0 };
+                RatioHistogram {
+                    iter,
+                    age,
+                    age_unit: self.unit.to_string(),
+                    lo: self.lo,
+                    hi: self.hi,
+                    counts,
+                    underflow: under,
+                    overflow: over,
+                    n,
+                    mean,
+                    var,
+                }
+            })
+            .collect()
+    }
+}
+
+/// One line of `eval.jsonl`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EvalRecord {
+    /// Iterations completed when evaluated.
+    pub iter: usize,
+    /// Optimizer steps at that point.
+    pub steps: u64,
+    /// Problems evaluated.
+    pub problems: usize,
+    /// Samples per problem.
+    pub k: usize,
+    /// Mean accuracy over all samples.
+    pub avg_at_k: f64,
+    /// Unbiased pass@k.
+    pub pass_at_k: f64,
+    /// Majority-vote accuracy.
+    pub maj_at_k: f64,
+    /// Mean response length (tokens).
+    pub response_len_mean: f64,
+    /// Seconds taken.
+    pub seconds: f64,
+}

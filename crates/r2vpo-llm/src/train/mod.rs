@@ -1,0 +1,771 @@
+//! The LLM RL trainer: Algorithms 1 (R²VPO-ON) and 2 (R²VPO-OFF) of the
+//! paper, and the baselines (GRPO, GRPO-CH, GPPO, TOPR, GRPO-KL) through the
+//! same loop, differing only in the core crate's objective and in
+//! [`Mode`].
+//!
+//! One iteration: `prompts_per_iter` problems × G samples from the current
+//! policy with behaviour log-probs recorded → rewards from the verifier →
+//! group-relative advantages → optimizer steps (K epochs of minibatches over
+//! the fresh batch, or uniform draws from a FIFO replay buffer with an
+//! update-to-data ratio) → λ moves once per optimizer step from the detached
+//! E\[(ρ−1)²\] (the paper's dual update).
+//!
+//! Determinism: every random choice (data order, rollout seeds, minibatch
+//! shuffles) is derived from `(seed, iteration)` except the replay sampler,
+//! whose RNG is checkpointed. A run resumed from a checkpoint therefore
+//! reproduces the uninterrupted run's metrics for the same thread count.
+
+pub mod batch;
+pub mod checkpoint;
+pub mod config;
+pub mod metrics;
+pub mod optim;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use r2vpo::advantage::{count_zero_variance_groups, group_relative};
+use r2vpo::aggregate::{aggregate, GlobalBatch};
+use r2vpo::dual::DualVariable;
+use r2vpo::objective::{kl_estimate, ObjectiveKind, PolicyBatch, RatioStats};
+use r2vpo::replay::ReplayBuffer;
+use r2vpo_report::{JsonlWriter, TensorBoardWriter};
+
+use crate::chat::ChatTemplate;
+use crate::data::{load_problems, Problem};
+use crate::model::{load_model, ModelConfig, Transformer};
+use crate::reward::{verify, VerifyConfig};
+use crate::sample::{generate, request_seed, Generation, GenerationRequest};
+use crate::tokenizer::Tokenizer;
+
+pub use batch::Sample;
+pub use config::{BehaviourLogprobs, Mode, ModelSource, OptimConfig, RandomModel, RefKlConfig, TrainConfig};
+pub use metrics::{IterMetrics, RatioHistogram, Timing};
+pub use optim::AdamW;
+
+/// Errors of training.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// A config field is invalid.
+    #[error("train config: `{field}`: {message}")]
+    Config {
+        /// Dotted field name.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Tensor code failed.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    /// The core crate rejected an input.
+    #[error(transparent)]
+    Core(#[from] r2vpo::Error),
+    /// Loading the model failed.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    /// Tokenizer failure.
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    /// Chat template failure.
+    #[error(transparent)]
+    Chat(#[from] crate::chat::ChatError),
+    /// Sampling failure.
+    #[error(transparent)]
+    Sample(#[from] crate::sample::SampleError),
+    /// Dataset failure.
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
+    /// Held-out evaluation failure.
+    #[error(transparent)]
+    Eval(#[from] crate::eval::EvalError),
+    /// Writing logs or plots failed.
+    #[error(transparent)]
+    Report(#[from] r2vpo_report::ReportError),
+    /// A checkpoint is missing, corrupt or does not fit the model.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint {
+        /// The offending file or folder.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// Too many consecutive optimizer steps had a non-finite loss or
+    /// gradient; the last good checkpoint is left as it was.
+    #[error("{count} consecutive optimizer steps had a non-finite loss or gradient (last: {detail}); stopping")]
+    NonFinite {
+        /// How many in a row.
+        count: usize,
+        /// The statistics of the last bad step.
+        detail: String,
+    },
+    /// File I/O.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Result alias of this module.
+pub type TrainResult<T> = std::result::Result<T, TrainError>;
+
+/// What a reward function returns for one response.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scored {
+    /// The scalar reward.
+    pub reward: f64,
+    /// Whether the answer is correct (accuracy metric).
+    pub correct: bool,
+}
+
+/// Turns a response to a problem into a reward. The default is the math
+/// verifier ([`VerifierReward`]); tests and new tasks plug in their own.
+pub trait RewardFn: Send + Sync {
+    /// Scores one generation.
+    fn score(&self, problem: &Problem, generation: &Generation) -> Scored;
+}
+
+/// Reward from the math verifier (`reward/`): `correct_reward` if the
+/// extracted answer is equivalent to the gold one, else `incorrect_reward`.
+pub struct VerifierReward(pub VerifyConfig);
+
+impl RewardFn for VerifierReward {
+    fn score(&self, problem: &Problem, generation: &Generation) -> Scored {
+        let v = verify(&generation.text, &problem.answer, &self.0);
+        Scored { reward: v.reward(&self.0), correct: v.correct }
+    }
+}
+
+/// Progress notifications for a front end (progress bars, logs).
+pub enum Event<'a> {
+    /// A phase of iteration `iter` started (`rollout`, `score`, `update`, `eval`).
+    Phase {
+        /// Iteration.
+        iter: usize,
+        /// Phase name.
+        name: &'static str,
+    },
+    /// An iteration finished.
+    Iteration(&'a IterMetrics),
+    /// A held-out evaluation finished.
+    Eval(&'a metrics::EvalRecord),
+    /// A checkpoint was written.
+    Checkpoint(&'a Path),
+    /// An optimizer step was skipped for a non-finite loss or gradient.
+    BadStep(&'a str),
+}
+
+/// Position in the stream of seeded data-order permutations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataPosition {
+    /// Pass over the training set.
+    pub epoch: u64,
+    /// Next index into that pass's permutation.
+    pub cursor: usize,
+}
+
+/// Counters and line counts saved with a checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// Next iteration to run.
+    pub iteration: usize,
+    /// Optimizer steps taken (the policy version).
+    pub steps: u64,
+    /// Data position.
+    pub data: DataPosition,
+    /// Consecutive non-finite steps.
+    pub bad_steps: usize,
+    /// Lines of `metrics.jsonl` that belong to this state.
+    pub metrics_lines: usize,
+    /// Lines of `eval.jsonl`.
+    pub eval_lines: usize,
+    /// Lines of `ratio_hist.jsonl`.
+    pub hist_lines: usize,
+    /// Whether the start-of-run evaluation has been done.
+    pub evaluated_start: bool,
+}
+
+/// How a call to [`Trainer::run`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// All iterations ran.
+    Finished,
+    /// The stop flag was raised (Ctrl-C); a checkpoint was written.
+    Stopped,
+}
+
+/// splitmix64: a fixed, well-mixed function of its input, so derived seeds
+/// do not depend on any library's hashing.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The seed of stream `stream` at index `index` (data order, rollout,
+/// shuffle) under master seed `seed`.
+pub fn derived_seed(seed: u64, stream: u64, index: u64) -> u64 {
+    mix(mix(seed ^ mix(stream)) ^ index)
+}
+
+const STREAM_DATA: u64 = 1;
+const STREAM_ROLLOUT: u64 = 2;
+const STREAM_SHUFFLE: u64 = 3;
+const STREAM_REPLAY: u64 = 4;
+
+/// Builds the policy described by `src` (and the tokenizer it uses).
+pub fn load_policy(src: &ModelSource) -> TrainResult<(Transformer, Tokenizer)> {
+    let tok_path = src.tokenizer.as_deref().unwrap_or(&src.path);
+    let tok = Tokenizer::load(Path::new(tok_path))?;
+    let model = match &src.random {
+        Some(r) => {
+            let cfg = ModelConfig::tiny(
+                crate::model::config::Architecture::Llama,
+                tok.vocab_size(),
+                r.hidden,
+                r.intermediate,
+                r.layers,
+                r.heads,
+                r.kv_heads,
+                true,
+            );
+            Transformer::new_random_with_std(cfg, r.seed, r.init_std, DType::F32, &Device::Cpu)?
+        }
+        None => load_model(Path::new(&src.path), DType::F32, &Device::Cpu)?,
+    };
+    Ok((model, tok))
+}
+
+/// One training run: the policy, its optimizer, λ, the replay buffer and
+/// the run folder's logs.
+pub struct Trainer {
+    cfg: TrainConfig,
+    model: Transformer,
+    reference: Option<Transformer>,
+    tok: Tokenizer,
+    chat: ChatTemplate,
+    problems: Vec<Problem>,
+    prompt_cache: Vec<Option<Vec<u32>>>,
+    eval_problems: Vec<Problem>,
+    reward_fn: Box<dyn RewardFn>,
+    opt: AdamW,
+    dual: DualVariable,
+    replay: ReplayBuffer<Sample>,
+    progress: Progress,
+    run_dir: PathBuf,
+    metrics: JsonlWriter,
+    evals: JsonlWriter,
+    hists: JsonlWriter,
+    events: JsonlWriter,
+    tb: Option<TensorBoardWriter>,
+}
+
+impl Trainer {
+    /// Starts a run in `run_dir` (created; its logs start empty) with the
+    /// default verifier reward.
+    pub fn new(cfg: TrainConfig, run_dir: &Path) -> TrainResult<Self> {
+        let reward = Box::new(VerifierReward(cfg.verify.clone()));
+        Self::with_reward(cfg, run_dir, reward)
+    }
+
+    /// [`Trainer::new`] with a custom reward function.
+    pub fn with_reward(cfg: TrainConfig, run_dir: &Path, reward_fn: Box<dyn RewardFn>) -> TrainResult<Self> {
+        cfg.validate()?;
+        std::fs::create_dir_all(run_dir).map_err(|source| TrainError::Io { path: run_dir.to_path_buf(), source })?;
+        for f in ["metrics.jsonl", "eval.jsonl", "ratio_hist.jsonl", "events.jsonl"] {
+            let p = run_dir.join(f);
+            if p.exists() {
+                std::fs::remove_file(&p).map_err(|source| TrainError::Io { path: p.clone(), source })?;
+            }
+        }
+        Self::build(cfg, run_dir, reward_fn, Progress::default())
+    }
+
+    fn build(cfg: TrainConfig, run_dir: &Path, reward_fn: Box<dyn RewardFn>, progress: Progress) -> TrainResult<Self> {
+        let (model, tok) = load_policy(&cfg.model)?;
+        let reference = if cfg.ref_kl.coef > 0.0 { Some(load_policy(&cfg.model)?.0) } else { None };
+        let chat = ChatTemplate::from_tokenizer(&tok)?;
+        let problems = load_problems(&cfg.data)?;
+        let eval_problems =
+            if cfg.eval_at_start_and_end || cfg.eval_every > 0 { load_problems(&cfg.eval.data)? } else { Vec::new() };
+        let opt = AdamW::new(model.named_vars(), cfg.optim)?;
+        let dual = DualVariable::new(&cfg.dual)?;
+        let replay =
+            ReplayBuffer::new(cfg.replay.capacity_iters, derived_seed(cfg.seed, STREAM_REPLAY, cfg.replay.seed))?;
+        let open = |name: &str| JsonlWriter::append(run_dir.join(name));
+        Ok(Self {
+            prompt_cache: vec![None; problems.len()],
+            metrics: open("metrics.jsonl")?,
+            evals: open("eval.jsonl")?,
+            hists: open("ratio_hist.jsonl")?,
+            events: open("events.jsonl")?,
+            tb: TensorBoardWriter::create(run_dir).ok(),
+            cfg,
+            model,
+            reference,
+            tok,
+            chat,
+            problems,
+            eval_problems,
+            reward_fn,
+            opt,
+            dual,
+            replay,
+            progress,
+            run_dir: run_dir.to_path_buf(),
+        })
+    }
+
+    /// The resolved config.
+    pub fn config(&self) -> &TrainConfig {
+        &self.cfg
+    }
+
+    /// The policy being trained.
+    pub fn model(&self) -> &Transformer {
+        &self.model
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tok
+    }
+
+    /// Counters (iteration, steps, data position, log line counts).
+    pub fn progress(&self) -> &Progress {
+        &self.progress
+    }
+
+    /// Current λ.
+    pub fn lambda(&self) -> f64 {
+        self.dual.value()
+    }
+
+    /// The run folder.
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    /// The next `n` problem indices in the seeded per-epoch order.
+    fn next_problems(&mut self, n: usize) -> Vec<usize> {
+        let len = self.problems.len();
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let d = &mut self.progress.data;
+            let mut order: Vec<usize> = (0..len).collect();
+            let mut rng = ChaCha8Rng::seed_from_u64(derived_seed(self.cfg.seed, STREAM_DATA, d.epoch));
+            shuffle(&mut order, &mut rng);
+            while out.len() < n && d.cursor < len {
+                out.push(order[d.cursor]);
+                d.cursor += 1;
+            }
+            if d.cursor == len {
+                d.epoch += 1;
+                d.cursor = 0;
+            }
+        }
+        out
+    }
+
+    fn prompt_ids(&mut self, problem: usize) -> TrainResult<Vec<u32>> {
+        if let Some(ids) = &self.prompt_cache[problem] {
+            return Ok(ids.clone());
+        }
+        let user = self.cfg.template.render(&self.problems[problem].question);
+        let text = self.chat.prompt(&user, self.cfg.enable_thinking)?;
+        let ids = self.tok.encode(&text, false)?;
+        self.prompt_cache[problem] = Some(ids.clone());
+        Ok(ids)
+    }
+
+    /// Runs iterations until `cfg.iterations` or until `stop` is raised,
+    /// checkpointing every `checkpoint_every` iterations and at the end.
+    pub fn run(&mut self, stop: &AtomicBool, on_event: &mut dyn FnMut(Event)) -> TrainResult<Outcome> {
+        if self.cfg.eval_at_start_and_end && !self.progress.evaluated_start {
+            self.evaluate(on_event)?;
+            self.progress.evaluated_start = true;
+        }
+        while self.progress.iteration < self.cfg.iterations {
+            let m = self.iteration(on_event)?;
+            on_event(Event::Iteration(&m));
+            let it = self.progress.iteration;
+            let last = it == self.cfg.iterations;
+            if self.cfg.eval_every > 0 && it % self.cfg.eval_every == 0 && !last {
+                self.evaluate(on_event)?;
+            }
+            if last && self.cfg.eval_at_start_and_end {
+                self.evaluate(on_event)?;
+            }
+            let due = self.cfg.checkpoint_every > 0 && it % self.cfg.checkpoint_every == 0;
+            let stopping = stop.load(Ordering::SeqCst);
+            if due || last || stopping {
+                let p = self.save_checkpoint()?;
+                on_event(Event::Checkpoint(&p));
+            }
+            if stopping && !last {
+                return Ok(Outcome::Stopped);
+            }
+        }
+        Ok(Outcome::Finished)
+    }
+
+    /// Samples G responses for each of `problems` (in `rollout_batch`
+    /// chunks, so a group's identical prompts share one prefill).
+    fn rollout(&mut self, iter: usize, problems: &[usize]) -> TrainResult<Vec<(usize, Generation)>> {
+        let g = self.cfg.group_size;
+        let base = derived_seed(self.cfg.seed, STREAM_ROLLOUT, iter as u64);
+        let mut reqs = Vec::with_capacity(problems.len() * g);
+        for &p in problems {
+            let ids = self.prompt_ids(p)?;
+            for _ in 0..g {
+                let i = reqs.len() as u64;
+                reqs.push((p, GenerationRequest { prompt_ids: ids.clone(), seed: request_seed(base, i) }));
+            }
+        }
+        let chunk = (self.cfg.rollout_batch / g).max(1) * g;
+        let mut out = Vec::with_capacity(reqs.len());
+        for part in reqs.chunks(chunk) {
+            let rq: Vec<GenerationRequest> = part.iter().map(|(_, r)| r.clone()).collect();
+            let gens = generate(&self.model, &self.tok, &rq, &self.cfg.sampling)?;
+            out.extend(part.iter().map(|(p, _)| *p).zip(gens));
+        }
+        Ok(out)
+    }
+
+    /// Per-response log-probs of `samples` under `model` (no graph).
+    fn score(&self, model: &Transformer, samples: &[&Sample]) -> TrainResult<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(samples.len());
+        for part in samples.chunks(self.cfg.micro_batch_size) {
+            let t = batch::pack(part, self.tok.pad_token_id(), model.device())?;
+            let lp = model.score_tail_logprobs(&t.ids, &t.attention, t.tail)?;
+            out.extend(batch::unpack_responses(&lp, part)?);
+        }
+        Ok(out)
+    }
+
+    fn iteration(&mut self, on_event: &mut dyn FnMut(Event)) -> TrainResult<IterMetrics> {
+        let iter = self.progress.iteration;
+        let g = self.cfg.group_size;
+        let t_start = Instant::now();
+
+        on_event(Event::Phase { iter, name: "rollout" });
+        let problems = self.next_problems(self.cfg.prompts_per_iter);
+        let gens = self.rollout(iter, &problems)?;
+        let rollout_s = t_start.elapsed().as_secs_f64();
+
+        let mut samples = Vec::with_capacity(gens.len());
+        let mut entropy_sum = 0.0f64;
+        let mut truncated = 0usize;
+        for (p, gen) in &gens {
+            let s = self.reward_fn.score(&self.problems[*p], gen);
+            entropy_sum += gen.entropy.iter().map(|&e| f64::from(e)).sum::<f64>();
+            truncated += usize::from(gen.finish_reason == crate::sample::FinishReason::Length);
+            let behaviour = match self.cfg.behaviour_logprobs {
+                BehaviourLogprobs::Sampled => gen.logprobs.clone(),
+                _ => gen.model_logprobs.clone(),
+            };
+            samples.push(Sample {
+                problem: *p,
+                prompt_ids: self.prompt_ids(*p)?,
+                response_ids: gen.token_ids.clone(),
+                reward: s.reward as f32,
+                correct: s.correct,
+                advantage: 0.0,
+                behaviour_logp: behaviour,
+                ref_logp: None,
+            });
+        }
+        let gen_tokens: usize = samples.iter().map(|s| s.response_ids.len()).sum();
+        let rewards: Vec<f32> = samples.iter().map(|s| s.reward).collect();
+        let adv = group_relative(&rewards, g, &self.cfg.group_norm)?;
+        for (s, a) in samples.iter_mut().zip(&adv) {
+            s.advantage = *a;
+        }
+        let zero_var = count_zero_variance_groups(&rewards, g)?;
+        let n = samples.len() as f64;
+        let lens: Vec<usize> = samples.iter().map(|s| s.response_ids.len()).collect();
+        let mut m = IterMetrics {
+            iter,
+            reward_mean: rewards.iter().map(|&r| f64::from(r)).sum::<f64>() / n,
+            accuracy: samples.iter().filter(|s| s.correct).count() as f64 / n,
+            response_len_mean: lens.iter().sum::<usize>() as f64 / n,
+            response_len_max: lens.iter().copied().max().unwrap_or(0),
+            truncated_frac: truncated as f64 / n,
+            entropy: entropy_sum / gen_tokens.max(1) as f64,
+            zero_variance_groups: zero_var,
+            zero_variance_frac: zero_var as f64 / problems.len() as f64,
+            ..IterMetrics::default()
+        };
+
+        if self.cfg.filter_zero_variance {
+            let keep: Vec<bool> = rewards
+                .chunks(g)
+                .map(|grp| grp.iter().any(|&r| r != grp[0]))
+                .flat_map(|k| std::iter::repeat_n(k, g))
+                .collect();
+            let mut it = keep.iter();
+            samples.retain(|_| *it.next().expect("one flag per sample"));
+            m.filtered_groups = zero_var;
+        }
+
+        // Scoring passes: recomputed behaviour log-probs and the reference.
+        let t_score = Instant::now();
+        if !samples.is_empty()
+            && (self.cfg.behaviour_logprobs == BehaviourLogprobs::Recompute || self.reference.is_some())
+        {
+            on_event(Event::Phase { iter, name: "score" });
+            let refs: Vec<&Sample> = samples.iter().collect();
+            let recomputed = if self.cfg.behaviour_logprobs == BehaviourLogprobs::Recompute {
+                Some(self.score(&self.model, &refs)?)
+            } else {
+                None
+            };
+            let reference = match &self.reference {
+                Some(r) => Some(self.score(r, &refs)?),
+                None => None,
+            };
+            for (i, s) in samples.iter_mut().enumerate() {
+                if let Some(r) = &recomputed {
+                    s.behaviour_logp = r[i].clone();
+                }
+                if let Some(r) = &reference {
+                    s.ref_logp = Some(r[i].clone());
+                }
+            }
+        }
+        let score_s = t_score.elapsed().as_secs_f64();
+
+        // Update phase.
+        on_event(Event::Phase { iter, name: "update" });
+        let t_train = Instant::now();
+        let hist_on = self.cfg.histogram_every > 0 && iter % self.cfg.histogram_every == 0;
+        let mut hist = metrics::HistogramSet::new(hist_on, self.cfg.histogram_range(), self.cfg.mode);
+        let mut acc = metrics::StepAccumulator::default();
+        let mut shuffle_rng = ChaCha8Rng::seed_from_u64(derived_seed(self.cfg.seed, STREAM_SHUFFLE, iter as u64));
+        match self.cfg.mode {
+            Mode::On => {
+                let fresh = samples;
+                for epoch in 0..self.cfg.epochs {
+                    let mut order: Vec<usize> = (0..fresh.len()).collect();
+                    shuffle(&mut order, &mut shuffle_rng);
+                    for chunk in order.chunks(self.cfg.minibatch_size) {
+                        let items: Vec<(&Sample, u64)> = chunk.iter().map(|&i| (&fresh[i], epoch as u64)).collect();
+                        self.optimizer_step(&items, &mut hist, &mut acc, on_event)?;
+                    }
+                }
+            }
+            Mode::Off => {
+                let new_items = samples.len();
+                if new_items > 0 {
+                    self.replay.push(iter as u64, samples);
+                }
+                let updates = if new_items > 0 { self.cfg.replay.updates_per_iteration(new_items)? } else { 0 };
+                for _ in 0..updates {
+                    let k = self.cfg.replay.minibatch_size.min(self.replay.len());
+                    let drawn: Vec<(Sample, u64)> = self
+                        .replay
+                        .sample(k, iter as u64)?
+                        .into_iter()
+                        .map(|s| (s.item.clone(), s.at.staleness))
+                        .collect();
+                    let items: Vec<(&Sample, u64)> = drawn.iter().map(|(s, a)| (s, *a)).collect();
+                    self.optimizer_step(&items, &mut hist, &mut acc, on_event)?;
+                }
+            }
+        }
+        let train_s = t_train.elapsed().as_secs_f64();
+        acc.finish_into(&mut m);
+        m.steps = self.progress.steps;
+        m.lambda = self.dual.value();
+        m.timing = Timing {
+            rollout_s,
+            score_s,
+            train_s,
+            rollout_tokens_per_s: gen_tokens as f64 / rollout_s.max(1e-9),
+            train_tokens_per_s: acc.tokens as f64 / train_s.max(1e-9),
+            iteration_s: t_start.elapsed().as_secs_f64(),
+        };
+        for h in hist.finish(iter) {
+            self.hists.write(&h)?;
+            self.progress.hist_lines += 1;
+        }
+        self.metrics.write(&m)?;
+        self.progress.metrics_lines += 1;
+        if let Some(tb) = self.tb.as_mut() {
+            tb.scalars(iter as i64, &m.scalars())?;
+        }
+        self.progress.iteration += 1;
+        Ok(m)
+    }
+
+    /// One optimizer step over `items` (sample, age): micro-batched
+    /// forward/backward with the loss normalised over the whole minibatch,
+    /// gradient accumulation, a finiteness check, clipping, AdamW, then the
+    /// λ update.
+    fn optimizer_step(
+        &mut self,
+        items: &[(&Sample, u64)],
+        hist: &mut metrics::HistogramSet,
+        acc: &mut metrics::StepAccumulator,
+        on_event: &mut dyn FnMut(Event),
+    ) -> TrainResult<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let dev = self.model.device().clone();
+        let pad = self.tok.pad_token_id();
+        let parts: Vec<&[(&Sample, u64)]> = items.chunks(self.cfg.micro_batch_size).collect();
+        let packed: Vec<batch::TrainTensors> = parts
+            .iter()
+            .map(|p| batch::pack(&p.iter().map(|(s, _)| *s).collect::<Vec<_>>(), pad, &dev))
+            .collect::<candle_core::Result<_>>()?;
+        let masks: Vec<&Tensor> = packed.iter().map(|t| &t.mask).collect();
+        let global = GlobalBatch::from_masks(&masks)?.with_horizon(self.cfg.sampling.max_new_tokens as f64);
+        let lambda = self.dual.value();
+        let agg = self.cfg.objective.aggregation;
+        let vars = self.opt.vars().to_vec();
+        let mut grads: Vec<Option<Tensor>> = vec![None; vars.len()];
+        let mut stats = Vec::with_capacity(parts.len());
+        let mut loss_total = 0.0f64;
+        let mut ref_kl = 0.0f64;
+        let mut tokens = 0usize;
+        for (part, t) in parts.iter().zip(&packed) {
+            let logp = self.model.tail_logprobs(&t.ids, &t.attention, t.tail)?;
+            let out = self.cfg.objective.loss(
+                &PolicyBatch { logp: &logp, old_logp: &t.old_logp, advantages: &t.advantages, mask: &t.mask },
+                lambda,
+                &global,
+            )?;
+            let mut loss = out.loss;
+            if let (Some(rf), true) = (&t.ref_logp, self.cfg.ref_kl.coef > 0.0) {
+                // KL(π_θ‖π_ref) with x = log π_ref − log π_θ (verl's kl_penalty).
+                let x = rf.sub(&logp)?;
+                let kl = kl_estimate(self.cfg.ref_kl.estimator, &x)?;
+                let term = aggregate(&kl, &t.mask, agg, &global)?;
+                ref_kl += term.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                loss = loss.add(&term.affine(self.cfg.ref_kl.coef, 0.0)?)?;
+            }
+            if self.cfg.entropy_coef != 0.0 {
+                let ent = self.model.tail_entropy(&t.ids, &t.attention, t.tail)?;
+                let term = aggregate(&ent, &t.mask, agg, &global)?;
+                loss = loss.sub(&term.affine(self.cfg.entropy_coef, 0.0)?)?;
+            }
+            loss_total += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let gs = loss.backward()?;
+            for (i, v) in vars.iter().enumerate() {
+                if let Some(gv) = gs.get(v.as_tensor()) {
+                    grads[i] = Some(match grads[i].take() {
+                        Some(prev) => prev.add(gv)?,
+                        None => gv.clone(),
+                    });
+                }
+            }
+            if hist.enabled() {
+                let ratio = (logp.detach() - &t.old_logp)?.exp()?;
+                let r: Vec<Vec<f32>> = ratio.to_vec2()?;
+                let mk: Vec<Vec<f32>> = t.mask.to_vec2()?;
+                for ((row, mrow), (_, age)) in r.iter().zip(&mk).zip(part.iter()) {
+                    hist.add(*age, row.iter().zip(mrow).filter(|(_, &mm)| mm > 0.0).map(|(&x, _)| f64::from(x)));
+                }
+            }
+            tokens += t.mask.sum_all()?.to_scalar::<f32>()? as usize;
+            stats.push(out.stats);
+        }
+        let merged = RatioStats::merge(&stats);
+        let norm = optim::global_norm(&grads)?;
+        if !loss_total.is_finite() || !norm.is_finite() {
+            self.progress.bad_steps += 1;
+            let detail = format!(
+                "step {} loss {loss_total} grad_norm {norm} ratio_mean {} ratio_max {} sq_dev {} log_ratio_clamped {}",
+                self.progress.steps,
+                merged.ratio_mean,
+                merged.ratio_max,
+                merged.sq_dev_mean,
+                merged.log_ratio_clamped_frac
+            );
+            self.events.write(&serde_json::json!({
+                "event": "non_finite_step",
+                "iteration": self.progress.iteration,
+                "step": self.progress.steps,
+                "loss": loss_total.to_string(),
+                "grad_norm": norm.to_string(),
+                "stats": merged,
+            }))?;
+            on_event(Event::BadStep(&detail));
+            acc.skipped += 1;
+            if self.progress.bad_steps >= self.cfg.max_bad_steps {
+                return Err(TrainError::NonFinite { count: self.progress.bad_steps, detail });
+            }
+            return Ok(());
+        }
+        self.progress.bad_steps = 0;
+        let clip = self.cfg.optim.grad_clip;
+        let scale = if clip > 0.0 && norm > clip { clip / norm } else { 1.0 };
+        let lr = self.opt.step(&grads, scale)?;
+        self.progress.steps += 1;
+        // λ moves once per optimizer step, and only for objectives that have
+        // a λ, so baselines log a constant rather than a multiplier that
+        // acts on nothing.
+        if matches!(self.cfg.objective.kind, ObjectiveKind::R2vpo | ObjectiveKind::KlPenalty) {
+            self.dual.update(merged.constraint)?;
+        }
+        let mean_age = items.iter().map(|(_, a)| *a as f64).sum::<f64>() / items.len() as f64;
+        acc.add(&merged, loss_total, norm, lr, ref_kl, mean_age, tokens);
+        Ok(())
+    }
+
+    /// Writes the current policy as a Hugging Face folder (weights,
+    /// `config.json`, tokenizer files with the chat template), loadable by
+    /// [`crate::model::load_model`] and by `transformers`.
+    pub fn export(&self, dir: &Path) -> TrainResult<()> {
+        crate::model::save::save_hf_dir(&self.model, dir)?;
+        self.tok.save_hf_files(dir)?;
+        Ok(())
+    }
+
+    /// Held-out avg@k of the current policy, appended to `eval.jsonl`.
+    fn evaluate(&mut self, on_event: &mut dyn FnMut(Event)) -> TrainResult<()> {
+        on_event(Event::Phase { iter: self.progress.iteration, name: "eval" });
+        let report =
+            crate::eval::evaluate(&self.model, &self.tok, &self.eval_problems, &self.cfg.eval, &mut |_, _| {})?;
+        let dir = self.run_dir.join("eval");
+        std::fs::create_dir_all(&dir).map_err(|source| TrainError::Io { path: dir.clone(), source })?;
+        r2vpo_report::atomic_write_json(&dir.join(format!("iter-{:06}.json", self.progress.iteration)), &report)?;
+        let k = self.cfg.eval.k;
+        let rec = metrics::EvalRecord {
+            iter: self.progress.iteration,
+            steps: self.progress.steps,
+            problems: report.overall.problems,
+            k,
+            avg_at_k: report.overall.avg_at_k,
+            pass_at_k: report.overall.pass_at.get(&k).copied().unwrap_or(f64::NAN),
+            maj_at_k: report.overall.maj_at_k,
+            response_len_mean: report.overall.mean_response_tokens,
+            seconds: report.wall_seconds,
+        };
+        self.evals.write(&rec)?;
+        self.progress.eval_lines += 1;
+        if let Some(tb) = self.tb.as_mut() {
+            tb.scalars(self.progress.iteration as i64, &[("eval/avg_at_k", rec.avg_at_k)])?;
+        }
+        on_event(Event::Eval(&rec));
+        Ok(())
+    }
+}
+
+/// Fisher–Yates shuffle of the whole slice.
+fn shuffle<T>(v: &mut [T], rng: &mut ChaCha8Rng) {
+    for i in 0..v.len() {
+        let j = rng.random_range(i..v.len());
+        v.swap(i, j);
+    }
+}
