@@ -8,6 +8,29 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[cfg(feature = "mimalloc")]
+extern "C" {
+    /// From the mimalloc library that the `mimalloc` crate links.
+    fn mi_option_set(option: i32, value: std::os::raw::c_long);
+}
+
+/// Keeps freed memory mapped instead of returning it to the OS after 10 ms
+/// (mimalloc's default), unless `MIMALLOC_PURGE_DELAY` says otherwise. LLM
+/// training frees and re-allocates gigabytes of activations per step; with
+/// purging, the kernel re-zeroes those pages every time: SmolLM2 forward +
+/// backward of 8 × 193 tokens took 5.5 s + 12.5 s with purging and 4.0 s +
+/// 9.0 s without (2 cores), at the price of a higher resident size.
+fn tune_allocator() {
+    #[cfg(feature = "mimalloc")]
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // `mi_option_purge_delay` is entry 15 of `mi_option_e` in both the v2
+        // and v3 headers vendored by libmimalloc-sys 0.1.49.
+        // SAFETY: sets a process-wide allocator option; no allocation state
+        // depends on its previous value.
+        unsafe { mi_option_set(15, -1) };
+    }
+}
+
 mod analyze;
 mod bench;
 mod config;
@@ -262,6 +285,7 @@ fn main() -> ExitCode {
     // SAFETY: restoring the default disposition of a signal before any
     // thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    tune_allocator();
     let cli = Cli::parse();
     set_threads(cli.threads);
     match run(cli) {
