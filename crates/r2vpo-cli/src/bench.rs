@@ -121,6 +121,91 @@ pub struct LlmArgs {
     /// Where the JSON results go.
     #[arg(long, default_value = "runs/bench/llm.json")]
     pub out: PathBuf,
+    /// Sequences in the training-step comparison (0 skips it).
+    #[arg(long, default_value_t = 4)]
+    pub train_batch: usize,
+    /// Response tokens per sequence in the training-step comparison.
+    #[arg(long, default_value_t = 64)]
+    pub train_tokens: usize,
+    /// Timed repetitions per objective (interleaved; the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub train_reps: usize,
+}
+
+/// One objective's cost inside an LLM policy-gradient step.
+#[derive(Serialize)]
+struct StepRow {
+    objective: &'static str,
+    /// Median seconds of forward + objective + backward through the model.
+    step_s: f64,
+    /// Median milliseconds of the objective alone (loss + its backward on
+    /// the same log-probs, model excluded).
+    objective_ms: f64,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Per-step cost of GRPO's clipped objective and R²VPO's penalty on the same
+/// batch through `model`: the paper's claim that the penalty's overhead is
+/// negligible, measured.
+fn train_step_overhead(model: &r2vpo_llm::model::Transformer, prompt: &[u32], a: &LlmArgs) -> Result<Vec<StepRow>> {
+    let (b, r) = (a.train_batch, a.train_tokens);
+    // Rows: the prompt, then `r` response ids cycling through the prompt's
+    // own ids (real tokens; their values do not change the cost).
+    let row: Vec<u32> = prompt.iter().copied().chain((0..r).map(|i| prompt[i % prompt.len()])).collect();
+    let w = row.len();
+    let dev = model.device();
+    let ids = Tensor::from_vec(row.repeat(b), (b, w), dev)?;
+    let att = Tensor::ones((b, w), DType::U32, dev)?;
+    let mask = Tensor::ones((b, r), DType::F32, dev)?;
+    // Behaviour log-probs a little off the current ones, so ratios ≠ 1 and
+    // both objectives take their non-trivial branches.
+    let base = model.score_tail_logprobs(&ids, &att, r)?;
+    let wobble: Vec<f32> = (0..b * r).map(|i| 0.15 * ((i as f32) * 0.7).sin()).collect();
+    let old = (base + Tensor::from_vec(wobble, (b, r), dev)?)?;
+    let adv: Vec<f32> = (0..b * r).map(|i| if (i / r) % 2 == 0 { 1.0 } else { -1.0 }).collect();
+    let adv = Tensor::from_vec(adv, (b, r), dev)?;
+    let global = GlobalBatch::from_mask(&mask)?;
+    let objectives = [
+        ("GRPO (clip 0.2, dual-clip 3)", ObjectiveConfig::preset("grpo")?),
+        ("R²VPO", ObjectiveConfig::preset("r2vpo")?),
+    ];
+    let mut step = vec![Vec::new(); 2];
+    let mut obj = vec![Vec::new(); 2];
+    for _ in 0..a.train_reps.max(1) {
+        for (k, (_, cfg)) in objectives.iter().enumerate() {
+            let t0 = Instant::now();
+            let logp = model.tail_logprobs(&ids, &att, r)?;
+            let out =
+                cfg.loss(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask }, 0.05, &global)?;
+            out.loss.backward()?;
+            step[k].push(t0.elapsed().as_secs_f64());
+            // The objective alone, on a leaf holding the same log-probs.
+            let leaf = Var::from_tensor(&logp.detach())?;
+            let t1 = Instant::now();
+            for _ in 0..20 {
+                let o = cfg.loss(
+                    &PolicyBatch { logp: leaf.as_tensor(), old_logp: &old, advantages: &adv, mask: &mask },
+                    0.05,
+                    &global,
+                )?;
+                o.loss.backward()?;
+            }
+            obj[k].push(t1.elapsed().as_secs_f64() * 1000.0 / 20.0);
+        }
+    }
+    Ok(objectives
+        .iter()
+        .enumerate()
+        .map(|(k, (name, _))| StepRow {
+            objective: name,
+            step_s: median(&mut step[k]),
+            objective_ms: median(&mut obj[k]),
+        })
+        .collect())
 }
 
 /// Generation throughput of the LLM stack: sampled decode with a KV cache at
@@ -145,7 +230,31 @@ pub fn llm(a: &LlmArgs) -> Result<()> {
     for r in &rows {
         println!("| {} | {:.2} | {:.1} |", r.batch, r.seconds, r.tokens_per_s);
     }
-    r2vpo_report::atomic_write_json(&a.out, &rows)?;
+    let steps = if a.train_batch > 0 && a.train_tokens > 0 { train_step_overhead(&model, &ids, a)? } else { vec![] };
+    if let [grpo, r2] = steps.as_slice() {
+        println!(
+            "\npolicy-gradient step (forward + objective + backward), {} × ({} prompt + {} response) tokens, median of {}",
+            a.train_batch,
+            ids.len(),
+            a.train_tokens,
+            a.train_reps.max(1)
+        );
+        println!("| objective | step s | objective alone ms | step × GRPO |\n|---|---|---|---|");
+        for s in &steps {
+            println!("| {} | {:.2} | {:.2} | {:.3} |", s.objective, s.step_s, s.objective_ms, s.step_s / grpo.step_s);
+        }
+        println!(
+            "R²VPO's objective costs {:+.2} ms per step against GRPO's ({:.3}% of a step)",
+            r2.objective_ms - grpo.objective_ms,
+            100.0 * (r2.objective_ms - grpo.objective_ms) / (1000.0 * grpo.step_s)
+        );
+    }
+    #[derive(Serialize)]
+    struct Out<'a> {
+        decode: &'a [sample::BenchRow],
+        train_step: &'a [StepRow],
+    }
+    r2vpo_report::atomic_write_json(&a.out, &Out { decode: &rows, train_step: &steps })?;
     println!("written: {}", a.out.display());
     Ok(())
 }

@@ -201,3 +201,33 @@ fn every_algorithm_preset_runs() {
         assert!(m.iter().all(|x| x.updates > 0 && x.loss.is_finite()), "{algo}: {m:?}");
     }
 }
+
+/// The exported policy is a Hugging Face folder that loads back with the
+/// same weights, tokenizer ids, stop ids and chat template.
+#[test]
+fn exported_policy_loads_back() {
+    use candle_core::{DType, Device, Tensor};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny(1);
+    cfg.checkpoint_every = 0;
+    let mut t = Trainer::with_reward(cfg, dir.path(), Box::new(EvenTokens)).unwrap();
+    t.run(&AtomicBool::new(false), &mut |_| {}).unwrap();
+    let out = dir.path().join("model");
+    t.export(&out).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let tok = r2vpo_llm::tokenizer::Tokenizer::load(&out).unwrap();
+    let orig = t.tokenizer();
+    let text = "<|im_start|>user\nWhat is 12 + 7?  Ünïcode ✓<|im_end|>\n";
+    assert_eq!(tok.encode(text, false).unwrap(), orig.encode(text, false).unwrap());
+    assert_eq!(tok.eos_token_id(), orig.eos_token_id());
+    assert_eq!(tok.pad_token_id(), orig.pad_token_id());
+    assert_eq!(tok.chat_template(), orig.chat_template());
+    let m = r2vpo_llm::model::load_model(&out, DType::F32, &Device::Cpu).unwrap();
+    let ids = Tensor::new(&[[1u32, 520, 9531, 198, 33, 34]], &Device::Cpu).unwrap();
+    let mask = Tensor::ones((1, 6), DType::U32, &Device::Cpu).unwrap();
+    let a: Vec<f32> = t.model().forward_logits(&ids, &mask).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let b: Vec<f32> = m.forward_logits(&ids, &mask).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    assert_eq!(a, b);
+}
