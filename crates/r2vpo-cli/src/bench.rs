@@ -239,13 +239,19 @@ pub fn llm(a: &LlmArgs) -> Result<()> {
             a.train_tokens,
             a.train_reps.max(1)
         );
-        println!("| objective | step s | objective alone ms | step × GRPO |\n|---|---|---|---|");
+        println!("| objective | step s | objective alone µs | step × GRPO |\n|---|---|---|---|");
         for s in &steps {
-            println!("| {} | {:.2} | {:.2} | {:.3} |", s.objective, s.step_s, s.objective_ms, s.step_s / grpo.step_s);
+            println!(
+                "| {} | {:.2} | {:.1} | {:.3} |",
+                s.objective,
+                s.step_s,
+                1000.0 * s.objective_ms,
+                s.step_s / grpo.step_s
+            );
         }
         println!(
-            "R²VPO's objective costs {:+.2} ms per step against GRPO's ({:.3}% of a step)",
-            r2.objective_ms - grpo.objective_ms,
+            "R²VPO's objective costs {:+.1} µs per step against GRPO's ({:.4}% of a step)",
+            1000.0 * (r2.objective_ms - grpo.objective_ms),
             100.0 * (r2.objective_ms - grpo.objective_ms) / (1000.0 * grpo.step_s)
         );
     }

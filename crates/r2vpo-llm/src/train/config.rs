@@ -204,9 +204,12 @@ pub struct TrainConfig {
     pub max_bad_steps: usize,
     /// Lower edge, upper edge and bin count of the ρ histograms.
     pub histogram_range: (f64, f64, usize),
-    /// Evaluate on held-out problems before the first and after the last
-    /// iteration.
-    pub eval_at_start_and_end: bool,
+    /// Evaluate on held-out problems before the first iteration (skip it
+    /// when the base model's evaluation with the same `eval` settings is
+    /// already on file: it is the same computation).
+    pub eval_at_start: bool,
+    /// Evaluate on held-out problems after the last iteration.
+    pub eval_at_end: bool,
     /// Also evaluate every this many iterations (0 = never in between).
     pub eval_every: usize,
     /// The held-out evaluation (the same table as an `r2vpo llm eval`
@@ -245,7 +248,8 @@ impl Default for TrainConfig {
             histogram_every: 5,
             max_bad_steps: 3,
             histogram_range: (0.5, 1.5, 100),
-            eval_at_start_and_end: false,
+            eval_at_start: false,
+            eval_at_end: false,
             eval_every: 0,
             eval: EvalConfig {
                 k: 4,
@@ -320,7 +324,7 @@ impl TrainConfig {
         if !(lo < hi && lo.is_finite() && hi.is_finite()) || bins == 0 {
             return Err(bad("histogram_range", "needs lo < hi (finite) and at least one bin"));
         }
-        if self.eval_at_start_and_end || self.eval_every > 0 {
+        if self.eval_at_start || self.eval_at_end || self.eval_every > 0 {
             self.eval.validate().map_err(|e| bad("eval", e.to_string()))?;
         }
         self.objective.validate().map_err(|e| bad("objective", e.to_string()))?;

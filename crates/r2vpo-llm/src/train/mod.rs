@@ -295,8 +295,11 @@ impl Trainer {
         let reference = if cfg.ref_kl.coef > 0.0 { Some(load_policy(&cfg.model)?.0) } else { None };
         let chat = ChatTemplate::from_tokenizer(&tok)?;
         let problems = load_problems(&cfg.data)?;
-        let eval_problems =
-            if cfg.eval_at_start_and_end || cfg.eval_every > 0 { load_problems(&cfg.eval.data)? } else { Vec::new() };
+        let eval_problems = if cfg.eval_at_start || cfg.eval_at_end || cfg.eval_every > 0 {
+            load_problems(&cfg.eval.data)?
+        } else {
+            Vec::new()
+        };
         let opt = AdamW::new(model.named_vars(), cfg.optim)?;
         let dual = DualVariable::new(&cfg.dual)?;
         let replay =
@@ -390,7 +393,7 @@ impl Trainer {
     /// Runs iterations until `cfg.iterations` or until `stop` is raised,
     /// checkpointing every `checkpoint_every` iterations and at the end.
     pub fn run(&mut self, stop: &AtomicBool, on_event: &mut dyn FnMut(Event)) -> TrainResult<Outcome> {
-        if self.cfg.eval_at_start_and_end && !self.progress.evaluated_start {
+        if self.cfg.eval_at_start && !self.progress.evaluated_start {
             self.evaluate(on_event)?;
             self.progress.evaluated_start = true;
         }
@@ -402,7 +405,7 @@ impl Trainer {
             if self.cfg.eval_every > 0 && it % self.cfg.eval_every == 0 && !last {
                 self.evaluate(on_event)?;
             }
-            if last && self.cfg.eval_at_start_and_end {
+            if last && self.cfg.eval_at_end {
                 self.evaluate(on_event)?;
             }
             let due = self.cfg.checkpoint_every > 0 && it % self.cfg.checkpoint_every == 0;
