@@ -30,15 +30,7 @@ use r2vpo_report::{plot, RunDir, TensorBoardWriter};
 
 use crate::config;
 
-/// On-policy (Algorithm 1) or replay (Algorithm 2) training.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// K epochs over each fresh batch, then discard it.
-    On,
-    /// FIFO replay of the last `replay.capacity_iters` iterations.
-    Off,
-}
+pub use r2vpo::algo::Mode;
 
 /// The `r2vpo toy` config (`configs/core/toy.toml`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -137,21 +129,7 @@ impl ToyConfig {
 
 /// Named algorithm presets, as `--set` overrides applied before the user's.
 pub fn algo_overrides(name: &str) -> Result<Vec<String>> {
-    let v: &[&str] = match name {
-        "grpo" => &["objective.kind=clip", "objective.eps_low=0.2", "objective.eps_high=0.2", "mode=on"],
-        "grpo-ch" => &["objective.kind=clip", "objective.eps_low=0.2", "objective.eps_high=0.28", "mode=on"],
-        "gppo" => &["objective.kind=gppo", "mode=on"],
-        "topr" => &["objective.kind=topr", "mode=on"],
-        "grpo-kl" => &["objective.kind=kl-penalty", "mode=on"],
-        "r2vpo-on" => &["objective.kind=r2vpo", "mode=on"],
-        "r2vpo-off" => &["objective.kind=r2vpo", "mode=off"],
-        "grpo-off" => &["objective.kind=clip", "objective.eps_low=0.2", "objective.eps_high=0.2", "mode=off"],
-        "grpo-ch-off" => &["objective.kind=clip", "objective.eps_low=0.2", "objective.eps_high=0.28", "mode=off"],
-        other => bail!(
-            "unknown algorithm `{other}`; one of: grpo, grpo-ch, gppo, topr, grpo-kl, r2vpo-on, r2vpo-off, grpo-off, grpo-ch-off"
-        ),
-    };
-    Ok(v.iter().map(|s| s.to_string()).collect())
+    Ok(r2vpo::algo::algo_overrides(name)?)
 }
 
 /// One sampled response: what the replay buffer stores (Algorithm 2's

@@ -17,6 +17,7 @@
 //! | [`aggregate`] | token-mean / seq-mean-token-mean / seq-mean-token-sum / seq-mean-token-sum-norm, normalised over the global batch | — |
 //! | [`dual`] | fixed or adaptive λ | Eq. (λ update) |
 //! | [`advantage`] | GAE and group-relative advantages | — |
+//! | [`algo`] | named algorithms (GRPO, GRPO-CH, R²VPO-ON/OFF, …) as objective + update mode | Section 4 baselines |
 //! | [`replay`] | FIFO replay over the last K iterations with update-to-data ratio | Algorithm 2 |
 //! | [`divergence`] | f-divergence generators, exact divergences, the ½·f''(1)·Var[ρ] approximation, the clipping-error bound | Proposition 3.1, Table 1, Theorem 3.3 |
 //!
@@ -28,6 +29,7 @@
 
 pub mod advantage;
 pub mod aggregate;
+pub mod algo;
 pub mod divergence;
 pub mod dual;
 mod error;

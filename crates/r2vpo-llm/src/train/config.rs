@@ -17,16 +17,7 @@ use super::{TrainError, TrainResult};
 /// The embedded default model, relative to the repository root.
 pub const EMBEDDED_MODEL: &str = ".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
-/// On-policy (Algorithm 1) or replay (Algorithm 2) training.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// R²VPO-ON / GRPO: `epochs` passes over each fresh batch, then discard it.
-    On,
-    /// R²VPO-OFF: a FIFO buffer of the last `replay.capacity_iters`
-    /// iterations, sampled uniformly with `replay.utd` updates per datum.
-    Off,
-}
+pub use r2vpo::algo::Mode;
 
 /// Which log-probabilities become log π_off, the ratio's denominator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -335,28 +326,8 @@ impl TrainConfig {
     }
 
     /// Named algorithm presets (the paper's comparisons), as `--set`
-    /// overrides applied before the user's own.
+    /// overrides applied before the user's own ([`r2vpo::algo::algo_overrides`]).
     pub fn algo_overrides(name: &str) -> TrainResult<Vec<String>> {
-        let v: &[&str] = match name {
-            "grpo" => &["objective.kind=clip", "objective.eps_low=0.2", "objective.eps_high=0.2", "mode=on"],
-            "grpo-ch" => &["objective.kind=clip", "objective.eps_low=0.2", "objective.eps_high=0.28", "mode=on"],
-            "gppo" => &["objective.kind=gppo", "mode=on"],
-            "topr" => &["objective.kind=topr", "mode=on"],
-            "grpo-kl" => &["objective.kind=kl-penalty", "mode=on"],
-            "r2vpo-on" => &["objective.kind=r2vpo", "mode=on"],
-            "r2vpo-off" => &["objective.kind=r2vpo", "mode=off"],
-            "grpo-off" => &["objective.kind=clip", "objective.eps_low=0.2", "objective.eps_high=0.2", "mode=off"],
-            "grpo-ch-off" => &["objective.kind=clip", "objective.eps_low=0.2", "objective.eps_high=0.28", "mode=off"],
-            other => {
-                return Err(bad(
-                    "algo",
-                    format!(
-                        "unknown algorithm `{other}`; one of: grpo, grpo-ch, gppo, topr, grpo-kl, r2vpo-on, \
-                         r2vpo-off, grpo-off, grpo-ch-off"
-                    ),
-                ))
-            }
-        };
-        Ok(v.iter().map(|s| s.to_string()).collect())
+        Ok(r2vpo::algo::algo_overrides(name)?)
     }
 }
