@@ -57,8 +57,6 @@ pub struct EvalArgs {
     pub out: Option<PathBuf>,
 }
 
-/// Deep-merges `over` into `base`: tables merge key by key, anything else
-/// replaces.
 /// Loads an [`EvalConfig`] ([`config::load`]: the serialised default, the
 /// file merged into it, then each `--set`), then validates it.
 pub fn load_config(file: Option<&Path>, sets: &[String]) -> Result<EvalConfig> {
