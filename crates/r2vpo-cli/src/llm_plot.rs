@@ -186,7 +186,7 @@ fn mean(xs: &[f64]) -> f64 {
 fn summary_table(groups: &BTreeMap<String, Vec<&Run>>) -> String {
     let mut out = String::from(
         "| algorithm | seeds | iterations | reward (last 5) | accuracy (last 5) | length (last 5) | λ final | \
-         E[(ρ−1)²] (last 5) | held-out avg@k first → last |\n|---|---|---|---|---|---|---|---|---|\n",
+         E[(ρ−1)²] (last 5) | held-out avg@k |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for (label, runs) in groups {
         let last5 = |f: &dyn Fn(&IterMetrics) -> f64| {
@@ -199,14 +199,22 @@ fn summary_table(groups: &BTreeMap<String, Vec<&Run>>) -> String {
         };
         let its = runs.iter().map(|r| r.metrics.len()).min().unwrap_or(0);
         let lambda = mean(&runs.iter().map(|r| r.metrics.last().map_or(0.0, |m| m.lambda)).collect::<Vec<_>>());
-        let evals: Vec<(f64, f64)> =
-            runs.iter().filter_map(|r| Some((r.evals.first()?.avg_at_k, r.evals.last()?.avg_at_k))).collect();
+        // First and last held-out evaluation of each run (one number when a
+        // run was evaluated only once, e.g. at the end).
+        let evals: Vec<(f64, f64, usize)> = runs
+            .iter()
+            .filter_map(|r| Some((r.evals.first()?.avg_at_k, r.evals.last()?.avg_at_k, r.evals.len())))
+            .collect();
         let held = if evals.is_empty() {
             "-".to_string()
         } else {
             let first = mean(&evals.iter().map(|e| e.0).collect::<Vec<_>>());
             let last = mean(&evals.iter().map(|e| e.1).collect::<Vec<_>>());
-            format!("{:.1}% → {:.1}%", 100.0 * first, 100.0 * last)
+            if evals.iter().all(|e| e.2 > 1) {
+                format!("{:.1}% → {:.1}%", 100.0 * first, 100.0 * last)
+            } else {
+                format!("{:.1}% (end)", 100.0 * last)
+            }
         };
         out.push_str(&format!(
             "| {label} | {} | {its} | {:.3} | {:.3} | {:.1} | {:.4} | {:.2e} | {held} |\n",
