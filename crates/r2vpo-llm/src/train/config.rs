@@ -257,11 +257,6 @@ fn bad(field: &str, message: impl Into<String>) -> TrainError {
 }
 
 impl TrainConfig {
-    /// `(lo, hi, bins)` of the ratio histograms.
-    pub fn histogram_range(&self) -> (f64, f64, usize) {
-        self.histogram_range
-    }
-
     /// Checks every field, naming the first bad one.
     pub fn validate(&self) -> TrainResult<()> {
         let positive = [

@@ -551,7 +551,7 @@ impl Trainer {
         on_event(Event::Phase { iter, name: "update" });
         let t_train = Instant::now();
         let hist_on = self.cfg.histogram_every > 0 && iter % self.cfg.histogram_every == 0;
-        let mut hist = metrics::HistogramSet::new(hist_on, self.cfg.histogram_range(), self.cfg.mode);
+        let mut hist = metrics::HistogramSet::new(hist_on, self.cfg.histogram_range, self.cfg.mode);
         let mut acc = metrics::StepAccumulator::default();
         let mut shuffle_rng = ChaCha8Rng::seed_from_u64(derived_seed(self.cfg.seed, STREAM_SHUFFLE, iter as u64));
         match self.cfg.mode {
