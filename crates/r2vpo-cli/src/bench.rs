@@ -173,9 +173,27 @@ fn train_step_overhead(model: &r2vpo_llm::model::Transformer, prompt: &[u32], a:
         ("GRPO (clip 0.2, dual-clip 3)", ObjectiveConfig::preset("grpo")?),
         ("R²VPO", ObjectiveConfig::preset("r2vpo")?),
     ];
-    let mut step = vec![Vec::new(); 2];
+    // The same rows with the shared prompt run once (the trainer's
+    // `share_prompt_prefix`): a prefix of all but the prompt's last token,
+    // continued by that token and each response.
+    let n = prompt.len();
+    let pre = Tensor::from_vec(prompt[..n - 1].to_vec(), (1, n - 1), dev)?;
+    let pre_att = Tensor::ones((1, n - 1), DType::U32, dev)?;
+    let suffix = Tensor::from_vec(row[n - 1..].repeat(b), (b, r + 1), dev)?;
+    let suffix_att = Tensor::ones((b, r + 1), DType::U32, dev)?;
+    let share = vec![0usize; b];
+    let mut step = vec![Vec::new(); 3];
     let mut obj = vec![Vec::new(); 2];
     for _ in 0..a.train_reps.max(1) {
+        let t0 = Instant::now();
+        let logp = model.prefixed_tail_logprobs(&pre, &pre_att, &share, &suffix, &suffix_att)?;
+        let out = objectives[1].1.loss(
+            &PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask },
+            0.05,
+            &global,
+        )?;
+        out.loss.backward()?;
+        step[2].push(t0.elapsed().as_secs_f64());
         for (k, (_, cfg)) in objectives.iter().enumerate() {
             let t0 = Instant::now();
             let logp = model.tail_logprobs(&ids, &att, r)?;
@@ -197,7 +215,7 @@ fn train_step_overhead(model: &r2vpo_llm::model::Transformer, prompt: &[u32], a:
             obj[k].push(t1.elapsed().as_secs_f64() * 1000.0 / 20.0);
         }
     }
-    Ok(objectives
+    let mut rows: Vec<StepRow> = objectives
         .iter()
         .enumerate()
         .map(|(k, (name, _))| StepRow {
@@ -205,7 +223,13 @@ fn train_step_overhead(model: &r2vpo_llm::model::Transformer, prompt: &[u32], a:
             step_s: median(&mut step[k]),
             objective_ms: median(&mut obj[k]),
         })
-        .collect())
+        .collect();
+    rows.push(StepRow {
+        objective: "R²VPO, prompt run once (share_prompt_prefix)",
+        step_s: median(&mut step[2]),
+        objective_ms: rows[1].objective_ms,
+    });
+    Ok(rows)
 }
 
 /// Generation throughput of the LLM stack: sampled decode with a KV cache at
@@ -231,7 +255,7 @@ pub fn llm(a: &LlmArgs) -> Result<()> {
         println!("| {} | {:.2} | {:.1} |", r.batch, r.seconds, r.tokens_per_s);
     }
     let steps = if a.train_batch > 0 && a.train_tokens > 0 { train_step_overhead(&model, &ids, a)? } else { vec![] };
-    if let [grpo, r2] = steps.as_slice() {
+    if let [grpo, r2, ..] = steps.as_slice() {
         println!(
             "\npolicy-gradient step (forward + objective + backward), {} × ({} prompt + {} response) tokens, median of {}",
             a.train_batch,

@@ -289,3 +289,65 @@ fn tail_logprobs_match_the_full_forward() {
         assert!(m.tail_logprobs(&ids, &mask, 8).is_err(), "a tail as wide as the batch has no context");
     }
 }
+
+/// Scoring rows that share prompts with each prompt run once gives the
+/// same log-probs, entropies and gradients as scoring the whole rows.
+#[test]
+fn prefixed_tail_matches_whole_rows() {
+    let d = Device::Cpu;
+    // Two prompts (one shorter, so prefixes are left-padded) and four rows
+    // with responses of different lengths.
+    let prompts: [&[u32]; 2] = [&[3, 17, 5, 44, 9], &[25, 6, 49]];
+    let rows: [(usize, &[u32]); 4] = [(0, &[21, 30, 2]), (1, &[12]), (0, &[8]), (1, &[19, 33])];
+    let r = 3;
+    let w = 5 + r;
+    let (mut ids, mut mask) = (vec![], vec![]);
+    let (mut sids, mut smask) = (vec![], vec![]);
+    for (p, resp) in rows {
+        let full: Vec<u32> = prompts[p].iter().chain(resp).copied().collect();
+        ids.push([vec![0; w - full.len()], full.clone()].concat());
+        mask.push([vec![0u32; w - full.len()], vec![1; full.len()]].concat());
+        let suffix: Vec<u32> = [*prompts[p].last().unwrap()].iter().chain(resp).copied().collect();
+        sids.push([vec![0; r + 1 - suffix.len()], suffix.clone()].concat());
+        smask.push([vec![0u32; r + 1 - suffix.len()], vec![1; suffix.len()]].concat());
+    }
+    let pre: Vec<Vec<u32>> = vec![vec![3, 17, 5, 44], vec![0, 0, 25, 6]];
+    let pmask: Vec<Vec<u32>> = vec![vec![1; 4], vec![0, 0, 1, 1]];
+    let t = |v: Vec<Vec<u32>>| Tensor::new(v, &d).unwrap();
+    let (ids, mask, sids, smask, pre, pmask) = (t(ids), t(mask), t(sids), t(smask), t(pre), t(pmask));
+    let which = [0usize, 1, 0, 1];
+    let resp_mask: Vec<Vec<f32>> =
+        rows.iter().map(|(_, resp)| (0..r).map(|c| f32::from(c >= r - resp.len())).collect()).collect();
+    let resp_mask = Tensor::new(resp_mask, &d).unwrap();
+    for arch in ARCHS {
+        let m = model(arch, arch != Architecture::Qwen2, DType::F32);
+        let whole = m.tail_logprobs(&ids, &mask, r).unwrap();
+        let shared = m.prefixed_tail_logprobs(&pre, &pmask, &which, &sids, &smask).unwrap();
+        let scored = m.score_prefixed_tail_logprobs(&pre, &pmask, &which, &sids, &smask).unwrap();
+        let ents = [
+            m.tail_entropy(&ids, &mask, r).unwrap(),
+            m.prefixed_tail_entropy(&pre, &pmask, &which, &sids, &smask).unwrap(),
+        ];
+        let masked = |x: &Tensor| -> Vec<Vec<f32>> { (x * &resp_mask).unwrap().to_vec2().unwrap() };
+        let close = |a: &[Vec<f32>], b: &[Vec<f32>], what: &str| {
+            let dmax = a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(dmax < 1e-5, "{arch:?} {what}: max |Δ| {dmax}");
+        };
+        close(&masked(&whole), &masked(&shared), "log-probs");
+        close(&masked(&whole), &masked(&scored), "scored log-probs");
+        close(&masked(&ents[0]), &masked(&ents[1]), "entropy");
+        let g1 = (&whole * &resp_mask).unwrap().sum_all().unwrap().backward().unwrap();
+        let g2 = (&shared * &resp_mask).unwrap().sum_all().unwrap().backward().unwrap();
+        for (name, v) in m.named_vars() {
+            let a = g1.get(v.as_tensor()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let b = g2.get(v.as_tensor()).unwrap_or_else(|| panic!("{arch:?}: no gradient for {name}"));
+            let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let scale = a.iter().fold(1e-3f32, |s, x| s.max(x.abs()));
+            let dmax = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(dmax < 1e-4 * scale.max(1.0), "{arch:?} {name}: max |Δgrad| {dmax} (scale {scale})");
+        }
+    }
+    assert!(model(Architecture::Llama, true, DType::F32)
+        .prefixed_tail_logprobs(&pre, &pmask, &[0, 1], &sids, &smask)
+        .is_err());
+}

@@ -420,6 +420,97 @@ impl Transformer {
         Ok((self.head(p, &hs)?, targets))
     }
 
+    /// [`Transformer::tail_logprobs`] for rows that share prompts, with each
+    /// distinct prefix run once. Row `b` is the prefix `rows[b]` of
+    /// `prefix_ids (U, P)` (left-padded, mask `prefix_mask`) followed by its
+    /// own `suffix_ids (B, S)` (left-padded, mask `suffix_mask`); returns the
+    /// log-probabilities of suffix columns `1..S` given everything before
+    /// them, `(B, S − 1)`, the same layout as `tail_logprobs` with
+    /// `r = S − 1`. The prefix's keys and values are computed once and
+    /// gathered per row (a differentiable `index_select`), so a group of G
+    /// samples of one prompt costs one prompt forward/backward instead of G:
+    /// the RL trainer's micro-batches are mostly prompt tokens.
+    pub fn prefixed_tail_logprobs(
+        &self,
+        prefix_ids: &Tensor,
+        prefix_mask: &Tensor,
+        rows: &[usize],
+        suffix_ids: &Tensor,
+        suffix_mask: &Tensor,
+    ) -> Result<Tensor> {
+        let (logits, targets) =
+            self.prefixed_tail_logits(&self.params, prefix_ids, prefix_mask, rows, suffix_ids, suffix_mask)?;
+        Ok(ops::log_prob_gather(&logits, &targets)?.reshape((rows.len(), suffix_ids.dim(1)? - 1))?)
+    }
+
+    /// [`Transformer::prefixed_tail_logprobs`] on detached weights (no graph).
+    pub fn score_prefixed_tail_logprobs(
+        &self,
+        prefix_ids: &Tensor,
+        prefix_mask: &Tensor,
+        rows: &[usize],
+        suffix_ids: &Tensor,
+        suffix_mask: &Tensor,
+    ) -> Result<Tensor> {
+        let (logits, targets) =
+            self.prefixed_tail_logits(&self.detached(), prefix_ids, prefix_mask, rows, suffix_ids, suffix_mask)?;
+        Ok(ops::log_prob_gather(&logits, &targets)?.reshape((rows.len(), suffix_ids.dim(1)? - 1))?)
+    }
+
+    /// [`Transformer::tail_entropy`] at the positions
+    /// [`Transformer::prefixed_tail_logprobs`] scores, `(B, S − 1)`.
+    pub fn prefixed_tail_entropy(
+        &self,
+        prefix_ids: &Tensor,
+        prefix_mask: &Tensor,
+        rows: &[usize],
+        suffix_ids: &Tensor,
+        suffix_mask: &Tensor,
+    ) -> Result<Tensor> {
+        let (logits, _) =
+            self.prefixed_tail_logits(&self.params, prefix_ids, prefix_mask, rows, suffix_ids, suffix_mask)?;
+        let lsm = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
+        let ent = lsm.exp()?.mul(&lsm)?.sum(candle_core::D::Minus1)?.neg()?;
+        Ok(ent.reshape((rows.len(), suffix_ids.dim(1)? - 1))?)
+    }
+
+    /// Logits `(B·(S−1), V)` predicting suffix columns `1..S`, and those
+    /// tokens, for [`Transformer::prefixed_tail_logprobs`].
+    fn prefixed_tail_logits(
+        &self,
+        p: &Params,
+        prefix_ids: &Tensor,
+        prefix_mask: &Tensor,
+        rows: &[usize],
+        suffix_ids: &Tensor,
+        suffix_mask: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let (u, pw) = prefix_ids.dims2()?;
+        let (b, s) = suffix_ids.dims2()?;
+        if s < 2 {
+            return Err(
+                candle_core::Error::Msg(format!("suffix width {s} must be at least 2 (context + 1 token)")).into()
+            );
+        }
+        if rows.len() != b {
+            return Err(candle_core::Error::Msg(format!("{} row indices for {b} suffix rows", rows.len())).into());
+        }
+        let mut cache = KvCache::new(self, u);
+        if pw > 0 {
+            let pm = mask_rows(prefix_mask, u, pw)?;
+            // Only the cache is wanted; the final norm over the prefix is a
+            // negligible waste next to the layers that fill it.
+            self.hidden(p, prefix_ids, &pm, Some(&mut cache))?;
+        }
+        cache.select_rows(rows)?;
+        let sm = mask_rows(suffix_mask, b, s)?;
+        let h = self.hidden(p, suffix_ids, &sm, Some(&mut cache))?;
+        let r = s - 1;
+        let hs = h.narrow(1, 0, r)?.contiguous()?.reshape((b * r, self.config.hidden_size))?;
+        let targets = suffix_ids.narrow(1, 1, r)?.to_dtype(DType::U32)?.flatten_all()?;
+        Ok((self.head(p, &hs)?, targets))
+    }
+
     /// Logits `(B, T, V)` for every position, on detached weights.
     pub fn forward_logits(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
         let (b, t) = input_ids.dims2()?;

@@ -3,6 +3,8 @@
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+use crate::model::Transformer;
+
 /// One sampled response with everything the update needs: Algorithm 2's
 /// ⟨x, y, r, Â, log π_off⟩ tuple (the policy version is kept by the replay
 /// buffer).
@@ -26,16 +28,42 @@ pub struct Sample {
     pub ref_logp: Option<Vec<f32>>,
 }
 
-/// A left-padded micro-batch. Responses end at the right edge, so the
-/// per-token tensors cover only the last `R` = longest-response columns:
-/// column `c` belongs to token `W − R + c` of its row, and a response of
-/// length `r` occupies columns `[R − r, R)` (see
-/// [`crate::model::Transformer::tail_logprobs`]).
+/// The token inputs of a micro-batch, in one of two equivalent layouts.
+pub enum Inputs {
+    /// Whole rows, prompt then response, left-padded to a common width:
+    /// token ids and attention mask `(B, W)`, u32.
+    Padded {
+        /// Token ids `(B, W)`.
+        ids: Tensor,
+        /// 1 for real tokens, 0 for left padding `(B, W)`.
+        attention: Tensor,
+    },
+    /// Each distinct prompt once, minus its last token, in `prefix_ids (U, P)`;
+    /// row `b` continues prefix `rows[b]` with `suffix_ids (B, R + 1)` = the
+    /// prompt's last token then the response, left-padded (see
+    /// [`crate::model::Transformer::prefixed_tail_logprobs`]).
+    Prefixed {
+        /// Distinct prompt prefixes `(U, P)`, left-padded.
+        prefix_ids: Tensor,
+        /// Their attention mask `(U, P)`.
+        prefix_attention: Tensor,
+        /// The prefix each row continues.
+        rows: Vec<usize>,
+        /// Last prompt token + response `(B, R + 1)`, left-padded.
+        suffix_ids: Tensor,
+        /// Their attention mask `(B, R + 1)`.
+        suffix_attention: Tensor,
+    },
+}
+
+/// A micro-batch ready for the model. Responses end at the right edge, so
+/// the per-token tensors cover only the last `R` = longest-response columns:
+/// a response of length `r` occupies columns `[R − r, R)` (see
+/// [`crate::model::Transformer::tail_logprobs`]), whichever [`Inputs`]
+/// layout carries the tokens.
 pub struct TrainTensors {
-    /// Token ids `(B, W)`, u32.
-    pub ids: Tensor,
-    /// 1 for real tokens, 0 for left padding `(B, W)`, u32.
-    pub attention: Tensor,
+    /// The tokens.
+    pub inputs: Inputs,
     /// `R`, the number of scored columns.
     pub tail: usize,
     /// 1 at response tokens `(B, R)`, f32.
@@ -48,26 +76,51 @@ pub struct TrainTensors {
     pub ref_logp: Option<Tensor>,
 }
 
-/// Packs `samples` into left-padded training tensors.
-pub fn pack(samples: &[&Sample], pad_id: u32, device: &Device) -> candle_core::Result<TrainTensors> {
+impl TrainTensors {
+    /// Differentiable log π_θ of the response columns, `(B, R)`.
+    pub fn logprobs(&self, model: &Transformer) -> crate::model::Result<Tensor> {
+        match &self.inputs {
+            Inputs::Padded { ids, attention } => model.tail_logprobs(ids, attention, self.tail),
+            Inputs::Prefixed { prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention } => {
+                model.prefixed_tail_logprobs(prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention)
+            }
+        }
+    }
+
+    /// [`TrainTensors::logprobs`] without a graph.
+    pub fn score_logprobs(&self, model: &Transformer) -> crate::model::Result<Tensor> {
+        match &self.inputs {
+            Inputs::Padded { ids, attention } => model.score_tail_logprobs(ids, attention, self.tail),
+            Inputs::Prefixed { prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention } => {
+                model.score_prefixed_tail_logprobs(prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention)
+            }
+        }
+    }
+
+    /// Differentiable entropy of π_θ at the response columns, `(B, R)`.
+    pub fn entropy(&self, model: &Transformer) -> crate::model::Result<Tensor> {
+        match &self.inputs {
+            Inputs::Padded { ids, attention } => model.tail_entropy(ids, attention, self.tail),
+            Inputs::Prefixed { prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention } => {
+                model.prefixed_tail_entropy(prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention)
+            }
+        }
+    }
+}
+
+/// The per-token tensors shared by both layouts: `(mask, old, adv, ref)`.
+fn tail_tensors(
+    samples: &[&Sample],
+    tail: usize,
+    device: &Device,
+) -> candle_core::Result<(Tensor, Tensor, Tensor, Option<Tensor>)> {
     let b = samples.len();
-    let tail = samples.iter().map(|s| s.response_ids.len()).max().unwrap_or(0).max(1);
-    // At least one token of context precedes the scored tail.
-    let w = samples.iter().map(|s| s.prompt_ids.len() + s.response_ids.len()).max().unwrap_or(0).max(tail + 1);
-    let mut ids = vec![pad_id; b * w];
-    let mut att = vec![0u32; b * w];
     let mut mask = vec![0f32; b * tail];
     let mut old = vec![0f32; b * tail];
     let mut adv = vec![0f32; b * tail];
     let with_ref = !samples.is_empty() && samples.iter().all(|s| s.ref_logp.is_some());
     let mut rf = vec![0f32; if with_ref { b * tail } else { 0 }];
     for (i, s) in samples.iter().enumerate() {
-        let len = s.prompt_ids.len() + s.response_ids.len();
-        let pad = w - len;
-        for (k, &t) in s.prompt_ids.iter().chain(&s.response_ids).enumerate() {
-            ids[i * w + pad + k] = t;
-            att[i * w + pad + k] = 1;
-        }
         let r = s.response_ids.len();
         for k in 0..r {
             let j = i * tail + tail - r + k;
@@ -80,14 +133,94 @@ pub fn pack(samples: &[&Sample], pad_id: u32, device: &Device) -> candle_core::R
         }
     }
     let t = |v: Vec<f32>| Tensor::from_vec(v, (b, tail), device);
+    Ok((t(mask)?, t(old)?, t(adv)?, if with_ref { Some(t(rf)?) } else { None }))
+}
+
+/// Packs `samples` into whole left-padded rows ([`Inputs::Padded`]).
+pub fn pack(samples: &[&Sample], pad_id: u32, device: &Device) -> candle_core::Result<TrainTensors> {
+    let b = samples.len();
+    let tail = samples.iter().map(|s| s.response_ids.len()).max().unwrap_or(0).max(1);
+    // At least one token of context precedes the scored tail.
+    let w = samples.iter().map(|s| s.prompt_ids.len() + s.response_ids.len()).max().unwrap_or(0).max(tail + 1);
+    let mut ids = vec![pad_id; b * w];
+    let mut att = vec![0u32; b * w];
+    for (i, s) in samples.iter().enumerate() {
+        let len = s.prompt_ids.len() + s.response_ids.len();
+        let pad = w - len;
+        for (k, &t) in s.prompt_ids.iter().chain(&s.response_ids).enumerate() {
+            ids[i * w + pad + k] = t;
+            att[i * w + pad + k] = 1;
+        }
+    }
+    let (mask, old_logp, advantages, ref_logp) = tail_tensors(samples, tail, device)?;
     Ok(TrainTensors {
-        ids: Tensor::from_vec(ids, (b, w), device)?,
-        attention: Tensor::from_vec(att, (b, w), device)?,
+        inputs: Inputs::Padded {
+            ids: Tensor::from_vec(ids, (b, w), device)?,
+            attention: Tensor::from_vec(att, (b, w), device)?,
+        },
         tail,
-        mask: t(mask)?,
-        old_logp: t(old)?,
-        advantages: t(adv)?,
-        ref_logp: if with_ref { Some(t(rf)?) } else { None },
+        mask,
+        old_logp,
+        advantages,
+        ref_logp,
+    })
+}
+
+/// Packs `samples` with each distinct prompt stored once
+/// ([`Inputs::Prefixed`]); falls back to [`pack`] when sharing cannot help
+/// (every prompt a single token, or an empty prompt).
+pub fn pack_prefixed(samples: &[&Sample], pad_id: u32, device: &Device) -> candle_core::Result<TrainTensors> {
+    if samples.iter().any(|s| s.prompt_ids.is_empty()) || samples.iter().all(|s| s.prompt_ids.len() < 2) {
+        return pack(samples, pad_id, device);
+    }
+    let mut distinct: Vec<&[u32]> = Vec::new();
+    let mut rows = Vec::with_capacity(samples.len());
+    for s in samples {
+        let prefix = &s.prompt_ids[..s.prompt_ids.len() - 1];
+        let u = match distinct.iter().position(|d| *d == prefix) {
+            Some(u) => u,
+            None => {
+                distinct.push(prefix);
+                distinct.len() - 1
+            }
+        };
+        rows.push(u);
+    }
+    let (u, p) = (distinct.len(), distinct.iter().map(|d| d.len()).max().unwrap_or(0));
+    let mut pids = vec![pad_id; u * p];
+    let mut patt = vec![0u32; u * p];
+    for (i, d) in distinct.iter().enumerate() {
+        let pad = p - d.len();
+        pids[i * p + pad..(i + 1) * p].copy_from_slice(d);
+        patt[i * p + pad..(i + 1) * p].fill(1);
+    }
+    let b = samples.len();
+    let tail = samples.iter().map(|s| s.response_ids.len()).max().unwrap_or(0).max(1);
+    let w = tail + 1;
+    let mut sids = vec![pad_id; b * w];
+    let mut satt = vec![0u32; b * w];
+    for (i, s) in samples.iter().enumerate() {
+        let last = *s.prompt_ids.last().expect("non-empty");
+        let pad = w - 1 - s.response_ids.len();
+        for (k, &t) in std::iter::once(&last).chain(&s.response_ids).enumerate() {
+            sids[i * w + pad + k] = t;
+            satt[i * w + pad + k] = 1;
+        }
+    }
+    let (mask, old_logp, advantages, ref_logp) = tail_tensors(samples, tail, device)?;
+    Ok(TrainTensors {
+        inputs: Inputs::Prefixed {
+            prefix_ids: Tensor::from_vec(pids, (u, p), device)?,
+            prefix_attention: Tensor::from_vec(patt, (u, p), device)?,
+            rows,
+            suffix_ids: Tensor::from_vec(sids, (b, w), device)?,
+            suffix_attention: Tensor::from_vec(satt, (b, w), device)?,
+        },
+        tail,
+        mask,
+        old_logp,
+        advantages,
+        ref_logp,
     })
 }
 
@@ -128,9 +261,10 @@ mod tests {
         let a = sample(&[5, 6, 7], &[8, 9], 1.5);
         let b = sample(&[5], &[3, 4, 2], -0.5);
         let t = pack(&[&a, &b], 0, &Device::Cpu).unwrap();
-        let ids: Vec<Vec<u32>> = t.ids.to_vec2().unwrap();
+        let Inputs::Padded { ids, attention } = &t.inputs else { panic!("pack makes padded rows") };
+        let ids: Vec<Vec<u32>> = ids.to_vec2().unwrap();
         assert_eq!(ids, vec![vec![5, 6, 7, 8, 9], vec![0, 5, 3, 4, 2]]);
-        let att: Vec<Vec<u32>> = t.attention.to_vec2().unwrap();
+        let att: Vec<Vec<u32>> = attention.to_vec2().unwrap();
         assert_eq!(att, vec![vec![1, 1, 1, 1, 1], vec![0, 1, 1, 1, 1]]);
         assert_eq!(t.tail, 3);
         let m: Vec<Vec<f32>> = t.mask.to_vec2().unwrap();
@@ -146,5 +280,30 @@ mod tests {
         }
         let back = unpack_responses(&t.old_logp, &[&a, &b]).unwrap();
         assert_eq!(back, vec![a.behaviour_logp.clone(), b.behaviour_logp.clone()]);
+    }
+
+    /// Shared prompts are stored once; each row's suffix is the prompt's
+    /// last token then the response, right-aligned like `pack`'s tail.
+    #[test]
+    fn pack_prefixed_stores_each_prompt_once() {
+        let a = sample(&[5, 6, 7], &[8, 9], 1.5);
+        let b = sample(&[4], &[3, 4, 2], -0.5);
+        let c = sample(&[5, 6, 7], &[1], 0.5);
+        let t = pack_prefixed(&[&a, &b, &c], 0, &Device::Cpu).unwrap();
+        let Inputs::Prefixed { prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention } = &t.inputs else {
+            panic!("prompts of two tokens or more share a prefix")
+        };
+        assert_eq!(rows, &vec![0, 1, 0]);
+        assert_eq!(prefix_ids.to_vec2::<u32>().unwrap(), vec![vec![5, 6], vec![0, 0]]);
+        assert_eq!(prefix_attention.to_vec2::<u32>().unwrap(), vec![vec![1, 1], vec![0, 0]]);
+        assert_eq!(suffix_ids.to_vec2::<u32>().unwrap(), vec![vec![0, 7, 8, 9], vec![4, 3, 4, 2], vec![0, 0, 7, 1]]);
+        assert_eq!(suffix_attention.to_vec2::<u32>().unwrap(), vec![vec![0, 1, 1, 1], vec![1; 4], vec![0, 0, 1, 1]]);
+        let plain = pack(&[&a, &b, &c], 0, &Device::Cpu).unwrap();
+        assert_eq!(t.tail, plain.tail);
+        for (x, y) in [(&t.mask, &plain.mask), (&t.old_logp, &plain.old_logp), (&t.advantages, &plain.advantages)] {
+            assert_eq!(x.to_vec2::<f32>().unwrap(), y.to_vec2::<f32>().unwrap());
+        }
+        let single = sample(&[5], &[8], 1.0);
+        assert!(matches!(pack_prefixed(&[&single], 0, &Device::Cpu).unwrap().inputs, Inputs::Padded { .. }));
     }
 }

@@ -444,12 +444,22 @@ impl Trainer {
         Ok(out)
     }
 
+    /// Tensors for one micro-batch, in the layout `share_prompt_prefix` picks.
+    fn pack(&self, samples: &[&Sample], dev: &candle_core::Device) -> candle_core::Result<batch::TrainTensors> {
+        let pad = self.tok.pad_token_id();
+        if self.cfg.share_prompt_prefix {
+            batch::pack_prefixed(samples, pad, dev)
+        } else {
+            batch::pack(samples, pad, dev)
+        }
+    }
+
     /// Per-response log-probs of `samples` under `model` (no graph).
     fn score(&self, model: &Transformer, samples: &[&Sample]) -> TrainResult<Vec<Vec<f32>>> {
         let mut out = Vec::with_capacity(samples.len());
         for part in samples.chunks(self.cfg.micro_batch_size) {
-            let t = batch::pack(part, self.tok.pad_token_id(), model.device())?;
-            let lp = model.score_tail_logprobs(&t.ids, &t.attention, t.tail)?;
+            let t = self.pack(part, model.device())?;
+            let lp = t.score_logprobs(model)?;
             out.extend(batch::unpack_responses(&lp, part)?);
         }
         Ok(out)
@@ -625,11 +635,15 @@ impl Trainer {
             return Ok(());
         }
         let dev = self.model.device().clone();
-        let pad = self.tok.pad_token_id();
+        let mut items = items.to_vec();
+        if self.cfg.share_prompt_prefix {
+            // Keep each prompt's samples in as few micro-batches as possible.
+            items.sort_by_key(|(s, _)| s.problem);
+        }
         let parts: Vec<&[(&Sample, u64)]> = items.chunks(self.cfg.micro_batch_size).collect();
         let packed: Vec<batch::TrainTensors> = parts
             .iter()
-            .map(|p| batch::pack(&p.iter().map(|(s, _)| *s).collect::<Vec<_>>(), pad, &dev))
+            .map(|p| self.pack(&p.iter().map(|(s, _)| *s).collect::<Vec<_>>(), &dev))
             .collect::<candle_core::Result<_>>()?;
         let masks: Vec<&Tensor> = packed.iter().map(|t| &t.mask).collect();
         let global = GlobalBatch::from_masks(&masks)?.with_horizon(self.cfg.sampling.max_new_tokens as f64);
@@ -642,7 +656,7 @@ impl Trainer {
         let mut ref_kl = 0.0f64;
         let mut tokens = 0usize;
         for (part, t) in parts.iter().zip(&packed) {
-            let logp = self.model.tail_logprobs(&t.ids, &t.attention, t.tail)?;
+            let logp = t.logprobs(&self.model)?;
             let out = self.cfg.objective.loss(
                 &PolicyBatch { logp: &logp, old_logp: &t.old_logp, advantages: &t.advantages, mask: &t.mask },
                 lambda,
@@ -658,7 +672,7 @@ impl Trainer {
                 loss = loss.add(&term.affine(self.cfg.ref_kl.coef, 0.0)?)?;
             }
             if self.cfg.entropy_coef != 0.0 {
-                let ent = self.model.tail_entropy(&t.ids, &t.attention, t.tail)?;
+                let ent = t.entropy(&self.model)?;
                 let term = aggregate(&ent, &t.mask, agg, &global)?;
                 loss = loss.sub(&term.affine(self.cfg.entropy_coef, 0.0)?)?;
             }
