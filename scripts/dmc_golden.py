@@ -4,11 +4,12 @@
 For each task it resets dm_control (1.0.50, MuJoCo 3.17.0), records the
 physics state after the reset (qpos, qvel, act, qacc_warmstart, time), the
 per-episode model edits the Rust port keeps outside the model (reacher and
-finger-turn targets), a fixed sequence of pseudo-random actions, and every
-observation and reward. `crates/r2vpo-control/tests/golden.rs` restores that
-state and replays the actions.
+finger-turn targets; dog's XML edits are constant and redone in Rust), a
+fixed sequence of pseudo-random actions, and every observation and reward.
+`crates/r2vpo-control/tests/golden.rs` restores that state and replays the
+actions.
 
-Run from the repository root:  python3 scripts/dmc_golden.py
+Run from the repository root:  python3 scripts/dmc_golden.py [TASK ...]
 It creates a throw-away virtualenv under /tmp (pip installs dm-control and
 mujoco from PyPI) and re-runs itself inside it. Floats are written with
 repr() so they round-trip exactly.
@@ -45,6 +46,7 @@ TASKS = {
     "reacher-easy": ("reacher", "easy"),
     "reacher-hard": ("reacher", "hard"),
     "humanoid-run": ("humanoid", "run"),
+    "dog-run": ("dog", "run"),
 }
 
 # Seeds whose 50-step random-action trajectory earns a non-zero reward, so the
@@ -55,6 +57,12 @@ SEEDS = {
     "finger-turn_easy": 21, "finger-turn_hard": 42, "ball_in_cup-catch": 14,
     "pendulum-swingup": 14, "reacher-hard": 41,
 }
+
+
+# Steps recorded per task unless --steps is given. Dog's 223-dim observation
+# makes each step ~5 kB of JSON, so it records fewer to keep the file small.
+DEFAULT_STEPS = 50
+STEPS = {"dog-run": 16}
 
 
 def ensure_venv():
@@ -136,7 +144,8 @@ def record(name, steps, seed, out_dir):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps for every task (default: %d, fewer for some tasks)" % DEFAULT_STEPS)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--seed-all", action="store_true",
                         help="use --seed for every task, ignoring the per-task seeds")
@@ -148,7 +157,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     for name in args.tasks or TASKS:
         seed = args.seed if args.seed_all else SEEDS.get(name, args.seed)
-        record(name, args.steps, seed, args.out)
+        steps = args.steps if args.steps is not None else STEPS.get(name, DEFAULT_STEPS)
+        record(name, steps, seed, args.out)
 
 
 if __name__ == "__main__":

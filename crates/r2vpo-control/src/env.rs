@@ -7,7 +7,7 @@ use mujoco_rs::prelude::*;
 use rand::SeedableRng;
 
 use crate::error::{Error, PhysicsWarning, Result};
-use crate::physics::{load_model, Physics, PhysicsState};
+use crate::physics::{load_edited_model, load_model, Physics, PhysicsState};
 use crate::tasks::{task_spec, ObsWriter, Task, TaskRng, TaskSpec};
 
 /// Most consecutive resets that may fail with MuJoCo warnings.
@@ -26,10 +26,13 @@ pub struct StepResult {
     pub warning: Option<PhysicsWarning>,
 }
 
-/// Loads a task's model with its constant edits applied, ready to share
-/// between environments.
+/// Loads a task's model with its constant edits (XML, then compiled model)
+/// applied, ready to share between environments.
 pub fn load_task_model(spec: &TaskSpec, suite: Option<&Path>) -> Result<Arc<MjModel>> {
-    let mut model = load_model(spec.domain, suite)?;
+    let mut model = match spec.edit_xml {
+        Some(edit) => load_edited_model(spec.domain, suite, edit)?,
+        None => load_model(spec.domain, suite)?,
+    };
     (spec.edit_model)(&mut model)?;
     Ok(Arc::new(model))
 }

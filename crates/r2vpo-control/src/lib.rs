@@ -1,7 +1,8 @@
 //! DeepMind Control Suite tasks on real MuJoCo physics, for the r2vpo
 //! continuous-control experiments.
 //!
-//! * [`physics`]: loads the suite's MJCF models (fetched by `make deps`) and
+//! * [`physics`]: loads the suite's MJCF models (fetched by `make deps`;
+//!   [`mjcf`] edits their text where a task needs it) and
 //!   steps them exactly like dm_control 1.0.50's legacy step, detecting MuJoCo
 //!   warnings and keeping MuJoCo from writing `MUJOCO_LOG.TXT`.
 //! * [`tasks`]: rewards, observations, resets and per-episode edits of each
@@ -17,6 +18,7 @@
 
 pub mod env;
 pub mod error;
+pub mod mjcf;
 pub mod physics;
 pub mod policy;
 pub mod rewards;
@@ -26,6 +28,6 @@ pub mod vec_env;
 
 pub use env::{load_task_model, make_env, Env, StepResult};
 pub use error::{Error, PhysicsWarning, Result};
-pub use physics::{load_model, suite_dir, Physics, PhysicsState, SUITE_ENV_VAR};
+pub use physics::{load_edited_model, load_model, suite_dir, Physics, PhysicsState, SUITE_ENV_VAR};
 pub use tasks::{task_names, task_spec, Task, TaskSpec};
 pub use vec_env::{EpisodeStats, RunningMeanStd, VecEnv, VecEnvConfig, VecStep};

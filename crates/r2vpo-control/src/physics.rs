@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Once};
 
 use mujoco_rs::prelude::*;
+use mujoco_rs::wrappers::mj_auxiliary::MjVfs;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, PhysicsWarning, Result};
@@ -55,13 +56,41 @@ pub fn quiet_mujoco_log_file() {
 /// Loads `<suite>/<domain>.xml` (includes resolve relative to that file, so
 /// `common/` must sit beside it).
 pub fn load_model(domain: &str, suite: Option<&Path>) -> Result<MjModel> {
+    let path = model_path(domain, suite)?;
+    quiet_mujoco_log_file();
+    MjModel::from_xml(&path).map_err(|e| Error::ModelLoad { path, message: e.to_string() })
+}
+
+/// Loads `<suite>/<domain>.xml` after rewriting its text with `edit`, as
+/// dm_control does for tasks that edit their MJCF before compiling it.
+///
+/// The edited text goes into a MuJoCo virtual file system under the original
+/// file's path. MuJoCo looks files up in the VFS first and falls back to the
+/// disk, so the edited text shadows the file while its includes and mesh
+/// assets still resolve relative to the suite folder.
+pub fn load_edited_model(
+    domain: &str,
+    suite: Option<&Path>,
+    edit: impl FnOnce(&str) -> Result<String>,
+) -> Result<MjModel> {
+    let path = model_path(domain, suite)?;
+    let load_err = |message: String| Error::ModelLoad { path: path.clone(), message };
+    let text = std::fs::read_to_string(&path).map_err(|e| load_err(e.to_string()))?;
+    let edited = edit(&text)?;
+    let name = path.to_str().ok_or_else(|| load_err("path is not valid UTF-8".into()))?;
+    let mut vfs = MjVfs::new();
+    vfs.add_from_buffer(name, edited.as_bytes()).map_err(|e| load_err(format!("VFS: {e}")))?;
+    quiet_mujoco_log_file();
+    MjModel::from_xml_vfs(name, &vfs).map_err(|e| load_err(e.to_string()))
+}
+
+fn model_path(domain: &str, suite: Option<&Path>) -> Result<PathBuf> {
     let dir = suite_dir(suite);
     let path = dir.join(format!("{domain}.xml"));
     if !path.is_file() {
         return Err(Error::SuiteMissing { dir, path });
     }
-    quiet_mujoco_log_file();
-    MjModel::from_xml(&path).map_err(|e| Error::ModelLoad { path, message: e.to_string() })
+    Ok(path)
 }
 
 /// The MuJoCo state that determines the future bit-exactly (dm_control
@@ -86,6 +115,8 @@ pub struct Physics {
     data: MjData<Arc<MjModel>>,
     n_sub_steps: usize,
     rk4: bool,
+    /// `ctrl` and `act` saved across [`Physics::forward_unactuated`].
+    saved_inputs: Vec<f64>,
 }
 
 impl std::fmt::Debug for Physics {
@@ -103,8 +134,9 @@ impl Physics {
     /// control step.
     pub fn new(model: Arc<MjModel>, n_sub_steps: usize) -> Self {
         let rk4 = model.opt().integrator == MjtIntegrator::mjINT_RK4 as i32;
+        let saved_inputs = Vec::with_capacity((model.nu() + model.na()) as usize);
         let data = MjData::new(model);
-        Self { data, n_sub_steps: n_sub_steps.max(1), rk4 }
+        Self { data, n_sub_steps: n_sub_steps.max(1), rk4, saved_inputs }
     }
 
     /// The model.
@@ -147,25 +179,39 @@ impl Physics {
         }
     }
 
-    /// `mj_resetData` followed by `mj_forward`, like dm_control's
-    /// `Physics.reset` (whose errors dm_control ignores too).
-    ///
-    /// dm_control runs that forward pass with actuation disabled. Flipping the
-    /// flag would mutate the shared model, so this relies on `ctrl` being zero
-    /// after a reset: every actuator of the supported tasks is a plain motor
-    /// (no dynamics, no bias; checked when a task is built), whose force at
-    /// zero control is exactly zero, as with actuation disabled.
+    /// `mj_resetData` followed by `mj_forward` with actuation disabled, like
+    /// dm_control's `Physics.reset` (whose errors dm_control ignores too).
     pub fn reset(&mut self) {
         self.data.reset();
-        self.data.forward();
+        self.forward_unactuated();
     }
 
-    /// `mj_forward` (dm_control's `after_reset`; see [`Physics::reset`] on
-    /// actuation), reporting new MuJoCo warnings.
+    /// `mj_forward` with actuation disabled (dm_control's `after_reset`),
+    /// reporting new MuJoCo warnings.
     pub fn forward(&mut self) -> Result<(), PhysicsWarning> {
         let before = self.warning_counts();
-        self.data.forward();
+        self.forward_unactuated();
         self.check(before)
+    }
+
+    /// `mj_forward` as if `mjDSBL_ACTUATION` were set.
+    ///
+    /// Setting the flag would mutate the model all environments share, so
+    /// the actuators' inputs are zeroed for the pass instead: `ctrl` and the
+    /// activations `act`, restored afterwards. For the actuator kinds the
+    /// tasks admit (see `tasks::check_model`), the forces are then exactly
+    /// zero, as with actuation disabled; on dog-run (MuJoCo 3.17) every float
+    /// array of `mjData` then equals the flag-set pass bit-for-bit.
+    fn forward_unactuated(&mut self) {
+        let (nu, na) = (self.data.ctrl().len(), self.data.act().len());
+        self.saved_inputs.clear();
+        self.saved_inputs.extend_from_slice(self.data.ctrl());
+        self.saved_inputs.extend_from_slice(self.data.act());
+        self.data.ctrl_mut().fill(0.0);
+        self.data.act_mut().fill(0.0);
+        self.data.forward();
+        self.data.ctrl_mut().copy_from_slice(&self.saved_inputs[..nu]);
+        self.data.act_mut().copy_from_slice(&self.saved_inputs[nu..nu + na]);
     }
 
     /// Writes the action into `ctrl` unchanged, as dm_control does (MuJoCo

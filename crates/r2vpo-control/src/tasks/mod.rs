@@ -5,6 +5,9 @@
 //! edits. Randomness uses a seeded ChaCha RNG: the distributions match
 //! dm_control, the draws cannot (dm_control uses NumPy's `RandomState`).
 //!
+//! Per-task XML edits (dog's `make_model`) are applied to the model file's
+//! text before compiling, via [`TaskSpec::edit_xml`].
+//!
 //! Per-episode model edits (reacher's and finger's targets) are kept in the
 //! task instead of the model, because all environments of a vector share one
 //! read-only `MjModel`; the targets sit on the world body and never collide,
@@ -22,6 +25,7 @@ pub mod acrobot;
 pub mod ball_in_cup;
 pub mod cartpole;
 pub mod cheetah;
+pub mod dog;
 pub mod finger;
 pub mod hopper;
 pub mod humanoid;
@@ -105,11 +109,17 @@ pub struct TaskSpec {
     pub control_timestep: Option<f64>,
     /// dm_control's episode time limit in seconds.
     pub time_limit: f64,
+    /// Rewrites the model file's text before it is compiled, for tasks whose
+    /// dm_control constructor edits the XML (elements removed, sizes changed).
+    pub edit_xml: Option<XmlEdit>,
     /// Edits applied once to the loaded model (constant per task).
     pub edit_model: fn(&mut MjModel) -> Result<()>,
     /// Binds the task logic to the model.
     pub build: fn(&MjModel) -> Result<Box<dyn Task>>,
 }
+
+/// A rewrite of a model file's text (see [`TaskSpec::edit_xml`]).
+pub type XmlEdit = fn(&str) -> Result<String>;
 
 impl TaskSpec {
     /// Physics steps per control step (dm_control's `compute_n_steps`).
@@ -140,11 +150,15 @@ fn no_edit(_: &mut MjModel) -> Result<()> {
 
 macro_rules! spec {
     ($name:literal, $domain:literal, $ct:expr, $tl:expr, $edit:expr, $build:expr) => {
+        spec!($name, $domain, $ct, $tl, None, $edit, $build)
+    };
+    ($name:literal, $domain:literal, $ct:expr, $tl:expr, $xml:expr, $edit:expr, $build:expr) => {
         TaskSpec {
             name: $name,
             domain: $domain,
             control_timestep: $ct,
             time_limit: $tl,
+            edit_xml: $xml,
             edit_model: $edit,
             build: $build,
         }
@@ -172,6 +186,7 @@ pub static TASKS: &[TaskSpec] = &[
     spec!("reacher-easy", "reacher", None, 20.0, reacher::edit_easy, reacher::easy),
     spec!("reacher-hard", "reacher", None, 20.0, reacher::edit_hard, reacher::hard),
     spec!("humanoid-run", "humanoid", Some(0.025), 25.0, no_edit, humanoid::run),
+    spec!("dog-run", "dog", Some(0.015), 15.0, Some(dog::edit_run_xml), no_edit, dog::run),
 ];
 
 /// Names of all registered tasks (`domain-task`).
@@ -241,8 +256,12 @@ impl Sensor {
     }
 }
 
-/// Checks the model's shape and that zero control means zero actuator force
-/// (see [`Physics::reset`]).
+/// Checks the model's shape and that every actuator's force is exactly zero
+/// when its control and activation are zero, which [`Physics::forward`]
+/// relies on to reproduce dm_control's actuation-disabled forward pass:
+/// gain-times-input actuators (no bias) whose activation dynamics keep a zero
+/// activation at zero (none, integrator, filter), and no gravity compensation
+/// routed through actuators.
 pub(crate) fn check_model(model: &MjModel, task: &'static str, nq: usize, nv: usize, nu: usize) -> Result<()> {
     let got = (model.nq() as usize, model.nv() as usize, model.nu() as usize);
     if got != (nq, nv, nu) {
@@ -251,11 +270,14 @@ pub(crate) fn check_model(model: &MjModel, task: &'static str, nq: usize, nv: us
             message: format!("(nq, nv, nu) = {got:?}, expected {:?}", (nq, nv, nu)),
         });
     }
-    let plain = model.actuator_dyntype().iter().all(|&d| d == MjtDyn::mjDYN_NONE)
+    let inert = model.actuator_dyntype().iter().all(|&d| {
+        matches!(d, MjtDyn::mjDYN_NONE | MjtDyn::mjDYN_INTEGRATOR | MjtDyn::mjDYN_FILTER | MjtDyn::mjDYN_FILTEREXACT)
+    }) && model.actuator_gaintype().iter().all(|&g| g == MjtGain::mjGAIN_FIXED)
         && model.actuator_biastype().iter().all(|&b| b == MjtBias::mjBIAS_NONE)
-        && model.na() == 0;
-    if !plain {
-        return Err(Error::ModelMismatch { task, message: "actuators with dynamics or bias are not supported".into() });
+        && !model.jnt_actgravcomp().iter().any(|&g| g);
+    if !inert {
+        let message = "unsupported actuators (bias, non-fixed gain, muscle dynamics or gravcomp)".into();
+        return Err(Error::ModelMismatch { task, message });
     }
     Ok(())
 }
