@@ -19,6 +19,7 @@
 pub mod env;
 pub mod error;
 pub mod mjcf;
+pub mod native;
 pub mod physics;
 pub mod policy;
 pub mod rewards;

@@ -34,7 +34,8 @@ use r2vpo::dual::{DualConfig, DualVariable};
 use r2vpo::objective::{ObjectiveConfig, ObjectiveKind, PolicyBatch, RatioStats};
 use r2vpo_report::{atomic_write, atomic_write_json, ReportError};
 
-use crate::policy::{gaussian_entropy, gaussian_log_prob, ActorCritic, PolicyConfig};
+use crate::native::NativeNet;
+use crate::policy::{ActorCritic, PolicyConfig};
 use crate::vec_env::{EpisodeStats, RunningMeanStd, VecEnv, VecEnvConfig};
 
 /// Errors of training, evaluation and checkpoints.
@@ -328,18 +329,29 @@ impl Adam {
     /// clipping. Parameters without a gradient get a zero gradient.
     pub fn step(&mut self, params: &[(String, Var)], grads: &GradStore, max_norm: f64) -> TrainResult<f64> {
         let mut gs = Vec::with_capacity(params.len());
-        let mut sq = 0f64;
+        let mut ws = Vec::with_capacity(params.len());
         for (_, p) in params {
-            let g = match grads.get(p.as_tensor()) {
+            gs.push(match grads.get(p.as_tensor()) {
                 Some(g) => g.flatten_all()?.to_vec1::<f32>()?,
                 None => vec![0f32; p.elem_count()],
-            };
-            sq += g.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>();
-            gs.push(g);
+            });
+            ws.push(p.as_tensor().flatten_all()?.to_vec1::<f32>()?);
         }
+        let norm = self.step_flat(&mut ws.iter_mut().collect::<Vec<_>>(), &gs, max_norm);
+        for ((_, p), w) in params.iter().zip(ws) {
+            p.set(&Tensor::from_vec(w, p.shape(), &Device::Cpu)?)?;
+        }
+        Ok(norm)
+    }
+
+    /// [`Adam::step`] on flat buffers: `params[i]` and `grads[i]` pair with
+    /// the `i`-th parameter given to [`Adam::new`]. Returns ‖g‖ before
+    /// clipping; a non-finite norm leaves everything untouched.
+    pub fn step_flat(&mut self, params: &mut [&mut Vec<f32>], grads: &[Vec<f32>], max_norm: f64) -> f64 {
+        let sq: f64 = grads.iter().flatten().map(|&x| f64::from(x) * f64::from(x)).sum();
         let norm = sq.sqrt();
         if !norm.is_finite() {
-            return Ok(norm);
+            return norm;
         }
         let scale = if max_norm > 0.0 && norm > max_norm { max_norm / (norm + 1e-6) } else { 1.0 };
         self.t += 1;
@@ -350,18 +362,17 @@ impl Adam {
         let c2s = c2.sqrt() as f32;
         let (b1, b2, eps) = (self.beta1 as f32, self.beta2 as f32, self.eps as f32);
         let scale = scale as f32;
-        for (((_, p), g), (m, v)) in params.iter().zip(&gs).zip(self.m.iter_mut().zip(self.v.iter_mut())) {
-            let mut w = p.as_tensor().flatten_all()?.to_vec1::<f32>()?;
-            for i in 0..w.len() {
-                let gi = g[i] * scale;
-                m[i] = b1 * m[i] + (1.0 - b1) * gi;
-                v[i] = b2 * v[i] + (1.0 - b2) * gi * gi;
+        for ((w, g), (m, v)) in params.iter_mut().zip(grads).zip(self.m.iter_mut().zip(self.v.iter_mut())) {
+            // Zipped iterators (no indexing) so the loop vectorises.
+            for (((w, &g), m), v) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                let gi = g * scale;
+                *m = b1 * *m + (1.0 - b1) * gi;
+                *v = b2 * *v + (1.0 - b2) * gi * gi;
                 // lr·m̂/(√v̂ + ε) with m̂ = m/c1, v̂ = v/c2.
-                w[i] -= step * m[i] / (v[i].sqrt() / c2s + eps);
+                *w -= step * *m / (v.sqrt() / c2s + eps);
             }
-            p.set(&Tensor::from_vec(w, p.shape(), &Device::Cpu)?)?;
         }
-        Ok(norm)
+        norm
     }
 }
 
@@ -496,6 +507,9 @@ pub struct Trainer {
     cfg: TrainConfig,
     env: VecEnv,
     net: ActorCritic,
+    /// The working copy every rollout and gradient step uses; written back
+    /// into `net` after each update (see [`crate::native`]).
+    fast: NativeNet,
     params: Vec<(String, Var)>,
     adam: Adam,
     dual: DualVariable,
@@ -521,6 +535,7 @@ impl Trainer {
             derived_seed(cfg.seed, TAG_INIT, 0),
         )?;
         let params = net.named_params();
+        let fast = NativeNet::from_net(&net)?;
         let adam = Adam::new(&params, cfg.lr, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps);
         let dual = DualVariable::new(&cfg.dual)?;
         let rng = ChaCha8Rng::seed_from_u64(derived_seed(cfg.seed, TAG_SAMPLING, 0));
@@ -531,6 +546,7 @@ impl Trainer {
             cfg,
             env,
             net,
+            fast,
             params,
             adam,
             dual,
@@ -593,10 +609,6 @@ impl Trainer {
         self.reset_envs()
     }
 
-    fn obs_tensor(&self, rows: usize) -> TrainResult<Tensor> {
-        Ok(Tensor::from_slice(&self.obs, (rows, self.net.obs_dim()), &Device::Cpu)?)
-    }
-
     /// Collects one rollout into the buffers; returns the finished episodes.
     fn rollout(&mut self) -> TrainResult<Vec<EpisodeStats>> {
         let (n, d, a) = (self.cfg.num_envs, self.net.obs_dim(), self.net.act_dim());
@@ -617,27 +629,22 @@ impl Trainer {
         let mut final_rows: Vec<usize> = Vec::new();
         let mut final_obs: Vec<f32> = Vec::new();
         for t in 0..t_len {
-            let obs_t = Tensor::from_slice(&self.obs, (n, d), &Device::Cpu)?;
-            let dist = self.net.dist(&obs_t)?;
-            let values = self.net.value(&obs_t)?.to_vec1::<f32>()?;
-            let mean = dist.mean.flatten_all()?.to_vec1::<f32>()?;
-            let log_std = dist.log_std.flatten_all()?.to_vec1::<f32>()?;
-            let per_row = log_std.len() == n * a;
+            let f = self.fast.infer(&self.obs, n);
+            let per_row = f.log_std.len() == n * a;
             for (i, (act, env_act)) in actions.iter_mut().zip(env_actions.iter_mut()).enumerate() {
-                let ls = if per_row { log_std[i] } else { log_std[i % a] };
+                let ls = if per_row { f.log_std[i] } else { f.log_std[i % a] };
                 let eps: f32 = StandardNormal.sample(&mut self.rng);
-                *act = mean[i] + ls.exp() * eps;
+                *act = f.mean[i] + ls.exp() * eps;
                 *env_act = f64::from(*act).clamp(-1.0, 1.0);
             }
-            let act_t = Tensor::from_slice(&actions, (n, a), &Device::Cpu)?;
             // The learner recomputes log π with this same function, so the
             // first minibatch's ratios are exactly 1.
-            let logp = gaussian_log_prob(&dist.mean, &dist.log_std, &act_t)?.to_vec1::<f32>()?;
+            let logp = self.fast.log_prob(&f, &actions);
             let b = &mut self.buf;
             b.obs.extend_from_slice(&self.obs);
             b.actions.extend_from_slice(&actions);
             b.logp.extend_from_slice(&logp);
-            b.values.extend_from_slice(&values);
+            b.values.extend_from_slice(&f.value);
 
             let step = self.env.step(&env_actions)?;
             b.rewards.extend(step.rewards.iter().map(|&r| r as f32));
@@ -655,8 +662,7 @@ impl Trainer {
                 *o = x as f32;
             }
             if !final_rows.is_empty() {
-                let fo = Tensor::from_slice(&final_obs, (final_rows.len(), d), &Device::Cpu)?;
-                let fv = self.net.value(&fo)?.to_vec1::<f32>()?;
+                let fv = self.fast.value(&final_obs, final_rows.len());
                 for (&i, v) in final_rows.iter().zip(fv) {
                     self.buf.final_values[t * n + i] = v;
                 }
@@ -672,7 +678,7 @@ impl Trainer {
         let n = self.cfg.num_envs;
         let b = &self.buf;
         let len = b.values.len();
-        let bootstrap = self.net.value(&self.obs_tensor(n)?)?.to_vec1::<f32>()?;
+        let bootstrap = self.fast.value(&self.obs, n);
         let mut next = Vec::with_capacity(len);
         next.extend_from_slice(&b.values[n..]);
         next.extend_from_slice(&bootstrap);
@@ -750,31 +756,36 @@ impl Trainer {
                     }
                 }
                 let dev = &Device::Cpu;
-                let obs_t = Tensor::from_slice(&o_mb, (mb, d), dev)?;
-                let act_t = Tensor::from_slice(&a_mb, (mb, a), dev)?;
                 let old_t = Tensor::from_slice(&lp_mb, (mb, 1), dev)?;
                 let adv_t = Tensor::from_slice(&adv_mb, (mb, 1), dev)?;
-                let ret_t = Tensor::from_slice(&ret_mb, mb, dev)?;
-                let dist = self.net.dist(&obs_t)?;
-                let logp = gaussian_log_prob(&dist.mean, &dist.log_std, &act_t)?.unsqueeze(1)?;
+                let f = self.fast.forward(&o_mb, mb);
+                // The policy objective (the paper's equations) runs in the
+                // core crate on the log-probs alone; its gradient there is
+                // the seed of the hand-written backward pass.
+                let logp = Var::from_vec(self.fast.log_prob(&f, &a_mb), (mb, 1), dev)?;
                 let out = self.cfg.objective.loss(
-                    &PolicyBatch { logp: &logp, old_logp: &old_t, advantages: &adv_t, mask: &mask },
+                    &PolicyBatch { logp: logp.as_tensor(), old_logp: &old_t, advantages: &adv_t, mask: &mask },
                     self.dual.value(),
                     &global,
                 )?;
-                let value = self.net.value(&obs_t)?;
-                let value_loss = value.sub(&ret_t)?.sqr()?.mean_all()?.affine(0.5, 0.0)?;
-                let entropy = gaussian_entropy(&dist.log_std)?.mean_all()?;
-                let loss = out
-                    .loss
-                    .add(&value_loss.affine(self.cfg.value_coef, 0.0)?)?
-                    .sub(&entropy.affine(self.cfg.entropy_cost, 0.0)?)?;
-                let loss_v = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                let dlogp = match out.loss.backward()?.get(logp.as_tensor()) {
+                    Some(g) => g.flatten_all()?.to_vec1::<f32>()?,
+                    None => vec![0f32; mb],
+                };
+                // ½·mean (V − R)² and the mean Gaussian entropy, by hand.
+                let value_loss =
+                    f.value.iter().zip(&ret_mb).map(|(&v, &r)| f64::from(v - r).powi(2)).sum::<f64>() * 0.5 / mb as f64;
+                let entropy = f64::from(self.fast.entropy(&f));
+                let vc = self.cfg.value_coef as f32;
+                let dvalue: Vec<f32> = f.value.iter().zip(&ret_mb).map(|(&v, &r)| vc * (v - r) / mb as f32).collect();
+                let loss_v = out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()? + self.cfg.value_coef * value_loss
+                    - self.cfg.entropy_cost * entropy;
                 if !loss_v.is_finite() {
                     return Err(TrainError::Diverged { update: update_index, what: format!("loss = {loss_v}") });
                 }
-                let grads = loss.backward()?;
-                let gn = self.adam.step(&self.params, &grads, self.cfg.max_grad_norm)?;
+                let mut grads = self.fast.zero_grads();
+                self.fast.backward(&f, &a_mb, &dlogp, &dvalue, -(self.cfg.entropy_cost as f32), &mut grads);
+                let gn = self.adam.step_flat(&mut self.fast.params_mut(), &grads, self.cfg.max_grad_norm);
                 if !gn.is_finite() {
                     return Err(TrainError::Diverged { update: update_index, what: format!("gradient norm = {gn}") });
                 }
@@ -784,14 +795,15 @@ impl Trainer {
                 if epoch == 0 && k == 0 {
                     first_dev = (out.stats.ratio_max - 1.0).abs().max((out.stats.ratio_min - 1.0).abs());
                 }
-                ent_sum += entropy.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-                vl_sum += value_loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                ent_sum += entropy;
+                vl_sum += value_loss;
                 pl_sum += out.stats.pg_loss + out.stats.penalty;
                 gn_sum += gn;
                 stats.push(out.stats);
                 steps += 1;
             }
         }
+        self.fast.write_to(&self.net)?;
         let learn_s = t1.elapsed().as_secs_f64();
         let s = RatioStats::merge(&stats);
         let k = steps.max(1) as f64;
@@ -989,6 +1001,7 @@ impl Trainer {
             t.adam.v[i] = v;
         }
         t.net.load_state_dict(&params)?;
+        t.fast = NativeNet::from_net(&t.net)?;
         t.adam.t = state.adam_steps;
         t.rng = state.rng;
         t.dual = state.dual;
@@ -1144,14 +1157,15 @@ mod tests {
         let obs = Tensor::from_slice(&t.buf.obs, (rows, d), dev).unwrap();
         let dist = t.net.dist(&obs).unwrap();
         let act = Tensor::from_slice(&t.buf.actions, (rows, a), dev).unwrap();
-        let lp = gaussian_log_prob(&dist.mean, &dist.log_std, &act).unwrap().to_vec1::<f32>().unwrap();
+        let lp = crate::policy::gaussian_log_prob(&dist.mean, &dist.log_std, &act).unwrap().to_vec1::<f32>().unwrap();
         for (i, (&got, &want)) in t.buf.logp.iter().zip(&lp).enumerate() {
             assert!((got - want).abs() < 1e-5, "row {i}: stored log π {got}, recomputed {want}");
         }
         // The log-prob of the clipped action is a different number: the check
         // above would catch a rollout that scored the env's action instead.
         let clipped = act.clamp(-1f32, 1f32).unwrap();
-        let lp_clipped = gaussian_log_prob(&dist.mean, &dist.log_std, &clipped).unwrap().to_vec1::<f32>().unwrap();
+        let lp_clipped =
+            crate::policy::gaussian_log_prob(&dist.mean, &dist.log_std, &clipped).unwrap().to_vec1::<f32>().unwrap();
         assert!(lp.iter().zip(&lp_clipped).any(|(x, y)| (x - y).abs() > 1e-3));
     }
 
@@ -1198,11 +1212,13 @@ mod tests {
         t.buf.terminated[n + 2] = true;
         t.buf.rewards = vec![1.0; 3 * n];
         let next = t.next_values().unwrap();
-        let boot = t.net.value(&t.obs_tensor(n).unwrap()).unwrap().to_vec1::<f32>().unwrap();
+        // The candle forward is an independent implementation of V.
+        let obs = Tensor::from_slice(&t.obs, (n, t.net.obs_dim()), &Device::Cpu).unwrap();
+        let boot = t.net.value(&obs).unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(next[0], 4.0);
         assert_eq!(next[1], 100.0, "truncation bootstraps from V(final_obs)");
         assert_eq!(next[n + 2], 10.0, "unstable: next value is ignored by GAE, not replaced");
-        assert_eq!(&next[2 * n..], &boot[..]);
+        assert!(next[2 * n..].iter().zip(&boot).all(|(x, y)| (x - y).abs() < 1e-5), "{next:?} vs {boot:?}");
         let gcfg = GaeConfig { gamma: 0.5, lambda: 1.0 };
         let (adv, _) =
             gae(&t.buf.rewards, &t.buf.values, &next, &t.buf.terminated, &t.buf.truncated, n, &gcfg).unwrap();
