@@ -108,6 +108,13 @@ pub struct VerifyConfig {
     pub unordered_lists: bool,
     /// Longer extracted answers or gold strings are rejected unverified.
     pub max_input_chars: usize,
+    /// When the gold answer is a plain number, accept only a plain number:
+    /// an answer that still holds arithmetic (`92 + 35` for 127) is wrong
+    /// even though it evaluates to the gold value. Arithmetic tasks need
+    /// this, or restating the question earns the reward: GRPO on the
+    /// built-in task learned exactly that (see `results/llm/README.md`).
+    /// Off by default, as math benchmarks accept equivalent expressions.
+    pub require_literal_answer: bool,
     /// Reward for a correct answer.
     pub correct_reward: f64,
     /// Reward for a wrong or missing answer.
@@ -126,6 +133,7 @@ impl Default for VerifyConfig {
             percent_as_fraction: true,
             unordered_lists: true,
             max_input_chars: 1000,
+            require_literal_answer: false,
             correct_reward: 1.0,
             incorrect_reward: 0.0,
         }
@@ -312,6 +320,9 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
         Reason::EmptyGold
     } else if v.normalized_answer.is_empty() {
         Reason::Mismatch("answer is empty after normalisation".to_string())
+    } else if cfg.require_literal_answer && is_number_literal(&v.normalized_gold) && !is_number_literal(&v.normalized_answer)
+    {
+        Reason::Mismatch("the answer is an expression, not a number (require_literal_answer)".to_string())
     } else if v.normalized_answer == v.normalized_gold {
         v.correct = true;
         Reason::StringMatch
@@ -329,6 +340,22 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
         Reason::Mismatch(equiv::explain_mismatch(&va, &vg))
     };
     v
+}
+
+/// A plain decimal number: optional sign, digits, at most one decimal point.
+fn is_number_literal(s: &str) -> bool {
+    let t = s.trim();
+    let t = t.strip_prefix(['-', '+']).unwrap_or(t);
+    let mut digits = 0usize;
+    let mut points = 0usize;
+    for c in t.chars() {
+        match c {
+            '0'..='9' => digits += 1,
+            '.' => points += 1,
+            _ => return false,
+        }
+    }
+    digits > 0 && points <= 1
 }
 
 /// `p%` against `p/100`, with `answer_has_percent` saying which side to scale.

@@ -328,3 +328,27 @@ fn negative_numbers_inside_structures() {
     yes("\\{-2, 2\\}", "\\{2,-2\\}");
     no("(-1, 2)", "(1, 2)");
 }
+
+/// `require_literal_answer`: restating the question is not an answer when
+/// the gold answer is a number; math equivalence still applies otherwise.
+#[test]
+fn literal_answers_when_required() {
+    let strict = VerifyConfig { require_literal_answer: true, ..cfg() };
+    // Without the switch the expression evaluates to the gold value.
+    assert!(is_equivalent("92 + 35", "127", &cfg()).correct);
+    for hack in ["92 + 35", "92+35", "\\frac{254}{2}", "127 \\cdot 1", "130 - 3"] {
+        let v = is_equivalent(hack, "127", &strict);
+        assert!(!v.correct, "{hack}: {v:?}");
+    }
+    for ok in ["127", " 127 ", "$127$", "127.", "+127", "127.0", "\\boxed{127}"] {
+        let v = verify(ok, "127", &strict);
+        assert!(v.correct, "{ok}: {v:?}");
+    }
+    assert!(verify("-5", "-5", &strict).correct);
+    assert!(verify("Answer: 3.50", "3.5", &strict).correct);
+    // A gold that is not a plain number keeps full equivalence; a plain
+    // number gold wants a plain number.
+    assert!(is_equivalent("0.5", "\\frac{1}{2}", &strict).correct);
+    assert!(!is_equivalent("\\frac{1}{2}", "0.5", &strict).correct);
+    assert!(is_equivalent("x^{2}", "x^2", &strict).correct);
+}
