@@ -186,7 +186,13 @@ fn train_step_overhead(model: &r2vpo_llm::model::Transformer, prompt: &[u32], a:
     let mut obj = vec![Vec::new(); 2];
     for _ in 0..a.train_reps.max(1) {
         let t0 = Instant::now();
-        let logp = model.prefixed_tail_logprobs(&pre, &pre_att, &share, &suffix, &suffix_att)?;
+        let logp = model.prefixed_tail_logprobs(&r2vpo_llm::model::PrefixedRows {
+            prefix_ids: &pre,
+            prefix_mask: &pre_att,
+            rows: &share,
+            suffix_ids: &suffix,
+            suffix_mask: &suffix_att,
+        })?;
         let out = objectives[1].1.loss(
             &PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask },
             0.05,

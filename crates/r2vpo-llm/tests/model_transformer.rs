@@ -6,7 +6,7 @@
 use candle_core::{DType, Device, Tensor, Var};
 use r2vpo_llm::model::load_hf::load_hf_dir;
 use r2vpo_llm::model::save::save_hf_dir;
-use r2vpo_llm::model::{Architecture, KvCache, ModelConfig, Transformer};
+use r2vpo_llm::model::{Architecture, KvCache, ModelConfig, PrefixedRows, Transformer};
 
 const ARCHS: [Architecture; 3] = [Architecture::Llama, Architecture::Qwen2, Architecture::Qwen3];
 
@@ -322,12 +322,16 @@ fn prefixed_tail_matches_whole_rows() {
     for arch in ARCHS {
         let m = model(arch, arch != Architecture::Qwen2, DType::F32);
         let whole = m.tail_logprobs(&ids, &mask, r).unwrap();
-        let shared = m.prefixed_tail_logprobs(&pre, &pmask, &which, &sids, &smask).unwrap();
-        let scored = m.score_prefixed_tail_logprobs(&pre, &pmask, &which, &sids, &smask).unwrap();
-        let ents = [
-            m.tail_entropy(&ids, &mask, r).unwrap(),
-            m.prefixed_tail_entropy(&pre, &pmask, &which, &sids, &smask).unwrap(),
-        ];
+        let grouped = PrefixedRows {
+            prefix_ids: &pre,
+            prefix_mask: &pmask,
+            rows: &which,
+            suffix_ids: &sids,
+            suffix_mask: &smask,
+        };
+        let shared = m.prefixed_tail_logprobs(&grouped).unwrap();
+        let scored = m.score_prefixed_tail_logprobs(&grouped).unwrap();
+        let ents = [m.tail_entropy(&ids, &mask, r).unwrap(), m.prefixed_tail_entropy(&grouped).unwrap()];
         let masked = |x: &Tensor| -> Vec<Vec<f32>> { (x * &resp_mask).unwrap().to_vec2().unwrap() };
         let close = |a: &[Vec<f32>], b: &[Vec<f32>], what: &str| {
             let dmax = a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
@@ -347,7 +351,7 @@ fn prefixed_tail_matches_whole_rows() {
             assert!(dmax < 1e-4 * scale.max(1.0), "{arch:?} {name}: max |Δgrad| {dmax} (scale {scale})");
         }
     }
-    assert!(model(Architecture::Llama, true, DType::F32)
-        .prefixed_tail_logprobs(&pre, &pmask, &[0, 1], &sids, &smask)
-        .is_err());
+    let too_few =
+        PrefixedRows { prefix_ids: &pre, prefix_mask: &pmask, rows: &[0, 1], suffix_ids: &sids, suffix_mask: &smask };
+    assert!(model(Architecture::Llama, true, DType::F32).prefixed_tail_logprobs(&too_few).is_err());
 }

@@ -22,7 +22,7 @@ pub mod transformer;
 use std::path::PathBuf;
 
 pub use config::{Architecture, ModelConfig, RopeScaling};
-pub use transformer::{KvCache, Transformer};
+pub use transformer::{KvCache, PrefixedRows, Transformer};
 
 /// Errors from building, loading or saving a model; each names the file and
 /// the field or tensor concerned where there is one.

@@ -82,6 +82,23 @@ impl Params {
     }
 }
 
+/// Rows that share prompts, for [`Transformer::prefixed_tail_logprobs`]:
+/// row `b` is the prefix `rows[b]` of `prefix_ids` followed by its own
+/// `suffix_ids` row. Both blocks are left-padded, their masks 1 at real tokens.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefixedRows<'a> {
+    /// Distinct prefixes `(U, P)`.
+    pub prefix_ids: &'a Tensor,
+    /// Their attention mask `(U, P)`.
+    pub prefix_mask: &'a Tensor,
+    /// The prefix (index into `prefix_ids`) each row continues; `B` entries.
+    pub rows: &'a [usize],
+    /// Each row's continuation `(B, S)`; its first real token is context only.
+    pub suffix_ids: &'a Tensor,
+    /// Their attention mask `(B, S)`.
+    pub suffix_mask: &'a Tensor,
+}
+
 /// Per-layer key/value cache for batched incremental decoding. Each row
 /// keeps its own attention mask and next position, so rows of a left-padded
 /// batch (or rows that feed padding after finishing) decode together.
@@ -421,70 +438,37 @@ impl Transformer {
     }
 
     /// [`Transformer::tail_logprobs`] for rows that share prompts, with each
-    /// distinct prefix run once. Row `b` is the prefix `rows[b]` of
-    /// `prefix_ids (U, P)` (left-padded, mask `prefix_mask`) followed by its
-    /// own `suffix_ids (B, S)` (left-padded, mask `suffix_mask`); returns the
-    /// log-probabilities of suffix columns `1..S` given everything before
-    /// them, `(B, S − 1)`, the same layout as `tail_logprobs` with
-    /// `r = S − 1`. The prefix's keys and values are computed once and
-    /// gathered per row (a differentiable `index_select`), so a group of G
-    /// samples of one prompt costs one prompt forward/backward instead of G:
-    /// the RL trainer's micro-batches are mostly prompt tokens.
-    pub fn prefixed_tail_logprobs(
-        &self,
-        prefix_ids: &Tensor,
-        prefix_mask: &Tensor,
-        rows: &[usize],
-        suffix_ids: &Tensor,
-        suffix_mask: &Tensor,
-    ) -> Result<Tensor> {
-        let (logits, targets) =
-            self.prefixed_tail_logits(&self.params, prefix_ids, prefix_mask, rows, suffix_ids, suffix_mask)?;
-        Ok(ops::log_prob_gather(&logits, &targets)?.reshape((rows.len(), suffix_ids.dim(1)? - 1))?)
+    /// distinct prefix run once (see [`PrefixedRows`]): the log-probabilities
+    /// of suffix columns `1..S` given everything before them, `(B, S − 1)`,
+    /// the same layout as `tail_logprobs` with `r = S − 1`. The prefix's
+    /// keys and values are computed once and gathered per row (a
+    /// differentiable `index_select`), so a group of G samples of one prompt
+    /// costs one prompt forward/backward instead of G: the RL trainer's
+    /// micro-batches are mostly prompt tokens.
+    pub fn prefixed_tail_logprobs(&self, batch: &PrefixedRows) -> Result<Tensor> {
+        let (logits, targets) = self.prefixed_tail_logits(&self.params, batch)?;
+        Ok(ops::log_prob_gather(&logits, &targets)?.reshape((batch.rows.len(), batch.suffix_ids.dim(1)? - 1))?)
     }
 
     /// [`Transformer::prefixed_tail_logprobs`] on detached weights (no graph).
-    pub fn score_prefixed_tail_logprobs(
-        &self,
-        prefix_ids: &Tensor,
-        prefix_mask: &Tensor,
-        rows: &[usize],
-        suffix_ids: &Tensor,
-        suffix_mask: &Tensor,
-    ) -> Result<Tensor> {
-        let (logits, targets) =
-            self.prefixed_tail_logits(&self.detached(), prefix_ids, prefix_mask, rows, suffix_ids, suffix_mask)?;
-        Ok(ops::log_prob_gather(&logits, &targets)?.reshape((rows.len(), suffix_ids.dim(1)? - 1))?)
+    pub fn score_prefixed_tail_logprobs(&self, batch: &PrefixedRows) -> Result<Tensor> {
+        let (logits, targets) = self.prefixed_tail_logits(&self.detached(), batch)?;
+        Ok(ops::log_prob_gather(&logits, &targets)?.reshape((batch.rows.len(), batch.suffix_ids.dim(1)? - 1))?)
     }
 
     /// [`Transformer::tail_entropy`] at the positions
     /// [`Transformer::prefixed_tail_logprobs`] scores, `(B, S − 1)`.
-    pub fn prefixed_tail_entropy(
-        &self,
-        prefix_ids: &Tensor,
-        prefix_mask: &Tensor,
-        rows: &[usize],
-        suffix_ids: &Tensor,
-        suffix_mask: &Tensor,
-    ) -> Result<Tensor> {
-        let (logits, _) =
-            self.prefixed_tail_logits(&self.params, prefix_ids, prefix_mask, rows, suffix_ids, suffix_mask)?;
+    pub fn prefixed_tail_entropy(&self, batch: &PrefixedRows) -> Result<Tensor> {
+        let (logits, _) = self.prefixed_tail_logits(&self.params, batch)?;
         let lsm = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
         let ent = lsm.exp()?.mul(&lsm)?.sum(candle_core::D::Minus1)?.neg()?;
-        Ok(ent.reshape((rows.len(), suffix_ids.dim(1)? - 1))?)
+        Ok(ent.reshape((batch.rows.len(), batch.suffix_ids.dim(1)? - 1))?)
     }
 
     /// Logits `(B·(S−1), V)` predicting suffix columns `1..S`, and those
     /// tokens, for [`Transformer::prefixed_tail_logprobs`].
-    fn prefixed_tail_logits(
-        &self,
-        p: &Params,
-        prefix_ids: &Tensor,
-        prefix_mask: &Tensor,
-        rows: &[usize],
-        suffix_ids: &Tensor,
-        suffix_mask: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
+    fn prefixed_tail_logits(&self, p: &Params, batch: &PrefixedRows) -> Result<(Tensor, Tensor)> {
+        let PrefixedRows { prefix_ids, prefix_mask, rows, suffix_ids, suffix_mask } = *batch;
         let (u, pw) = prefix_ids.dims2()?;
         let (b, s) = suffix_ids.dims2()?;
         if s < 2 {

@@ -320,7 +320,9 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
         Reason::EmptyGold
     } else if v.normalized_answer.is_empty() {
         Reason::Mismatch("answer is empty after normalisation".to_string())
-    } else if cfg.require_literal_answer && is_number_literal(&v.normalized_gold) && !is_number_literal(&v.normalized_answer)
+    } else if cfg.require_literal_answer
+        && is_number_literal(&v.normalized_gold)
+        && !is_number_literal(&v.normalized_answer)
     {
         Reason::Mismatch("the answer is an expression, not a number (require_literal_answer)".to_string())
     } else if v.normalized_answer == v.normalized_gold {

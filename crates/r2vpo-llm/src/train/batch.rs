@@ -3,7 +3,7 @@
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::model::Transformer;
+use crate::model::{PrefixedRows, Transformer};
 
 /// One sampled response with everything the update needs: Algorithm 2's
 /// ⟨x, y, r, Â, log π_off⟩ tuple (the policy version is kept by the replay
@@ -38,22 +38,38 @@ pub enum Inputs {
         /// 1 for real tokens, 0 for left padding `(B, W)`.
         attention: Tensor,
     },
-    /// Each distinct prompt once, minus its last token, in `prefix_ids (U, P)`;
-    /// row `b` continues prefix `rows[b]` with `suffix_ids (B, R + 1)` = the
-    /// prompt's last token then the response, left-padded (see
-    /// [`crate::model::Transformer::prefixed_tail_logprobs`]).
-    Prefixed {
-        /// Distinct prompt prefixes `(U, P)`, left-padded.
-        prefix_ids: Tensor,
-        /// Their attention mask `(U, P)`.
-        prefix_attention: Tensor,
-        /// The prefix each row continues.
-        rows: Vec<usize>,
-        /// Last prompt token + response `(B, R + 1)`, left-padded.
-        suffix_ids: Tensor,
-        /// Their attention mask `(B, R + 1)`.
-        suffix_attention: Tensor,
-    },
+    /// Each distinct prompt once ([`SharedPrompts`]).
+    Prefixed(SharedPrompts),
+}
+
+/// Each distinct prompt once, minus its last token, in `prefix_ids (U, P)`;
+/// row `b` continues prefix `rows[b]` with `suffix_ids (B, R + 1)` = the
+/// prompt's last token then the response, left-padded (see
+/// [`crate::model::Transformer::prefixed_tail_logprobs`]).
+pub struct SharedPrompts {
+    /// Distinct prompt prefixes `(U, P)`, left-padded.
+    pub prefix_ids: Tensor,
+    /// Their attention mask `(U, P)`.
+    pub prefix_attention: Tensor,
+    /// The prefix each row continues.
+    pub rows: Vec<usize>,
+    /// Last prompt token + response `(B, R + 1)`, left-padded.
+    pub suffix_ids: Tensor,
+    /// Their attention mask `(B, R + 1)`.
+    pub suffix_attention: Tensor,
+}
+
+impl SharedPrompts {
+    /// The borrowed view the model's prefixed passes take.
+    pub fn as_rows(&self) -> PrefixedRows<'_> {
+        PrefixedRows {
+            prefix_ids: &self.prefix_ids,
+            prefix_mask: &self.prefix_attention,
+            rows: &self.rows,
+            suffix_ids: &self.suffix_ids,
+            suffix_mask: &self.suffix_attention,
+        }
+    }
 }
 
 /// A micro-batch ready for the model. Responses end at the right edge, so
@@ -81,9 +97,7 @@ impl TrainTensors {
     pub fn logprobs(&self, model: &Transformer) -> crate::model::Result<Tensor> {
         match &self.inputs {
             Inputs::Padded { ids, attention } => model.tail_logprobs(ids, attention, self.tail),
-            Inputs::Prefixed { prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention } => {
-                model.prefixed_tail_logprobs(prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention)
-            }
+            Inputs::Prefixed(shared) => model.prefixed_tail_logprobs(&shared.as_rows()),
         }
     }
 
@@ -91,9 +105,7 @@ impl TrainTensors {
     pub fn score_logprobs(&self, model: &Transformer) -> crate::model::Result<Tensor> {
         match &self.inputs {
             Inputs::Padded { ids, attention } => model.score_tail_logprobs(ids, attention, self.tail),
-            Inputs::Prefixed { prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention } => {
-                model.score_prefixed_tail_logprobs(prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention)
-            }
+            Inputs::Prefixed(shared) => model.score_prefixed_tail_logprobs(&shared.as_rows()),
         }
     }
 
@@ -101,9 +113,7 @@ impl TrainTensors {
     pub fn entropy(&self, model: &Transformer) -> crate::model::Result<Tensor> {
         match &self.inputs {
             Inputs::Padded { ids, attention } => model.tail_entropy(ids, attention, self.tail),
-            Inputs::Prefixed { prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention } => {
-                model.prefixed_tail_entropy(prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention)
-            }
+            Inputs::Prefixed(shared) => model.prefixed_tail_entropy(&shared.as_rows()),
         }
     }
 }
@@ -209,13 +219,13 @@ pub fn pack_prefixed(samples: &[&Sample], pad_id: u32, device: &Device) -> candl
     }
     let (mask, old_logp, advantages, ref_logp) = tail_tensors(samples, tail, device)?;
     Ok(TrainTensors {
-        inputs: Inputs::Prefixed {
+        inputs: Inputs::Prefixed(SharedPrompts {
             prefix_ids: Tensor::from_vec(pids, (u, p), device)?,
             prefix_attention: Tensor::from_vec(patt, (u, p), device)?,
             rows,
             suffix_ids: Tensor::from_vec(sids, (b, w), device)?,
             suffix_attention: Tensor::from_vec(satt, (b, w), device)?,
-        },
+        }),
         tail,
         mask,
         old_logp,
@@ -290,7 +300,9 @@ mod tests {
         let b = sample(&[4], &[3, 4, 2], -0.5);
         let c = sample(&[5, 6, 7], &[1], 0.5);
         let t = pack_prefixed(&[&a, &b, &c], 0, &Device::Cpu).unwrap();
-        let Inputs::Prefixed { prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention } = &t.inputs else {
+        let Inputs::Prefixed(SharedPrompts { prefix_ids, prefix_attention, rows, suffix_ids, suffix_attention }) =
+            &t.inputs
+        else {
             panic!("prompts of two tokens or more share a prefix")
         };
         assert_eq!(rows, &vec![0, 1, 0]);
