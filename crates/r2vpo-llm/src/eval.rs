@@ -111,7 +111,9 @@ impl Default for EvalConfig {
             // 256 new tokens: enough for the built-in tasks' step-by-step
             // answers from small models, and affordable on CPU.
             sampling: SamplingConfig { max_new_tokens: 256, ..SamplingConfig::test_time() },
-            verify: VerifyConfig::dapo(),
+            // The default problems are the built-in arithmetic ones, whose
+            // golds are integers: an unevaluated expression is no answer.
+            verify: VerifyConfig { require_literal_answer: true, ..VerifyConfig::dapo() },
             data: DataConfig::builtin_eval(1, 200),
         }
     }

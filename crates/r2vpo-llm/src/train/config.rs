@@ -230,7 +230,9 @@ impl Default for TrainConfig {
             enable_thinking: None,
             sampling: SamplingConfig { max_new_tokens: 128, ..SamplingConfig::default() },
             rollout_batch: 64,
-            verify: VerifyConfig::dapo(),
+            // Built-in arithmetic by default (integer golds; see
+            // `VerifyConfig::require_literal_answer`).
+            verify: VerifyConfig { require_literal_answer: true, ..VerifyConfig::dapo() },
             behaviour_logprobs: BehaviourLogprobs::Model,
             mode: Mode::On,
             epochs: 1,
