@@ -729,6 +729,8 @@ impl Trainer {
         let mask = Tensor::ones((mb, 1), DType::F32, &Device::Cpu)?;
         let global = GlobalBatch::from_mask(&mask)?;
         let update_index = self.counters.update + 1;
+        // One gradient buffer per update, zeroed before each step.
+        let mut grads = self.fast.zero_grads();
         for epoch in 0..self.cfg.epochs {
             for i in 0..total {
                 let j = self.rng.random_range(i..total);
@@ -783,7 +785,7 @@ impl Trainer {
                 if !loss_v.is_finite() {
                     return Err(TrainError::Diverged { update: update_index, what: format!("loss = {loss_v}") });
                 }
-                let mut grads = self.fast.zero_grads();
+                grads.iter_mut().for_each(|g| g.fill(0.0));
                 self.fast.backward(&f, &a_mb, &dlogp, &dvalue, -(self.cfg.entropy_cost as f32), &mut grads);
                 let gn = self.adam.step_flat(&mut self.fast.params_mut(), &grads, self.cfg.max_grad_norm);
                 if !gn.is_finite() {

@@ -118,12 +118,9 @@ impl TrainTensors {
     }
 }
 
-/// The per-token tensors shared by both layouts: `(mask, old, adv, ref)`.
-fn tail_tensors(
-    samples: &[&Sample],
-    tail: usize,
-    device: &Device,
-) -> candle_core::Result<(Tensor, Tensor, Tensor, Option<Tensor>)> {
+/// Completes a micro-batch around `inputs` with the per-token tensors both
+/// layouts share: mask, behaviour and reference log-probs, advantages.
+fn with_tail(inputs: Inputs, samples: &[&Sample], tail: usize, device: &Device) -> candle_core::Result<TrainTensors> {
     let b = samples.len();
     let mut mask = vec![0f32; b * tail];
     let mut old = vec![0f32; b * tail];
@@ -143,7 +140,14 @@ fn tail_tensors(
         }
     }
     let t = |v: Vec<f32>| Tensor::from_vec(v, (b, tail), device);
-    Ok((t(mask)?, t(old)?, t(adv)?, if with_ref { Some(t(rf)?) } else { None }))
+    Ok(TrainTensors {
+        inputs,
+        tail,
+        mask: t(mask)?,
+        old_logp: t(old)?,
+        advantages: t(adv)?,
+        ref_logp: if with_ref { Some(t(rf)?) } else { None },
+    })
 }
 
 /// Packs `samples` into whole left-padded rows ([`Inputs::Padded`]).
@@ -162,18 +166,11 @@ pub fn pack(samples: &[&Sample], pad_id: u32, device: &Device) -> candle_core::R
             att[i * w + pad + k] = 1;
         }
     }
-    let (mask, old_logp, advantages, ref_logp) = tail_tensors(samples, tail, device)?;
-    Ok(TrainTensors {
-        inputs: Inputs::Padded {
-            ids: Tensor::from_vec(ids, (b, w), device)?,
-            attention: Tensor::from_vec(att, (b, w), device)?,
-        },
-        tail,
-        mask,
-        old_logp,
-        advantages,
-        ref_logp,
-    })
+    let inputs = Inputs::Padded {
+        ids: Tensor::from_vec(ids, (b, w), device)?,
+        attention: Tensor::from_vec(att, (b, w), device)?,
+    };
+    with_tail(inputs, samples, tail, device)
 }
 
 /// Packs `samples` with each distinct prompt stored once
@@ -217,21 +214,14 @@ pub fn pack_prefixed(samples: &[&Sample], pad_id: u32, device: &Device) -> candl
             satt[i * w + pad + k] = 1;
         }
     }
-    let (mask, old_logp, advantages, ref_logp) = tail_tensors(samples, tail, device)?;
-    Ok(TrainTensors {
-        inputs: Inputs::Prefixed(SharedPrompts {
-            prefix_ids: Tensor::from_vec(pids, (u, p), device)?,
-            prefix_attention: Tensor::from_vec(patt, (u, p), device)?,
-            rows,
-            suffix_ids: Tensor::from_vec(sids, (b, w), device)?,
-            suffix_attention: Tensor::from_vec(satt, (b, w), device)?,
-        }),
-        tail,
-        mask,
-        old_logp,
-        advantages,
-        ref_logp,
-    })
+    let inputs = Inputs::Prefixed(SharedPrompts {
+        prefix_ids: Tensor::from_vec(pids, (u, p), device)?,
+        prefix_attention: Tensor::from_vec(patt, (u, p), device)?,
+        rows,
+        suffix_ids: Tensor::from_vec(sids, (b, w), device)?,
+        suffix_attention: Tensor::from_vec(satt, (b, w), device)?,
+    });
+    with_tail(inputs, samples, tail, device)
 }
 
 /// The response part of each row of a `(B, R)` tail tensor built by
