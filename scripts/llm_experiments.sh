@@ -5,7 +5,8 @@
 #
 # Each lane takes the next run from the list below. A run whose folder has a
 # checkpoint is resumed (`--resume`, same metrics as an uninterrupted run);
-# a finished run (its folder has eval.jsonl) is skipped; anything else is
+# a finished run (its folder has a non-empty eval.jsonl: the final held-out
+# evaluation; the file is created empty at the start) is skipped; anything else is
 # started afresh. Checkpoints are written every iteration so a stopped
 # session loses at most one iteration per lane; a finished run's checkpoint
 # (1.6 GB) is deleted, since results/ keeps only logs. Kill the lanes with
@@ -44,7 +45,7 @@ lane() {
     [ -z "$job" ] && return
     local name=${job%%|*} args=${job#*|}
     local dir="$out/$name"
-    if [ -f "$dir/eval.jsonl" ]; then
+    if [ -s "$dir/eval.jsonl" ]; then
       continue
     elif [ -e "$dir/checkpoints/latest" ]; then
       echo "$(date +%T) resume $name"
@@ -56,7 +57,7 @@ lane() {
       "$bin" --threads 1 llm train --config "$config" $args --set checkpoint_every=1 \
         --out "$dir" --no-export --quiet >> "$dir.log" 2>&1
     fi
-    [ -f "$dir/eval.jsonl" ] && rm -rf "$dir/checkpoints"
+    [ -s "$dir/eval.jsonl" ] && rm -rf "$dir/checkpoints"
     echo "$(date +%T) end $name"
   done
 }
