@@ -415,6 +415,9 @@ struct BenchRow {
     raw_env_steps_per_s_1_thread: f64,
     raw_env_steps_per_s_2_threads: f64,
     train_env_steps_per_s: f64,
+    /// Share of the timed training wall time spent learning (GAE, epochs ×
+    /// minibatches) rather than collecting the rollout.
+    learn_share: f64,
     train_threads: usize,
     train_config: String,
 }
@@ -462,8 +465,11 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         t.update()?; // warm-up: allocations, first-touch
         let t0 = Instant::now();
         let mut steps = 0u64;
+        let (mut rollout_s, mut learn_s) = (0.0, 0.0);
         for _ in 0..a.updates.max(1) {
-            t.update()?;
+            let m = t.update()?;
+            rollout_s += m.rollout_s;
+            learn_s += m.learn_s;
             steps += cfg.steps_per_update();
         }
         let train = steps as f64 / t0.elapsed().as_secs_f64();
@@ -472,6 +478,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             raw_env_steps_per_s_1_thread: r1,
             raw_env_steps_per_s_2_threads: r2,
             train_env_steps_per_s: train,
+            learn_share: learn_s / (rollout_s + learn_s).max(1e-12),
             train_threads: threads,
             train_config: file.as_ref().map_or("defaults".into(), |p| p.display().to_string()),
         });
@@ -480,15 +487,16 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         "control throughput ({} envs for raw physics; training with {}, {threads} threads)",
         a.envs, rows[0].train_config
     );
-    println!("| task | raw env-steps/s, 1 thread | raw, 2 threads | training env-steps/s | training / raw(2) |\n|---|---|---|---|---|");
+    println!("| task | raw env-steps/s, 1 thread | raw, 2 threads | training env-steps/s | training / raw(2) | learning share |\n|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.2} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0}% |",
             r.task,
             r.raw_env_steps_per_s_1_thread,
             r.raw_env_steps_per_s_2_threads,
             r.train_env_steps_per_s,
-            r.train_env_steps_per_s / r.raw_env_steps_per_s_2_threads
+            r.train_env_steps_per_s / r.raw_env_steps_per_s_2_threads,
+            100.0 * r.learn_share
         );
     }
     r2vpo_report::atomic_write_json(&a.out, &rows)?;

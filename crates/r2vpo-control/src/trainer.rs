@@ -1134,8 +1134,11 @@ mod tests {
 
     #[test]
     fn first_minibatch_ratios_are_exactly_one() {
-        for algo in ["ppo", "r2vpo"] {
+        // batch_size 12: 96-row minibatches while the rollout's forward
+        // passes are 4 rows (a row's result must not depend on the batch).
+        for (algo, batch_size) in [("ppo", 4), ("r2vpo", 4), ("ppo", 12)] {
             let mut cfg = tiny("cheetah-run");
+            cfg.batch_size = batch_size;
             cfg.objective.kind = if algo == "ppo" { ObjectiveKind::Clip } else { ObjectiveKind::R2vpo };
             let mut t = Trainer::new(cfg).unwrap();
             for _ in 0..2 {
