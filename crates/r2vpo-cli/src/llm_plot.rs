@@ -229,6 +229,39 @@ fn summary_table(groups: &BTreeMap<String, Vec<&Run>>) -> String {
     out
 }
 
+/// The Markdown table of every run: the last held-out evaluation (avg@k,
+/// pass@k, maj@k, response tokens) and the rollout accuracy of its last
+/// five iterations, so single seeds stay visible next to the means.
+fn per_run_table(runs: &[Run]) -> String {
+    let mut out = String::from(
+        "| run | algorithm | seed | iterations | held-out avg@k | pass@k | maj@k | held-out response tokens | \
+         rollout accuracy (last 5) |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let name = r.dir.file_name().map_or_else(|| r.dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let acc = mean(&r.metrics.iter().rev().take(5).map(|m| m.accuracy).collect::<Vec<_>>());
+        let held = match r.evals.last() {
+            Some(e) => format!(
+                "{:.1}% (k = {}, iter {}) | {:.1}% | {:.1}% | {:.1}",
+                100.0 * e.avg_at_k,
+                e.k,
+                e.iter,
+                100.0 * e.pass_at_k,
+                100.0 * e.maj_at_k,
+                e.response_len_mean
+            ),
+            None => "- | - | - | -".to_string(),
+        };
+        out.push_str(&format!(
+            "| {name} | {} | {} | {} | {held} | {acc:.3} |\n",
+            r.label,
+            r.seed,
+            r.metrics.len()
+        ));
+    }
+    out
+}
+
 /// Writes every figure for `runs` into `out`; returns the files written.
 pub fn plot_runs(runs: &[PathBuf], out: &Path, hist_iter: Option<usize>) -> Result<Vec<PathBuf>> {
     let loaded: Vec<Run> = runs.iter().map(|d| load_run(d)).collect::<Result<_>>()?;
@@ -284,7 +317,7 @@ pub fn plot_runs(runs: &[PathBuf], out: &Path, hist_iter: Option<usize>) -> Resu
         let stem = out.join(format!("ratio_hist_{}_seed{}", slug(&r.label), r.seed));
         written.extend(histogram_chart(r, iter).save(&stem)?);
     }
-    let table = summary_table(&groups);
+    let table = format!("{}\n{}", summary_table(&groups), per_run_table(&loaded));
     let md = out.join("summary.md");
     r2vpo_report::atomic_write_string(&md, &table)?;
     written.push(md);
