@@ -12,6 +12,14 @@
 //! canonical parameter store (checkpoints, evaluation); a [`NativeNet`] is a
 //! working copy the trainer syncs back after each update. Gradients are
 //! tested against candle's autograd.
+//!
+//! The passes run on one thread. Two ways of using a second one were
+//! measured on cheetah-run (2-core machine) and dropped: cutting each
+//! 128-row minibatch into 64-row chunks on two threads (26–28k vs 30–36k
+//! env-steps/s: each chunk repeats the small products' fixed costs and the
+//! gradients must be summed), and running the actor's and the critic's
+//! passes side by side with `rayon::join` (no gain: each of the hundreds of
+//! joins per update has to wake a sleeping worker).
 
 use crate::policy::{Activation, ActorCritic, LogStdMode};
 
