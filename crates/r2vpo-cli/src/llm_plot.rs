@@ -252,12 +252,7 @@ fn per_run_table(runs: &[Run]) -> String {
             ),
             None => "- | - | - | -".to_string(),
         };
-        out.push_str(&format!(
-            "| {name} | {} | {} | {} | {held} | {acc:.3} |\n",
-            r.label,
-            r.seed,
-            r.metrics.len()
-        ));
+        out.push_str(&format!("| {name} | {} | {} | {} | {held} | {acc:.3} |\n", r.label, r.seed, r.metrics.len()));
     }
     out
 }
