@@ -180,6 +180,14 @@ fn mean(xs: &[f64]) -> f64 {
     xs.iter().sum::<f64>() / xs.len().max(1) as f64
 }
 
+impl Run {
+    /// Mean of `f` over the run's last five iterations, the window both
+    /// summary tables use.
+    fn last5(&self, f: &dyn Fn(&IterMetrics) -> f64) -> f64 {
+        mean(&self.metrics.iter().rev().take(5).map(f).collect::<Vec<_>>())
+    }
+}
+
 /// The Markdown summary: per algorithm, mean over seeds of the last five
 /// iterations' reward, accuracy and length, λ at the end, and held-out
 /// accuracy at the first and last evaluation.
@@ -189,14 +197,7 @@ fn summary_table(groups: &BTreeMap<String, Vec<&Run>>) -> String {
          E[(ρ−1)²] (last 5) | held-out avg@k |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for (label, runs) in groups {
-        let last5 = |f: &dyn Fn(&IterMetrics) -> f64| {
-            mean(
-                &runs
-                    .iter()
-                    .map(|r| mean(&r.metrics.iter().rev().take(5).map(f).collect::<Vec<_>>()))
-                    .collect::<Vec<_>>(),
-            )
-        };
+        let last5 = |f: &dyn Fn(&IterMetrics) -> f64| mean(&runs.iter().map(|r| r.last5(f)).collect::<Vec<_>>());
         let its = runs.iter().map(|r| r.metrics.len()).min().unwrap_or(0);
         let lambda = mean(&runs.iter().map(|r| r.metrics.last().map_or(0.0, |m| m.lambda)).collect::<Vec<_>>());
         // First and last held-out evaluation of each run (one number when a
@@ -239,7 +240,7 @@ fn per_run_table(runs: &[Run]) -> String {
     );
     for r in runs {
         let name = r.dir.file_name().map_or_else(|| r.dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let acc = mean(&r.metrics.iter().rev().take(5).map(|m| m.accuracy).collect::<Vec<_>>());
+        let acc = r.last5(&|m| m.accuracy);
         let held = match r.evals.last() {
             Some(e) => format!(
                 "{:.1}% (k = {}, iter {}) | {:.1}% | {:.1}% | {:.1}",
