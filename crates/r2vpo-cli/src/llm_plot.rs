@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
+use r2vpo::dual::DualMode;
 use r2vpo::objective::ObjectiveKind;
 use r2vpo_llm::train::metrics::{EvalRecord, IterMetrics, RatioHistogram};
 use r2vpo_llm::train::{Mode, TrainConfig};
@@ -43,7 +44,23 @@ struct Run {
 }
 
 /// A short algorithm name for a config, as the paper labels its curves.
+///
+/// R²VPO runs whose dual variable departs from the adaptive, unbounded
+/// default get it appended (`λ=0.04` fixed, `λ≤0.04` capped), so a λ
+/// ablation plots as separate curves rather than as extra seeds of one.
 pub fn algo_label(cfg: &TrainConfig) -> String {
+    let label = algo_base_label(cfg);
+    if cfg.objective.kind != ObjectiveKind::R2vpo {
+        return label;
+    }
+    match (cfg.dual.mode, cfg.dual.lambda_max) {
+        (DualMode::Fixed, _) => format!("{label} λ={}", cfg.dual.lambda0),
+        (DualMode::Adaptive, Some(max)) => format!("{label} λ≤{max}"),
+        (DualMode::Adaptive, None) => label,
+    }
+}
+
+fn algo_base_label(cfg: &TrainConfig) -> String {
     let o = &cfg.objective;
     let base = match o.kind {
         ObjectiveKind::R2vpo => "R²VPO".to_string(),
@@ -162,18 +179,22 @@ fn histogram_chart(run: &Run, iter: usize) -> LineChart {
     c
 }
 
-/// A label as a file-name part: `R²VPO-OFF rb4` → `r2vpo-off-rb4`.
+/// A label as a file-name part: `R²VPO-OFF rb4` → `r2vpo-off-rb4`,
+/// `R²VPO-OFF rb8 λ≤0.04` → `r2vpo-off-rb8-lambdamax0p04`.
 fn slug(label: &str) -> String {
-    label
-        .to_lowercase()
-        .chars()
-        .filter_map(|c| match c {
-            '²' => Some('2'),
-            ' ' => Some('-'),
-            c if c.is_ascii_alphanumeric() || c == '-' => Some(c),
-            _ => None,
-        })
-        .collect()
+    let mut out = String::new();
+    for c in label.to_lowercase().chars() {
+        match c {
+            '²' => out.push('2'),
+            ' ' => out.push('-'),
+            'λ' => out.push_str("lambda"),
+            '≤' => out.push_str("max"),
+            '.' => out.push('p'),
+            c if c.is_ascii_alphanumeric() || c == '-' => out.push(c),
+            _ => {}
+        }
+    }
+    out
 }
 
 fn mean(xs: &[f64]) -> f64 {
@@ -333,4 +354,31 @@ pub fn plot(a: &PlotArgs) -> Result<()> {
         println!("written: {}", p.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r2vpo_off(capacity: usize) -> TrainConfig {
+        let mut cfg = TrainConfig::default();
+        cfg.objective.kind = ObjectiveKind::R2vpo;
+        cfg.mode = Mode::Off;
+        cfg.replay.capacity_iters = capacity;
+        cfg
+    }
+
+    #[test]
+    fn labels_separate_lambda_settings_and_make_distinct_file_names() {
+        let plain = r2vpo_off(8);
+        let mut capped = r2vpo_off(8);
+        capped.dual.lambda_max = Some(0.04);
+        let mut fixed = r2vpo_off(8);
+        fixed.dual.mode = DualMode::Fixed;
+        fixed.dual.lambda0 = 0.04;
+        let labels = [algo_label(&plain), algo_label(&capped), algo_label(&fixed)];
+        assert_eq!(labels, ["R²VPO-OFF rb8", "R²VPO-OFF rb8 λ≤0.04", "R²VPO-OFF rb8 λ=0.04"]);
+        let slugs: Vec<String> = labels.iter().map(|l| slug(l)).collect();
+        assert_eq!(slugs, ["r2vpo-off-rb8", "r2vpo-off-rb8-lambdamax0p04", "r2vpo-off-rb8-lambda0p04"]);
+    }
 }
