@@ -33,6 +33,10 @@ runs=(
   "grpo-off-rb2-seed0|--algo grpo-off --seed 0 --set replay.capacity_iters=2"
   "r2vpo-off-rb2-seed0|--algo r2vpo-off --seed 0 --set replay.capacity_iters=2"
   "grpo-off-rb4-seed0|--algo grpo-off --seed 0 --set replay.capacity_iters=4"
+  # Deviation from the paper: R²VPO-OFF with λ capped at the paper's fixed
+  # value 0.04 (its adaptive λ ratchets up on stale-ratio spikes otherwise).
+  "r2vpo-off-rb8-lmax0.04-seed0|--algo r2vpo-off --seed 0 --set replay.capacity_iters=8 --set dual.lambda_max=0.04"
+  "r2vpo-off-lmax0.04-seed0|--algo r2vpo-off --seed 0 --set dual.lambda_max=0.04"
 )
 mkdir -p "$out"
 queue="$out/.queue"
