@@ -37,6 +37,8 @@ runs=(
   # value 0.04 (its adaptive λ ratchets up on stale-ratio spikes otherwise).
   "r2vpo-off-rb8-lmax0.04-seed0|--algo r2vpo-off --seed 0 --set replay.capacity_iters=8 --set dual.lambda_max=0.04"
   "r2vpo-off-lmax0.04-seed0|--algo r2vpo-off --seed 0 --set dual.lambda_max=0.04"
+  "r2vpo-off-lmax0.04-seed1|--algo r2vpo-off --seed 1 --set dual.lambda_max=0.04"
+  "r2vpo-off-rb2-lmax0.04-seed0|--algo r2vpo-off --seed 0 --set replay.capacity_iters=2 --set dual.lambda_max=0.04"
 )
 mkdir -p "$out"
 queue="$out/.queue"
