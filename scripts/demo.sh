@@ -13,7 +13,7 @@ echo
 echo "== 2/6  The main job: R²VPO-ON fine-tuning SmolLM2-135M-Instruct on built-in arithmetic (3 iterations of 4 prompts × 8 samples)"
 rm -rf "$OUT/llm-r2vpo-on"
 "$BIN" llm train --config configs/llm/smollm2-arith.toml --algo r2vpo-on --seed 0 --out "$OUT/llm-r2vpo-on" \
-  --set iterations=3 --set eval_at_end=false --set sampling.max_new_tokens=64 --no-export --quiet
+  --set iterations=3 --set eval_at_end=false --set sampling.max_new_tokens=64 --no-export
 
 echo
 echo "== 3/6  R²VPO vs GRPO on the synthetic sequence bandit (core algorithm end to end, on- and off-policy)"

@@ -55,13 +55,13 @@ lane() {
       continue
     elif [ -e "$dir/checkpoints/latest" ]; then
       echo "$(date +%T) resume $name"
-      "$bin" --threads 1 llm train --resume "$dir" --no-export --quiet >> "$dir.log" 2>&1
+      "$bin" --threads 1 llm train --resume "$dir" --no-export >> "$dir.log" 2>&1
     else
       echo "$(date +%T) start $name"
       rm -rf "$dir"
       # shellcheck disable=SC2086
       "$bin" --threads 1 llm train --config "$config" $args --set checkpoint_every=1 \
-        --out "$dir" --no-export --quiet >> "$dir.log" 2>&1
+        --out "$dir" --no-export >> "$dir.log" 2>&1
     fi
     [ -s "$dir/eval.jsonl" ] && rm -rf "$dir/checkpoints"
     echo "$(date +%T) end $name"

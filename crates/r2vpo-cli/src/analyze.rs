@@ -266,17 +266,11 @@ impl Setup {
 /// A deterministic, well-mixed seed per (run seed, stream, index), so parallel
 /// work draws the same numbers whatever the thread schedule.
 fn sub_seed(seed: u64, stream: u64, index: u64) -> u64 {
-    let mut z = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    r2vpo::seed::keyed_seed(seed, stream, index)
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
-    let pos = q * (sorted.len() - 1) as f64;
-    let (i, frac) = (pos.floor() as usize, pos - pos.floor());
-    let j = (i + 1).min(sorted.len() - 1);
-    sorted[i] * (1.0 - frac) + sorted[j] * frac
+    r2vpo::stats::quantile_sorted(sorted, q)
 }
 
 /// Everything computed for one policy pair.

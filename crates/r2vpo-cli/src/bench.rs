@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
+use r2vpo::stats::median;
 use serde::Serialize;
 
 use r2vpo::aggregate::GlobalBatch;
@@ -141,11 +142,6 @@ struct StepRow {
     /// Median milliseconds of the objective alone (loss + its backward on
     /// the same log-probs, model excluded).
     objective_ms: f64,
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Per-step cost of GRPO's clipped objective and R²VPO's penalty on the same

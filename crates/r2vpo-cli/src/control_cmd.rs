@@ -6,19 +6,23 @@
 //! `summary.json`. `--resume RUN_DIR` continues from the newest checkpoint.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use r2vpo::stats::mean_std;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use r2vpo_control::run::train_in_folder;
 use r2vpo_control::trainer::{algo_overrides, evaluate_policy, load_policy, TrainConfig, Trainer, UpdateMetrics};
 use r2vpo_control::{VecEnv, VecEnvConfig};
+use r2vpo_report::edge::{Existing, Progress, Stop, StopSignal};
 use r2vpo_report::plot::{mean_std_band, Grid, LineChart, Series};
-use r2vpo_report::{JsonlWriter, RunDir};
+use r2vpo_report::RunDir;
 
+use crate::args::{ConfigArgs, RunArgs, Stopped};
 use crate::config;
 
 /// The default config file, used when `--config` is not given and the file
@@ -28,24 +32,15 @@ pub const DEFAULT_CONFIG: &str = "configs/control/cpu.toml";
 /// `r2vpo control train` arguments.
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
+    /// `--config`, `--set`, `--seed`, `--out`, `--quiet`.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Task, e.g. `cheetah-run` (overrides the config's `task`).
     #[arg(long)]
     pub task: Option<String>,
     /// `ppo` or `r2vpo`.
     #[arg(long, default_value = "r2vpo")]
     pub algo: String,
-    /// Seed (overrides the config's `seed`).
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// TOML config (default: configs/control/cpu.toml if present).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Override a key (repeatable), e.g. `--set total_env_steps=200000`.
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub sets: Vec<String>,
-    /// Run folder (default runs/control/<task>-<algo>-seed<seed>).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
     /// Continue the run in this folder from its newest checkpoint (its
     /// config.toml, then --set, e.g. a larger total_env_steps).
     #[arg(long, conflicts_with_all = ["task", "seed", "config", "out"])]
@@ -69,6 +64,9 @@ pub struct EvalArgs {
 /// `r2vpo control compare` arguments.
 #[derive(clap::Args, Debug)]
 pub struct CompareArgs {
+    /// `--config` and `--set`.
+    #[command(flatten)]
+    pub cfg: ConfigArgs,
     /// Tasks, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "cartpole-swingup")]
     pub tasks: Vec<String>,
@@ -78,12 +76,6 @@ pub struct CompareArgs {
     /// Seeds, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "0,1,2")]
     pub seeds: Vec<u64>,
-    /// TOML config shared by every run (default: configs/control/cpu.toml if present).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Override a key for every run (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub sets: Vec<String>,
     /// Output folder: one run folder per task/algo/seed, plots and table.
     #[arg(long, default_value = "runs/control/compare")]
     pub out: PathBuf,
@@ -92,6 +84,9 @@ pub struct CompareArgs {
 /// `r2vpo bench control` arguments.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
+    /// `--config` and `--set`.
+    #[command(flatten)]
+    pub cfg: ConfigArgs,
     /// Tasks to measure.
     #[arg(long, value_delimiter = ',', default_value = "cheetah-run,walker-walk")]
     pub tasks: Vec<String>,
@@ -104,12 +99,6 @@ pub struct BenchArgs {
     /// Timed training updates (after one warm-up update).
     #[arg(long, default_value_t = 3)]
     pub updates: usize,
-    /// Training config (default: configs/control/cpu.toml if present).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Override a key of the training config (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub sets: Vec<String>,
     /// Where the JSON results go.
     #[arg(long, default_value = "runs/bench/control.json")]
     pub out: PathBuf,
@@ -144,127 +133,57 @@ pub fn resolve(
     Ok(cfg)
 }
 
-fn progress(total: u64, quiet: bool) -> ProgressBar {
-    if quiet {
-        return ProgressBar::hidden();
-    }
-    ProgressBar::new(total).with_style(
-        ProgressStyle::with_template("{bar:30} {human_pos}/{human_len} env steps  {msg}  [{elapsed} < {eta}]")
-            .expect("static template"),
-    )
-}
-
-/// Keeps only the records of updates `≤ update` in `metrics.jsonl`, so a
-/// resumed run does not repeat the updates done after its checkpoint.
-fn truncate_metrics(path: &Path, update: u64) -> Result<()> {
-    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
-    let mut kept = String::new();
-    for line in text.lines() {
-        let v: serde_json::Value = match serde_json::from_str(line) {
-            Ok(v) => v,
-            Err(_) => continue, // a torn last line from a killed run
-        };
-        if v.get("update").and_then(|u| u.as_u64()).is_some_and(|u| u <= update) {
-            kept.push_str(line);
-            kept.push('\n');
-        }
-    }
-    r2vpo_report::atomic_write_string(path, &kept)?;
-    Ok(())
-}
-
-/// Trains (or resumes) one run into `dir`; returns all of its metrics.
-fn train_into(cfg: TrainConfig, dir: &Path, resume: bool, quiet: bool) -> Result<Vec<UpdateMetrics>> {
-    let run = RunDir::create(dir)?;
-    let ckpt = run.join("checkpoints");
-    let mut trainer = if resume {
-        let t = Trainer::resume(&ckpt, Some(cfg.clone())).with_context(|| format!("resuming {}", dir.display()))?;
-        truncate_metrics(&run.join("metrics.jsonl"), t.counters().update)?;
-        t
-    } else {
-        if run.join("metrics.jsonl").exists() {
-            bail!("{} already holds a run; use --resume {0} to continue it, or another --out", dir.display());
-        }
-        Trainer::new(cfg.clone())?
-    };
-    run.write_config(&config::to_toml(&cfg)?)?;
-    let mut log: JsonlWriter = run.metrics()?;
-    let bar = progress(cfg.total_env_steps, quiet);
-    bar.set_position(trainer.counters().env_steps);
+/// Trains (or resumes) one run into `dir` with the console display; returns
+/// all of its metrics. SIGINT/SIGTERM stop it with a checkpoint
+/// ([`Stopped`]); the run-folder work is [`train_in_folder`].
+fn train_into(cfg: TrainConfig, dir: &Path, existing: Existing, quiet: bool) -> Result<Vec<UpdateMetrics>> {
+    let stop = Stop::install().context("installing the SIGINT/SIGTERM handlers")?;
+    let mut progress = Progress::new(cfg.total_env_steps, "env steps", quiet, Duration::from_secs(30));
     let mut recent: Option<f64> = None;
     let mut last_eval: Option<f64> = None;
-    let t0 = Instant::now();
-    let start_steps = trainer.counters().env_steps;
-    let metrics = trainer.run(Some(&ckpt), Some(&mut log), |m| {
+    let out = train_in_folder(cfg, dir, existing, stop.flag(), |m| {
         recent = m.episode_return_mean.or(recent);
         last_eval = m.eval_return_mean.or(last_eval);
-        let sps = (m.env_steps - start_steps) as f64 / t0.elapsed().as_secs_f64().max(1e-9);
-        bar.set_position(m.env_steps);
-        bar.set_message(format!(
-            "{sps:.0} steps/s  return {}  eval {}  λ {:.3}",
-            recent.map_or("-".into(), |r| format!("{r:.1}")),
-            last_eval.map_or("-".into(), |r| format!("{r:.1}")),
-            m.lambda
-        ));
-    })?;
-    bar.finish_and_clear();
-    // The full history (earlier records included) for the summary.
-    let all = read_metrics(&run.join("metrics.jsonl"))?;
-    let last = all.last().or(metrics.last());
-    if let Some(last) = last {
-        r2vpo_report::atomic_write_json(&run.join("summary.json"), &summary(&cfg, &all, last))?;
+        progress.update(
+            m.env_steps,
+            &format!(
+                "{:.0} steps/s  return {}  eval {}  λ {:.3}",
+                m.env_steps_per_s,
+                recent.map_or("-".into(), |r| format!("{r:.1}")),
+                last_eval.map_or("-".into(), |r| format!("{r:.1}")),
+                m.lambda
+            ),
+        );
+    })
+    .with_context(|| format!("run folder {}", dir.display()))?;
+    progress.finish();
+    if out.stopped {
+        let signal = stop.requested().unwrap_or(StopSignal::Interrupt);
+        return Err(Stopped { signal, resume: format!("r2vpo control train --resume {}", dir.display()) }.into());
     }
-    Ok(all)
-}
-
-#[derive(Serialize)]
-struct Summary<'a> {
-    task: &'a str,
-    objective: String,
-    seed: u64,
-    env_steps: u64,
-    final_eval_return: Option<f64>,
-    final_train_return: Option<f64>,
-    mean_env_steps_per_s: f64,
-}
-
-fn summary<'a>(cfg: &'a TrainConfig, all: &[UpdateMetrics], last: &UpdateMetrics) -> Summary<'a> {
-    let sps = all.iter().map(|m| m.env_steps_per_s).sum::<f64>() / all.len().max(1) as f64;
-    Summary {
-        task: &cfg.task,
-        objective: format!("{:?}", cfg.objective.kind),
-        seed: cfg.seed,
-        env_steps: last.env_steps,
-        final_eval_return: all.iter().rev().find_map(|m| m.eval_return_mean),
-        final_train_return: all.iter().rev().find_map(|m| m.episode_return_mean),
-        mean_env_steps_per_s: sps,
-    }
+    Ok(out.metrics)
 }
 
 fn read_metrics(path: &Path) -> Result<Vec<UpdateMetrics>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .enumerate()
-        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{} line {}", path.display(), i + 1)))
-        .collect()
+    Ok(r2vpo_report::jsonl::read_records(path)?)
 }
 
 /// `r2vpo control train`.
 pub fn train(a: &TrainArgs) -> Result<()> {
     if let Some(dir) = &a.resume {
-        let cfg: TrainConfig = config::load(Some(&dir.join("config.toml")), &a.sets)?;
+        let cfg: TrainConfig = config::load(Some(&dir.join("config.toml")), &a.run.cfg.sets)?;
         cfg.validate()?;
-        train_into(cfg, dir, true, false)?;
+        train_into(cfg, dir, Existing::Resume, a.run.quiet)?;
         println!("run folder: {}", dir.display());
         return Ok(());
     }
-    let cfg = resolve(a.config.as_deref(), &a.algo, a.task.as_deref(), a.seed, &a.sets)?;
+    let cfg = resolve(a.run.cfg.config.as_deref(), &a.algo, a.task.as_deref(), a.run.seed, &a.run.cfg.sets)?;
     let out = a
+        .run
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("runs/control/{}-{}-seed{}", cfg.task, a.algo, cfg.seed)));
-    let all = train_into(cfg, &out, false, false)?;
+    let all = train_into(cfg, &out, a.run.existing(), a.run.quiet)?;
     if let Some(m) = all.last() {
         println!(
             "{} env steps; final eval return {}",
@@ -304,12 +223,6 @@ pub fn eval(a: &EvalArgs) -> Result<()> {
     Ok(())
 }
 
-fn mean_std(v: &[f64]) -> (f64, f64) {
-    let n = v.len().max(1) as f64;
-    let m = v.iter().sum::<f64>() / n;
-    (m, (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / n).sqrt())
-}
-
 /// Training-return curve of one run: the return of the latest finished
 /// episodes, carried forward, at every update's env-step count.
 fn return_curve(ms: &[UpdateMetrics]) -> Vec<(f64, f64)> {
@@ -343,7 +256,7 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
             let (mut fin_eval, mut fin_train, mut steps) = (Vec::new(), Vec::new(), 0);
             for &seed in &a.seeds {
                 bar.set_message(format!("{task} {algo} seed {seed}"));
-                let cfg = resolve(a.config.as_deref(), algo, Some(task), Some(seed), &a.sets)
+                let cfg = resolve(a.cfg.config.as_deref(), algo, Some(task), Some(seed), &a.cfg.sets)
                     .with_context(|| format!("resolving the config of {task}/{algo}/seed {seed}"))?;
                 let dir = root.join(format!("{task}/{algo}-seed{seed}"));
                 // Resumable: finished runs are read back, interrupted ones continue.
@@ -359,7 +272,8 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
                     if !resume && dir.join("metrics.jsonl").exists() {
                         std::fs::remove_file(dir.join("metrics.jsonl"))?;
                     }
-                    train_into(cfg, &dir, resume, true)?
+                    // A partial run without a checkpoint starts afresh.
+                    train_into(cfg, &dir, if resume { Existing::Resume } else { Existing::Overwrite }, true)?
                 };
                 curves.push(return_curve(&ms));
                 evals.push(
@@ -452,13 +366,13 @@ fn raw_rate(task: &str, envs: usize, threads: usize, seconds: f64) -> Result<f64
 /// `r2vpo bench control`.
 pub fn bench(a: &BenchArgs) -> Result<()> {
     let threads = std::env::var("RAYON_NUM_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize);
-    let file = default_config(a.config.as_deref());
+    let file = default_config(a.cfg.config.as_deref());
     let mut rows = Vec::new();
     for task in &a.tasks {
         let r1 = raw_rate(task, a.envs, 1, a.seconds)?;
         let r2 = raw_rate(task, a.envs, 2, a.seconds)?;
         let mut sets = vec![format!("task=\"{task}\""), "eval_episodes=0".to_string()];
-        sets.extend(a.sets.iter().cloned());
+        sets.extend(a.cfg.sets.iter().cloned());
         let cfg: TrainConfig = config::load(file.as_deref(), &sets)?;
         let cfg = TrainConfig { total_env_steps: u64::MAX / 2, ..cfg };
         let mut t = Trainer::new(cfg.clone())?;
@@ -557,9 +471,9 @@ mod tests {
         .to_vec();
         let cfg = resolve(None, "ppo", Some("cartpole-balance"), Some(0), &sets).unwrap();
         let run = dir.path().join("run");
-        train_into(cfg.clone(), &run, false, true).unwrap();
+        train_into(cfg.clone(), &run, Existing::Refuse, true).unwrap();
         let more = TrainConfig { total_env_steps: 192, ..cfg };
-        let all = train_into(more, &run, true, true).unwrap();
+        let all = train_into(more, &run, Existing::Resume, true).unwrap();
         assert_eq!(all.iter().map(|m| m.update).collect::<Vec<_>>(), vec![1, 2, 3]);
         eval(&EvalArgs { run: run.clone(), episodes: 1, seed: 1 }).unwrap();
         let out = dir.path().join("cmp");
@@ -569,8 +483,7 @@ mod tests {
             tasks: vec!["cartpole-balance".into()],
             algos: vec!["ppo".into(), "r2vpo".into()],
             seeds: vec![0, 1],
-            config: None,
-            sets: csets,
+            cfg: ConfigArgs { config: None, sets: csets },
             out: out.clone(),
         })
         .unwrap();

@@ -80,15 +80,7 @@ fn algo_base_label(cfg: &TrainConfig) -> String {
 }
 
 fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
-    if !path.exists() {
-        return Ok(Vec::new());
-    }
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{} line {}", path.display(), i + 1)))
-        .collect()
+    Ok(r2vpo_report::jsonl::read_records(path)?)
 }
 
 fn load_run(dir: &Path) -> Result<Run> {

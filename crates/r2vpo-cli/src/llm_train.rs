@@ -2,37 +2,27 @@
 //! with a progress bar, Ctrl-C checkpointing and `--resume`.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 
 use r2vpo_llm::train::{Event, Outcome, TrainConfig, Trainer};
-use r2vpo_report::RunDir;
+use r2vpo_report::edge::{open_run_folder, Existing, Progress, Stop, StopSignal};
 
+use crate::args::{RunArgs, Stopped};
 use crate::config;
 
 /// `r2vpo llm train` arguments.
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
-    /// TOML config (e.g. `configs/llm/smollm2-arith.toml`; default: built-in
-    /// defaults, see `r2vpo config show llm-train`).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
+    /// `--config`, `--set`, `--seed`, `--out`, `--quiet`.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Algorithm preset applied before `--set`: grpo, grpo-ch, gppo, topr,
     /// grpo-kl, r2vpo-on, r2vpo-off, grpo-off, grpo-ch-off (default: the
     /// config's own objective and mode).
     #[arg(long)]
     pub algo: Option<String>,
-    /// Master seed (overrides the config's `seed`).
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Override a config key, e.g. `--set optim.lr=1e-5` (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub sets: Vec<String>,
-    /// Run folder (default: `runs/llm/<algo>-seed<seed>`).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
     /// Continue the run in this folder from its latest checkpoint, with its
     /// `config.toml` plus any `--set` (e.g. `--set iterations=40`).
     #[arg(long, conflicts_with_all = ["config", "algo", "seed", "out"])]
@@ -40,9 +30,6 @@ pub struct TrainArgs {
     /// Do not export the final policy as a Hugging Face folder (`RUN/model`).
     #[arg(long)]
     pub no_export: bool,
-    /// No progress bar.
-    #[arg(long)]
-    pub quiet: bool,
 }
 
 /// Loads a train config: defaults → file → algorithm preset → seed → `--set`.
@@ -61,26 +48,6 @@ pub fn load_config(file: Option<&Path>, algo: Option<&str>, seed: Option<u64>, s
     Ok(cfg)
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-static SIGINTS: AtomicUsize = AtomicUsize::new(0);
-
-extern "C" fn on_sigint(_: libc::c_int) {
-    // Only async-signal-safe work here: set a flag; a second Ctrl-C exits
-    // at once (the last complete checkpoint is untouched).
-    if SIGINTS.fetch_add(1, Ordering::SeqCst) >= 1 {
-        unsafe { libc::_exit(130) };
-    }
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn install_sigint() {
-    let handler: extern "C" fn(libc::c_int) = on_sigint;
-    // SAFETY: installs a handler that only touches atomics and `_exit`.
-    unsafe {
-        libc::signal(libc::SIGINT, handler as libc::sighandler_t);
-    }
-}
-
 /// `r2vpo llm train`.
 pub fn train(a: &TrainArgs) -> Result<()> {
     let (cfg, dir, resume) = match &a.resume {
@@ -89,39 +56,44 @@ pub fn train(a: &TrainArgs) -> Result<()> {
             if !file.exists() {
                 bail!("{} has no config.toml: not a run folder", dir.display());
             }
-            (load_config(Some(&file), None, None, &a.sets)?, dir.clone(), true)
+            (load_config(Some(&file), None, None, &a.run.cfg.sets)?, dir.clone(), true)
         }
         None => {
-            let cfg = load_config(a.config.as_deref(), a.algo.as_deref(), a.seed, &a.sets)?;
+            let cfg = load_config(a.run.cfg.config.as_deref(), a.algo.as_deref(), a.run.seed, &a.run.cfg.sets)?;
             let name =
                 a.algo.clone().unwrap_or_else(|| format!("{:?}-{:?}", cfg.objective.kind, cfg.mode).to_lowercase());
-            let dir = a.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/llm/{name}-seed{}", cfg.seed)));
+            let dir = a.run.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/llm/{name}-seed{}", cfg.seed)));
             (cfg, dir, false)
         }
     };
-    let run = RunDir::create(&dir)?;
-    if !resume && run.join("metrics.jsonl").exists() {
-        bail!("{} already holds a run; continue it with --resume {0}, or choose another --out", dir.display());
-    }
+    let existing = if resume { Existing::Resume } else { a.run.existing() };
+    let fresh_folder = !dir.exists();
+    let run = open_run_folder(&dir, existing)?;
     run.write_config(&config::to_toml(&cfg)?)?;
-    let mut trainer = if resume {
-        Trainer::resume(cfg.clone(), &dir).with_context(|| format!("resuming {}", dir.display()))?
+    let started = if resume {
+        Trainer::resume(cfg.clone(), &dir).with_context(|| format!("resuming {}", dir.display()))
     } else {
-        Trainer::new(cfg.clone(), &dir).with_context(|| format!("starting {}", dir.display()))?
+        Trainer::new(cfg.clone(), &dir).with_context(|| format!("starting {}", dir.display()))
     };
-    install_sigint();
-    let bar = if a.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(cfg.iterations as u64).with_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} iterations  {msg}  [{elapsed} < {eta}]")
-                .expect("static template"),
-        )
+    let mut trainer = match started {
+        Ok(t) => t,
+        Err(e) => {
+            // A run that never started leaves no folder behind.
+            if fresh_folder {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            return Err(e);
+        }
     };
-    bar.set_position(trainer.progress().iteration as u64);
+    let stop = Stop::install().context("installing the SIGINT/SIGTERM handlers")?;
+    let mut progress = Progress::new(cfg.iterations as u64, "iterations", a.run.quiet, Duration::ZERO);
     let mut last = String::new();
-    let outcome = trainer.run(&STOP, &mut |e| match e {
-        Event::Phase { name, .. } => bar.set_message(format!("{name}…  {last}")),
+    let outcome = trainer.run(stop.flag(), &mut |e| match e {
+        Event::Phase { name, iter } => {
+            if !a.run.quiet {
+                progress.status(iter as u64, &format!("{name}…  {last}"));
+            }
+        }
         Event::Iteration(m) => {
             last = format!(
                 "reward {:.3}  acc {:.3}  len {:.0}  λ {:.4}  E[(ρ−1)²] {:.1e}  {:.0}/{:.0} tok/s",
@@ -133,24 +105,20 @@ pub fn train(a: &TrainArgs) -> Result<()> {
                 m.timing.rollout_tokens_per_s,
                 m.timing.train_tokens_per_s
             );
-            bar.set_position(m.iter as u64 + 1);
-            bar.set_message(last.clone());
-            if a.quiet {
-                eprintln!("iter {:4}  {last}", m.iter);
-            }
+            progress.update(m.iter as u64 + 1, &last);
         }
-        Event::Eval(r) => bar.println(format!(
+        Event::Eval(r) => progress.println(&format!(
             "eval after {} iterations: avg@{} {:.3}  pass@{} {:.3}  maj@{} {:.3}",
             r.iter, r.k, r.avg_at_k, r.k, r.pass_at_k, r.k, r.maj_at_k
         )),
-        Event::Checkpoint(p) => bar.println(format!("checkpoint: {}", p.display())),
-        Event::BadStep(d) => bar.println(format!("skipped a non-finite step: {d}")),
+        Event::Checkpoint(p) => progress.println(&format!("checkpoint: {}", p.display())),
+        Event::BadStep(d) => progress.println(&format!("skipped a non-finite step: {d}")),
     });
-    bar.finish_and_clear();
+    progress.finish();
     match outcome? {
         Outcome::Stopped => {
-            println!("interrupted; checkpoint written. Continue with: r2vpo llm train --resume {}", dir.display());
-            return Ok(());
+            let signal = stop.requested().unwrap_or(StopSignal::Interrupt);
+            return Err(Stopped { signal, resume: format!("r2vpo llm train --resume {}", dir.display()) }.into());
         }
         Outcome::Finished => {}
     }

@@ -32,6 +32,7 @@ fn tune_allocator() {
 }
 
 mod analyze;
+mod args;
 mod bench;
 mod config;
 mod control_cmd;
@@ -133,11 +134,12 @@ struct LlmInfoArgs {
 
 #[derive(Args, Debug)]
 struct LlmVerifyArgs {
-    /// The model's answer: a whole response or just the final answer.
-    #[arg(long)]
+    /// The model's answer: a whole response or just the final answer (may
+    /// start with a hyphen: `--answer -7`).
+    #[arg(long, allow_hyphen_values = true)]
     answer: String,
-    /// The reference answer.
-    #[arg(long)]
+    /// The reference answer (may start with a hyphen).
+    #[arg(long, allow_hyphen_values = true)]
     gold: String,
     /// Where the answer is taken from: auto, boxed, answer-line, last-number.
     #[arg(long, default_value = "auto")]
@@ -179,12 +181,9 @@ enum ConfigCmd {
 struct ConfigShowArgs {
     /// Which command's config: `toy`, `control`, `llm-eval` or `llm-train`.
     kind: String,
-    /// TOML config file.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Override a key (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    sets: Vec<String>,
+    /// `--config` and `--set`.
+    #[command(flatten)]
+    cfg: args::ConfigArgs,
 }
 
 fn set_threads(threads: Option<usize>) {
@@ -233,12 +232,18 @@ fn run(cli: Cli) -> Result<()> {
 
 fn config_show(a: &ConfigShowArgs) -> Result<()> {
     let text = match a.kind.as_str() {
-        "toy" => config::to_toml(&config::load::<toy::ToyConfig>(a.config.as_deref(), &a.sets)?)?,
-        "control" => {
-            config::to_toml(&config::load::<r2vpo_control::trainer::TrainConfig>(a.config.as_deref(), &a.sets)?)?
+        "toy" => {
+            let c = config::load::<toy::ToyConfig>(a.cfg.config.as_deref(), &a.cfg.sets)?;
+            c.validate()?;
+            config::to_toml(&c)?
         }
-        "llm-eval" => config::to_toml(&llm_eval::load_config(a.config.as_deref(), &a.sets)?)?,
-        "llm-train" => config::to_toml(&llm_train::load_config(a.config.as_deref(), None, None, &a.sets)?)?,
+        "control" => {
+            let c = config::load::<r2vpo_control::trainer::TrainConfig>(a.cfg.config.as_deref(), &a.cfg.sets)?;
+            c.validate()?;
+            config::to_toml(&c)?
+        }
+        "llm-eval" => config::to_toml(&llm_eval::load_config(a.cfg.config.as_deref(), &a.cfg.sets)?)?,
+        "llm-train" => config::to_toml(&llm_train::load_config(a.cfg.config.as_deref(), None, None, &a.cfg.sets)?)?,
         other => anyhow::bail!("no config kind `{other}`; known: toy, control, llm-eval, llm-train"),
     };
     print!("{text}");
@@ -290,9 +295,71 @@ fn main() -> ExitCode {
     set_threads(cli.threads);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+        Err(e) => match e.downcast_ref::<args::Stopped>() {
+            Some(s) => {
+                eprintln!("{s}");
+                ExitCode::from(s.signal.exit_code())
+            }
+            None => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// The one algorithm table ([`r2vpo::algo::ALGORITHMS`]) seen through every
+/// trainer's `--algo`: each name gives the same objective and mode in the
+/// toy, control and LLM configs, and the README lists exactly the table.
+#[cfg(test)]
+mod cli_tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[test]
+    fn negative_numbers_are_values() {
+        let c = Cli::try_parse_from(["r2vpo", "llm", "verify", "--answer", "-7", "--gold", "-7"]).unwrap();
+        match c.command {
+            Command::Llm(LlmCmd::Verify(v)) => assert_eq!((v.answer.as_str(), v.gold.as_str()), ("-7", "-7")),
+            other => panic!("{other:?}"),
+        }
+        Cli::try_parse_from(["r2vpo", "toy", "train", "--set", "objective.eps_low=-1"]).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod algo_table_tests {
+    use r2vpo::algo::{Mode, ALGORITHMS};
+
+    use crate::config;
+
+    #[test]
+    fn every_name_resolves_to_the_same_settings_everywhere() {
+        for a in ALGORITHMS {
+            let want = a.objective_config();
+            let toy: crate::toy::ToyConfig = config::load(None, &crate::toy::algo_overrides(a.name).unwrap()).unwrap();
+            assert_eq!((&toy.objective, toy.mode), (&want, a.mode), "toy --algo {}", a.name);
+            let llm: r2vpo_llm::train::TrainConfig =
+                config::load(None, &r2vpo_llm::train::TrainConfig::algo_overrides(a.name).unwrap()).unwrap();
+            assert_eq!((&llm.objective, llm.mode), (&want, a.mode), "llm --algo {}", a.name);
+            match (a.mode, r2vpo_control::trainer::algo_overrides(a.name)) {
+                (Mode::On, Ok(sets)) => {
+                    let c: r2vpo_control::trainer::TrainConfig = config::load(None, &sets).unwrap();
+                    assert_eq!(c.objective, want, "control --algo {}", a.name);
+                }
+                (Mode::Off, Err(e)) => assert!(e.to_string().contains("replay"), "{e}"),
+                (m, r) => panic!("control --algo {}: mode {m:?} gave {r:?}", a.name),
+            }
+        }
+    }
+
+    #[test]
+    fn the_readme_lists_the_table() {
+        let readme = include_str!("../../../README.md");
+        for a in ALGORITHMS {
+            let row = format!("| `{}` | {} |", a.name, a.summary);
+            assert!(readme.contains(&row), "README.md lacks the row:\n{row}");
         }
     }
 }

@@ -23,11 +23,16 @@ use serde::{Deserialize, Serialize};
 
 use r2vpo::advantage::{count_zero_variance_groups, group_relative, GroupNormConfig};
 use r2vpo::aggregate::GlobalBatch;
-use r2vpo::dual::{DualConfig, DualVariable};
-use r2vpo::objective::{ObjectiveConfig, ObjectiveKind, PolicyBatch, RatioStats};
+use r2vpo::dual::DualConfig;
+use r2vpo::learner::Learner;
+use r2vpo::objective::{ObjectiveConfig, PolicyBatch, RatioStats};
 use r2vpo::replay::{ReplayBuffer, ReplayConfig};
+use r2vpo::schedule::{EpochSchedule, Remainder, Reshuffle, UpdateSchedule};
+use r2vpo::seed;
+use r2vpo::stats::mean_std;
 use r2vpo_report::{plot, RunDir, TensorBoardWriter};
 
+use crate::args::{ConfigArgs, RunArgs};
 use crate::config;
 
 pub use r2vpo::algo::Mode;
@@ -97,7 +102,8 @@ impl Default for ToyConfig {
 }
 
 impl ToyConfig {
-    fn validate(&self) -> Result<()> {
+    /// Checks every field; the error names it.
+    pub fn validate(&self) -> Result<()> {
         let positive = [
             ("iterations", self.iterations),
             ("prompts", self.prompts),
@@ -116,8 +122,10 @@ impl ToyConfig {
         if self.prompts_per_iter > self.prompts {
             bail!("toy config: `prompts_per_iter` ({}) exceeds `prompts` ({})", self.prompts_per_iter, self.prompts);
         }
-        if !(self.temperature > 0.0 && self.lr > 0.0) {
-            bail!("toy config: `temperature` and `lr` must be positive");
+        for (k, v) in [("temperature", self.temperature), ("lr", self.lr)] {
+            if !(v > 0.0 && v.is_finite()) {
+                bail!("toy config: `{k}` must be finite and > 0, got {v}");
+            }
         }
         self.objective.validate()?;
         self.dual.validate()?;
@@ -218,9 +226,20 @@ pub fn train(cfg: &ToyConfig, out: Option<&RunDir>, quiet: bool) -> Result<ToyRu
         Policy { logits: Var::zeros((cfg.prompts, cfg.length, cfg.vocab), DType::F32, &dev)?, length: cfg.length };
     let mut opt =
         AdamW::new(vec![policy.logits.clone()], ParamsAdamW { lr: cfg.lr, weight_decay: 0.0, ..Default::default() })?;
-    let mut dual = DualVariable::new(&cfg.dual)?;
-    let mut replay: ReplayBuffer<Sample> =
-        ReplayBuffer::from_config(&ReplayConfig { seed: cfg.seed.wrapping_add(cfg.replay.seed), ..cfg.replay })?;
+    let mut learner = Learner::new(cfg.objective.clone(), &cfg.dual)?;
+    let mut replay: ReplayBuffer<Sample> = ReplayBuffer::from_config(&ReplayConfig {
+        seed: seed::toy_replay_seed(cfg.seed, cfg.replay.seed),
+        ..cfg.replay
+    })?;
+    // The batch is prompts_per_iter × group_size; `minibatches` cuts it.
+    let batch_len = cfg.prompts_per_iter * cfg.group_size;
+    let epochs = EpochSchedule {
+        epochs: cfg.epochs,
+        minibatch_size: batch_len.div_ceil(cfg.minibatches),
+        remainder: Remainder::Keep,
+        reshuffle: Reshuffle::FromIdentity,
+    };
+    let schedule = UpdateSchedule::new(cfg.mode, epochs, &cfg.replay);
     let mut logs = match out {
         Some(run) => {
             run.write_config(&config::to_toml(cfg)?)?;
@@ -266,37 +285,16 @@ pub fn train(cfg: &ToyConfig, out: Option<&RunDir>, quiet: bool) -> Result<ToyRu
         let zero_var = count_zero_variance_groups(&rewards, cfg.group_size)? as f64 / cfg.prompts_per_iter as f64;
         let reward_mean = rewards.iter().map(|&r| r as f64).sum::<f64>() / rewards.len() as f64;
 
-        // Update phase.
+        // Update phase: Algorithm 1's epochs or Algorithm 2's replay draws.
         let mut acc = StatAcc::default();
-        match cfg.mode {
-            Mode::On => {
-                let n = batch.len();
-                for _ in 0..cfg.epochs {
-                    let mut order: Vec<usize> = (0..n).collect();
-                    shuffle_prefix(&mut order, n, &mut rng);
-                    let mb = n.div_ceil(cfg.minibatches);
-                    for chunk in order.chunks(mb) {
-                        let items: Vec<&Sample> = chunk.iter().map(|&i| &batch[i]).collect();
-                        let stats = update(cfg, &policy, &mut opt, &mut dual, &items)?;
-                        acc.add(&stats, 0.0);
-                        steps += 1;
-                    }
-                }
-            }
-            Mode::Off => {
-                replay.push(iter as u64, batch);
-                let updates = cfg.replay.updates_per_iteration(cfg.prompts_per_iter * cfg.group_size)?;
-                for _ in 0..updates {
-                    let n = cfg.replay.minibatch_size.min(replay.len());
-                    let drawn = replay.sample(n, iter as u64)?;
-                    let staleness =
-                        drawn.iter().map(|s| s.at.staleness as f64).sum::<f64>() / drawn.len().max(1) as f64;
-                    let items: Vec<&Sample> = drawn.iter().map(|s| s.item).collect();
-                    let stats = update(cfg, &policy, &mut opt, &mut dual, &items)?;
-                    acc.add(&stats, staleness);
-                    steps += 1;
-                }
-            }
+        let phase = schedule.plan(iter as u64, batch, &mut replay, &mut rng)?;
+        for k in 0..phase.len() {
+            let step = phase.items(k, &replay);
+            let staleness = step.iter().map(|s| s.staleness as f64).sum::<f64>() / step.len().max(1) as f64;
+            let items: Vec<&Sample> = step.iter().map(|s| s.item).collect();
+            let stats = update(cfg, &policy, &mut opt, &mut learner, &items)?;
+            acc.add(&stats, staleness);
+            steps += 1;
         }
         let greedy = greedy_accuracy(&policy, &targets)?;
         let m = acc.finish(IterMetrics {
@@ -304,7 +302,7 @@ pub fn train(cfg: &ToyConfig, out: Option<&RunDir>, quiet: bool) -> Result<ToyRu
             steps,
             reward: reward_mean,
             greedy_accuracy: greedy,
-            lambda: dual.value(),
+            lambda: learner.lambda(),
             entropy,
             zero_variance_groups: zero_var,
             ..Default::default()
@@ -347,7 +345,7 @@ fn update(
     cfg: &ToyConfig,
     policy: &Policy,
     opt: &mut AdamW,
-    dual: &mut DualVariable,
+    learner: &mut Learner,
     items: &[&Sample],
 ) -> Result<RatioStats> {
     let b = items.len();
@@ -362,20 +360,10 @@ fn update(
     let adv = Tensor::from_vec(adv, (b, l), dev)?;
     let mask = Tensor::ones((b, l), DType::F32, dev)?;
     let global = GlobalBatch::from_mask(&mask)?;
-    let out = cfg.objective.loss(
-        &PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask },
-        dual.value(),
-        &global,
-    )?;
+    let out = learner.loss(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask }, &global)?;
     let grads = out.loss.backward()?;
     opt.step(&grads)?;
-    // λ moves once per optimizer step, from the detached statistic (Eq. λ
-    // update) — only for objectives that have a λ, so baselines log a
-    // constant instead of a multiplier that acts on nothing.
-    if matches!(cfg.objective.kind, ObjectiveKind::R2vpo | ObjectiveKind::KlPenalty) {
-        dual.update(out.stats.constraint)?;
-    }
-    Ok(out.stats)
+    Ok(learner.after_step(&[out.stats])?)
 }
 
 fn greedy_accuracy(policy: &Policy, targets: &[u32]) -> Result<f64> {
@@ -449,36 +437,27 @@ impl StatAcc {
 /// `r2vpo toy train` arguments.
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
-    /// TOML config (default: built-in defaults, see `configs/core/toy.toml`).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
+    /// `--config`, `--set`, `--seed`, `--out`, `--quiet`.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Algorithm preset applied before `--set`: grpo, grpo-ch, gppo, topr,
     /// grpo-kl, r2vpo-on, r2vpo-off, grpo-off, grpo-ch-off.
     #[arg(long)]
     pub algo: Option<String>,
-    /// Override a config key, e.g. `--set dual.lambda0=0.04` (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub sets: Vec<String>,
-    /// Run folder.
-    #[arg(long, default_value = "runs/toy/train")]
-    pub out: PathBuf,
 }
 
 /// `r2vpo toy compare` arguments.
 #[derive(clap::Args, Debug)]
 pub struct CompareArgs {
-    /// TOML config shared by all runs.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
+    /// `--config` and `--set`.
+    #[command(flatten)]
+    pub cfg: ConfigArgs,
     /// Comma-separated algorithm presets.
     #[arg(long, default_value = "grpo,grpo-ch,r2vpo-on,grpo-off,r2vpo-off", value_delimiter = ',')]
     pub algos: Vec<String>,
     /// Comma-separated seeds.
     #[arg(long, default_value = "0,1", value_delimiter = ',')]
     pub seeds: Vec<u64>,
-    /// Override a config key for every run (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub sets: Vec<String>,
     /// Output folder (one sub-folder per run, plus plots and a table).
     #[arg(long, default_value = "runs/toy/compare")]
     pub out: PathBuf,
@@ -495,9 +474,15 @@ fn resolve(config: Option<&Path>, algo: Option<&str>, sets: &[String]) -> Result
 
 /// `r2vpo toy train`.
 pub fn cmd_train(a: &TrainArgs) -> Result<()> {
-    let cfg = resolve(a.config.as_deref(), a.algo.as_deref(), &a.sets)?;
-    let run = RunDir::create(&a.out)?;
-    train(&cfg, Some(&run), false)?;
+    let mut sets = a.run.cfg.sets.clone();
+    if let Some(s) = a.run.seed {
+        sets.insert(0, format!("seed={s}"));
+    }
+    let cfg = resolve(a.run.cfg.config.as_deref(), a.algo.as_deref(), &sets)?;
+    cfg.validate()?;
+    let out = a.run.out.clone().unwrap_or_else(|| PathBuf::from("runs/toy/train"));
+    let run = r2vpo_report::edge::open_run_folder(&out, a.run.existing())?;
+    train(&cfg, Some(&run), a.run.quiet)?;
     println!("run folder: {}", run.path().display());
     Ok(())
 }
@@ -515,9 +500,9 @@ pub fn cmd_compare(a: &CompareArgs) -> Result<()> {
         let mut runs = Vec::new();
         for &seed in &a.seeds {
             bar.set_message(format!("{algo} seed {seed}"));
-            let mut sets = a.sets.clone();
+            let mut sets = a.cfg.sets.clone();
             sets.push(format!("seed={seed}"));
-            let cfg = resolve(a.config.as_deref(), Some(algo), &sets)
+            let cfg = resolve(a.cfg.config.as_deref(), Some(algo), &sets)
                 .with_context(|| format!("resolving the config of {algo}"))?;
             let run = RunDir::create(root.join(format!("{algo}-seed{seed}")))?;
             runs.push(train(&cfg, Some(&run), true)?.metrics);
@@ -579,13 +564,6 @@ fn banded_series(label: &str, color: usize, band: &[(f64, f64, f64, f64)]) -> pl
         .with_color(color)
 }
 
-fn mean_std(v: &[f64]) -> (f64, f64) {
-    let n = v.len().max(1) as f64;
-    let m = v.iter().sum::<f64>() / n;
-    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / n;
-    (m, var.sqrt())
-}
-
 /// Per-iteration (x, mean, lo, hi) with lo/hi = mean ∓ std across runs.
 fn mean_std_band(runs: &[Vec<IterMetrics>], f: &dyn Fn(&IterMetrics) -> f64) -> Vec<(f64, f64, f64, f64)> {
     let len = runs.iter().map(Vec::len).min().unwrap_or(0);
@@ -637,6 +615,43 @@ mod tests {
         // On-policy first epoch starts at ratio 1 exactly.
         let on = train(&small("r2vpo-on"), None, true).unwrap();
         assert_eq!(on.metrics[0].staleness, 0.0);
+    }
+
+    /// Pins short seeded runs of every preset bit for bit, so refactors of
+    /// the update path change nothing. `gppo` is pinned with its documented
+    /// ε_high = 0.28 set explicitly (the preset once left it at 0.2).
+    /// Re-record with `R2VPO_BLESS=1` only where floating point legitimately
+    /// differs, never to make a refactor pass.
+    #[test]
+    fn seeded_runs_are_unchanged_bit_for_bit() {
+        let mut all = serde_json::Map::new();
+        for algo in ["grpo", "grpo-ch", "r2vpo-on", "r2vpo-off", "grpo-off", "grpo-ch-off", "gppo", "topr", "grpo-kl"] {
+            let mut sets = algo_overrides(algo).unwrap();
+            sets.extend(
+                [
+                    "iterations=5",
+                    "prompts=8",
+                    "prompts_per_iter=6",
+                    "vocab=5",
+                    "length=3",
+                    "minibatches=4",
+                    "replay.minibatch_size=20",
+                    "replay.capacity_iters=2",
+                    "dual.eta=2.0",
+                    "objective.eps_high=0.28",
+                ]
+                .map(String::from),
+            );
+            if !algo.starts_with("grpo-ch") && algo != "gppo" {
+                sets.pop();
+            }
+            let cfg: ToyConfig = config::load(None, &sets).unwrap();
+            let run = train(&cfg, None, true).unwrap();
+            all.insert(algo.into(), serde_json::to_value(&run.metrics).unwrap());
+        }
+        let got = serde_json::to_string_pretty(&all).unwrap() + "\n";
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/pin/toy-train.json");
+        r2vpo_report::golden::assert_golden(&path, &got);
     }
 
     #[test]

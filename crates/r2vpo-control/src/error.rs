@@ -121,3 +121,51 @@ pub enum Error {
         message: String,
     },
 }
+
+/// Errors of training, evaluation and checkpoints.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The environment layer failed.
+    #[error(transparent)]
+    Env(#[from] crate::Error),
+    /// A tensor operation failed.
+    #[error("tensor error: {0}")]
+    Tensor(#[from] candle_core::Error),
+    /// The algorithm core rejected an input.
+    #[error(transparent)]
+    Core(#[from] r2vpo::Error),
+    /// Writing a report file failed.
+    #[error(transparent)]
+    Report(#[from] r2vpo_report::ReportError),
+    /// Reading or parsing a file failed.
+    #[error("{}: {message}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// A configuration value is out of range.
+    #[error("invalid `{field}`: {message}")]
+    Config {
+        /// Dotted name of the field.
+        field: String,
+        /// Why it is invalid.
+        message: String,
+    },
+    /// A loss or gradient became non-finite.
+    #[error("training diverged at update {update}: {what}")]
+    Diverged {
+        /// The update index.
+        update: u64,
+        /// The non-finite quantity.
+        what: String,
+    },
+}
+
+/// Result alias of the trainer.
+pub type TrainResult<T> = std::result::Result<T, TrainError>;
+
+pub(crate) fn config_err(field: &str, message: String) -> TrainError {
+    TrainError::Config { field: field.into(), message }
+}

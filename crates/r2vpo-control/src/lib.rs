@@ -23,6 +23,7 @@ pub mod native;
 pub mod physics;
 pub mod policy;
 pub mod rewards;
+pub mod run;
 pub mod tasks;
 pub mod trainer;
 pub mod vec_env;

@@ -20,7 +20,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal, Uniform};
 use serde::{Deserialize, Serialize};
 
-use crate::trainer::{TrainError as Error, TrainResult as Result};
+use crate::error::{TrainError as Error, TrainResult as Result};
 
 /// `ln(2π)`.
 const LN_2PI: f64 = 1.837_877_066_409_345_3;

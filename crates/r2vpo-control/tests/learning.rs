@@ -1,5 +1,7 @@
 //! End-to-end learning check of the default (CPU) configuration.
 
+use std::sync::atomic::AtomicBool;
+
 use r2vpo_control::trainer::{TrainConfig, Trainer};
 
 /// PPO with the default config must solve cartpole-balance well within the
@@ -20,7 +22,7 @@ fn default_config_learns_cartpole_balance() {
     cfg.objective.dual_clip = None;
     assert_eq!(cfg.steps_per_update(), 4096, "the budget assumes 4096 steps per update");
     let mut t = Trainer::new(cfg).unwrap();
-    let log = t.run(None, None, |_| {}).unwrap();
+    let log = t.run(None, None, &AtomicBool::new(false), |_| {}).unwrap();
     let train: Vec<f64> = log.iter().filter_map(|m| m.episode_return_mean).collect();
     let returns = t.evaluate(4, 0).unwrap();
     let eval = returns.iter().sum::<f64>() / returns.len() as f64;

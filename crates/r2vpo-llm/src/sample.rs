@@ -166,14 +166,9 @@ impl GenerationRequest {
     }
 }
 
-/// A well-mixed seed for request `index` under `base` (SplitMix64 of both),
-/// so neighbouring indices get unrelated ChaCha streams.
-pub fn request_seed(base: u64, index: u64) -> u64 {
-    let mut z = base ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(0x6A09_E667_F3BC_C909);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+/// A well-mixed seed for request `index` under `base`, so neighbouring
+/// indices get unrelated ChaCha streams ([`r2vpo::seed::request_seed`]).
+pub use r2vpo::seed::request_seed;
 
 /// The output of one request.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -60,19 +60,12 @@ fn tiny(iterations: usize) -> TrainConfig {
     c
 }
 
-/// Applies an algorithm preset's `key=value` overrides (the CLI does the
-/// same through its generic TOML layering).
+/// Applies a named algorithm from the core's table (what `--algo` does
+/// through the CLI's TOML layering).
 fn with_algo(mut cfg: TrainConfig, algo: &str) -> TrainConfig {
-    for s in TrainConfig::algo_overrides(algo).unwrap() {
-        let (k, v) = s.split_once('=').unwrap();
-        match k {
-            "mode" => cfg.mode = serde_json::from_str(&format!("\"{v}\"")).unwrap(),
-            "objective.kind" => cfg.objective.kind = serde_json::from_str(&format!("\"{v}\"")).unwrap(),
-            "objective.eps_low" => cfg.objective.eps_low = v.parse().unwrap(),
-            "objective.eps_high" => cfg.objective.eps_high = v.parse().unwrap(),
-            _ => unreachable!("{k}"),
-        }
-    }
+    let a = r2vpo::algo::find(algo).unwrap();
+    a.objective.apply(&mut cfg.objective);
+    cfg.mode = a.mode;
     cfg
 }
 

@@ -25,6 +25,14 @@ pub enum ReportError {
         /// The underlying error.
         source: serde_json::Error,
     },
+    /// A file's contents could not be read as expected.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file being read.
+        path: PathBuf,
+        /// What was wrong, with the line where it applies.
+        message: String,
+    },
     /// A plot could not be drawn into `path`.
     #[error("{path}: plot failed: {message}")]
     Plot {

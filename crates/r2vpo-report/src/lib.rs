@@ -8,9 +8,12 @@
 
 #![warn(missing_docs)]
 
+pub mod edge;
+pub mod golden;
 mod io;
+pub mod jsonl;
 pub mod plot;
 mod tensorboard;
 
 pub use io::{atomic_write, atomic_write_json, atomic_write_string, CsvWriter, JsonlWriter, ReportError, RunDir};
-pub use tensorboard::TensorBoardWriter;
+pub use tensorboard::{truncate_events_after, TensorBoardWriter};

@@ -78,6 +78,89 @@ impl TensorBoardWriter {
     }
 }
 
+/// Drops every event with a step greater than `step` from the event files
+/// in `dir` (each rewritten atomically; headers and step-less events stay).
+///
+/// A resumed run replays the steps after its checkpoint; without this,
+/// TensorBoard would show two points for each of them (its purge-on-restart
+/// is not implemented by every backend, so the files themselves are cut).
+/// Only files this writer produced (`*.r2vpo.*`) are touched.
+pub fn truncate_events_after(dir: &Path, step: i64) -> Result<(), ReportError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ReportError::Io { path, source }
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(ReportError::Io { path: dir.to_path_buf(), source }),
+    };
+    for entry in entries {
+        let path = entry.map_err(io(dir))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if !(name.starts_with("events.out.tfevents.") && name.contains(".r2vpo.")) {
+            continue;
+        }
+        let bytes = std::fs::read(&path).map_err(io(&path))?;
+        let mut kept = Vec::with_capacity(bytes.len());
+        let mut at = 0usize;
+        // Records are framed `len | crc(len) | data | crc(data)`; a torn
+        // record at the end (a killed writer) ends the scan.
+        while at + 12 <= bytes.len() {
+            let len = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes")) as usize;
+            let end = match at.checked_add(12 + len + 4) {
+                Some(e) if e <= bytes.len() => e,
+                _ => break,
+            };
+            let data = &bytes[at + 12..at + 12 + len];
+            if event_step(data).is_none_or(|s| s <= step) {
+                kept.extend_from_slice(&bytes[at..end]);
+            }
+            at = end;
+        }
+        if kept.len() != bytes.len() {
+            crate::atomic_write(&path, &kept)?;
+        }
+    }
+    Ok(())
+}
+
+/// The `step` field (2, varint) of an encoded `Event`, if present.
+fn event_step(mut data: &[u8]) -> Option<i64> {
+    fn varint(d: &mut &[u8]) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&b, rest) = d.split_first()?;
+            *d = rest;
+            v |= u64::from(b & 0x7F) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    while !data.is_empty() {
+        let key = varint(&mut data)?;
+        let (field, wire) = (key >> 3, key & 7);
+        match wire {
+            0 => {
+                let v = varint(&mut data)?;
+                if field == 2 {
+                    return Some(v as i64);
+                }
+            }
+            1 => data = data.get(8..)?,
+            2 => {
+                let n = varint(&mut data)? as usize;
+                data = data.get(n..)?;
+            }
+            5 => data = data.get(4..)?,
+            _ => return None,
+        }
+    }
+    None
+}
+
 fn wall_time() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
@@ -137,6 +220,26 @@ fn masked_crc32c(data: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn truncation_drops_the_replayed_steps_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = TensorBoardWriter::create(dir.path()).unwrap();
+        for step in 0..6 {
+            w.scalar("loss", step, step as f64).unwrap();
+        }
+        drop(w);
+        truncate_events_after(dir.path(), 3).unwrap();
+        let bytes = std::fs::read(std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path()).unwrap();
+        let mut steps = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let len = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
+            steps.push(event_step(&bytes[at + 12..at + 12 + len]));
+            at += 16 + len;
+        }
+        assert_eq!(steps, [None, Some(0), Some(1), Some(2), Some(3)]);
+    }
 
     #[test]
     fn crc32c_check_value() {

@@ -17,8 +17,11 @@
 //! | [`aggregate`] | token-mean / seq-mean-token-mean / seq-mean-token-sum / seq-mean-token-sum-norm, normalised over the global batch | — |
 //! | [`dual`] | fixed or adaptive λ | Eq. (λ update) |
 //! | [`advantage`] | GAE and group-relative advantages | — |
-//! | [`algo`] | named algorithms (GRPO, GRPO-CH, R²VPO-ON/OFF, …) as objective + update mode | Section 4 baselines |
+//! | [`algo`] | the one table of named algorithms (GRPO, GRPO-CH, GPPO, R²VPO-ON/OFF, …): objective + update mode | Section 4 baselines |
 //! | [`replay`] | FIFO replay over the last K iterations with update-to-data ratio | Algorithm 2 |
+//! | [`learner`] | the learner contract: loss at the current λ, statistics pooled per step, λ moved only where it acts | Eq. (λ update) |
+//! | [`schedule`] | each optimizer step's items: epochs × minibatches, or replay draws with staleness | Algorithms 1 and 2 |
+//! | [`seed`], [`stats`] | seed derivation (SplitMix64 streams); mean/std, quantiles, median | — |
 //! | [`divergence`] | f-divergence generators, exact divergences, the ½·f''(1)·Var[ρ] approximation, the clipping-error bound | Proposition 3.1, Table 1, Theorem 3.3 |
 //!
 //! The crate contains no domain code: the LLM and control crates depend on it,
@@ -33,7 +36,11 @@ pub mod algo;
 pub mod divergence;
 pub mod dual;
 mod error;
+pub mod learner;
 pub mod objective;
 pub mod replay;
+pub mod schedule;
+pub mod seed;
+pub mod stats;
 
 pub use error::{Error, Result};

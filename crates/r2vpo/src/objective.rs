@@ -45,7 +45,8 @@ pub const K3_CLAMP: f64 = 10.0;
 /// overflows `f32`, and the objective must work for F32 tensors.
 pub const MAX_LOG_RATIO_CLAMP: f64 = 80.0;
 
-/// Names accepted by [`ObjectiveConfig::preset`].
+/// The distinct objectives of the algorithm table, by a representative name
+/// (accepted by [`ObjectiveConfig::preset`] like every algorithm name).
 pub const PRESETS: [&str; 8] = ["r2vpo", "ppo", "grpo", "grpo-ch", "gppo", "topr", "grpo-kl", "is-pg"];
 
 /// The inputs of one micro-batch, all `(B, T)` (control uses `T = 1`).
@@ -80,6 +81,27 @@ pub enum ObjectiveKind {
     IsPg,
 }
 
+impl ObjectiveKind {
+    /// The config name (the serde name: `r2vpo`, `clip`, `kl-penalty`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObjectiveKind::R2vpo => "r2vpo",
+            ObjectiveKind::Clip => "clip",
+            ObjectiveKind::Gppo => "gppo",
+            ObjectiveKind::Topr => "topr",
+            ObjectiveKind::KlPenalty => "kl-penalty",
+            ObjectiveKind::IsPg => "is-pg",
+        }
+    }
+
+    /// Whether the objective has a penalty coefficient λ (R²VPO's dual
+    /// variable, or the KL coefficient): only then does λ act on the loss,
+    /// move by the dual update (Eq. λ update) and need to be finite and ≥ 0.
+    pub fn uses_lambda(self) -> bool {
+        matches!(self, ObjectiveKind::R2vpo | ObjectiveKind::KlPenalty)
+    }
+}
+
 /// Per-sample estimator of KL(π_off‖π_θ) from a sample drawn from π_off
 /// (Schulman's k1/k2/k3, with `x = log ρ = log π_θ − log π_off`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,6 +115,17 @@ pub enum KlEstimator {
     K3,
 }
 
+impl KlEstimator {
+    /// The config name (`k1`, `k2`, `k3`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KlEstimator::K1 => "k1",
+            KlEstimator::K2 => "k2",
+            KlEstimator::K3 => "k3",
+        }
+    }
+}
+
 /// Where TOPR's taper `sg(clamp(ρ, 0, 1))` takes its ratio from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -102,6 +135,16 @@ pub enum RatioLevel {
     /// One ρ per sequence, `exp(Σ_t m_t·log r_t)`, broadcast to its tokens
     /// (the TOPR paper's trajectory ratio π(τ)/μ(τ)).
     Sequence,
+}
+
+impl RatioLevel {
+    /// The config name (`token`, `sequence`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RatioLevel::Token => "token",
+            RatioLevel::Sequence => "sequence",
+        }
+    }
 }
 
 /// The `[objective]` table of a run configuration. One flat struct for every
@@ -236,6 +279,15 @@ impl RatioStats {
     /// they are token-weighted averages of the parts' quantiles, an
     /// approximation.
     pub fn merge(parts: &[RatioStats]) -> RatioStats {
+        if let [one] = parts {
+            // Pooling one part is the identity; say so exactly rather than
+            // through (n·x)/n, which can round.
+            return if one.tokens > 0.0 {
+                one.clone()
+            } else {
+                RatioStats { pg_loss: one.pg_loss, penalty: one.penalty, ..RatioStats::default() }
+            };
+        }
         let live: Vec<&RatioStats> = parts.iter().filter(|p| p.tokens > 0.0).collect();
         let tokens: f64 = live.iter().map(|p| p.tokens).sum();
         let mut out = RatioStats {
@@ -276,41 +328,12 @@ fn invalid(field: &str, message: impl Into<String>) -> Error {
 }
 
 impl ObjectiveConfig {
-    /// A named configuration from the paper's comparison (all token-mean):
-    ///
-    /// | name | kind | settings |
-    /// |---|---|---|
-    /// | `r2vpo` | R²VPO | the defaults |
-    /// | `ppo`, `grpo` | clip | ε 0.2/0.2, dual-clip 3 (they differ in the advantage, not the loss) |
-    /// | `grpo-ch` | clip | ε 0.2/0.28 (DAPO clip-higher), dual-clip 3 |
-    /// | `gppo` | GPPO | ε 0.2/0.28, β 0.25/1.0, dual-clip 3 |
-    /// | `topr` | TOPR | token level, weights 1/1 |
-    /// | `grpo-kl` | KL penalty | k3 |
-    /// | `is-pg` | IS-PG | — |
-    ///
-    /// `gppo` takes ε and β from KlearReasoner's released script, but keeps
-    /// dual-clip 3 (the script uses 10) so that it differs from `grpo-ch`
-    /// only in the gradient of clipped tokens.
+    /// The objective of the named algorithm in [`crate::algo::ALGORITHMS`]
+    /// (e.g. `grpo-ch` → clip at ε 0.2/0.28), its defining keys set on the
+    /// defaults. Replay variants (`r2vpo-off`) give the same objective as
+    /// their on-policy twin.
     pub fn preset(name: &str) -> Result<Self> {
-        let base = ObjectiveConfig::default();
-        let cfg = match name {
-            "r2vpo" => base,
-            "ppo" | "grpo" => ObjectiveConfig { kind: ObjectiveKind::Clip, ..base },
-            "grpo-ch" => ObjectiveConfig { kind: ObjectiveKind::Clip, eps_high: 0.28, ..base },
-            "gppo" => {
-                ObjectiveConfig { kind: ObjectiveKind::Gppo, eps_high: 0.28, gppo_beta1: 0.25, gppo_beta2: 1.0, ..base }
-            }
-            "topr" => ObjectiveConfig { kind: ObjectiveKind::Topr, topr_ratio_level: RatioLevel::Token, ..base },
-            "grpo-kl" => ObjectiveConfig { kind: ObjectiveKind::KlPenalty, kl_estimator: KlEstimator::K3, ..base },
-            "is-pg" => ObjectiveConfig { kind: ObjectiveKind::IsPg, ..base },
-            other => {
-                return Err(invalid(
-                    "objective.preset",
-                    format!("unknown preset `{other}`; valid presets: {}", PRESETS.join(", ")),
-                ))
-            }
-        };
-        Ok(cfg)
+        Ok(crate::algo::find(name)?.objective_config())
     }
 
     /// Checks every field's range; the error names the offending field.
@@ -323,12 +346,9 @@ impl ObjectiveConfig {
             }
         };
         check(self.eps_low > 0.0 && self.eps_low < 1.0, "objective.eps_low", "must be in (0, 1)", self.eps_low)?;
-        check(
-            self.eps_high > 0.0 && self.eps_high.is_finite(),
-            "objective.eps_high",
-            "must be finite and > 0",
-            self.eps_high,
-        )?;
+        // ε_high ≥ 1 would let ρ double before clipping: no trust region is
+        // left (DAPO's clip-higher is 0.28; the paper's widest is 0.3).
+        check(self.eps_high > 0.0 && self.eps_high < 1.0, "objective.eps_high", "must be in (0, 1)", self.eps_high)?;
         if let Some(c) = self.dual_clip {
             check(c > 1.0 && c.is_finite(), "objective.dual_clip", "must be finite and > 1 (or \"none\")", c)?;
         }
@@ -356,8 +376,7 @@ impl ObjectiveConfig {
     /// inequality constraint).
     pub fn loss(&self, batch: &PolicyBatch, lambda: f64, global: &GlobalBatch) -> Result<ObjectiveOutput> {
         self.validate()?;
-        let uses_lambda = matches!(self.kind, ObjectiveKind::R2vpo | ObjectiveKind::KlPenalty);
-        if uses_lambda && !(lambda.is_finite() && lambda >= 0.0) {
+        if self.kind.uses_lambda() && !(lambda.is_finite() && lambda >= 0.0) {
             return Err(invalid("lambda", format!("the penalty coefficient must be finite and >= 0, got {lambda}")));
         }
         let p = Prepared::new(batch, self.log_ratio_clamp)?;
@@ -645,15 +664,6 @@ pub fn kl_penalty_per_token(
     Ok(is_pg_per_token(ratio, adv)?.add(&kl_estimate(k, log_ratio)?.affine(lambda, 0.0)?)?)
 }
 
-/// Linear interpolation between order statistics of an ascending slice
-/// (numpy's default `linear` method).
-fn quantile_sorted(sorted: &[f64], q: f64) -> f64 {
-    let pos = q * (sorted.len() - 1) as f64;
-    let lo = pos.floor() as usize;
-    let hi = pos.ceil() as usize;
-    sorted[lo] + (pos - lo as f64) * (sorted[hi] - sorted[lo])
-}
-
 /// Detached ratio statistics of `batch` under `cfg`'s clamps, clip widths and
 /// KL estimator, computed in f64 on the host. `pg_loss` and `penalty` are left
 /// at 0 (they need λ and the aggregation; [`ObjectiveConfig::loss`] fills them).
@@ -703,7 +713,7 @@ pub fn ratio_stats(batch: &PolicyBatch, cfg: &ObjectiveConfig) -> Result<RatioSt
         sq_dev_mean,
         ratio_min: ratios[0],
         ratio_max: ratios[n - 1],
-        quantiles: QUANTILES.iter().map(|&q| (q, quantile_sorted(&ratios, q))).collect(),
+        quantiles: QUANTILES.iter().map(|&q| (q, crate::stats::quantile_sorted(&ratios, q))).collect(),
         clip_frac_low: low as f64 / nf,
         clip_frac_high: high as f64 / nf,
         clip_frac_dual: dual as f64 / nf,
@@ -1338,7 +1348,10 @@ mod tests {
             ObjectiveConfig::preset(name).unwrap().validate().unwrap();
         }
         assert_eq!(ObjectiveConfig::preset("r2vpo").unwrap(), ObjectiveConfig::default());
-        assert_eq!(ObjectiveConfig::preset("ppo").unwrap(), ObjectiveConfig::preset("grpo").unwrap());
+        // PPO is clipping without dual-clip (Schulman et al. 2017; CleanRL);
+        // GRPO adds verl's dual-clip 3. They once shared one preset.
+        let ppo = ObjectiveConfig::preset("ppo").unwrap();
+        assert_eq!((ppo.kind, ppo.dual_clip), (ObjectiveKind::Clip, None));
         let grpo = ObjectiveConfig::preset("grpo").unwrap();
         assert_eq!(
             (grpo.kind, grpo.eps_low, grpo.eps_high, grpo.dual_clip),
@@ -1356,7 +1369,7 @@ mod tests {
         assert_eq!(ObjectiveConfig::preset("is-pg").unwrap().kind, ObjectiveKind::IsPg);
         match ObjectiveConfig::preset("dapo") {
             Err(Error::InvalidConfig { field, message }) => {
-                assert_eq!(field, "objective.preset");
+                assert_eq!(field, "algo");
                 for name in PRESETS {
                     assert!(message.contains(name), "{message}");
                 }

@@ -58,20 +58,6 @@ pub fn latest(run_dir: &Path) -> TrainResult<Option<PathBuf>> {
     Ok(Some(dir))
 }
 
-/// Keeps the first `n` lines of a log (dropping what a killed run wrote
-/// after its last checkpoint), atomically.
-fn truncate_lines(path: &Path, n: usize) -> TrainResult<()> {
-    if !path.exists() {
-        return Ok(());
-    }
-    let text = std::fs::read_to_string(path).map_err(io(path))?;
-    let kept: String = text.split_inclusive('\n').take(n).collect();
-    if kept.len() != text.len() {
-        r2vpo_report::atomic_write_string(path, &kept)?;
-    }
-    Ok(())
-}
-
 impl Trainer {
     /// Writes a checkpoint of the current state and returns its folder.
     pub fn save_checkpoint(&mut self) -> TrainResult<PathBuf> {
@@ -98,7 +84,7 @@ impl Trainer {
             format: FORMAT,
             progress: self.progress.clone(),
             optimizer_steps: self.opt.steps(),
-            dual: self.dual.clone(),
+            dual: self.learner.dual().clone(),
             replay: self.replay.clone(),
         };
         let s = tmp.join("state.json");
@@ -147,8 +133,12 @@ impl Trainer {
             ("eval.jsonl", state.progress.eval_lines),
             ("ratio_hist.jsonl", state.progress.hist_lines),
         ] {
-            truncate_lines(&run_dir.join(file), lines)?;
+            r2vpo_report::jsonl::truncate_lines(&run_dir.join(file), lines)?;
         }
+        // TensorBoard steps are iterations (evaluations at the iteration they
+        // follow): keep up to the checkpoint's, so the replayed iterations
+        // are not drawn twice.
+        r2vpo_report::truncate_events_after(run_dir, state.progress.iteration as i64)?;
         let mut t = Self::build(cfg, run_dir, reward_fn, state.progress)?;
         let w = dir.join("model.safetensors");
         let weights = candle_core::safetensors::load(&w, t.model.device()).map_err(|e| ckpt_err(&w, e.to_string()))?;
@@ -163,7 +153,7 @@ impl Trainer {
             v.set(&x.to_dtype(DType::F32)?)?;
         }
         t.opt.load(&dir.join("optimizer.safetensors"), state.optimizer_steps)?;
-        t.dual = state.dual;
+        t.learner = r2vpo::learner::Learner::with_dual(t.cfg.objective.clone(), state.dual)?;
         t.replay = state.replay;
         if t.replay.capacity_iters() != t.cfg.replay.capacity_iters {
             return Err(ckpt_err(

@@ -32,9 +32,10 @@ use serde::{Deserialize, Serialize};
 
 use r2vpo::advantage::{count_zero_variance_groups, group_relative};
 use r2vpo::aggregate::{aggregate, GlobalBatch};
-use r2vpo::dual::DualVariable;
-use r2vpo::objective::{kl_estimate, ObjectiveKind, PolicyBatch, RatioStats};
+use r2vpo::learner::Learner;
+use r2vpo::objective::{kl_estimate, PolicyBatch, RatioStats};
 use r2vpo::replay::ReplayBuffer;
+use r2vpo::schedule::{EpochSchedule, Remainder, Reshuffle, UpdateSchedule};
 use r2vpo_report::{JsonlWriter, TensorBoardWriter};
 
 use crate::chat::ChatTemplate;
@@ -202,21 +203,11 @@ pub enum Outcome {
     Stopped,
 }
 
-/// splitmix64: a fixed, well-mixed function of its input, so derived seeds
-/// do not depend on any library's hashing.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// The seed of stream `stream` at index `index` (data order, rollout,
-/// shuffle) under master seed `seed`.
-pub fn derived_seed(seed: u64, stream: u64, index: u64) -> u64 {
-    mix(mix(seed ^ mix(stream)) ^ index)
-}
+/// shuffle, replay) under master seed `seed` ([`r2vpo::seed::derived_seed`]).
+pub use r2vpo::seed::derived_seed;
 
+// The trainer's random streams, fixed because committed runs depend on them.
 const STREAM_DATA: u64 = 1;
 const STREAM_ROLLOUT: u64 = 2;
 const STREAM_SHUFFLE: u64 = 3;
@@ -258,7 +249,8 @@ pub struct Trainer {
     eval_problems: Vec<Problem>,
     reward_fn: Box<dyn RewardFn>,
     opt: AdamW,
-    dual: DualVariable,
+    /// The objective and λ (the core's learner contract).
+    learner: Learner,
     replay: ReplayBuffer<Sample>,
     progress: Progress,
     run_dir: PathBuf,
@@ -301,7 +293,7 @@ impl Trainer {
             Vec::new()
         };
         let opt = AdamW::new(model.named_vars(), cfg.optim)?;
-        let dual = DualVariable::new(&cfg.dual)?;
+        let learner = Learner::new(cfg.objective.clone(), &cfg.dual)?;
         let replay =
             ReplayBuffer::new(cfg.replay.capacity_iters, derived_seed(cfg.seed, STREAM_REPLAY, cfg.replay.seed))?;
         let open = |name: &str| JsonlWriter::append(run_dir.join(name));
@@ -321,7 +313,7 @@ impl Trainer {
             eval_problems,
             reward_fn,
             opt,
-            dual,
+            learner,
             replay,
             progress,
             run_dir: run_dir.to_path_buf(),
@@ -350,7 +342,7 @@ impl Trainer {
 
     /// Current λ.
     pub fn lambda(&self) -> f64 {
-        self.dual.value()
+        self.learner.lambda()
     }
 
     /// The run folder.
@@ -564,41 +556,39 @@ impl Trainer {
         let mut hist = metrics::HistogramSet::new(hist_on, self.cfg.histogram_range, self.cfg.mode);
         let mut acc = metrics::StepAccumulator::default();
         let mut shuffle_rng = ChaCha8Rng::seed_from_u64(derived_seed(self.cfg.seed, STREAM_SHUFFLE, iter as u64));
-        match self.cfg.mode {
-            Mode::On => {
-                let fresh = samples;
-                for epoch in 0..self.cfg.epochs {
-                    let mut order: Vec<usize> = (0..fresh.len()).collect();
-                    shuffle(&mut order, &mut shuffle_rng);
-                    for chunk in order.chunks(self.cfg.minibatch_size) {
-                        let items: Vec<(&Sample, u64)> = chunk.iter().map(|&i| (&fresh[i], epoch as u64)).collect();
-                        self.optimizer_step(&items, &mut hist, &mut acc, on_event)?;
-                    }
-                }
-            }
-            Mode::Off => {
-                let new_items = samples.len();
-                if new_items > 0 {
-                    self.replay.push(iter as u64, samples);
-                }
-                let updates = if new_items > 0 { self.cfg.replay.updates_per_iteration(new_items)? } else { 0 };
-                for _ in 0..updates {
-                    let k = self.cfg.replay.minibatch_size.min(self.replay.len());
-                    let drawn: Vec<(Sample, u64)> = self
-                        .replay
-                        .sample(k, iter as u64)?
-                        .into_iter()
-                        .map(|s| (s.item.clone(), s.at.staleness))
-                        .collect();
-                    let items: Vec<(&Sample, u64)> = drawn.iter().map(|(s, a)| (s, *a)).collect();
-                    self.optimizer_step(&items, &mut hist, &mut acc, on_event)?;
-                }
-            }
+        let epochs = EpochSchedule {
+            epochs: self.cfg.epochs,
+            minibatch_size: self.cfg.minibatch_size,
+            remainder: Remainder::Keep,
+            reshuffle: Reshuffle::FromIdentity,
+        };
+        let phase = UpdateSchedule::new(self.cfg.mode, epochs, &self.cfg.replay).plan(
+            iter as u64,
+            samples,
+            &mut self.replay,
+            &mut shuffle_rng,
+        )?;
+        for k in 0..phase.len() {
+            // An item's age is its epoch on-policy (the histograms compare
+            // epochs) and its staleness in the replay buffer.
+            let drawn: Vec<(Sample, u64)> = phase
+                .items(k, &self.replay)
+                .into_iter()
+                .map(|s| {
+                    let age = match self.cfg.mode {
+                        Mode::On => s.epoch as u64,
+                        Mode::Off => s.staleness,
+                    };
+                    (s.item.clone(), age)
+                })
+                .collect();
+            let items: Vec<(&Sample, u64)> = drawn.iter().map(|(s, a)| (s, *a)).collect();
+            self.optimizer_step(&items, &mut hist, &mut acc, on_event)?;
         }
         let train_s = t_train.elapsed().as_secs_f64();
         acc.finish_into(&mut m);
         m.steps = self.progress.steps;
-        m.lambda = self.dual.value();
+        m.lambda = self.learner.lambda();
         m.timing = Timing {
             rollout_s,
             score_s,
@@ -647,7 +637,6 @@ impl Trainer {
             .collect::<candle_core::Result<_>>()?;
         let masks: Vec<&Tensor> = packed.iter().map(|t| &t.mask).collect();
         let global = GlobalBatch::from_masks(&masks)?.with_horizon(self.cfg.sampling.max_new_tokens as f64);
-        let lambda = self.dual.value();
         let agg = self.cfg.objective.aggregation;
         let vars = self.opt.vars().to_vec();
         let mut grads: Vec<Option<Tensor>> = vec![None; vars.len()];
@@ -657,9 +646,8 @@ impl Trainer {
         let mut tokens = 0usize;
         for (part, t) in parts.iter().zip(&packed) {
             let logp = t.logprobs(&self.model)?;
-            let out = self.cfg.objective.loss(
+            let out = self.learner.loss(
                 &PolicyBatch { logp: &logp, old_logp: &t.old_logp, advantages: &t.advantages, mask: &t.mask },
-                lambda,
                 &global,
             )?;
             let mut loss = out.loss;
@@ -697,9 +685,10 @@ impl Trainer {
             tokens += t.mask.sum_all()?.to_scalar::<f32>()? as usize;
             stats.push(out.stats);
         }
-        let merged = RatioStats::merge(&stats);
         let norm = optim::global_norm(&grads)?;
         if !loss_total.is_finite() || !norm.is_finite() {
+            // The step is not taken, so λ does not learn from it either.
+            let merged = RatioStats::merge(&stats);
             self.progress.bad_steps += 1;
             let detail = format!(
                 "step {} loss {loss_total} grad_norm {norm} ratio_mean {} ratio_max {} sq_dev {} log_ratio_clamped {}",
@@ -729,12 +718,7 @@ impl Trainer {
         let scale = if clip > 0.0 && norm > clip { clip / norm } else { 1.0 };
         let lr = self.opt.step(&grads, scale)?;
         self.progress.steps += 1;
-        // λ moves once per optimizer step, and only for objectives that have
-        // a λ, so baselines log a constant rather than a multiplier that
-        // acts on nothing.
-        if matches!(self.cfg.objective.kind, ObjectiveKind::R2vpo | ObjectiveKind::KlPenalty) {
-            self.dual.update(merged.constraint)?;
-        }
+        let merged = self.learner.after_step(&stats)?;
         let mean_age = items.iter().map(|(_, a)| *a as f64).sum::<f64>() / items.len() as f64;
         acc.add(&merged, loss_total, norm, lr, ref_kl, mean_age, tokens);
         Ok(())

@@ -1,0 +1,199 @@
+//! The `r2vpo control train` config and its named algorithms.
+
+use super::*;
+
+/// A full control training run (the `r2vpo control train` config). The
+/// defaults are the CPU configuration (`configs/control/cpu.toml`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Registry task name, e.g. `cheetah-run`.
+    pub task: String,
+    /// Master seed (networks, sampling, environments).
+    pub seed: u64,
+    /// Training budget in environment steps (summed over environments).
+    pub total_env_steps: u64,
+    /// Parallel environments.
+    pub num_envs: usize,
+    /// Length of the trajectory segments minibatches are made of (Brax's
+    /// `unroll_length`).
+    pub unroll: usize,
+    /// Segments per minibatch (Brax's `batch_size`): a minibatch holds
+    /// `batch_size × unroll` transitions.
+    pub batch_size: usize,
+    /// Minibatches per epoch.
+    pub minibatches: usize,
+    /// Passes over each rollout.
+    pub epochs: usize,
+    /// Adam learning rate.
+    pub lr: f64,
+    /// Adam β₁.
+    pub adam_beta1: f64,
+    /// Adam β₂.
+    pub adam_beta2: f64,
+    /// Adam ε.
+    pub adam_eps: f64,
+    /// Global gradient-norm clip; 0 disables it.
+    pub max_grad_norm: f64,
+    /// Coefficient of the entropy bonus.
+    pub entropy_cost: f64,
+    /// Coefficient of the value loss `½·mean((V − R)²)`.
+    pub value_coef: f64,
+    /// Standardise advantages within each minibatch.
+    pub normalize_advantage: bool,
+    /// Rewards are multiplied by this for learning (returns are logged unscaled).
+    pub reward_scale: f64,
+    /// Running observation normalisation.
+    pub normalize_obs: bool,
+    /// Normalised observations are clipped to ±this.
+    pub obs_clip: f64,
+    /// γ and λ of GAE.
+    pub gae: GaeConfig,
+    /// The policy objective: `kind = "clip"` (PPO) or `"r2vpo"`.
+    pub objective: ObjectiveConfig,
+    /// λ of R²VPO (fixed 0.06 for control).
+    pub dual: DualConfig,
+    /// Network shapes and action distribution.
+    pub policy: PolicyConfig,
+    /// Evaluate every this many env steps (0: only at the end).
+    pub eval_every: u64,
+    /// Episodes per evaluation (0 disables evaluation).
+    pub eval_episodes: usize,
+    /// Checkpoint every this many env steps (0: only at the end).
+    pub checkpoint_every: u64,
+    /// DM Control suite folder override.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suite_dir: Option<PathBuf>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            task: "cheetah-run".into(),
+            seed: 0,
+            total_env_steps: 1_000_000,
+            num_envs: 32,
+            unroll: 32,
+            batch_size: 4,
+            minibatches: 32,
+            epochs: 10,
+            lr: 3e-4,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_eps: 1e-8,
+            max_grad_norm: 0.5,
+            entropy_cost: 0.0,
+            value_coef: 0.5,
+            normalize_advantage: true,
+            reward_scale: 1.0,
+            normalize_obs: true,
+            obs_clip: 10.0,
+            gae: GaeConfig { gamma: 0.99, lambda: 0.95 },
+            objective: ObjectiveConfig::default(),
+            dual: DualConfig::control_default(),
+            policy: PolicyConfig::default(),
+            eval_every: 100_000,
+            eval_episodes: 10,
+            checkpoint_every: 0,
+            suite_dir: None,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Environment steps per environment in one rollout.
+    pub fn rollout_len(&self) -> usize {
+        self.batch_size * self.minibatches * self.unroll / self.num_envs.max(1)
+    }
+
+    /// Environment steps (all environments) per update.
+    pub fn steps_per_update(&self) -> u64 {
+        (self.rollout_len() * self.num_envs) as u64
+    }
+
+    /// Transitions per minibatch.
+    pub fn minibatch_size(&self) -> usize {
+        self.batch_size * self.unroll
+    }
+
+    /// Checks every field; errors name the field.
+    pub fn validate(&self) -> TrainResult<()> {
+        for (k, v) in [
+            ("num_envs", self.num_envs),
+            ("unroll", self.unroll),
+            ("batch_size", self.batch_size),
+            ("minibatches", self.minibatches),
+            ("epochs", self.epochs),
+        ] {
+            if v == 0 {
+                return Err(config_err(k, "must be at least 1".into()));
+            }
+        }
+        let segments = self.batch_size * self.minibatches;
+        if segments % self.num_envs != 0 {
+            return Err(config_err(
+                "batch_size",
+                format!(
+                    "batch_size × minibatches = {segments} segments per update must be a multiple of num_envs = {}",
+                    self.num_envs
+                ),
+            ));
+        }
+        for (k, v) in [
+            ("lr", self.lr),
+            ("adam_eps", self.adam_eps),
+            ("reward_scale", self.reward_scale),
+            ("obs_clip", self.obs_clip),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(config_err(k, format!("must be finite and > 0, got {v}")));
+            }
+        }
+        for (k, v) in [("adam_beta1", self.adam_beta1), ("adam_beta2", self.adam_beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                return Err(config_err(k, format!("must lie in [0, 1), got {v}")));
+            }
+        }
+        for (k, v) in [
+            ("max_grad_norm", self.max_grad_norm),
+            ("entropy_cost", self.entropy_cost),
+            ("value_coef", self.value_coef),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(config_err(k, format!("must be finite and >= 0, got {v}")));
+            }
+        }
+        if self.total_env_steps == 0 {
+            return Err(config_err("total_env_steps", "must be at least 1".into()));
+        }
+        self.gae.validate()?;
+        self.objective.validate()?;
+        self.dual.validate()?;
+        self.policy.validate()?;
+        crate::tasks::task_spec(&self.task)?;
+        Ok(())
+    }
+
+    pub(super) fn env_config(&self, num_envs: usize, seed: u64) -> VecEnvConfig {
+        VecEnvConfig {
+            task: self.task.clone(),
+            num_envs,
+            seed,
+            normalize_obs: self.normalize_obs,
+            obs_clip: self.obs_clip,
+            reward_scale: self.reward_scale,
+            suite_dir: self.suite_dir.clone(),
+        }
+    }
+}
+
+/// The `--set`-style overrides of a named algorithm from the core's table
+/// ([`r2vpo::algo::ALGORITHMS`]): `ppo` (clipping, no dual-clip), `r2vpo`,
+/// and every other on-policy name; replay algorithms are refused, since this
+/// trainer has no replay buffer. The objective's own keys only: the config's
+/// ε, λ and the rest stay.
+pub fn algo_overrides(name: &str) -> TrainResult<Vec<String>> {
+    let a = r2vpo::algo::find(name)?;
+    a.require_on_policy("control")?;
+    Ok(a.overrides(false))
+}

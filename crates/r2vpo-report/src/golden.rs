@@ -1,0 +1,25 @@
+//! Golden files for tests that pin a run's output bit for bit (the trainers'
+//! `seeded_runs_are_unchanged_bit_for_bit`): one comparison, one way to
+//! re-record.
+
+use std::path::Path;
+
+/// Compares `got` with the golden file at `path`, panicking with the first
+/// differing line. With `R2VPO_BLESS` set in the environment it writes `got`
+/// there instead: do that only where floating point legitimately differs
+/// (another CPU), never to make a refactor pass.
+pub fn assert_golden(path: &Path, got: &str) {
+    if std::env::var_os("R2VPO_BLESS").is_some() {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        }
+        std::fs::write(path, got).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        return;
+    }
+    let want = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e} (record it with R2VPO_BLESS=1)", path.display()));
+    if let Some((i, (w, g))) = want.lines().zip(got.lines()).enumerate().find(|(_, (w, g))| w != g) {
+        panic!("{} differs at line {}:\n  golden: {w}\n  now:    {g}", path.display(), i + 1);
+    }
+    assert_eq!(want.lines().count(), got.lines().count(), "{}: different length", path.display());
+}
