@@ -1,0 +1,148 @@
+//! The run loop's edge as a user meets it, through the real binary: a
+//! signal stops a run with a checkpoint and the shell's exit code, the run
+//! resumes to its end, logs written to a file get plain progress lines, and
+//! an `--out` folder that holds a run is never overwritten silently.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
+    c.current_dir(root());
+    c
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map(|t| t.lines().count()).unwrap_or(0)
+}
+
+/// Starts `args`, waits until `ready` holds, sends `signal`, and returns the
+/// exit code and stderr.
+fn signal_when(args: &[&str], signal: i32, ready: impl Fn() -> bool) -> (Option<i32>, String) {
+    let err = tempfile::NamedTempFile::new().unwrap();
+    let mut child = bin().args(args).stdout(Stdio::null()).stderr(err.reopen().unwrap()).spawn().unwrap();
+    let t0 = Instant::now();
+    while !ready() {
+        assert!(t0.elapsed() < Duration::from_secs(300), "the run never got going");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before it could be signalled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on our own child's PID.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    let st = child.wait().unwrap();
+    (st.code(), std::fs::read_to_string(err.path()).unwrap())
+}
+
+fn tiny_llm_config(dir: &Path) -> PathBuf {
+    let gguf = root().join(".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(gguf.exists(), "{} missing (run `make deps`)", gguf.display());
+    let text = format!(
+        "iterations = 30\nprompts_per_iter = 2\ngroup_size = 4\nrollout_batch = 8\nminibatch_size = 4\n\
+         micro_batch_size = 2\ncheckpoint_every = 0\n[model]\npath = \"{}\"\n[model.random]\nhidden = 32\n\
+         intermediate = 64\nlayers = 2\nheads = 4\nkv_heads = 2\nseed = 3\ninit_std = 1.0\n[data]\ncount = 40\n\
+         [sampling]\nmax_new_tokens = 6\n",
+        gguf.display()
+    );
+    let p = dir.join("tiny.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn llm_train_sigterm_checkpoints_exits_143_and_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tiny_llm_config(tmp.path());
+    let out = tmp.path().join("run");
+    let (cfg_s, out_s) = (cfg.to_str().unwrap(), out.to_str().unwrap());
+    let metrics = out.join("metrics.jsonl");
+    let args = ["llm", "train", "--config", cfg_s, "--out", out_s, "--no-export"];
+    let (code, err) = signal_when(&args, libc::SIGTERM, || lines(&metrics) >= 2);
+    assert_eq!(code, Some(143), "stderr:\n{err}");
+    assert!(err.contains("SIGTERM") && err.contains("--resume"), "{err}");
+    // stderr is a file here, so progress came as plain lines, one per iteration.
+    assert!(err.contains("iterations 1/30") && err.contains("reward"), "{err}");
+    let done = lines(&metrics);
+    assert!(done < 30 && out.join("checkpoints/latest").exists());
+    // A fresh start into the folder is refused, naming the way out.
+    let st = bin().args(args).output().unwrap();
+    assert!(!st.status.success());
+    assert!(String::from_utf8_lossy(&st.stderr).contains("--overwrite"));
+    let st = bin().args(["llm", "train", "--resume", out_s, "--no-export", "--quiet"]).output().unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    assert_eq!(lines(&metrics), 30);
+}
+
+#[test]
+fn control_train_sigint_checkpoints_exits_130_and_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let out_s = out.to_str().unwrap();
+    let metrics = out.join("metrics.jsonl");
+    let sets = [
+        "--set",
+        "num_envs=4",
+        "--set",
+        "unroll=8",
+        "--set",
+        "batch_size=4",
+        "--set",
+        "minibatches=2",
+        "--set",
+        "epochs=1",
+        "--set",
+        "total_env_steps=20000",
+        "--set",
+        "eval_every=0",
+        "--set",
+        "eval_episodes=0",
+    ];
+    let mut args = vec!["control", "train", "--task", "cartpole-balance", "--algo", "ppo", "--out", out_s];
+    args.extend(sets);
+    let (code, err) = signal_when(&args, libc::SIGINT, || lines(&metrics) >= 2);
+    assert_eq!(code, Some(130), "stderr:\n{err}");
+    assert!(err.contains("SIGINT") && err.contains("control train --resume"), "{err}");
+    assert!(err.contains("env steps ") && err.contains("steps/s"), "plain progress lines: {err}");
+    let before = lines(&metrics);
+    assert!(out.join("checkpoints").read_dir().unwrap().count() >= 2);
+    let st = bin().args(["control", "train", "--resume", out_s, "--quiet"]).output().unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let ms: Vec<serde_json::Value> =
+        std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(ms.len() > before);
+    let updates: Vec<u64> = ms.iter().map(|m| m["update"].as_u64().unwrap()).collect();
+    assert_eq!(updates, (1..=ms.len() as u64).collect::<Vec<_>>(), "no repeated or missing updates");
+    assert!(out.join("plots/learning_curve.png").exists());
+    assert!(std::fs::read_dir(&out).unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with("events.out")));
+}
+
+#[test]
+fn toy_train_refuses_a_used_folder_unless_overwrite_and_bad_configs_leave_none() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("toy");
+    let out_s = out.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut a = vec!["toy", "train", "--out", out_s, "--quiet", "--set", "iterations=2"];
+        a.extend(extra);
+        bin().args(&a).output().unwrap()
+    };
+    let bad = run(&["--set", "temperature=inf"]);
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("temperature"));
+    assert!(!out.exists(), "a rejected run must leave no folder");
+    assert!(run(&[]).status.success());
+    let again = run(&[]);
+    assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("--overwrite"));
+    assert!(run(&["--overwrite"]).status.success());
+    let events = std::fs::read_dir(&out)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("events.out"));
+    assert_eq!(events.count(), 1, "an overwritten run leaves one TensorBoard file");
+}
