@@ -196,6 +196,22 @@ pub const ALGORITHMS: &[Algorithm] = &[
     Algorithm { name: "grpo-ch-off", objective: CLIP_HIGHER, mode: Mode::Off, summary: "GRPO-CH on the replay buffer" },
 ];
 
+/// The distinct objectives of the table, by a representative name (every
+/// algorithm name is accepted by [`ObjectiveConfig::preset`]).
+pub const PRESETS: [&str; 8] = ["r2vpo", "ppo", "grpo", "grpo-ch", "gppo", "topr", "grpo-kl", "is-pg"];
+
+// Defined here rather than beside ObjectiveConfig so the objective module does
+// not depend on the table that depends on it.
+impl ObjectiveConfig {
+    /// The objective of the named algorithm in [`ALGORITHMS`] (e.g.
+    /// `grpo-ch` → clip at ε 0.2/0.28), its defining keys set on the
+    /// defaults. Replay variants (`r2vpo-off`) give the same objective as
+    /// their on-policy twin.
+    pub fn preset(name: &str) -> Result<Self> {
+        Ok(find(name)?.objective_config())
+    }
+}
+
 /// The algorithm called `name`; the error lists the valid names.
 pub fn find(name: &str) -> Result<&'static Algorithm> {
     ALGORITHMS.iter().find(|a| a.name == name).ok_or_else(|| Error::InvalidConfig {

@@ -45,10 +45,6 @@ pub const K3_CLAMP: f64 = 10.0;
 /// overflows `f32`, and the objective must work for F32 tensors.
 pub const MAX_LOG_RATIO_CLAMP: f64 = 80.0;
 
-/// The distinct objectives of the algorithm table, by a representative name
-/// (accepted by [`ObjectiveConfig::preset`] like every algorithm name).
-pub const PRESETS: [&str; 8] = ["r2vpo", "ppo", "grpo", "grpo-ch", "gppo", "topr", "grpo-kl", "is-pg"];
-
 /// The inputs of one micro-batch, all `(B, T)` (control uses `T = 1`).
 #[derive(Clone, Copy, Debug)]
 pub struct PolicyBatch<'a> {
@@ -328,14 +324,6 @@ fn invalid(field: &str, message: impl Into<String>) -> Error {
 }
 
 impl ObjectiveConfig {
-    /// The objective of the named algorithm in [`crate::algo::ALGORITHMS`]
-    /// (e.g. `grpo-ch` → clip at ε 0.2/0.28), its defining keys set on the
-    /// defaults. Replay variants (`r2vpo-off`) give the same objective as
-    /// their on-policy twin.
-    pub fn preset(name: &str) -> Result<Self> {
-        Ok(crate::algo::find(name)?.objective_config())
-    }
-
     /// Checks every field's range; the error names the offending field.
     pub fn validate(&self) -> Result<()> {
         let check = |ok: bool, field: &str, msg: &str, v: f64| {
@@ -790,6 +778,7 @@ mod dual_clip_serde {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algo::PRESETS;
     use candle_core::{Device, Var};
     use proptest::prelude::*;
     use rand::{Rng, SeedableRng};
