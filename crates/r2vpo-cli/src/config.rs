@@ -51,12 +51,29 @@ pub fn load<T: DeserializeOwned + Serialize + Default>(file: Option<&Path>, sets
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        if path == "." {
-            anyhow!("{source}: {inner}")
-        } else {
-            anyhow!("{source} (after --set overrides): key `{path}`: {inner}")
+        match culprit(sets, &path, &inner.to_string()) {
+            Some(set) => anyhow!("--set {set}: key `{path}`: {inner}"),
+            None if path == "." => anyhow!("{source}: {inner}"),
+            None => anyhow!("{source}: key `{path}`: {inner}"),
         }
     })
+}
+
+/// The last `--set` that wrote the key an error is about: the key itself, a
+/// key below it that the message names (an unknown field), or a table that
+/// holds it. `None` blames the file (or the defaults).
+fn culprit<'a>(sets: &'a [String], path: &str, message: &str) -> Option<&'a str> {
+    let key = |s: &'a String| s.split_once('=').map_or(s.as_str(), |(k, _)| k).trim();
+    sets.iter()
+        .rev()
+        .find(|s| {
+            let k = key(s);
+            let field = k.rsplit('.').next().unwrap_or(k);
+            k == path
+                || path.starts_with(&format!("{k}."))
+                || (k.starts_with(&format!("{path}.")) || path == ".") && message.contains(&format!("`{field}`"))
+        })
+        .map(String::as_str)
 }
 
 /// Applies one `key.path=value` override to `table`. The value is parsed as a
@@ -151,6 +168,13 @@ mod tests {
         let e = load::<Outer>(None, &sets(&["seed.x=1"])).unwrap_err().to_string();
         assert!(e.contains("seed"), "{e}");
         assert!(load::<Outer>(None, &sets(&["noequals"])).is_err());
+        // A bad --set is blamed on the --set, a bad file key on the file.
+        std::fs::write(&p, "[inner]\neps = 0.1\n").unwrap();
+        let e = load::<Outer>(Some(&p), &sets(&["inner.epz=0.1"])).unwrap_err().to_string();
+        assert!(e.starts_with("--set inner.epz=0.1") && !e.contains("bad.toml"), "{e}");
+        std::fs::write(&p, "[inner]\nepz = 0.1\n").unwrap();
+        let e = load::<Outer>(Some(&p), &sets(&["seed=3"])).unwrap_err().to_string();
+        assert!(e.starts_with(&p.display().to_string()) && !e.contains("--set"), "{e}");
     }
 
     #[test]

@@ -284,6 +284,25 @@ fn llm_info(a: &LlmInfoArgs) -> Result<()> {
     Ok(())
 }
 
+/// The error and its causes joined by `: `, each cause left out when the
+/// text above already says it. Library errors (thiserror) often put their
+/// source into their own message *and* report it as the source, so anyhow's
+/// `{:#}` would print an OS error twice.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 fn main() -> ExitCode {
     // Die quietly on a closed pipe (`r2vpo … | head`), as Unix tools do,
     // instead of panicking inside println!.
@@ -301,7 +320,7 @@ fn main() -> ExitCode {
                 ExitCode::from(s.signal.exit_code())
             }
             None => {
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", error_chain(&e));
                 ExitCode::FAILURE
             }
         },
@@ -316,6 +335,17 @@ mod cli_tests {
     use clap::Parser;
 
     use super::*;
+
+    #[test]
+    fn an_os_error_is_printed_once() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let text = io.to_string();
+        let e = anyhow::Error::from(r2vpo_report::ReportError::Io { path: "/x/y".into(), source: io })
+            .context("output folder /x/y");
+        let s = error_chain(&e);
+        assert_eq!(s.matches(&text).count(), 1, "{s}");
+        assert!(s.starts_with("output folder /x/y: /x/y"), "{s}");
+    }
 
     #[test]
     fn negative_numbers_are_values() {
