@@ -88,6 +88,17 @@ fn load_run(dir: &Path) -> Result<Run> {
     if !cfg_path.exists() {
         bail!("{} has no config.toml: not an `r2vpo llm train` run folder", dir.display());
     }
+    let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("cannot read {}", cfg_path.display()))?;
+    if let Ok(t) = text.parse::<toml::Table>() {
+        if t.contains_key("task") && t.contains_key("num_envs") {
+            bail!(
+                "{} is a control run (`r2vpo control train`), not an LLM run: its learning curve is in {}, \
+                 and `r2vpo control compare` plots several",
+                dir.display(),
+                dir.join("plots").display()
+            );
+        }
+    }
     let cfg: TrainConfig = config::load(Some(&cfg_path), &[])?;
     let metrics: Vec<IterMetrics> = read_jsonl(&dir.join("metrics.jsonl"))?;
     if metrics.is_empty() {

@@ -44,7 +44,7 @@ mod toy;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 /// Ratio-Variance Regularized Policy Optimization: training, analysis and
@@ -127,7 +127,8 @@ enum LlmCmd {
 
 #[derive(Args, Debug)]
 struct LlmInfoArgs {
-    /// A GGUF file (default: the embedded SmolLM2-135M-Instruct from `make deps`).
+    /// A GGUF file or a Hugging Face folder (default: the embedded
+    /// SmolLM2-135M-Instruct from `make deps`).
     #[arg(long, default_value = ".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf")]
     model: PathBuf,
 }
@@ -279,9 +280,41 @@ fn llm_verify(a: &LlmVerifyArgs) -> Result<()> {
 }
 
 fn llm_info(a: &LlmInfoArgs) -> Result<()> {
+    if a.model.is_dir() {
+        println!("{}", serde_json::to_string_pretty(&hf_summary(&a.model)?)?);
+        return Ok(());
+    }
     let s = r2vpo_llm::gguf::read_summary(&a.model)?;
     println!("{}", serde_json::to_string_pretty(&s)?);
     Ok(())
+}
+
+/// What `llm info` says about a Hugging Face folder (`--model` takes either
+/// everywhere): its `config.json`, and the parameter count from the
+/// safetensors headers (memory-mapped, no weights read).
+fn hf_summary(dir: &std::path::Path) -> Result<serde_json::Value> {
+    use r2vpo_llm::model::{load_hf::weight_files, ModelConfig};
+    let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+    let (files, _) = weight_files(dir)?;
+    // SAFETY: read-only map of files this process does not modify.
+    let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }
+        .with_context(|| format!("reading the safetensors headers in {}", dir.display()))?;
+    let tensors = st.tensors();
+    let parameters: usize = tensors.iter().map(|(_, t)| t.shape().iter().product::<usize>()).sum();
+    let mut dtypes = std::collections::BTreeMap::<String, usize>::new();
+    for (_, t) in &tensors {
+        *dtypes.entry(format!("{:?}", t.dtype())).or_default() += 1;
+    }
+    Ok(serde_json::json!({
+        "format": "huggingface",
+        "config": cfg,
+        "weight_files": files.iter().map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())).collect::<Vec<_>>(),
+        "tokenizer": dir.join("tokenizer.json").is_file(),
+        "chat_template": dir.join("tokenizer_config.json").is_file(),
+        "tensors": tensors.len(),
+        "parameters": parameters,
+        "dtypes": dtypes,
+    }))
 }
 
 /// The error and its causes joined by `: `, each cause left out when the

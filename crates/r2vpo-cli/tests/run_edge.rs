@@ -72,9 +72,14 @@ fn llm_train_sigterm_checkpoints_exits_143_and_resumes() {
     let st = bin().args(args).output().unwrap();
     assert!(!st.status.success());
     assert!(String::from_utf8_lossy(&st.stderr).contains("--overwrite"));
-    let st = bin().args(["llm", "train", "--resume", out_s, "--no-export", "--quiet"]).output().unwrap();
+    let st = bin().args(["llm", "train", "--resume", out_s, "--quiet"]).output().unwrap();
     assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
     assert_eq!(lines(&metrics), 30);
+    // `llm info` reads the exported Hugging Face folder as it reads a GGUF.
+    let info = bin().args(["llm", "info", "--model"]).arg(out.join("model")).output().unwrap();
+    assert!(info.status.success(), "{}", String::from_utf8_lossy(&info.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert!(v["parameters"].as_u64().unwrap() > 0 && v["config"]["num_hidden_layers"] == 2, "{v}");
 }
 
 #[test]
@@ -117,6 +122,9 @@ fn control_train_sigint_checkpoints_exits_130_and_resumes() {
     let updates: Vec<u64> = ms.iter().map(|m| m["update"].as_u64().unwrap()).collect();
     assert_eq!(updates, (1..=ms.len() as u64).collect::<Vec<_>>(), "no repeated or missing updates");
     assert!(out.join("plots/learning_curve.png").exists());
+    let plot = bin().args(["llm", "plot", out_s]).output().unwrap();
+    let msg = String::from_utf8_lossy(&plot.stderr);
+    assert!(!plot.status.success() && msg.contains("is a control run"), "{msg}");
     assert!(std::fs::read_dir(&out).unwrap().any(|e| e
         .unwrap()
         .file_name()

@@ -28,24 +28,30 @@ pub enum Existing {
 /// Call it only after the command's config has validated, so a rejected
 /// command leaves no empty folder behind.
 pub fn open_run_folder(path: &Path, existing: Existing) -> Result<RunDir, ReportError> {
+    let folder = |message: String| ReportError::OutputFolder { path: path.to_path_buf(), message };
+    if path.exists() && !path.is_dir() {
+        return Err(folder("exists and is not a folder".into()));
+    }
     let holds_files = std::fs::read_dir(path).is_ok_and(|mut d| d.next().is_some());
     if holds_files {
         match existing {
             Existing::Refuse => {
-                return Err(ReportError::Parse {
-                    path: path.to_path_buf(),
-                    message: "the output folder already holds files; choose another --out, pass --overwrite to \
-                              replace them, or --resume the run there (where the command has it)"
+                return Err(folder(
+                    "already holds files; choose another --out, pass --overwrite to replace them, or --resume \
+                     the run there (where the command has it)"
                         .into(),
-                })
+                ))
             }
             Existing::Overwrite => {
-                std::fs::remove_dir_all(path).map_err(|source| ReportError::Io { path: path.to_path_buf(), source })?;
+                std::fs::remove_dir_all(path).map_err(|e| folder(format!("cannot empty it: {e}")))?
             }
             Existing::Resume => {}
         }
     }
-    RunDir::create(path)
+    RunDir::create(path).map_err(|e| match e {
+        ReportError::Io { source, .. } => folder(format!("cannot create it: {source}")),
+        other => other,
+    })
 }
 
 /// Which signal asked the run to stop.
@@ -248,7 +254,9 @@ mod tests {
         open_run_folder(&out, Existing::Refuse).unwrap();
         std::fs::write(out.join("metrics.jsonl"), "{}\n").unwrap();
         let e = open_run_folder(&out, Existing::Refuse).unwrap_err().to_string();
-        assert!(e.contains("run") && e.contains("--overwrite"), "{e}");
+        assert!(e.starts_with("output folder") && e.contains("--overwrite"), "{e}");
+        let e = open_run_folder(&out.join("metrics.jsonl").join("x"), Existing::Refuse).unwrap_err().to_string();
+        assert!(e.starts_with("output folder") && e.contains("cannot create it"), "{e}");
         open_run_folder(&out, Existing::Resume).unwrap();
         assert!(out.join("metrics.jsonl").exists());
         open_run_folder(&out, Existing::Overwrite).unwrap();

@@ -33,6 +33,14 @@ pub enum ReportError {
         /// What was wrong, with the line where it applies.
         message: String,
     },
+    /// A command's output folder (`--out`) cannot be used.
+    #[error("output folder {path}: {message}")]
+    OutputFolder {
+        /// The folder.
+        path: PathBuf,
+        /// Why, and the way out.
+        message: String,
+    },
     /// A plot could not be drawn into `path`.
     #[error("{path}: plot failed: {message}")]
     Plot {
