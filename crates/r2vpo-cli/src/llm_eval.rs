@@ -20,6 +20,9 @@ use r2vpo_llm::model::load_model;
 use r2vpo_llm::tokenizer::Tokenizer;
 use r2vpo_report::RunDir;
 
+#[cfg(test)]
+use crate::args::ConfigArgs;
+use crate::args::RunArgs;
 use crate::config;
 
 /// The embedded default model (`make deps`).
@@ -28,13 +31,12 @@ pub const DEFAULT_MODEL: &str = ".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// `r2vpo llm eval` arguments.
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
+    /// `--config`, `--set`, `--seed`, `--out`, `--quiet`.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Model: a GGUF file or a Hugging Face folder.
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: PathBuf,
-    /// TOML config (see configs/llm/eval-arith.toml; default: the built-in
-    /// defaults, which that file spells out).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
     /// Dataset: `builtin:arith-eval`, `builtin:arith-train` or a .jsonl file
     /// (sets `data.path`).
     #[arg(long)]
@@ -45,16 +47,6 @@ pub struct EvalArgs {
     /// Evaluate only the first N problems (sets `data.limit`).
     #[arg(long)]
     pub limit: Option<usize>,
-    /// Base sampling seed (sets `sampling.seed`).
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Override a key (repeatable, applied after the flags above), e.g.
-    /// `--set sampling.max_new_tokens=512`.
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub sets: Vec<String>,
-    /// Output folder (default runs/llm/eval-<UTC date-time>).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
 }
 
 /// Loads an [`EvalConfig`] ([`config::load`]: the serialised default, the
@@ -80,11 +72,11 @@ pub fn resolve(a: &EvalArgs) -> Result<EvalConfig> {
     if let Some(n) = a.limit {
         sets.push(format!("data.limit={n}"));
     }
-    if let Some(s) = a.seed {
+    if let Some(s) = a.run.seed {
         sets.push(format!("sampling.seed={s}"));
     }
-    sets.extend(a.sets.iter().cloned());
-    load_config(a.config.as_deref(), &sets)
+    sets.extend(a.run.cfg.sets.iter().cloned());
+    load_config(a.run.cfg.config.as_deref(), &sets)
 }
 
 /// `YYYYmmdd-HHMMSS` in UTC.
@@ -157,7 +149,14 @@ fn serde_plain<T: serde::Serialize>(v: &T) -> String {
 
 /// Evaluates with the resolved config and writes the output folder; returns
 /// the report.
+///
+/// Dataset lines over the line bound (`r2vpo_llm::data::MAX_LINE_BYTES`)
+/// and problems whose prompt plus `sampling.max_new_tokens` exceeds the
+/// model's context are skipped (or, with `overlong_prompts = "truncate"`,
+/// truncated) with a `warning:` line each on stderr and a count; if no
+/// problem is left the command fails (exit status 1) saying why.
 fn run_eval(model_path: &Path, cfg: &EvalConfig, out: &Path, command: &str, quiet: bool) -> Result<EvalReport> {
+    // Prints a warning for each skipped dataset line itself.
     let problems =
         load_problems(&cfg.data).with_context(|| format!("data `{}` (config table `[data]`)", cfg.data.path))?;
     let hint = if model_path == Path::new(DEFAULT_MODEL) { " (run `make deps`)" } else { "" };
@@ -183,6 +182,24 @@ fn run_eval(model_path: &Path, cfg: &EvalConfig, out: &Path, command: &str, quie
         bar.set_message(format!("{:.2} samples/s", done as f64 / t0.elapsed().as_secs_f64().max(1e-9)));
     })?;
     bar.finish_and_clear();
+    for (list, verb) in [(&report.skipped_prompts, "skipped"), (&report.truncated_prompts, "truncated")] {
+        for p in list {
+            eprintln!(
+                "warning: {}: problem `{}`: prompt of {} tokens exceeds {} (the model's context minus \
+                 sampling.max_new_tokens {}); {verb}",
+                cfg.data.path, p.id, p.prompt_tokens, p.max_prompt_tokens, cfg.sampling.max_new_tokens
+            );
+        }
+    }
+    if !report.skipped_prompts.is_empty() || !report.truncated_prompts.is_empty() {
+        eprintln!(
+            "over-long prompts: {} problem(s) skipped, {} truncated, {} evaluated (overlong_prompts = \"{}\")",
+            report.skipped_prompts.len(),
+            report.truncated_prompts.len(),
+            report.overall.problems,
+            serde_plain(&cfg.overlong_prompts)
+        );
+    }
     report.model_path = model_path.display().to_string();
     r2vpo_report::atomic_write_json(&run.join("eval.json"), &report)?;
     r2vpo_report::atomic_write_string(&run.join("eval.md"), &markdown(&report, command))?;
@@ -192,8 +209,9 @@ fn run_eval(model_path: &Path, cfg: &EvalConfig, out: &Path, command: &str, quie
 /// `r2vpo llm eval`.
 pub fn eval(a: &EvalArgs) -> Result<()> {
     let cfg = resolve(a)?;
-    let out = a.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/llm/eval-{}", utc_stamp(SystemTime::now()))));
-    let report = run_eval(&a.model, &cfg, &out, &command_line(), false)?;
+    let out =
+        a.run.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/llm/eval-{}", utc_stamp(SystemTime::now()))));
+    let report = run_eval(&a.model, &cfg, &out, &command_line(), a.run.quiet)?;
     print!("{}", report.to_markdown());
     println!(
         "{} samples, {} tokens in {:.1} s ({:.1} tokens/s)",
@@ -214,16 +232,7 @@ mod tests {
     }
 
     fn args() -> EvalArgs {
-        EvalArgs {
-            model: PathBuf::from(DEFAULT_MODEL),
-            config: None,
-            data: None,
-            k: None,
-            limit: None,
-            seed: None,
-            sets: Vec::new(),
-            out: None,
-        }
+        EvalArgs { model: PathBuf::from(DEFAULT_MODEL), run: RunArgs::default(), data: None, k: None, limit: None }
     }
 
     fn sets(v: &[&str]) -> Vec<String> {
@@ -259,8 +268,11 @@ mod tests {
             data: Some("123".into()),
             k: Some(4),
             limit: Some(10),
-            seed: Some(7),
-            sets: sets(&["k=2"]),
+            run: RunArgs {
+                seed: Some(7),
+                cfg: ConfigArgs { sets: sets(&["k=2"]), config: None },
+                ..RunArgs::default()
+            },
             ..args()
         };
         let c = resolve(&a).unwrap();
@@ -309,5 +321,37 @@ mod tests {
         assert!(md.contains("r2vpo llm eval --k 2") && md.contains("| all | 2 |"), "{md}");
         let back = load_config(Some(&out.join("config.toml")), &[]).unwrap();
         assert_eq!(back, cfg);
+    }
+
+    /// Issue #17: a 10 MB row, a ≈10k-token question (context 8192) and a
+    /// normal one: the first two are skipped with warnings, the third is
+    /// evaluated, promptly; with only bad rows the command fails clearly.
+    #[test]
+    fn eval_skips_huge_and_overlong_rows() {
+        let model = root().join(DEFAULT_MODEL);
+        let dir = tempfile::tempdir().unwrap();
+        let row = |q: String| serde_json::json!({"question": q, "answer": "2"}).to_string();
+        let huge = row(format!("What is {}1?", "1+".repeat(5_000_000)));
+        let long = row(format!("What is {}1?", "1+".repeat(5_000)));
+        let data = dir.path().join("rows.jsonl");
+        std::fs::write(&data, format!("{huge}\n{long}\n{}\n", row("What is 1 + 1?".into()))).unwrap();
+        let path = Value::String(data.display().to_string());
+        let cfg =
+            load_config(None, &sets(&["k=1", "sampling.max_new_tokens=4", &format!("data.path={path}")])).unwrap();
+        let t0 = Instant::now();
+        let rep = run_eval(&model, &cfg, &dir.path().join("ev"), "r2vpo llm eval", true)
+            .unwrap_or_else(|e| panic!("{e:#} (run `make deps`)"));
+        assert!(t0.elapsed().as_secs() < 60, "{:?}", t0.elapsed());
+        assert_eq!(rep.problems.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["rows:3"]);
+        assert_eq!(rep.skipped_prompts.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["rows:2"]);
+
+        // The issue's command: `--data huge.jsonl --k 1 --limit 1`.
+        std::fs::write(&data, format!("{huge}\n")).unwrap();
+        let cfg = load_config(None, &sets(&["k=1", "data.limit=1", &format!("data.path={path}")])).unwrap();
+        let e = format!("{:#}", run_eval(&model, &cfg, &dir.path().join("ev2"), "", true).unwrap_err());
+        assert!(e.contains("rows.jsonl:1:") && e.contains("no usable problems"), "{e}");
+        std::fs::write(&data, format!("{long}\n")).unwrap();
+        let e = format!("{:#}", run_eval(&model, &cfg, &dir.path().join("ev3"), "", true).unwrap_err());
+        assert!(e.contains("all 1 problem(s) skipped") && e.contains("`rows:1`"), "{e}");
     }
 }

@@ -17,7 +17,15 @@
 //! * [`dedupe`] drops repeated questions by [`normalize_question`];
 //!   [`load_problems`] does all of this from a [`DataConfig`].
 //! * [`PromptTemplate`] renders a question as DAPO's "Answer:" prompt, the
-//!   `\boxed{}` prompt, or unchanged.
+//!   `\boxed{}` prompt, or unchanged; [`prompt::PromptFitter`] turns it into
+//!   token ids that fit the model's context, skipping or truncating
+//!   over-long prompts ([`OverlongPrompts`]).
+//!
+//! JSONL files may start with a UTF-8 byte-order mark (it is ignored). A
+//! line longer than [`MAX_LINE_BYTES`] (1 MiB) is not parsed: it is skipped
+//! and reported as a [`SkippedRecord`] (see [`load_problems_reporting`]),
+//! so one runaway row cannot stall or kill a run; the rest of the file is
+//! read as usual.
 //!
 //! verl datasets store the prompt **already templated** (DAPO-Math-17k's
 //! user message is DAPO's "Answer:" prompt around the problem), so use them
@@ -42,6 +50,15 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 mod parquet_rows;
+pub mod prompt;
+
+pub use prompt::{Fitted, OverlongPrompt, OverlongPrompts, PromptError, PromptFitter};
+
+/// The longest JSONL line (in bytes, without its line ending) that is
+/// parsed: 1 MiB, far above any real math problem (DAPO-Math-17k's longest
+/// line is a few KiB). A longer line is skipped with a [`SkippedRecord`]
+/// without being held in memory or parsed.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
 
 /// Errors from generating or loading datasets.
 #[derive(Debug, thiserror::Error)]
@@ -145,6 +162,17 @@ pub enum DataError {
     /// The dataset holds no problems after filtering.
     #[error("dataset `{0}` has no problems")]
     Empty(String),
+    /// Every record read was skipped (e.g. all lines over [`MAX_LINE_BYTES`]),
+    /// so no problem is left.
+    #[error("dataset `{path}` has no usable problems: {skipped} record(s) skipped, the first: {first}")]
+    AllSkipped {
+        /// The dataset (`DataConfig::path`).
+        path: String,
+        /// How many records were skipped.
+        skipped: usize,
+        /// The first skipped record, located and explained.
+        first: String,
+    },
     /// The generator could not find enough distinct questions.
     #[error("could only generate {got} distinct problems of difficulty {difficulty}, {wanted} requested")]
     Exhausted {
@@ -183,6 +211,23 @@ impl fmt::Display for Position {
             Position::Line(n) => write!(f, "line {n}"),
             Position::Row(n) => write!(f, "row {n}"),
         }
+    }
+}
+
+/// A record that was left out while reading a dataset, with the reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedRecord {
+    /// The file.
+    pub path: PathBuf,
+    /// 1-based line of the JSONL file.
+    pub line: usize,
+    /// Why, e.g. `line of 10000031 bytes exceeds the 1048576-byte limit`.
+    pub reason: String,
+}
+
+impl fmt::Display for SkippedRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}; skipped", self.path.display(), self.line, self.reason)
     }
 }
 
@@ -658,22 +703,113 @@ fn file_stem(path: &Path, default: &str) -> String {
 /// Receives problems as they are read; `Break` stops reading early.
 type Sink<'a> = dyn FnMut(Problem) -> ControlFlow<()> + 'a;
 
-fn read_jsonl(path: &Path, layout: &RecordLayout, sink: &mut Sink<'_>) -> Result<(), DataError> {
+/// The outcome of [`read_bounded_line`].
+#[derive(Debug, PartialEq, Eq)]
+enum LineRead {
+    /// End of input: nothing was read.
+    Eof,
+    /// A line (without its `\n`) is in the buffer.
+    Line,
+    /// The line had this many bytes (without its `\n`), more than the
+    /// bound; it was consumed but not kept.
+    TooLong(u64),
+}
+
+/// Reads one `\n`-terminated line into `buf` (cleared first, newline not
+/// included), keeping at most `max` bytes: a longer line is consumed to its
+/// end without being stored, so memory stays bounded by `max` plus the
+/// reader's buffer whatever the line's length.
+fn read_bounded_line(r: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -> std::io::Result<LineRead> {
+    buf.clear();
+    let mut total: u64 = 0;
+    let mut any = false;
+    loop {
+        let avail = match r.fill_buf() {
+            Ok(a) => a,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if avail.is_empty() {
+            break;
+        }
+        any = true;
+        let (chunk, used, done) = match avail.iter().position(|&b| b == b'\n') {
+            Some(i) => (&avail[..i], i + 1, true),
+            None => (avail, avail.len(), false),
+        };
+        total += chunk.len() as u64;
+        if total <= max as u64 {
+            buf.extend_from_slice(chunk);
+        } else {
+            buf.clear();
+        }
+        r.consume(used);
+        if done {
+            break;
+        }
+    }
+    Ok(if !any {
+        LineRead::Eof
+    } else if total > max as u64 {
+        LineRead::TooLong(total)
+    } else {
+        LineRead::Line
+    })
+}
+
+fn read_jsonl(
+    path: &Path,
+    layout: &RecordLayout,
+    skipped: &mut Vec<SkippedRecord>,
+    sink: &mut Sink<'_>,
+) -> Result<(), DataError> {
+    read_jsonl_bounded(path, layout, MAX_LINE_BYTES, skipped, sink)
+}
+
+/// [`read_jsonl`] with the line bound as a parameter (tests use small ones).
+fn read_jsonl_bounded(
+    path: &Path,
+    layout: &RecordLayout,
+    max_line: usize,
+    skipped: &mut Vec<SkippedRecord>,
+    sink: &mut Sink<'_>,
+) -> Result<(), DataError> {
     let io = |source| DataError::Io { path: path.to_path_buf(), source };
     let file = std::fs::File::open(path).map_err(io)?;
     let stem = file_stem(path, "jsonl");
-    for (i, raw) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = i + 1;
-        let raw = raw.map_err(|e| match e.kind() {
-            std::io::ErrorKind::InvalidData => {
-                DataError::Json { path: path.to_path_buf(), line, message: "line is not valid UTF-8".to_string() }
+    let mut reader = std::io::BufReader::new(file);
+    let mut bytes = Vec::new();
+    let mut line = 0usize;
+    loop {
+        line += 1;
+        match read_bounded_line(&mut reader, &mut bytes, max_line).map_err(io)? {
+            LineRead::Eof => break,
+            LineRead::Line => {}
+            LineRead::TooLong(n) => {
+                skipped.push(SkippedRecord {
+                    path: path.to_path_buf(),
+                    line,
+                    reason: format!("line of {n} bytes exceeds the {max_line}-byte limit (MAX_LINE_BYTES)"),
+                });
+                continue;
             }
-            _ => io(e),
+        }
+        let mut text: &[u8] = &bytes;
+        // A byte-order mark (as Windows editors write) before the first line.
+        if line == 1 {
+            text = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(text);
+        }
+        // `\r\n` line endings.
+        text = text.strip_suffix(b"\r").unwrap_or(text);
+        let raw = std::str::from_utf8(text).map_err(|_| DataError::Json {
+            path: path.to_path_buf(),
+            line,
+            message: "line is not valid UTF-8".to_string(),
         })?;
         if raw.trim().is_empty() {
             continue;
         }
-        let value: serde_json::Value = serde_json::from_str(&raw).map_err(|e| DataError::Json {
+        let value: serde_json::Value = serde_json::from_str(raw).map_err(|e| DataError::Json {
             path: path.to_path_buf(),
             line,
             message: e.to_string(),
@@ -714,13 +850,35 @@ pub fn load_jsonl(
 /// skipped) in the given [`RecordLayout`]. Errors name the file, the 1-based
 /// line and the field path (e.g. `reward_model.ground_truth`). No
 /// de-duplication is done here; see [`dedupe`].
+///
+/// Lines over [`MAX_LINE_BYTES`] are skipped with a warning on stderr (use
+/// [`load_jsonl_reporting`] to get them instead).
 pub fn load_jsonl_with(path: &Path, layout: &RecordLayout) -> Result<Vec<Problem>, DataError> {
+    let (out, skipped) = load_jsonl_reporting(path, layout)?;
+    warn_skipped(&skipped);
+    Ok(out)
+}
+
+/// [`load_jsonl_with`], returning the lines it skipped (over
+/// [`MAX_LINE_BYTES`]) instead of printing them.
+pub fn load_jsonl_reporting(
+    path: &Path,
+    layout: &RecordLayout,
+) -> Result<(Vec<Problem>, Vec<SkippedRecord>), DataError> {
     let mut out = Vec::new();
-    read_jsonl(path, layout, &mut |p| {
+    let mut skipped = Vec::new();
+    read_jsonl(path, layout, &mut skipped, &mut |p| {
         out.push(p);
         ControlFlow::Continue(())
     })?;
-    Ok(out)
+    Ok((out, skipped))
+}
+
+/// Prints one `warning:` line per skipped record to stderr.
+fn warn_skipped(skipped: &[SkippedRecord]) {
+    for s in skipped {
+        eprintln!("warning: {s}");
+    }
 }
 
 /// Loads problems from a Parquet file in the given [`RecordLayout`], rows in
@@ -821,8 +979,31 @@ impl DataConfig {
 /// configured. De-duplication happens while reading, so a file with many
 /// repeats (DAPO-Math-17k holds each of its ~17.9k questions about 100 times)
 /// never holds the repeats in memory.
+///
+/// JSONL lines over [`MAX_LINE_BYTES`] are skipped, each with a `warning:`
+/// line on stderr; [`load_problems_reporting`] returns them instead. If
+/// every record was skipped the error is [`DataError::AllSkipped`].
 pub fn load_problems(cfg: &DataConfig) -> Result<Vec<Problem>, DataError> {
+    let loaded = load_problems_reporting(cfg)?;
+    warn_skipped(&loaded.skipped);
+    Ok(loaded.problems)
+}
+
+/// What [`load_problems_reporting`] read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedProblems {
+    /// The problems, as [`load_problems`] returns them.
+    pub problems: Vec<Problem>,
+    /// Records left out (JSONL lines over [`MAX_LINE_BYTES`]), in file
+    /// order; callers should warn about each and report the count.
+    pub skipped: Vec<SkippedRecord>,
+}
+
+/// [`load_problems`] without printing: the skipped records come back in
+/// [`LoadedProblems::skipped`] for the caller to report.
+pub fn load_problems_reporting(cfg: &DataConfig) -> Result<LoadedProblems, DataError> {
     let limit = cfg.limit.unwrap_or(usize::MAX);
+    let mut skipped = Vec::new();
     let mut problems = Vec::new();
     let mut seen = HashSet::new();
     let mut keep = |p: Problem| {
@@ -850,15 +1031,22 @@ pub fn load_problems(cfg: &DataConfig) -> Result<Vec<Problem>, DataError> {
         let path = Path::new(&cfg.path);
         let layout = cfg.layout();
         match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
-            Some("jsonl") | Some("json") => read_jsonl(path, &layout, &mut keep)?,
+            Some("jsonl") | Some("json") => read_jsonl(path, &layout, &mut skipped, &mut keep)?,
             Some("parquet") => parquet_rows::read_parquet(path, &layout, &mut keep)?,
             _ => return Err(DataError::UnknownFormat(path.to_path_buf())),
         }
     }
     if problems.is_empty() {
+        if let Some(first) = skipped.first() {
+            return Err(DataError::AllSkipped {
+                path: cfg.path.clone(),
+                skipped: skipped.len(),
+                first: first.to_string(),
+            });
+        }
         return Err(DataError::Empty(cfg.path.clone()));
     }
-    Ok(problems)
+    Ok(LoadedProblems { problems, skipped })
 }
 
 /// How a question is wrapped into the user message given to the model.
@@ -1249,6 +1437,64 @@ mod tests {
             assert_eq!(serde_json::to_string(&t).unwrap(), name);
             assert_eq!(serde_json::from_str::<PromptTemplate>(name).unwrap(), t);
         }
+    }
+
+    #[test]
+    fn bounded_lines_keep_short_lines_and_drop_long_ones() {
+        let text = b"ab\r\n\nabcde\nabcdef\n0123456789abcdef\nlast";
+        // A reader buffer smaller than the lines, so lines span refills.
+        let mut r = std::io::BufReader::with_capacity(3, &text[..]);
+        let mut buf = Vec::new();
+        let mut got = Vec::new();
+        loop {
+            match read_bounded_line(&mut r, &mut buf, 5).unwrap() {
+                LineRead::Eof => break,
+                LineRead::Line => got.push(String::from_utf8(buf.clone()).unwrap()),
+                LineRead::TooLong(n) => {
+                    assert!(buf.is_empty(), "an over-long line is not kept");
+                    got.push(format!("<{n}>"));
+                }
+            }
+        }
+        assert_eq!(got, ["ab\r", "", "abcde", "<6>", "<16>", "last"]);
+    }
+
+    #[test]
+    fn jsonl_skips_overlong_lines_with_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = format!("{{\"question\": \"What is {}1?\", \"answer\": \"1\"}}", "1+".repeat(100));
+        let ok = "{\"question\": \"q\", \"answer\": \"1\"}";
+        let path = write_file(dir.path(), "long.jsonl", &format!("{ok}\n{big}\n{ok}\n"));
+        let mut skipped = Vec::new();
+        let mut ids = Vec::new();
+        read_jsonl_bounded(&path, &RecordLayout::flat("question", "answer", None), 100, &mut skipped, &mut |p| {
+            ids.push(p.id);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(ids, ["long:1", "long:3"]);
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(skipped[0].line, 2);
+        let msg = skipped[0].to_string();
+        assert!(msg.contains("long.jsonl:2:") && msg.contains(&format!("{} bytes", big.len())), "{msg}");
+    }
+
+    #[test]
+    fn jsonl_accepts_a_byte_order_mark_and_crlf() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_file(
+            dir.path(),
+            "bom.jsonl",
+            "\u{FEFF}{\"question\": \"q1\", \"answer\": 1}\r\n{\"question\": \"q2\", \"answer\": 2}\r\n",
+        );
+        let ps = load_jsonl(&path, "question", "answer", None).unwrap();
+        assert_eq!(
+            ps.iter().map(|p| (p.question.as_str(), p.answer.as_str())).collect::<Vec<_>>(),
+            [("q1", "1"), ("q2", "2")]
+        );
+        // Only at the start of the file: elsewhere it is an error as before.
+        let mid = write_file(dir.path(), "mid.jsonl", "{\"question\": \"q1\", \"answer\": 1}\n\u{FEFF}{}\n");
+        assert!(matches!(load_jsonl(&mid, "question", "answer", None), Err(DataError::Json { line: 2, .. })));
     }
 
     #[test]

@@ -6,6 +6,12 @@
 //!   ([`SamplingConfig::test_time`]: T = 0.6, top-p = 0.95, top-k = 20).
 //! * Each question is wrapped by a [`PromptTemplate`] and rendered as the
 //!   single user message of the tokenizer's chat template.
+//! * A prompt that, with `sampling.max_new_tokens`, does not fit the model's
+//!   context (`max_position_embeddings`) is skipped (the default) or
+//!   truncated, as [`EvalConfig::overlong_prompts`] says; such problems are
+//!   listed in [`EvalReport::skipped_prompts`] /
+//!   [`EvalReport::truncated_prompts`], and if every problem is skipped the
+//!   evaluation fails with [`EvalError::AllPromptsTooLong`].
 //! * Sample `j` of a problem draws from its own random stream, seeded by
 //!   [`sample_seed`] from the base seed, the problem id and `j` alone; so a
 //!   problem's samples do not depend on the batch size, on the order of the
@@ -31,7 +37,9 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::chat::{ChatError, ChatTemplate};
-use crate::data::{DataConfig, Problem, PromptTemplate};
+use crate::data::{
+    DataConfig, Fitted, OverlongPrompt, OverlongPrompts, Problem, PromptError, PromptFitter, PromptTemplate,
+};
 use crate::model::Transformer;
 use crate::reward::{verify, Verdict, VerifyConfig};
 use crate::sample::{generate, request_seed, FinishReason, GenerationRequest, SampleError, SamplingConfig};
@@ -63,6 +71,35 @@ pub enum EvalError {
     /// Generation failed.
     #[error(transparent)]
     Sample(#[from] SampleError),
+    /// No problem is left to evaluate: every prompt, with
+    /// `sampling.max_new_tokens`, exceeds the model's context (and could not
+    /// be truncated).
+    #[error(
+        "all {skipped} problem(s) skipped: their prompts exceed the model's context of {context} tokens minus \
+         sampling.max_new_tokens {max_new_tokens} (the first, `{first_id}`, has {first_tokens} tokens); shorten the \
+         questions, lower sampling.max_new_tokens or set overlong_prompts = \"truncate\""
+    )]
+    AllPromptsTooLong {
+        /// Problems skipped (all of them).
+        skipped: usize,
+        /// The model's context length.
+        context: usize,
+        /// `sampling.max_new_tokens`.
+        max_new_tokens: usize,
+        /// Id of the first skipped problem.
+        first_id: String,
+        /// Its prompt's length in tokens.
+        first_tokens: usize,
+    },
+}
+
+impl From<PromptError> for EvalError {
+    fn from(e: PromptError) -> Self {
+        match e {
+            PromptError::Chat(e) => EvalError::Chat(e),
+            PromptError::Tokenizer(e) => EvalError::Tokenizer(e),
+        }
+    }
 }
 
 /// Everything that decides an evaluation (`configs/llm/eval-arith.toml`
@@ -91,6 +128,12 @@ pub struct EvalConfig {
     pub enable_thinking: Option<bool>,
     /// Keep every response text in the report (large; for debugging rewards).
     pub save_responses: bool,
+    /// A problem whose prompt plus `sampling.max_new_tokens` exceeds the
+    /// model's context (`max_position_embeddings`): `"skip"` (default) leaves
+    /// it out, `"truncate"` cuts the question's tail to fit (see
+    /// [`OverlongPrompts`]). Either way it is named in a warning and counted
+    /// in the report; if every problem is skipped the evaluation fails.
+    pub overlong_prompts: OverlongPrompts,
     /// Test-time sampling; `sampling.seed` is the base of every sample's seed.
     pub sampling: SamplingConfig,
     /// Answer extraction and equivalence.
@@ -108,6 +151,7 @@ impl Default for EvalConfig {
             template: PromptTemplate::Dapo,
             enable_thinking: None,
             save_responses: false,
+            overlong_prompts: OverlongPrompts::Skip,
             // 256 new tokens: enough for the built-in tasks' step-by-step
             // answers from small models, and affordable on CPU.
             sampling: SamplingConfig { max_new_tokens: 256, ..SamplingConfig::test_time() },
@@ -300,8 +344,18 @@ pub struct EvalReport {
     pub overall: Summary,
     /// Metrics per source, sorted by source.
     pub per_source: Vec<Summary>,
-    /// Per-problem results, in the order of the problems given.
+    /// Per-problem results, in the order of the problems given (without the
+    /// skipped ones).
     pub problems: Vec<ProblemResult>,
+    /// Problems left out because their prompt plus `sampling.max_new_tokens`
+    /// exceeds the model's context, in the order given
+    /// ([`EvalConfig::overlong_prompts`]).
+    #[serde(default)]
+    pub skipped_prompts: Vec<OverlongPrompt>,
+    /// Problems evaluated with a truncated prompt
+    /// (`overlong_prompts = "truncate"`), in the order given.
+    #[serde(default)]
+    pub truncated_prompts: Vec<OverlongPrompt>,
     /// Tokens generated in total.
     pub generated_tokens: usize,
     /// Wall-clock seconds (prompt rendering, generation, verification).
@@ -341,6 +395,13 @@ impl EvalReport {
 /// `cfg.sampling`, decoded `cfg.batch_size` at a time, each verified against
 /// the gold answer with `cfg.verify`. `progress(done, total)` is called with
 /// sample counts before the first batch and after each one.
+///
+/// Prompts that do not fit the model's context with
+/// `cfg.sampling.max_new_tokens` are skipped or truncated
+/// ([`EvalConfig::overlong_prompts`]) and listed in the report; the caller
+/// prints the warnings. Errors: [`EvalError::AllPromptsTooLong`] when no
+/// problem is left, [`EvalError::Config`] on `sampling.max_new_tokens` when
+/// it leaves no room for any prompt.
 pub fn evaluate(
     model: &Transformer,
     tok: &Tokenizer,
@@ -357,12 +418,55 @@ pub fn evaluate(
         return Err(EvalError::DuplicateId(p.id.clone()));
     }
     let t0 = Instant::now();
+    let context = model.config().max_position_embeddings;
+    let max_new_tokens = cfg.sampling.max_new_tokens;
+    if max_new_tokens >= context {
+        return Err(EvalError::Config {
+            field: "sampling.max_new_tokens".into(),
+            message: format!("{max_new_tokens} leaves no room for a prompt in the model's context of {context} tokens"),
+        });
+    }
     let chat = ChatTemplate::from_tokenizer(tok)?;
-    let k = cfg.k;
-    let mut requests = Vec::with_capacity(problems.len() * k);
+    let fitter = PromptFitter::new(
+        tok,
+        &chat,
+        cfg.template,
+        cfg.enable_thinking,
+        context,
+        max_new_tokens,
+        cfg.overlong_prompts,
+    )?;
+    let note = |p: &Problem, prompt_tokens: usize| OverlongPrompt {
+        id: p.id.clone(),
+        prompt_tokens,
+        max_prompt_tokens: fitter.max_prompt_tokens(),
+    };
+    let mut skipped_prompts = Vec::new();
+    let mut truncated_prompts = Vec::new();
+    let mut kept: Vec<(&Problem, Vec<u32>)> = Vec::with_capacity(problems.len());
     for p in problems {
-        let prompt = chat.prompt(&cfg.template.render(&p.question), cfg.enable_thinking)?;
-        let prompt_ids = tok.encode(&prompt, false)?;
+        match fitter.fit(tok, &chat, &p.question)? {
+            Fitted::Fits(ids) => kept.push((p, ids)),
+            Fitted::Truncated { ids, prompt_tokens } => {
+                truncated_prompts.push(note(p, prompt_tokens));
+                kept.push((p, ids));
+            }
+            Fitted::Skipped { prompt_tokens } => skipped_prompts.push(note(p, prompt_tokens)),
+        }
+    }
+    if kept.is_empty() {
+        let first = &skipped_prompts[0];
+        return Err(EvalError::AllPromptsTooLong {
+            skipped: skipped_prompts.len(),
+            context,
+            max_new_tokens,
+            first_id: first.id.clone(),
+            first_tokens: first.prompt_tokens,
+        });
+    }
+    let k = cfg.k;
+    let mut requests = Vec::with_capacity(kept.len() * k);
+    for (p, prompt_ids) in &kept {
         // Problem-major order: a batch holds consecutive samples of the same
         // prompts, which `generate` prefills once.
         requests.extend((0..k).map(|j| GenerationRequest {
@@ -378,8 +482,9 @@ pub fn evaluate(
         progress(gens.len(), total);
     }
 
-    let results: Vec<ProblemResult> = problems
+    let results: Vec<ProblemResult> = kept
         .iter()
+        .map(|(p, _)| *p)
         .zip(gens.chunks(k))
         .map(|(p, gs)| {
             let verdicts: Vec<Verdict> = gs.iter().map(|g| verify(&g.text, &p.answer, &cfg.verify)).collect();
@@ -420,6 +525,8 @@ pub fn evaluate(
         overall,
         per_source,
         problems: results,
+        skipped_prompts,
+        truncated_prompts,
         generated_tokens,
         wall_seconds,
         tokens_per_s: generated_tokens as f64 / wall_seconds.max(1e-9),

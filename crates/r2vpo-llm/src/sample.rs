@@ -67,6 +67,57 @@ pub enum SampleError {
     /// A tensor operation failed.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    /// A request's prompt plus `max_new_tokens` does not fit the model's
+    /// context ([`check_prompt_fits`]); nothing was generated.
+    #[error("request {request}: {source}")]
+    PromptTooLong {
+        /// Index of the request in the batch.
+        request: usize,
+        /// The lengths involved.
+        source: ContextOverflow,
+    },
+}
+
+/// A prompt that, with the tokens to be generated after it, does not fit
+/// the model's context window (`max_position_embeddings`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} exceeds the model's context of {context} \
+     tokens (prompts may have at most {} tokens)",
+    max_prompt_len(*.max_new_tokens, *.context)
+)]
+pub struct ContextOverflow {
+    /// Prompt tokens.
+    pub prompt_len: usize,
+    /// Tokens to be generated after the prompt.
+    pub max_new_tokens: usize,
+    /// The model's context length.
+    pub context: usize,
+}
+
+/// The longest prompt that leaves room for `max_new_tokens` in a context
+/// of `context` tokens: `context − max_new_tokens` (0 when none fits).
+pub fn max_prompt_len(max_new_tokens: usize, context: usize) -> usize {
+    context.saturating_sub(max_new_tokens)
+}
+
+/// Checks that a prompt of `prompt_len` tokens followed by up to
+/// `max_new_tokens` generated ones fits in `context` positions (the model's
+/// `max_position_embeddings`), i.e. `prompt_len + max_new_tokens <=
+/// context`. The one place this bound is decided: [`generate_ids`] refuses
+/// requests that fail it (a prompt far beyond the context would otherwise
+/// try to allocate its attention scores, terabytes for a 10 MB prompt), and
+/// evaluation and training skip or truncate such prompts before sampling.
+pub fn check_prompt_fits(
+    prompt_len: usize,
+    max_new_tokens: usize,
+    context: usize,
+) -> std::result::Result<(), ContextOverflow> {
+    if prompt_len.saturating_add(max_new_tokens) > context {
+        Err(ContextOverflow { prompt_len, max_new_tokens, context })
+    } else {
+        Ok(())
+    }
 }
 
 /// Result alias for this module.
@@ -196,6 +247,9 @@ pub struct Generation {
 /// Generates continuations of `requests` with `model`, decoding the text
 /// with `tok` and stopping on its stop ids (EOS → [`FinishReason::Eos`],
 /// the rest and `cfg.stop_token_ids` → [`FinishReason::Stop`]).
+/// A request whose prompt plus `cfg.max_new_tokens` exceeds the model's
+/// context is refused up front ([`check_prompt_fits`],
+/// [`SampleError::PromptTooLong`]).
 pub fn generate(
     model: &Transformer,
     tok: &Tokenizer,
@@ -251,6 +305,10 @@ struct Row {
 /// [`generate`] without a tokenizer: stops on `eos` and
 /// `cfg.stop_token_ids`, pads prompts on the left with `pad_id`, leaves
 /// [`Generation::text`] empty.
+///
+/// Every request must satisfy [`check_prompt_fits`] against the model's
+/// `max_position_embeddings`; otherwise nothing is generated and the error
+/// is [`SampleError::PromptTooLong`] naming the first offending request.
 pub fn generate_ids(
     model: &Transformer,
     requests: &[GenerationRequest],
@@ -260,6 +318,7 @@ pub fn generate_ids(
 ) -> Result<Vec<Generation>> {
     cfg.validate()?;
     let vocab = model.config().vocab_size;
+    let context = model.config().max_position_embeddings;
     for (i, r) in requests.iter().enumerate() {
         if r.prompt_ids.is_empty() {
             return Err(SampleError::Config { field: "prompt_ids".into(), message: format!("request {i} is empty") });
@@ -270,6 +329,8 @@ pub fn generate_ids(
                 message: format!("request {i}: id {t} out of range for vocabulary {vocab}"),
             });
         }
+        check_prompt_fits(r.prompt_ids.len(), cfg.max_new_tokens, context)
+            .map_err(|source| SampleError::PromptTooLong { request: i, source })?;
     }
     let mut rows: Vec<Row> = requests
         .iter()

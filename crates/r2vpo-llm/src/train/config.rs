@@ -7,7 +7,7 @@ use r2vpo::dual::DualConfig;
 use r2vpo::objective::ObjectiveConfig;
 use r2vpo::replay::ReplayConfig;
 
-use crate::data::{DataConfig, PromptTemplate};
+use crate::data::{DataConfig, OverlongPrompts, PromptTemplate};
 use crate::eval::EvalConfig;
 use crate::reward::VerifyConfig;
 use crate::sample::SamplingConfig;
@@ -147,6 +147,15 @@ pub struct TrainConfig {
     pub template: PromptTemplate,
     /// Qwen3's thinking switch (`false` = the paper's fast mode).
     pub enable_thinking: Option<bool>,
+    /// A training problem whose prompt plus `sampling.max_new_tokens`
+    /// exceeds the model's context (`max_position_embeddings`): `"skip"`
+    /// (default) never draws it, `"truncate"` cuts the question's tail to
+    /// fit (see [`OverlongPrompts`]). Each such problem is named in a
+    /// warning and an `events.jsonl` line (`prompt_skipped` /
+    /// `prompt_truncated`, with running totals) the first time it is drawn;
+    /// the run fails only if every problem is skipped. The held-out
+    /// evaluation has its own `eval.overlong_prompts`.
+    pub overlong_prompts: OverlongPrompts,
     /// Rollout sampling (the paper: T 1, top-p 1, top-k −1).
     pub sampling: SamplingConfig,
     /// Sequences decoded together during rollouts (memory/speed knob only).
@@ -228,6 +237,7 @@ impl Default for TrainConfig {
             data: DataConfig::default(),
             template: PromptTemplate::Dapo,
             enable_thinking: None,
+            overlong_prompts: OverlongPrompts::Skip,
             sampling: SamplingConfig { max_new_tokens: 128, ..SamplingConfig::default() },
             rollout_batch: 64,
             // Built-in arithmetic by default (integer golds; see

@@ -39,7 +39,7 @@ use r2vpo::schedule::{EpochSchedule, Remainder, Reshuffle, UpdateSchedule};
 use r2vpo_report::{JsonlWriter, TensorBoardWriter};
 
 use crate::chat::ChatTemplate;
-use crate::data::{load_problems, Problem};
+use crate::data::{load_problems_reporting, Fitted, Problem, PromptError, PromptFitter, SkippedRecord};
 use crate::model::{load_model, ModelConfig, Transformer};
 use crate::reward::{verify, VerifyConfig};
 use crate::sample::{generate, request_seed, Generation, GenerationRequest};
@@ -245,7 +245,15 @@ pub struct Trainer {
     tok: Tokenizer,
     chat: ChatTemplate,
     problems: Vec<Problem>,
-    prompt_cache: Vec<Option<Vec<u32>>>,
+    prompt_cache: Vec<PromptSlot>,
+    /// Fits training prompts into the context (`overlong_prompts`).
+    fitter: PromptFitter,
+    /// Distinct training problems found over-long and skipped so far.
+    prompts_skipped: usize,
+    /// Distinct training problems whose prompt was truncated so far.
+    prompts_truncated: usize,
+    /// Where warnings go (stderr unless [`Trainer::set_warning_handler`]).
+    warn: Box<dyn FnMut(&str) + Send + Sync>,
     eval_problems: Vec<Problem>,
     reward_fn: Box<dyn RewardFn>,
     opt: AdamW,
@@ -286,23 +294,67 @@ impl Trainer {
         let (model, tok) = load_policy(&cfg.model)?;
         let reference = if cfg.ref_kl.coef > 0.0 { Some(load_policy(&cfg.model)?.0) } else { None };
         let chat = ChatTemplate::from_tokenizer(&tok)?;
-        let problems = load_problems(&cfg.data)?;
-        let eval_problems = if cfg.eval_at_start || cfg.eval_at_end || cfg.eval_every > 0 {
-            load_problems(&cfg.eval.data)?
+        let evaluating = cfg.eval_at_start || cfg.eval_at_end || cfg.eval_every > 0;
+        // Prompt + response must fit the model's context; a generation
+        // budget that leaves no room for any prompt is a config error.
+        let context = model.config().max_position_embeddings;
+        for (field, n, used) in [
+            ("sampling.max_new_tokens", cfg.sampling.max_new_tokens, true),
+            ("eval.sampling.max_new_tokens", cfg.eval.sampling.max_new_tokens, evaluating),
+        ] {
+            if used && n >= context {
+                return Err(TrainError::Config {
+                    field: field.into(),
+                    message: format!("{n} leaves no room for a prompt in the model's context of {context} tokens"),
+                });
+            }
+        }
+        let mut warn: Box<dyn FnMut(&str) + Send + Sync> = Box::new(|w: &str| eprintln!("warning: {w}"));
+        let mut skipped_records: Vec<SkippedRecord> = Vec::new();
+        let loaded = load_problems_reporting(&cfg.data)?;
+        skipped_records.extend(loaded.skipped);
+        let problems = loaded.problems;
+        let eval_problems = if evaluating {
+            let loaded = load_problems_reporting(&cfg.eval.data)?;
+            skipped_records.extend(loaded.skipped);
+            loaded.problems
         } else {
             Vec::new()
         };
+        let fitter = PromptFitter::new(
+            &tok,
+            &chat,
+            cfg.template,
+            cfg.enable_thinking,
+            context,
+            cfg.sampling.max_new_tokens,
+            cfg.overlong_prompts,
+        )?;
         let opt = AdamW::new(model.named_vars(), cfg.optim)?;
         let learner = Learner::new(cfg.objective.clone(), &cfg.dual)?;
         let replay =
             ReplayBuffer::new(cfg.replay.capacity_iters, derived_seed(cfg.seed, STREAM_REPLAY, cfg.replay.seed))?;
         let open = |name: &str| JsonlWriter::append(run_dir.join(name));
+        let mut events = open("events.jsonl")?;
+        for r in &skipped_records {
+            warn(&r.to_string());
+            events.write(&serde_json::json!({
+                "event": "record_skipped",
+                "path": r.path.display().to_string(),
+                "line": r.line,
+                "reason": r.reason,
+            }))?;
+        }
         Ok(Self {
-            prompt_cache: vec![None; problems.len()],
+            prompt_cache: vec![PromptSlot::Unknown; problems.len()],
+            fitter,
+            prompts_skipped: 0,
+            prompts_truncated: 0,
+            warn,
             metrics: open("metrics.jsonl")?,
             evals: open("eval.jsonl")?,
             hists: open("ratio_hist.jsonl")?,
-            events: open("events.jsonl")?,
+            events,
             tb: TensorBoardWriter::create(run_dir).ok(),
             cfg,
             model,
@@ -350,36 +402,127 @@ impl Trainer {
         &self.run_dir
     }
 
-    /// The next `n` problem indices in the seeded per-epoch order.
-    fn next_problems(&mut self, n: usize) -> Vec<usize> {
+    /// Distinct training problems skipped so far because their prompt plus
+    /// `sampling.max_new_tokens` exceeds the model's context (each is also
+    /// a `prompt_skipped` line of `events.jsonl` and a warning).
+    pub fn prompts_skipped(&self) -> usize {
+        self.prompts_skipped
+    }
+
+    /// Distinct training problems whose prompt was truncated so far
+    /// (`overlong_prompts = "truncate"`; `prompt_truncated` events).
+    pub fn prompts_truncated(&self) -> usize {
+        self.prompts_truncated
+    }
+
+    /// Sends the trainer's warnings (skipped dataset lines, skipped or
+    /// truncated prompts) to `f` instead of stderr, e.g. to print them above
+    /// a progress bar. Warnings found while the trainer was built have
+    /// already gone to stderr (and `events.jsonl`).
+    pub fn set_warning_handler(&mut self, f: impl FnMut(&str) + Send + Sync + 'static) {
+        self.warn = Box::new(f);
+    }
+
+    /// The next `n` problem indices in the seeded per-epoch order, passing
+    /// over problems whose prompt does not fit the context (see
+    /// [`Trainer::usable`]). Fails only when every problem is skipped.
+    fn next_problems(&mut self, n: usize) -> TrainResult<Vec<usize>> {
         let len = self.problems.len();
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
-            let d = &mut self.progress.data;
-            let mut order: Vec<usize> = (0..len).collect();
-            let mut rng = ChaCha8Rng::seed_from_u64(derived_seed(self.cfg.seed, STREAM_DATA, d.epoch));
-            shuffle(&mut order, &mut rng);
-            while out.len() < n && d.cursor < len {
-                out.push(order[d.cursor]);
-                d.cursor += 1;
+            if self.prompts_skipped == len {
+                return Err(TrainError::Config {
+                    field: "data".into(),
+                    message: format!(
+                        "all {len} training problems were skipped: their prompts exceed the model's context of {} \
+                         tokens minus sampling.max_new_tokens {} (see the `prompt_skipped` lines of events.jsonl); \
+                         shorten the questions, lower sampling.max_new_tokens or set overlong_prompts = \"truncate\"",
+                        self.fitter.context(),
+                        self.cfg.sampling.max_new_tokens
+                    ),
+                });
             }
+            let epoch = self.progress.data.epoch;
+            let mut order: Vec<usize> = (0..len).collect();
+            let mut rng = ChaCha8Rng::seed_from_u64(derived_seed(self.cfg.seed, STREAM_DATA, epoch));
+            shuffle(&mut order, &mut rng);
+            while out.len() < n && self.progress.data.cursor < len {
+                let p = order[self.progress.data.cursor];
+                self.progress.data.cursor += 1;
+                if self.usable(p)? {
+                    out.push(p);
+                }
+            }
+            let d = &mut self.progress.data;
             if d.cursor == len {
                 d.epoch += 1;
                 d.cursor = 0;
             }
         }
-        out
+        Ok(out)
     }
 
-    fn prompt_ids(&mut self, problem: usize) -> TrainResult<Vec<u32>> {
-        if let Some(ids) = &self.prompt_cache[problem] {
-            return Ok(ids.clone());
+    /// Whether `problem`'s prompt fits the context (possibly after
+    /// truncation). The first time a problem is seen its prompt is built and
+    /// cached; an over-long one is warned about, logged to `events.jsonl`
+    /// and counted, once.
+    fn usable(&mut self, problem: usize) -> TrainResult<bool> {
+        match self.prompt_cache[problem] {
+            PromptSlot::Ready(_) => return Ok(true),
+            PromptSlot::Skipped => return Ok(false),
+            PromptSlot::Unknown => {}
         }
-        let user = self.cfg.template.render(&self.problems[problem].question);
-        let text = self.chat.prompt(&user, self.cfg.enable_thinking)?;
-        let ids = self.tok.encode(&text, false)?;
-        self.prompt_cache[problem] = Some(ids.clone());
-        Ok(ids)
+        let fitted = self.fitter.fit(&self.tok, &self.chat, &self.problems[problem].question)?;
+        let id = self.problems[problem].id.clone();
+        let (slot, event, prompt_tokens) = match fitted {
+            Fitted::Fits(ids) => (PromptSlot::Ready(ids), None, 0),
+            Fitted::Truncated { ids, prompt_tokens } => {
+                self.prompts_truncated += 1;
+                (PromptSlot::Ready(ids), Some(("prompt_truncated", "truncated", self.prompts_truncated)), prompt_tokens)
+            }
+            Fitted::Skipped { prompt_tokens } => {
+                self.prompts_skipped += 1;
+                (PromptSlot::Skipped, Some(("prompt_skipped", "skipped", self.prompts_skipped)), prompt_tokens)
+            }
+        };
+        if let Some((event, verb, total)) = event {
+            let max = self.fitter.max_prompt_tokens();
+            (self.warn)(&format!(
+                "{}: problem `{}`: prompt of {prompt_tokens} tokens exceeds {max} (context {} − max_new_tokens {}); \
+                 {verb} ({total} so far)",
+                self.cfg.data.path,
+                id,
+                self.fitter.context(),
+                self.cfg.sampling.max_new_tokens
+            ));
+            self.events.write(&serde_json::json!({
+                "event": event,
+                "iteration": self.progress.iteration,
+                "data": self.cfg.data.path,
+                "problem": id,
+                "prompt_tokens": prompt_tokens,
+                "max_prompt_tokens": max,
+                "context": self.fitter.context(),
+                "total": total,
+            }))?;
+        }
+        let ok = matches!(slot, PromptSlot::Ready(_));
+        self.prompt_cache[problem] = slot;
+        Ok(ok)
+    }
+
+    /// The (fitted) prompt of a problem that [`Trainer::usable`] accepted.
+    fn prompt_ids(&mut self, problem: usize) -> TrainResult<Vec<u32>> {
+        if !self.usable(problem)? {
+            return Err(TrainError::Config {
+                field: "data".into(),
+                message: format!("problem `{}` has an over-long prompt", self.problems[problem].id),
+            });
+        }
+        match &self.prompt_cache[problem] {
+            PromptSlot::Ready(ids) => Ok(ids.clone()),
+            _ => unreachable!("usable() leaves a ready prompt"),
+        }
     }
 
     /// Runs iterations until `cfg.iterations` or until `stop` is raised,
@@ -463,7 +606,7 @@ impl Trainer {
         let t_start = Instant::now();
 
         on_event(Event::Phase { iter, name: "rollout" });
-        let problems = self.next_problems(self.cfg.prompts_per_iter);
+        let problems = self.next_problems(self.cfg.prompts_per_iter)?;
         let gens = self.rollout(iter, &problems)?;
         let rollout_s = t_start.elapsed().as_secs_f64();
 
@@ -760,6 +903,26 @@ impl Trainer {
         }
         on_event(Event::Eval(&rec));
         Ok(())
+    }
+}
+
+/// A training problem's prompt, built on first use.
+#[derive(Clone, Debug)]
+enum PromptSlot {
+    /// Not built yet.
+    Unknown,
+    /// The prompt's ids (truncated if `overlong_prompts = "truncate"`).
+    Ready(Vec<u32>),
+    /// Over-long: never drawn.
+    Skipped,
+}
+
+impl From<PromptError> for TrainError {
+    fn from(e: PromptError) -> Self {
+        match e {
+            PromptError::Chat(e) => TrainError::Chat(e),
+            PromptError::Tokenizer(e) => TrainError::Tokenizer(e),
+        }
     }
 }
 
