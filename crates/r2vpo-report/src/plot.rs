@@ -386,7 +386,9 @@ fn save_both<R: Render>(stem: &Path, size: (u32, u32), chart: &R) -> Result<Vec<
     Ok(vec![png, svg])
 }
 
-/// Tick text: plain decimals in a readable range, else `1e-4` style.
+/// Tick text for logarithmic axes, whose ticks (…, 0.1, 0.2, 0.5, 1, 2, …)
+/// need only a few significant digits each: plain decimals in a readable
+/// range, else `1e-4` style.
 fn fmt_tick(v: f64) -> String {
     let a = v.abs();
     if a == 0.0 {
@@ -401,12 +403,72 @@ fn fmt_tick(v: f64) -> String {
     }
 }
 
+/// Values within this fraction of a linear axis's span of 0 are labelled 0:
+/// plotters builds ticks by floating-point stepping, so the tick at zero of
+/// a `-1.1..1.1` axis comes out as `-2.2e-16`.
+const ZERO_SNAP: f64 = 1e-9;
+
+/// Tick text on a linear axis spanning `lo..hi`, with the precision the tick
+/// spacing needs rather than a fixed one (four decimals printed the ticks of
+/// a `1.00009..1.00011` axis as eight times `1.0001`).
+///
+/// Plotters labels at most 11 ticks (its default), at multiples of a
+/// 1-2-5 × 10^k step, so the step is at least span / 12 and its last
+/// significant digit sits at or above 10^floor(log10(span / 20)). Printing
+/// down to that digit keeps adjacent labels distinct; trailing zeros are
+/// trimmed. Axes whose largest magnitude lies in [1e-3, 1e5) get plain
+/// decimals, others `1.25e6` style with as many mantissa digits as the step
+/// needs.
+fn linear_tick_label(v: f64, lo: f64, hi: f64) -> String {
+    let span = (hi - lo).abs();
+    if !v.is_finite() || !span.is_finite() || span == 0.0 {
+        return fmt_tick(v);
+    }
+    if v.abs() <= span * ZERO_SNAP {
+        return "0".into();
+    }
+    let step_digit = (span / 20.0).log10().floor() as i32;
+    let magnitude = lo.abs().max(hi.abs());
+    let text = if (1e-3..1e5).contains(&magnitude) {
+        let decimals = (-step_digit).max(0) as usize;
+        trim_fraction(&format!("{v:.decimals$}")).to_string()
+    } else {
+        let exponent = v.abs().log10().floor() as i32;
+        let digits = (exponent - step_digit).max(0) as usize;
+        let text = format!("{v:.digits$e}");
+        match text.split_once('e') {
+            Some((mantissa, exp)) => format!("{}e{exp}", trim_fraction(mantissa)),
+            None => text,
+        }
+    };
+    if text == "-0" {
+        "0".into()
+    } else {
+        text
+    }
+}
+
+/// `1.2500` → `1.25`, `2.000` → `2`; integers are left alone.
+fn trim_fraction(s: &str) -> &str {
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        s
+    }
+}
+
 fn visible(c: &LineChart, (x, y): (f64, f64)) -> bool {
     x.is_finite() && y.is_finite() && (!c.log_x || x > 0.0) && (!c.log_y || y > 0.0)
 }
 
+/// Spans below this fraction of the values' magnitude are floating-point
+/// noise around a constant, not data to zoom into.
+const CONSTANT_SPAN: f64 = 1e-9;
+
 /// Data range of one axis with a margin (5 % linear, a fraction of a decade
-/// on log axes).
+/// on log axes). A constant (or constant up to rounding noise) linear series
+/// gets ±10 % of its value around it, or ±1 around 0, instead of a range as
+/// narrow as its noise.
 fn axis_range(values: impl Iterator<Item = f64>, log: bool) -> (f64, f64) {
     let (mut lo, mut hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| (l.min(v), h.max(v)));
     if !lo.is_finite() || !hi.is_finite() {
@@ -417,10 +479,11 @@ fn axis_range(values: impl Iterator<Item = f64>, log: bool) -> (f64, f64) {
         let pad = ((h - l) * 0.04).max(0.05);
         return (10f64.powf(l - pad), 10f64.powf(h + pad));
     }
-    if hi <= lo {
-        let d = if lo == 0.0 { 1.0 } else { lo.abs() * 0.1 };
-        lo -= d;
-        hi += d;
+    if hi - lo <= CONSTANT_SPAN * lo.abs().max(hi.abs()) {
+        let mid = lo + (hi - lo) / 2.0;
+        let d = if mid == 0.0 { 1.0 } else { mid.abs() * 0.1 };
+        lo = mid - d;
+        hi = mid + d;
     }
     let pad = (hi - lo) * 0.05;
     (lo - pad, hi + pad)
@@ -478,8 +541,8 @@ where
         .configure_mesh()
         .x_desc(&c.x_label)
         .y_desc(&c.y_label)
-        .x_label_formatter(&|v| fmt_tick(*v))
-        .y_label_formatter(&|v| fmt_tick(*v))
+        .x_label_formatter(&|v| if c.log_x { fmt_tick(*v) } else { linear_tick_label(*v, x0, x1) })
+        .y_label_formatter(&|v| if c.log_y { fmt_tick(*v) } else { linear_tick_label(*v, y0, y1) })
         .label_style(("sans-serif", px(14.0)))
         .axis_desc_style(("sans-serif", px(16.0)))
         .light_line_style(RGBColor(235, 235, 235))
@@ -634,5 +697,99 @@ mod tests {
         assert_eq!(fmt_tick(0.25), "0.25");
         assert_eq!(fmt_tick(1e-4), "1e-4");
         assert_eq!(fmt_tick(2.0), "2");
+    }
+
+    /// The labels plotters would print on a linear axis over the data range
+    /// of `values`: its own tick positions (11 labels, the mesh default),
+    /// through [`axis_range`] and [`linear_tick_label`].
+    fn linear_labels(values: &[f64]) -> Vec<String> {
+        use plotters::coord::ranged1d::Ranged;
+        use plotters::coord::types::RangedCoordf64;
+        let (lo, hi) = axis_range(values.iter().copied(), false);
+        assert!(hi > lo, "degenerate range {lo}..{hi}");
+        let coord: RangedCoordf64 = (lo..hi).into();
+        let ticks = coord.key_points(11usize);
+        assert!(ticks.len() >= 2, "{ticks:?}");
+        ticks.iter().map(|&v| linear_tick_label(v, lo, hi)).collect()
+    }
+
+    #[track_caller]
+    fn assert_distinct(labels: &[String]) {
+        let mut seen = std::collections::HashSet::new();
+        assert!(labels.iter().all(|l| seen.insert(l)), "repeated tick labels: {labels:?}");
+    }
+
+    #[test]
+    fn constant_zero_axis_labels_zero_not_rounding_noise() {
+        for values in [&[0.0, 0.0][..], &[0.0], &[-0.0, 0.0, -0.0]] {
+            let labels = linear_labels(values);
+            assert!(labels.iter().any(|l| l == "0"), "{labels:?}");
+            assert!(labels.iter().all(|l| !l.contains('e')), "{labels:?}");
+            assert_distinct(&labels);
+        }
+        // The tick plotters really produces near zero on a -1.1..1.1 axis.
+        assert_eq!(linear_tick_label(-2.220446049250313e-16, -1.1, 1.1), "0");
+        assert_eq!(linear_tick_label(-0.0, -1.1, 1.1), "0");
+    }
+
+    #[test]
+    fn narrow_axis_ticks_are_distinct() {
+        let labels = linear_labels(&[1.00009, 1.0001, 1.00011]);
+        assert!(labels.len() >= 4, "{labels:?}");
+        assert_distinct(&labels);
+        assert!(labels.iter().all(|l| l.starts_with("1.000")), "{labels:?}");
+        for values in [&[1.0001, 1.0001 + 3e-7][..], &[-5e-4, 5e-4], &[1e6, 1e6 + 40.0], &[0.0, 2.5e-5], &[3.0, 1e7]] {
+            assert_distinct(&linear_labels(values));
+        }
+    }
+
+    #[test]
+    fn constant_series_get_a_range_around_their_value() {
+        assert_eq!(axis_range([0.0, 0.0].into_iter(), false), (-1.1, 1.1));
+        let (lo, hi) = axis_range([1.0001; 8].into_iter(), false);
+        assert!(lo < 1.0001 && hi > 1.0001 && hi - lo > 0.1, "{lo}..{hi}");
+        // Rounding noise is a constant too, not a range to zoom into.
+        let (lo, hi) = axis_range([1.0, 1.0 + f64::EPSILON].into_iter(), false);
+        assert!(hi - lo > 0.1, "{lo}..{hi}");
+        let (lo, hi) = axis_range([-2.0; 3].into_iter(), false);
+        assert!(lo < -2.0 && hi > -2.0 && hi - lo > 0.3, "{lo}..{hi}");
+        let labels = linear_labels(&[1.0001; 8]);
+        assert_distinct(&labels);
+        assert!(labels.iter().any(|l| l == "1"), "{labels:?}");
+    }
+
+    #[test]
+    fn linear_labels_use_the_precision_of_the_spacing() {
+        assert_eq!(linear_tick_label(0.5, 0.0, 1.0), "0.5");
+        assert_eq!(linear_tick_label(1.0, 0.0, 1.0), "1");
+        assert_eq!(linear_tick_label(100.0, 0.0, 500.0), "100");
+        assert_eq!(linear_tick_label(1.000095, 1.000088, 1.000112), "1.000095");
+        assert_eq!(linear_tick_label(250_000.0, 0.0, 1e6), "2.5e5");
+        assert_eq!(linear_tick_label(1_000_020.0, 1e6, 1e6 + 40.0), "1.00002e6");
+        assert_eq!(linear_tick_label(1e-4, 0.0, 5e-4), "1e-4");
+        assert_eq!(linear_tick_label(1.5e-4, 0.0, 5e-4), "1.5e-4");
+    }
+
+    #[test]
+    fn rendered_constant_zero_panel_labels_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut zero = LineChart::new("constant", "step", "value");
+        zero.push(Series::line("zero", (0..20).map(|i| (i as f64, 0.0)).collect()));
+        let mut ratio = LineChart::new("mean ratio", "step", "ratio");
+        ratio.push(Series::line("ratio", (0..20).map(|i| (i as f64, 1.00009 + i as f64 * 1e-6)).collect()));
+        let files = Grid::new(2, vec![zero, ratio]).save(&dir.path().join("panels")).unwrap();
+        let svg = std::fs::read_to_string(&files[1]).unwrap();
+        // The text of every `<text …>label</text>` element.
+        let texts: Vec<&str> = svg
+            .split("<text")
+            .skip(1)
+            .filter_map(|t| t.split_once('>')?.1.split_once("</text>"))
+            .map(|t| t.0.trim())
+            .collect();
+        assert!(texts.contains(&"0"), "no 0 tick label: {texts:?}");
+        assert!(texts.iter().all(|t| !t.contains("e-1")), "rounding noise in tick labels: {texts:?}");
+        let ratio_ticks: Vec<String> = texts.iter().filter(|t| t.starts_with("1.000")).map(|t| t.to_string()).collect();
+        assert!(ratio_ticks.len() >= 4, "{texts:?}");
+        assert_distinct(&ratio_ticks);
     }
 }

@@ -2,9 +2,9 @@
 
 use std::fmt;
 
-use super::expr::eval;
+use super::expr::{eval, EvalFailure};
 use super::normalize::{split_top_level, strip_assignment};
-use super::num::Num;
+use super::num::{EvalError, Num};
 
 /// Nested structure beyond this depth is compared as text.
 const MAX_DEPTH: usize = 6;
@@ -16,6 +16,10 @@ pub(crate) enum Value {
     Num(Num),
     /// Anything not understood numerically, compared as a string.
     Text(String),
+    /// Well-formed arithmetic with no finite value here (`9^{9^{9^{9}}}`,
+    /// `1e999999`, `171!`): a complete answer, but equal only to the
+    /// identical normalised expression. Never reduced to one of its numbers.
+    Unevaluated { text: String, why: EvalError },
     /// Ordered: points, tuples and intervals. The bracket characters are part
     /// of the value, so `[1,3)` differs from `[1,3]` and from `(1,3)`.
     Tuple { open: char, close: char, items: Vec<Value> },
@@ -32,6 +36,7 @@ impl Value {
         match self {
             Value::Num(_) => "number",
             Value::Text(_) => "text",
+            Value::Unevaluated { .. } => "expression without a value",
             Value::Tuple { open: '(', close: ')', .. } => "tuple",
             Value::Tuple { .. } => "interval",
             Value::Set(_) => "set",
@@ -43,7 +48,7 @@ impl Value {
     /// True when no part of the value fell back to text.
     pub(crate) fn is_mathematical(&self) -> bool {
         match self {
-            Value::Num(_) => true,
+            Value::Num(_) | Value::Unevaluated { .. } => true,
             Value::Text(_) => false,
             Value::Tuple { items, .. } | Value::Set(items) | Value::List(items) | Value::Union(items) => {
                 items.iter().all(Value::is_mathematical)
@@ -69,6 +74,7 @@ impl fmt::Display for Value {
         match self {
             Value::Num(n) => write!(f, "{n}"),
             Value::Text(s) => write!(f, "text {s:?}"),
+            Value::Unevaluated { text, why } => write!(f, "expression {text:?} without a value ({why})"),
             Value::Tuple { open, close, items } => write!(f, "{open}{}{close}", join(items, ", ")),
             Value::Set(items) => write!(f, "set {{{}}}", join(items, ", ")),
             Value::List(items) => write!(f, "list [{}]", join(items, ", ")),
@@ -135,7 +141,8 @@ fn parse(s: &str, depth: usize) -> Value {
     }
     match eval(s) {
         Ok(n) => Value::Num(n),
-        Err(_) => Value::Text(s.to_string()),
+        Err(EvalFailure::NoValue(why)) => Value::Unevaluated { text: s.to_string(), why },
+        Err(EvalFailure::Syntax(_)) => Value::Text(s.to_string()),
     }
 }
 
@@ -150,6 +157,33 @@ pub(crate) struct Tolerance {
 /// Text equal up to braces and spaces: `x^{2}` and `x^2` are the same answer.
 fn squash(s: &str) -> String {
     s.chars().filter(|c| !matches!(c, '{' | '}' | ' ')).collect()
+}
+
+/// `^{400}` → `^400` where the evaluator reads both alike: the braces hold
+/// only digits and no digit or point follows them (`9^{9}9` is 9⁹·9, not
+/// 9^99, so it is left alone). Lets `10^{400}` match `10^400` unevaluated.
+fn unbrace_digit_exponents(s: &str) -> String {
+    let c: Vec<char> = s.chars().collect();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < c.len() {
+        if c[i] == '^' && c.get(i + 1) == Some(&'{') {
+            let mut j = i + 2;
+            while c.get(j).is_some_and(char::is_ascii_digit) {
+                j += 1;
+            }
+            let next_ok = !c.get(j + 1).is_some_and(|&n| n.is_ascii_digit() || n == '.');
+            if j > i + 2 && c.get(j) == Some(&'}') && next_ok {
+                out.push('^');
+                out.extend(&c[i + 2..j]);
+                i = j + 1;
+                continue;
+            }
+        }
+        out.push(c[i]);
+        i += 1;
+    }
+    out
 }
 
 fn all_in(a: &[Value], b: &[Value], tol: Tolerance) -> bool {
@@ -179,6 +213,11 @@ pub(crate) fn equal(a: &Value, b: &Value, tol: Tolerance) -> bool {
     match (a, b) {
         (Value::Num(x), Value::Num(y)) => x.close_to(*y, tol.rel, tol.abs),
         (Value::Text(x), Value::Text(y)) => x == y || squash(x) == squash(y),
+        // Same expression only. Not `squash`: dropping braces changes
+        // arithmetic (`9^{9^{9}}9` and `9^{9^{99}}` squash alike).
+        (Value::Unevaluated { text: x, .. }, Value::Unevaluated { text: y, .. }) => {
+            x == y || unbrace_digit_exponents(x) == unbrace_digit_exponents(y)
+        }
         (Value::Tuple { open: o1, close: c1, items: i1 }, Value::Tuple { open: o2, close: c2, items: i2 }) => {
             o1 == o2 && c1 == c2 && i1.len() == i2.len() && i1.iter().zip(i2).all(|(x, y)| equal(x, y, tol))
         }
@@ -214,6 +253,9 @@ pub(crate) fn explain_mismatch(a: &Value, b: &Value) -> String {
         }
         (Value::List(x), Value::List(y)) if x.len() != y.len() => {
             format!("lengths differ: {} vs {}", x.len(), y.len())
+        }
+        (Value::Unevaluated { why, .. }, _) | (_, Value::Unevaluated { why, .. }) => {
+            format!("an expression without a value ({why}) matches only the identical expression")
         }
         _ if a.kind() != b.kind() => format!("answer is a {} but gold is a {}", a.kind(), b.kind()),
         _ => "elements differ".to_string(),
@@ -279,6 +321,24 @@ mod tests {
         assert!(eq("x^{2}", "x^2"));
         assert!(!eq("x^2", "y^2"));
         assert!(!eq("5", "five"));
+    }
+
+    #[test]
+    fn unevaluable_expressions_are_values_equal_only_to_themselves() {
+        let v = parse_value("9^{9^{9^{9}}}");
+        assert!(matches!(v, Value::Unevaluated { .. }) && v.is_mathematical(), "{v}");
+        assert!(eq("9^{9^{9^{9}}}", "9^{9^{9^{9}}}"));
+        assert!(!eq("9^{9^{9}}9", "9^{9^{99}}"));
+        assert!(!eq("10^{40}0", "10^{400}"));
+        assert!(eq("10^{400}", "10^400"));
+        assert!(eq("9^{9^{9^{9}}}", "9^{9^{9^9}}"));
+        assert!(!eq("9^{9}9^{999}", "9^99^{999}"));
+        assert!(!eq("1e999999", "999999"));
+        assert!(!eq("1e999999", "1e999998"));
+        assert!(eq("(1e999999,2)", "(1e999999,2)"));
+        assert!(!eq("171!", "171"));
+        assert!(explain_mismatch(&parse_value("1e999999"), &parse_value("999999")).contains("without a value"));
+        assert_eq!(parse_value("x!").kind(), "text");
     }
 
     #[test]

@@ -10,33 +10,69 @@
 //!
 //! Bounded by construction: the input is capped by the caller, recursion depth
 //! is capped here, and exponentiation never loops over the exponent.
+//!
+//! Parsing and evaluating are kept apart on purpose. A well-formed expression
+//! whose value cannot be represented (`9^{9^{9^{9}}}`, `1e999999`, `171!`,
+//! `1/0`) is [`EvalFailure::NoValue`], not a syntax error: it is still a
+//! complete mathematical answer, so the caller must neither fall back to
+//! reading some number out of it (`1e999999` is not 999999) nor call it equal
+//! to anything but the identical expression.
 
 use super::num::{EvalError, Num, Ratio};
 
 /// Deeper nesting than this is an error, not a stack overflow.
 const MAX_DEPTH: usize = 64;
 
-/// Evaluates `s` completely; trailing unparsed input is an error.
-pub(crate) fn eval(s: &str) -> Result<Num, EvalError> {
-    let mut p = Parser { c: s.chars().collect(), i: 0, depth: 0 };
-    let v = p.expr()?;
-    p.ws();
-    if p.i != p.c.len() {
-        return Err("unexpected trailing input");
-    }
-    Ok(v)
+/// Why a text has no numeric value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EvalFailure {
+    /// Not arithmetic this evaluator reads (variables, functions, stray
+    /// brackets, trailing text): the caller compares it as text.
+    Syntax(EvalError),
+    /// Well-formed arithmetic without a finite real value here: overflow,
+    /// division by zero, a factorial of a non-integer or of more than 170.
+    NoValue(EvalError),
 }
 
+/// Parses `s` completely (trailing unparsed input is a syntax error) and
+/// evaluates it.
+pub(crate) fn eval(s: &str) -> Result<Num, EvalFailure> {
+    let mut p = Parser { c: s.chars().collect(), i: 0, depth: 0, no_value: None };
+    let v = p.expr().map_err(EvalFailure::Syntax)?;
+    p.ws();
+    if p.i != p.c.len() {
+        return Err(EvalFailure::Syntax("unexpected trailing input"));
+    }
+    match p.no_value {
+        Some(why) => Err(EvalFailure::NoValue(why)),
+        None => Ok(v),
+    }
+}
+
+/// Methods return `Err` only for syntax errors; arithmetic failures are
+/// recorded in `no_value` and parsing goes on, so that the whole input is
+/// still checked for being an expression.
 struct Parser {
     c: Vec<char>,
     i: usize,
     depth: usize,
+    /// The first arithmetic failure; later values are placeholders.
+    no_value: Option<EvalError>,
 }
 
 /// Commands that can begin an operand, so that juxtaposition means product.
 const PRIMARY_COMMANDS: &[&str] = &["frac", "dfrac", "tfrac", "sqrt", "pi", "infty"];
 
 impl Parser {
+    /// The value of an arithmetic step, or a NaN placeholder after recording
+    /// why it has none (NaN keeps failing, so it never becomes a value).
+    fn value(&mut self, r: Result<Num, EvalError>) -> Num {
+        r.unwrap_or_else(|why| {
+            self.no_value.get_or_insert(why);
+            Num::Approx(f64::NAN)
+        })
+    }
+
     fn peek(&self) -> Option<char> {
         self.c.get(self.i).copied()
     }
@@ -106,9 +142,11 @@ impl Parser {
         let mut v = self.term()?;
         loop {
             if self.eat('+') {
-                v = v.add(self.term()?)?;
+                let t = self.term()?;
+                v = self.value(v.add(t));
             } else if self.eat('-') {
-                v = v.sub(self.term()?)?;
+                let t = self.term()?;
+                v = self.value(v.sub(t));
             } else {
                 break;
             }
@@ -132,11 +170,14 @@ impl Parser {
             self.ws();
             let is_pow = self.peek() == Some('*') && self.c.get(self.i + 1) == Some(&'*');
             if !is_pow && self.eat('*') || self.eat_command(&["cdot", "times", "ast"]) {
-                v = v.mul(self.unary()?)?;
+                let u = self.unary()?;
+                v = self.value(v.mul(u));
             } else if self.eat('/') || self.eat_command(&["div"]) {
-                v = v.div(self.unary()?)?;
+                let u = self.unary()?;
+                v = self.value(v.div(u));
             } else if self.starts_operand() {
-                v = v.mul(self.power()?)?;
+                let p = self.power()?;
+                v = self.value(v.mul(p));
             } else {
                 break;
             }
@@ -147,7 +188,8 @@ impl Parser {
     fn unary(&mut self) -> Result<Num, EvalError> {
         self.enter()?;
         let v = if self.eat('-') {
-            self.unary()?.neg()?
+            let u = self.unary()?;
+            self.value(u.neg())
         } else if self.eat('+') {
             self.unary()?
         } else {
@@ -174,7 +216,7 @@ impl Parser {
         let base = self.postfix()?;
         if self.eat_pow() {
             let e = self.exponent()?;
-            base.pow(e)
+            Ok(self.value(base.pow(e)))
         } else {
             Ok(base)
         }
@@ -186,13 +228,15 @@ impl Parser {
         self.enter()?;
         self.ws();
         let e = if self.eat('-') {
-            self.exponent()?.neg()?
+            let x = self.exponent()?;
+            self.value(x.neg())
         } else if self.eat('+') {
             self.exponent()?
         } else {
             let atom = self.postfix()?;
             if self.eat_pow() {
-                atom.pow(self.exponent()?)?
+                let x = self.exponent()?;
+                self.value(atom.pow(x))
             } else {
                 atom
             }
@@ -201,12 +245,21 @@ impl Parser {
         Ok(e)
     }
 
+    /// `n!` is the factorial, evaluated exactly while it fits `i128` and up
+    /// to `170!` in `f64`; it is never dropped as punctuation, since `5!` is
+    /// 120, not 5. `n!!` is the double factorial in most texts and `(n!)!` in
+    /// some, so it gets no value and only matches the identical expression.
     fn postfix(&mut self) -> Result<Num, EvalError> {
-        let mut v = self.primary()?;
+        let v = self.primary()?;
+        let mut bangs = 0usize;
         while self.eat('!') {
-            v = v.factorial()?;
+            bangs += 1;
         }
-        Ok(v)
+        Ok(match bangs {
+            0 => v,
+            1 => self.value(v.factorial()),
+            _ => self.value(Err("multiple factorial marks are ambiguous")),
+        })
     }
 
     /// A single-token or braced macro argument: `\frac12`, `\sqrt{2}`, `\sqrt\pi`.
@@ -247,16 +300,18 @@ impl Parser {
                     "frac" | "dfrac" | "tfrac" => {
                         let a = self.arg()?;
                         let b = self.arg()?;
-                        a.div(b)?
+                        self.value(a.div(b))
                     }
                     "sqrt" => {
-                        if self.eat('[') {
+                        let n = if self.eat('[') {
                             let n = self.expr()?;
                             self.expect(']')?;
-                            self.arg()?.root(n)?
+                            n
                         } else {
-                            self.arg()?.root(Num::int(2))?
-                        }
+                            Num::int(2)
+                        };
+                        let x = self.arg()?;
+                        self.value(x.root(n))
                     }
                     "pi" => Num::Approx(std::f64::consts::PI),
                     "infty" => Num::Approx(f64::INFINITY),
@@ -308,12 +363,15 @@ impl Parser {
                 exp10 = if neg { -mag } else { mag };
             }
         }
-        let v = literal_value(&int_part, &frac_part, exp10)?;
+        // Scientific notation is read whole: `1e999999` overflows and has no
+        // value; it is never its mantissa or its exponent alone.
+        let v = self.value(literal_value(&int_part, &frac_part, exp10));
         if is_integer {
             if let Some((n, d)) = self.simple_frac() {
                 // The literal is non-negative; a leading minus applies to the sum.
-                let fr = Num::int(n).div(Num::int(d))?;
-                return v.add(fr);
+                let fr = Num::int(n).div(Num::int(d));
+                let fr = self.value(fr);
+                return Ok(self.value(v.add(fr)));
             }
         }
         Ok(v)
@@ -387,7 +445,7 @@ mod tests {
     use super::*;
 
     fn val(s: &str) -> f64 {
-        eval(s).unwrap_or_else(|e| panic!("{s}: {e}")).to_f64()
+        eval(s).unwrap_or_else(|e| panic!("{s}: {e:?}")).to_f64()
     }
 
     fn close(a: f64, b: f64) -> bool {
@@ -455,9 +513,40 @@ mod tests {
 
     #[test]
     fn rejects_variables_functions_and_garbage() {
-        for s in ["x", "2x", "\\sin(1)", "(1", "1)", "", "1+", "\\frac{1}", "e"] {
-            assert!(eval(s).is_err(), "{s}");
+        for s in ["x", "2x", "\\sin(1)", "(1", "1)", "", "1+", "\\frac{1}", "e", "5!x", "10^{400}x"] {
+            assert!(matches!(eval(s), Err(EvalFailure::Syntax(_))), "{s}: {:?}", eval(s));
         }
+    }
+
+    fn no_value(s: &str) -> bool {
+        matches!(eval(s), Err(EvalFailure::NoValue(_)))
+    }
+
+    #[test]
+    fn factorials_are_evaluated_or_have_no_value_never_dropped() {
+        assert!(matches!(eval("5!").unwrap(), Num::Exact(r) if r == Ratio::int(120).unwrap()));
+        assert_eq!(val("0!"), 1.0);
+        assert_eq!(val("3!+1"), 7.0);
+        assert_eq!(val("2\\cdot3!"), 12.0);
+        assert_eq!(val("(2+1)!"), 6.0);
+        assert!(close(val("170!"), 7.257415615307994e306));
+        for s in ["171!", "2.5!", "(-1)!", "5!!", "10^{400}!"] {
+            assert!(no_value(s), "{s}: {:?}", eval(s));
+        }
+    }
+
+    #[test]
+    fn unrepresentable_expressions_have_no_value_but_still_parse() {
+        for s in
+            ["9^{9^{9^{9}}}", "9^{9^{9^{9}}}+1", "10^{400}", "1e999999", "-1e999999", "2.5e400", "1/0", "\\frac{1}{0}"]
+        {
+            assert!(no_value(s), "{s}: {:?}", eval(s));
+        }
+        // Syntax errors win over arithmetic ones: this is not an expression.
+        assert!(matches!(eval("1e999999 apples"), Err(EvalFailure::Syntax(_))));
+        // Scientific notation is read whole, never as its exponent alone.
+        assert_eq!(val("1e6"), 1_000_000.0);
+        assert!(matches!(eval("1e3").unwrap(), Num::Exact(r) if r == Ratio::int(1000).unwrap()));
     }
 
     #[test]

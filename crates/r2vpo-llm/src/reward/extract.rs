@@ -143,12 +143,23 @@ pub fn last_math_span(text: &str) -> Option<String> {
     segments.iter().skip(1).step_by(2).rev().map(|s| s.trim()).find(|s| !s.is_empty()).map(str::to_string)
 }
 
+/// Longest `{…}` exponent group [`last_number`] reads (`2^{10}`,
+/// `9^{9^{9^{9}}}`); the bound keeps extraction linear on unbalanced braces.
+const MAX_EXPONENT_GROUP: usize = 64;
+
 /// The last plain number in the text, for tasks whose answers are numbers.
 ///
 /// Accepts a leading minus (when not glued to a preceding word or number),
 /// thousands groups (`1,234`: a comma followed by exactly three digits), a
 /// decimal part and a trailing `/denominator` (`3/4`). A final sentence
 /// period is not part of the number.
+///
+/// Notation that changes the value is taken whole, never truncated to a
+/// number inside it: scientific notation (`1e999999`, not `999999`), powers
+/// (`2^{10}` and `9^{9^{9^{9}}}`, not `10` or `9`) and factorials (`5!`, not
+/// `5`; a `!` glued to a number is a factorial, not an exclamation mark). A
+/// number that is itself an exponent (`x^2`) or whose exponent cannot be
+/// delimited (`2^x`) is no answer and is skipped.
 pub fn last_number(text: &str) -> Option<&str> {
     let b = text.as_bytes();
     let n = b.len();
@@ -158,6 +169,63 @@ pub fn last_number(text: &str) -> Option<&str> {
             i += 1;
         }
         i
+    };
+    // Length of a power operator at `k`, 0 if none: `^`, or `**` directly
+    // before digits (so Markdown bold `**42**` is not a power).
+    let pow_at = |k: usize| match b.get(k..) {
+        Some([b'^', ..]) => 1,
+        Some([b'*', b'*', d, ..]) if d.is_ascii_digit() => 2,
+        Some([b'*', b'*', b'-' | b'+', d, ..]) if d.is_ascii_digit() => 2,
+        _ => 0,
+    };
+    // End of the `{…}` group opening at `open`, if it closes soon enough.
+    let group_end = |open: usize| {
+        let mut depth = 0usize;
+        for (k, &c) in b.iter().enumerate().skip(open).take(MAX_EXPONENT_GROUP) {
+            match c {
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Some(k + 1);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    };
+    // Scientific exponent, powers and factorials after digits ending at
+    // `end`; `None` when a power's exponent cannot be delimited.
+    let suffix = |mut end: usize| -> Option<usize> {
+        if end < n && matches!(b[end], b'e' | b'E') {
+            let k = if matches!(b.get(end + 1), Some(b'+' | b'-')) { end + 2 } else { end + 1 };
+            if digit(k) {
+                end = run(k);
+            }
+        }
+        loop {
+            let op = pow_at(end);
+            if op == 0 {
+                break;
+            }
+            let k = end + op;
+            end = if b.get(k) == Some(&b'{') {
+                group_end(k)?
+            } else if b[k..].starts_with(b"\\circ") {
+                k + 5
+            } else {
+                let k = if matches!(b.get(k), Some(b'+' | b'-')) { k + 1 } else { k };
+                if !digit(k) {
+                    return None;
+                }
+                run(k)
+            };
+        }
+        while end < n && b[end] == b'!' && b.get(end + 1) != Some(&b'=') {
+            end += 1;
+        }
+        Some(end)
     };
     let mut last = None;
     let mut i = 0;
@@ -170,6 +238,12 @@ pub fn last_number(text: &str) -> Option<&str> {
         if i > 0 && b[i - 1] == b'-' && (i < 2 || !b[i - 2].is_ascii_alphanumeric()) {
             start = i - 1;
         }
+        // An exponent (`x^2`, `x^{-2}`, `x**3`) is part of a power, not a number.
+        let exponent = (start >= 1 && b[start - 1] == b'^')
+            || (start >= 2 && &b[start - 2..start] == b"^{")
+            || (start >= 3
+                && &b[start - 2..start] == b"**"
+                && (b[start - 3].is_ascii_alphanumeric() || b[start - 3] == b')'));
         let mut end = run(i);
         // Thousands groups: exactly three digits after each comma.
         while end < n && b[end] == b',' && run(end + 1) == end + 4 {
@@ -178,11 +252,22 @@ pub fn last_number(text: &str) -> Option<&str> {
         if end + 1 < n && b[end] == b'.' && digit(end + 1) {
             end = run(end + 1);
         }
-        if end + 1 < n && b[end] == b'/' && digit(end + 1) {
-            end = run(end + 1);
+        let mut whole = suffix(end);
+        if let Some(e) = whole {
+            if e + 1 < n && b[e] == b'/' && digit(e + 1) {
+                whole = suffix(run(e + 1));
+            }
         }
-        last = Some(&text[start..end]);
-        i = end;
+        match whole {
+            Some(e) => {
+                if !exponent {
+                    last = Some(&text[start..e]);
+                }
+                i = e;
+            }
+            // `2^x`: skip the base and go on after the power sign.
+            None => i = run(i),
+        }
     }
     last
 }
@@ -262,5 +347,32 @@ mod tests {
         assert_eq!(last_number("pi is 3.14."), Some("3.14"));
         assert_eq!(last_number("ratio 3/4"), Some("3/4"));
         assert_eq!(last_number("none"), None);
+    }
+
+    #[test]
+    fn last_number_never_truncates_exponents_factorials_or_scientific_notation() {
+        assert_eq!(last_number("so it is 9^{9^{9^{9}}}"), Some("9^{9^{9^{9}}}"));
+        assert_eq!(last_number("we get 2^{10}."), Some("2^{10}"));
+        assert_eq!(last_number("2^10 = 1024, or 2^-3"), Some("2^-3"));
+        assert_eq!(last_number("2**10"), Some("2**10"));
+        assert_eq!(last_number("x**3 is 8"), Some("8"));
+        assert_eq!(last_number("7 or x**3"), Some("7"));
+        // Markdown bold is not a power.
+        assert_eq!(last_number("The answer is **42**."), Some("42"));
+        assert_eq!(last_number("about 1e999999"), Some("1e999999"));
+        assert_eq!(last_number("it is 2.5E-2 now"), Some("2.5E-2"));
+        assert_eq!(last_number("the answer is 5!"), Some("5!"));
+        assert_eq!(last_number("count 3/4!"), Some("3/4!"));
+        assert_eq!(last_number("45^\\circ"), Some("45^\\circ"));
+        // Exponents and undelimited powers are no answers.
+        assert_eq!(last_number("area 12 is x^2"), Some("12"));
+        assert_eq!(last_number("area 12 is x^{-2}"), Some("12"));
+        assert_eq!(last_number("7 then 2^x"), Some("7"));
+        // Plain words after numbers are not notation.
+        assert_eq!(last_number("3 eggs"), Some("3"));
+        assert_eq!(last_number("5 != 6"), Some("6"));
+        assert_eq!(last_number("5!=6"), Some("6"));
+        // An unbalanced exponent group does not swallow the text.
+        assert_eq!(last_number(&format!("3 then 2^{{{}", "1".repeat(200))), Some("3"));
     }
 }

@@ -32,6 +32,15 @@
 //!   thousands separator (`1,000` = `1000`, `1,234` is one number), the
 //!   convention of the Minerva normaliser.
 //! - **Mixed numbers.** `2\frac{1}{2}` is 5/2, not 2 × 1/2.
+//! - **Factorials, powers, scientific notation.** These are read whole and
+//!   never truncated to a number inside them. `5!` is 120 (a trailing `!` is
+//!   not punctuation: dropping it made `\boxed{5!}` equal 5) and `1e3` is
+//!   1000. Well-formed arithmetic without a finite value (`9^{9^{9^{9}}}`,
+//!   `1e999999`, `171!`, the ambiguous `5!!`) is still a whole answer, but it
+//!   matches only the identical normalised expression: it is never read as
+//!   one of its numbers (`1e999999` ≠ 999999), and two such values are never
+//!   compared numerically. The sound choice, since an evaluation that gave up
+//!   must not turn into a reward.
 //! - **Limits.** Answers or gold longer than [`VerifyConfig::max_input_chars`]
 //!   are rejected, evaluation depth and exponents are bounded, and nothing
 //!   panics: a verifier that crashes or hangs inside a rollout worker turns
@@ -266,7 +275,8 @@ pub fn extract_answer(response: &str, cfg: &VerifyConfig) -> Option<String> {
     found.map(str::to_string)
 }
 
-/// Whether `s` is short enough and normalises to a value with no text parts.
+/// Whether `s` is short enough and normalises to a value with no text parts
+/// (arithmetic too large to evaluate counts: it is still one whole answer).
 fn reads_as_math(s: &str, cfg: &VerifyConfig) -> bool {
     !s.is_empty() && !too_long(s, cfg) && equiv::parse_value(&normalize::normalize(s).text).is_mathematical()
 }
@@ -332,7 +342,7 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
         v.correct = true;
         match va {
             equiv::Value::Num(_) => Reason::NumericMatch,
-            equiv::Value::Text(_) => Reason::StringMatch,
+            equiv::Value::Text(_) | equiv::Value::Unevaluated { .. } => Reason::StringMatch,
             _ => Reason::StructuralMatch,
         }
     } else if cfg.percent_as_fraction && a.percent != g.percent && percent_scaled_equal(&va, &vg, a.percent, tol) {

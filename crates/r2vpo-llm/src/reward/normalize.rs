@@ -379,10 +379,15 @@ fn remove_unit_words(s: &str) -> String {
 }
 
 /// Final full stops and dangling separators: "5." → "5", "1, 2," → "1, 2".
+///
+/// A trailing `!` is kept: in a final answer it is a factorial (`5!` = 120),
+/// and dropping it as an exclamation mark made `\boxed{5!}` equal to 5, a
+/// reward a policy could farm. An excited "42!" now reads as 42!, which costs
+/// at most a false negative, never a false positive.
 fn trim_trailing_punctuation(s: &str) -> String {
     let mut t = s.trim();
     loop {
-        let next = t.trim_end_matches(['.', ',', ';', '!']).trim_end();
+        let next = t.trim_end_matches(['.', ',', ';']).trim_end();
         let next = next.strip_suffix("\\\\").unwrap_or(next).trim_end();
         if next.len() == t.len() {
             break;
@@ -664,6 +669,10 @@ mod tests {
         assert_eq!(n("5."), "5");
         assert_eq!(n(" 3 . "), "3");
         assert_eq!(n("1, 2,"), "1,2");
+        // A factorial is not punctuation.
+        assert_eq!(n("5!"), "5!");
+        assert_eq!(n("\\boxed{5!}"), "5!");
+        assert_eq!(n("5!."), "5!");
         assert_eq!(n("2 \\pi r"), "2\\pi r");
     }
 

@@ -80,8 +80,96 @@ fn arithmetic_expressions() {
 fn scientific_notation() {
     yes("1.5\\times10^{3}", "1500");
     yes("1e3", "1000");
+    yes("1000", "1e3");
+    yes("2.5E-2", "0.025");
     yes("2.5 \\cdot 10^{-2}", "0.025");
     no("1.5\\times10^{3}", "150");
+    no("1e3", "3");
+    no("1e3", "1");
+    // Beyond f64: read whole, never as its exponent; equal only to itself.
+    yes("1e999999", "1e999999");
+    no("1e999999", "999999");
+    no("999999", "1e999999");
+    no("1e999999", "1e999998");
+    no("1e999999", "1");
+}
+
+/// Issue #17: `!` was trimmed as punctuation, so `\boxed{5!}` scored as 5.
+#[test]
+fn factorials_are_evaluated_not_dropped() {
+    no("\\boxed{5!}", "5");
+    no("5!", "5");
+    no("5", "5!");
+    yes("\\boxed{5!}", "120");
+    yes("5!", "120");
+    yes("120", "5!");
+    yes("5!", "5!");
+    yes("3!+1", "7");
+    yes("0!", "1");
+    no("3!", "3");
+    // Beyond 170! or ambiguous: only the identical expression matches.
+    yes("171!", "171!");
+    no("171!", "171");
+    yes("5!!", "5!!");
+    no("5!!", "15");
+    no("5!!", "5");
+    let v = is_equivalent("\\boxed{5!}", "5", &cfg());
+    assert_eq!((v.normalized_answer.as_str(), v.parsed_answer.as_str()), ("5!", "120"), "{v}");
+}
+
+/// Issue #17: an expression with no representable value was read as its last
+/// number (`9^{9^{9^{9}}}` as 9, `1e999999` as 999999) by the Auto fallback.
+#[test]
+fn unevaluable_expressions_are_kept_whole() {
+    yes("9^{9^{9^{9}}}", "9^{9^{9^{9}}}");
+    yes("10^{400}", "10^{400}");
+    no("9^{9^{9^{9}}}", "9");
+    no("9^{9^{9^{9}}}", "9^{9^{9^{8}}}");
+    no("10^{400}", "400");
+    no("10^{400}", "10^{401}");
+    // The whole path `r2vpo llm verify --answer X --gold Y` takes.
+    for (answer, gold, correct) in [
+        ("9^{9^{9^{9}}}", "9^{9^{9^{9}}}", true),
+        ("9^{9^{9^{9}}}", "9", false),
+        ("1e999999", "999999", false),
+        ("1e999999", "1e999999", true),
+        ("1e3", "1000", true),
+        ("10^{400}", "400", false),
+        ("\\boxed{5!}", "5", false),
+        ("\\boxed{5!}", "120", true),
+        ("5!", "5", false),
+        ("171!", "171", false),
+        ("$9^{9^{9^{9}}}$", "9", false),
+        ("so it is 9^{9^{9^{9}}}", "9", false),
+        ("so it is 9^{9^{9^{9}}}", "9^{9^{9^{9}}}", true),
+        ("roughly 1e999999", "999999", false),
+        ("the answer is 5!", "5", false),
+        ("Answer: 5!", "5", false),
+        // Ordinary answers are unaffected.
+        ("\\boxed{42}", "42", true),
+        ("\\frac{1}{2}", "0.5", true),
+        ("-7", "-7", true),
+        ("3.5", "3.50", true),
+        ("1,000", "1000", true),
+        ("The answer is **42**.", "42", true),
+        ("2^{10}", "1024", true),
+        ("so it is 2^{10}", "10", false),
+    ] {
+        let v = verify(answer, gold, &cfg());
+        assert_eq!(v.correct, correct, "{answer:?} vs {gold:?}\n{v}");
+    }
+    let v = verify("9^{9^{9^{9}}}", "9^{9^{9^{9}}}", &cfg());
+    assert_eq!((v.extracted.as_deref(), &v.reason), (Some("9^{9^{9^{9}}}"), &Reason::StringMatch), "{v}");
+    let v = verify("1e999999", "999999", &cfg());
+    assert_eq!(v.extracted.as_deref(), Some("1e999999"), "{v}");
+    assert!(matches!(&v.reason, Reason::Mismatch(why) if why.contains("without a value")), "{v}");
+    // The last-number format reads the same notation whole.
+    let last = VerifyConfig { format: AnswerFormat::LastNumber, ..cfg() };
+    assert!(!verify("it is 1e999999", "999999", &last).correct);
+    assert!(!verify("it is 5!", "5", &last).correct);
+    assert!(verify("it is 5!", "120", &last).correct);
+    assert!(!verify("we get 2^{10}", "10", &last).correct);
+    assert!(verify("we get 2^{10}", "1024", &last).correct);
 }
 
 #[test]
