@@ -18,7 +18,7 @@ use r2vpo_llm::data::load_problems;
 use r2vpo_llm::eval::{evaluate, EvalConfig, EvalReport};
 use r2vpo_llm::model::load_model;
 use r2vpo_llm::tokenizer::Tokenizer;
-use r2vpo_report::RunDir;
+use r2vpo_report::edge::{open_run_folder, Existing};
 
 #[cfg(test)]
 use crate::args::ConfigArgs;
@@ -155,7 +155,14 @@ fn serde_plain<T: serde::Serialize>(v: &T) -> String {
 /// model's context are skipped (or, with `overlong_prompts = "truncate"`,
 /// truncated) with a `warning:` line each on stderr and a count; if no
 /// problem is left the command fails (exit status 1) saying why.
-fn run_eval(model_path: &Path, cfg: &EvalConfig, out: &Path, command: &str, quiet: bool) -> Result<EvalReport> {
+fn run_eval(
+    model_path: &Path,
+    cfg: &EvalConfig,
+    out: &Path,
+    existing: Existing,
+    command: &str,
+    quiet: bool,
+) -> Result<EvalReport> {
     // Prints a warning for each skipped dataset line itself.
     let problems =
         load_problems(&cfg.data).with_context(|| format!("data `{}` (config table `[data]`)", cfg.data.path))?;
@@ -163,7 +170,7 @@ fn run_eval(model_path: &Path, cfg: &EvalConfig, out: &Path, command: &str, quie
     let model = load_model(model_path, DType::F32, &Device::Cpu)
         .with_context(|| format!("loading model {}{hint}", model_path.display()))?;
     let tok = Tokenizer::load(model_path).with_context(|| format!("loading tokenizer of {}", model_path.display()))?;
-    let run = RunDir::create(out)?;
+    let run = open_run_folder(out, existing)?;
     // Written first, so an interrupted evaluation still says what it was.
     run.write_config(&config::to_toml(cfg)?)?;
 
@@ -211,7 +218,7 @@ pub fn eval(a: &EvalArgs) -> Result<()> {
     let cfg = resolve(a)?;
     let out =
         a.run.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/llm/eval-{}", utc_stamp(SystemTime::now()))));
-    let report = run_eval(&a.model, &cfg, &out, &command_line(), a.run.quiet)?;
+    let report = run_eval(&a.model, &cfg, &out, a.run.existing(), &command_line(), a.run.quiet)?;
     print!("{}", report.to_markdown());
     println!(
         "{} samples, {} tokens in {:.1} s ({:.1} tokens/s)",
@@ -220,12 +227,33 @@ pub fn eval(a: &EvalArgs) -> Result<()> {
     for f in ["config.toml", "eval.json", "eval.md"] {
         println!("written: {}", out.join(f).display());
     }
+    if let Some(w) = no_answer_warning(&cfg, &report) {
+        eprintln!("{w}");
+    }
     Ok(())
+}
+
+/// Issue #17: on a user's own data, responses may give their answers in
+/// another form than `verify.format` expects, and every one is then scored
+/// wrong; say so instead of reporting a silent 0 %.
+fn no_answer_warning(cfg: &EvalConfig, report: &EvalReport) -> Option<String> {
+    use r2vpo_llm::reward::AnswerFormat;
+    let o = &report.overall;
+    if o.samples == 0 || o.extracted_fraction > 0.0 || cfg.verify.format == AnswerFormat::Auto {
+        return None;
+    }
+    let format = serde_json::to_value(cfg.verify.format).ok()?.as_str()?.to_string();
+    Some(format!(
+        "warning: 0 of {} responses had an answer in the form verify.format = \"{format}\" expects, so every \
+         sample scored as wrong; try --set verify.format=auto (boxed, answer line or last number)",
+        o.samples
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use r2vpo_llm::reward::{AnswerFormat, VerifyConfig};
 
     fn root() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -311,7 +339,7 @@ mod tests {
             load_config(None, &sets(&["k=2", "data.limit=2", "sampling.max_new_tokens=4", "batch_size=3"])).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("ev");
-        let rep = run_eval(&model, &cfg, &out, "r2vpo llm eval --k 2", true)
+        let rep = run_eval(&model, &cfg, &out, Existing::Refuse, "r2vpo llm eval --k 2", true)
             .unwrap_or_else(|e| panic!("{e:#} (run `make deps`)"));
         assert_eq!((rep.overall.problems, rep.overall.samples), (2, 4));
         assert_eq!(rep.overall.truncated_fraction, 1.0, "4 tokens cannot finish an answer");
@@ -321,6 +349,16 @@ mod tests {
         assert!(md.contains("r2vpo llm eval --k 2") && md.contains("| all | 2 |"), "{md}");
         let back = load_config(Some(&out.join("config.toml")), &[]).unwrap();
         assert_eq!(back, cfg);
+        // Issue #17: 4 tokens give no "Answer:" line, and that is said.
+        let w = no_answer_warning(&cfg, &rep).expect("a warning");
+        assert!(w.contains("0 of 4") && w.contains("verify.format=auto"), "{w}");
+        let auto =
+            EvalConfig { verify: VerifyConfig { format: AnswerFormat::Auto, ..cfg.verify.clone() }, ..cfg.clone() };
+        assert!(no_answer_warning(&auto, &rep).is_none());
+        // Issue #17: an existing evaluation is not overwritten silently.
+        let e = format!("{:#}", run_eval(&model, &cfg, &out, Existing::Refuse, "", true).unwrap_err());
+        assert!(e.contains("output folder") && e.contains("--overwrite"), "{e}");
+        run_eval(&model, &cfg, &out, Existing::Overwrite, "", true).unwrap();
     }
 
     /// Issue #17: a 10 MB row, a ≈10k-token question (context 8192) and a
@@ -339,7 +377,7 @@ mod tests {
         let cfg =
             load_config(None, &sets(&["k=1", "sampling.max_new_tokens=4", &format!("data.path={path}")])).unwrap();
         let t0 = Instant::now();
-        let rep = run_eval(&model, &cfg, &dir.path().join("ev"), "r2vpo llm eval", true)
+        let rep = run_eval(&model, &cfg, &dir.path().join("ev"), Existing::Refuse, "r2vpo llm eval", true)
             .unwrap_or_else(|e| panic!("{e:#} (run `make deps`)"));
         assert!(t0.elapsed().as_secs() < 60, "{:?}", t0.elapsed());
         assert_eq!(rep.problems.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["rows:3"]);
@@ -348,10 +386,12 @@ mod tests {
         // The issue's command: `--data huge.jsonl --k 1 --limit 1`.
         std::fs::write(&data, format!("{huge}\n")).unwrap();
         let cfg = load_config(None, &sets(&["k=1", "data.limit=1", &format!("data.path={path}")])).unwrap();
-        let e = format!("{:#}", run_eval(&model, &cfg, &dir.path().join("ev2"), "", true).unwrap_err());
+        let e =
+            format!("{:#}", run_eval(&model, &cfg, &dir.path().join("ev2"), Existing::Refuse, "", true).unwrap_err());
         assert!(e.contains("rows.jsonl:1:") && e.contains("no usable problems"), "{e}");
         std::fs::write(&data, format!("{long}\n")).unwrap();
-        let e = format!("{:#}", run_eval(&model, &cfg, &dir.path().join("ev3"), "", true).unwrap_err());
+        let e =
+            format!("{:#}", run_eval(&model, &cfg, &dir.path().join("ev3"), Existing::Refuse, "", true).unwrap_err());
         assert!(e.contains("all 1 problem(s) skipped") && e.contains("`rows:1`"), "{e}");
     }
 }
