@@ -54,8 +54,7 @@ pub struct EvalArgs {
 pub fn load_config(file: Option<&Path>, sets: &[String]) -> Result<EvalConfig> {
     let cfg: EvalConfig = config::load(file, sets)?;
     let source = file.map_or("defaults".to_string(), |p| p.display().to_string());
-    let after = if sets.is_empty() { "" } else { " (after --set overrides)" };
-    cfg.validate().with_context(|| format!("config {source}{after}"))?;
+    cfg.validate().with_context(|| format!("config {source}"))?;
     Ok(cfg)
 }
 

@@ -31,7 +31,6 @@ fn tune_allocator() {
     }
 }
 
-mod analyze;
 mod args;
 mod bench;
 mod config;
@@ -86,9 +85,9 @@ enum Command {
 enum AnalyzeCmd {
     /// Exact f-divergences vs ½·f''(1)·Var[ρ] for Gaussian and categorical
     /// policy pairs (Proposition 3.1, Table 1, Figure 2, Appendix B).
-    Divergence(analyze::DivergenceArgs),
+    Divergence(r2vpo_theory::DivergenceArgs),
     /// Check |J_UNC − J_CLIP| ≤ (A_max/ε)·E[(ρ−1)²] on random populations (Theorem 3.3).
-    ClipBound(analyze::ClipBoundArgs),
+    ClipBound(r2vpo_theory::ClipBoundArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -202,8 +201,8 @@ fn set_threads(threads: Option<usize>) {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Analyze(cmd) => match cmd {
-            AnalyzeCmd::Divergence(a) => analyze::divergence(&a),
-            AnalyzeCmd::ClipBound(a) => analyze::clip_bound(&a),
+            AnalyzeCmd::Divergence(a) => print_report(r2vpo_theory::divergence(&a)?),
+            AnalyzeCmd::ClipBound(a) => print_report(r2vpo_theory::clip_bound(&a)?),
         },
         Command::Control(cmd) => match cmd {
             ControlCmd::Info(a) => control_info(&a),
@@ -234,7 +233,7 @@ fn run(cli: Cli) -> Result<()> {
 fn config_show(a: &ConfigShowArgs) -> Result<()> {
     let text = match a.kind.as_str() {
         "toy" => {
-            let c = config::load::<toy::ToyConfig>(a.cfg.config.as_deref(), &a.cfg.sets)?;
+            let c = config::load::<r2vpo_toy::ToyConfig>(a.cfg.config.as_deref(), &a.cfg.sets)?;
             c.validate()?;
             config::to_toml(&c)?
         }
@@ -276,6 +275,12 @@ fn llm_verify(a: &LlmVerifyArgs) -> Result<()> {
     } else {
         println!("{v}");
     }
+    Ok(())
+}
+
+/// Prints an analysis' table and the files it wrote.
+fn print_report(r: r2vpo_theory::Report) -> Result<()> {
+    print!("{}", r.text);
     Ok(())
 }
 
@@ -401,7 +406,7 @@ mod algo_table_tests {
     fn every_name_resolves_to_the_same_settings_everywhere() {
         for a in ALGORITHMS {
             let want = a.objective_config();
-            let toy: crate::toy::ToyConfig = config::load(None, &crate::toy::algo_overrides(a.name).unwrap()).unwrap();
+            let toy: r2vpo_toy::ToyConfig = config::load(None, &crate::toy::algo_overrides(a.name).unwrap()).unwrap();
             assert_eq!((&toy.objective, toy.mode), (&want, a.mode), "toy --algo {}", a.name);
             let llm: r2vpo_llm::train::TrainConfig =
                 config::load(None, &r2vpo_llm::train::TrainConfig::algo_overrides(a.name).unwrap()).unwrap();

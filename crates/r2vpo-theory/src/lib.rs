@@ -1,12 +1,18 @@
-//! `r2vpo analyze divergence` and `r2vpo analyze clip-bound`: the paper's
-//! theory (Proposition 3.1 with Table 1, Figure 2 and the Appendix B
-//! figure; Theorem 3.3) reproduced as CSVs, plots and printed tables. The
-//! maths lives in [`r2vpo::divergence`]; this module sweeps, samples,
-//! tabulates and draws.
+//! # r2vpo-theory — the paper's theory as experiments
+//!
+//! `r2vpo analyze divergence` and `r2vpo analyze clip-bound`: Proposition 3.1
+//! with Table 1, Figure 2 and the Appendix B figure, and Theorem 3.3,
+//! reproduced as CSVs, plots and a text report. The maths lives in
+//! [`r2vpo::divergence`]; this crate sweeps, samples, tabulates and draws.
+//! The settings derive `clap::Args` because they are exactly the command's
+//! flags (the binary flattens them).
+
+#![warn(missing_docs)]
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use std::fmt::Write as _;
+
 use r2vpo::divergence::{
     categorical_sample_ratios, clip_bound_check, diag_gaussian_divergence_closed, diag_gaussian_divergence_mc,
     diag_gaussian_ratio_variance, diag_gaussian_sample_ratios, discrete_divergence, discrete_ratio_moments,
@@ -19,6 +25,46 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal, StudentT};
 use rayon::prelude::*;
+
+/// Errors of the analyses.
+#[derive(Debug, thiserror::Error)]
+pub enum TheoryError {
+    /// A setting is out of range.
+    #[error("{0}")]
+    Settings(String),
+    /// No policy pair of a family reaches a requested Var[ρ].
+    #[error("{0}")]
+    Unreachable(String),
+    /// A check of the paper's theorem failed (a bug, or a counterexample).
+    #[error("{0}")]
+    Violated(String),
+    /// The algorithm core rejected an input.
+    #[error(transparent)]
+    Core(#[from] r2vpo::Error),
+    /// Writing a CSV or a plot failed.
+    #[error(transparent)]
+    Report(#[from] r2vpo_report::ReportError),
+    /// Creating the output folder failed.
+    #[error("creating {path}: {source}")]
+    Io {
+        /// The folder.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = TheoryError> = std::result::Result<T, E>;
+
+/// What an analysis wrote and its printed summary.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// The table and findings, as the command prints them.
+    pub text: String,
+    /// Every file written.
+    pub written: Vec<PathBuf>,
+}
 
 /// Options of `r2vpo analyze divergence`.
 #[derive(clap::Args, Debug)]
@@ -244,7 +290,10 @@ impl Setup {
         while var(hi) < target {
             hi = if cap.is_finite() { 0.5 * (hi + cap) } else { 2.0 * hi };
             if hi > 1e4 || (cap.is_finite() && cap - hi < 1e-15) {
-                bail!("{}: no policy pair reaches Var[ρ] = {target}", fam.key());
+                return Err(TheoryError::Unreachable(format!(
+                    "{}: no policy pair reaches Var[ρ] = {target}",
+                    fam.key()
+                )));
             }
         }
         let mut lo = 0.0;
@@ -330,10 +379,11 @@ fn describe(fam: Family, t: f64) -> String {
 /// `r2vpo analyze divergence`: exact f-divergences against ½·f''(1)·Var[ρ]
 /// over five policy families, with Monte-Carlo bands; writes the CSV and
 /// figures and prints the relative-error table.
-pub fn divergence(args: &DivergenceArgs) -> Result<()> {
+pub fn divergence(args: &DivergenceArgs) -> Result<Report> {
+    let mut out = String::new();
     let a = args;
     if !(a.var_min > 0.0 && a.var_max > a.var_min && a.points >= 2) {
-        bail!("need 0 < --var-min < --var-max and --points ≥ 2");
+        return Err(TheoryError::Settings("need 0 < --var-min < --var-max and --points ≥ 2".into()));
     }
     let started = std::time::Instant::now();
     let setup = Setup::new(a);
@@ -388,7 +438,7 @@ pub fn divergence(args: &DivergenceArgs) -> Result<()> {
             ]);
         }
     }
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    std::fs::create_dir_all(&a.out).map_err(|source| TheoryError::Io { path: a.out.clone(), source })?;
     let csv_path = a.out.join("divergence.csv");
     csv.save(&csv_path)?;
 
@@ -412,8 +462,9 @@ pub fn divergence(args: &DivergenceArgs) -> Result<()> {
         .par_iter()
         .map(|&(f, i)| evaluate(a, &setup, Family::ALL[f], 100 + f as u64, i as u64, sums[i], false))
         .collect::<Result<_>>()?;
-    println!("Relative error (approx − exact)/exact of ½·f''(1)·Var[ρ] (Proposition 3.1), policy parameter solved for each Var[ρ]:");
-    println!("{:<22} {:<24} {:>12} {:>12} {:>12}", "family", "divergence", "Var=0.001", "Var=0.01", "Var=0.1");
+    let _ = writeln!(out, "Relative error (approx − exact)/exact of ½·f''(1)·Var[ρ] (Proposition 3.1), policy parameter solved for each Var[ρ]:");
+    let _ =
+        writeln!(out, "{:<22} {:<24} {:>12} {:>12} {:>12}", "family", "divergence", "Var=0.001", "Var=0.01", "Var=0.1");
     for fam in Family::ALL {
         for f in FDivergence::ALL {
             let cells: Vec<String> = summary
@@ -424,15 +475,15 @@ pub fn divergence(args: &DivergenceArgs) -> Result<()> {
                     format!("{:>+12.3e}", rel_error(f, r.var, d))
                 })
                 .collect();
-            println!("{:<22} {:<24} {}", fam.key(), f.name(), cells.join(" "));
+            let _ = writeln!(out, "{:<22} {:<24} {}", fam.key(), f.name(), cells.join(" "));
         }
     }
-    println!("(χ²'s approximation is exact: D_χ² = E[(ρ−1)²] = Var[ρ]; its entries are rounding.)");
+    let _ = writeln!(out, "(χ²'s approximation is exact: D_χ² = E[(ρ−1)²] = Var[ρ]; its entries are rounding.)");
     for p in &written {
-        println!("wrote {}", p.display());
+        let _ = writeln!(out, "wrote {}", p.display());
     }
-    println!("done in {:.1} s", started.elapsed().as_secs_f64());
-    Ok(())
+    let _ = writeln!(out, "done in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(Report { text: out, written })
 }
 
 fn divergence_panel(a: &DivergenceArgs, f: FDivergence, results: &[PairResult]) -> LineChart {
@@ -562,11 +613,12 @@ fn populations(a: &ClipBoundArgs) -> Vec<Population> {
 
 /// `r2vpo analyze clip-bound`: checks Theorem 3.3 on many ratio/advantage
 /// populations; fails if any |J_UNC − J_CLIP| exceeds (A_max/ε)·E[(ρ−1)²].
-pub fn clip_bound(args: &ClipBoundArgs) -> Result<()> {
+pub fn clip_bound(args: &ClipBoundArgs) -> Result<Report> {
+    let mut out = String::new();
     let a = args;
     let bad_eps = |e: &f64| !e.is_finite() || *e <= 0.0 || *e >= 1.0;
     if a.samples < 2 || !a.a_max.is_finite() || a.a_max <= 0.0 || a.eps.is_empty() || a.eps.iter().any(bad_eps) {
-        bail!("need --samples ≥ 2, --a-max > 0 and every ε in (0, 1)");
+        return Err(TheoryError::Settings("need --samples ≥ 2, --a-max > 0 and every ε in (0, 1)".into()));
     }
     let started = std::time::Instant::now();
     let pops = populations(a);
@@ -648,14 +700,15 @@ pub fn clip_bound(args: &ClipBoundArgs) -> Result<()> {
             }
         }
     }
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    std::fs::create_dir_all(&a.out).map_err(|source| TheoryError::Io { path: a.out.clone(), source })?;
     let csv_path = a.out.join("clip_bound.csv");
     csv.save(&csv_path)?;
     let mut written = vec![csv_path];
     written.extend(clip_chart(&scatter, &adv_kinds, a).save(&a.out.join("clip_bound"))?);
 
     let zero = scatter.iter().flatten().filter(|p| p.1 == 0.0).count();
-    println!(
+    let _ = writeln!(
+        out,
         "Theorem 3.3 on {} populations × {} advantage kinds × ε ∈ {:?} ({rows} checks, n = {} each, A_max = {}):",
         pops.len(),
         adv_kinds.len(),
@@ -663,21 +716,21 @@ pub fn clip_bound(args: &ClipBoundArgs) -> Result<()> {
         a.samples,
         a.a_max
     );
-    println!("  max |J_UNC − J_CLIP| / ((A_max/ε)·E[(ρ−1)²])       = {worst:.4}  ({worst_row})");
-    println!("  same with PPO's min(ρA, clip(ρ)A) objective           = {worst_ppo:.4}");
-    println!("  sharp constant (max_x (|x|−ε)ε/x² at |x| = 2ε)        = {CLIP_BOUND_SHARP_FACTOR}");
-    println!(
+    let _ = writeln!(out, "  max |J_UNC − J_CLIP| / ((A_max/ε)·E[(ρ−1)²])       = {worst:.4}  ({worst_row})");
+    let _ = writeln!(out, "  same with PPO's min(ρA, clip(ρ)A) objective           = {worst_ppo:.4}");
+    let _ = writeln!(out, "  sharp constant (max_x (|x|−ε)ε/x² at |x| = 2ε)        = {CLIP_BOUND_SHARP_FACTOR}");
+    let _ = writeln!(out,
         "  with the central Var[ρ] in place of E[(ρ−1)²]          = {worst_central:.4}  ({central_violations} of {rows} checks exceed 1: the bound needs E[(ρ−1)²] when E[ρ] ≠ 1)"
     );
-    println!("  {zero} checks have LHS = 0 (no ratio outside [1−ε, 1+ε]) and are not on the log-log plot");
+    let _ = writeln!(out, "  {zero} checks have LHS = 0 (no ratio outside [1−ε, 1+ε]) and are not on the log-log plot");
     for p in &written {
-        println!("wrote {}", p.display());
+        let _ = writeln!(out, "wrote {}", p.display());
     }
-    println!("done in {:.1} s", started.elapsed().as_secs_f64());
+    let _ = writeln!(out, "done in {:.1} s", started.elapsed().as_secs_f64());
     if worst > 1.0 || worst.is_nan() {
-        bail!("Theorem 3.3 violated: max LHS/RHS = {worst} ({worst_row})");
+        return Err(TheoryError::Violated(format!("{out}Theorem 3.3 violated: max LHS/RHS = {worst} ({worst_row})")));
     }
-    Ok(())
+    Ok(Report { text: out, written })
 }
 
 fn clip_chart(scatter: &[Vec<(f64, f64)>], kinds: &[&str], a: &ClipBoundArgs) -> LineChart {
