@@ -224,3 +224,22 @@ fn exported_policy_loads_back() {
     let b: Vec<f32> = m.forward_logits(&ids, &mask).unwrap().flatten_all().unwrap().to_vec1().unwrap();
     assert_eq!(a, b);
 }
+
+/// Issue #17: a run keeps only its newest `keep_checkpoints` checkpoints
+/// (each ≈ 12 bytes a parameter), and `latest` names the newest.
+#[test]
+fn only_the_newest_checkpoints_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny(4);
+    cfg.checkpoint_every = 1;
+    cfg.keep_checkpoints = 2;
+    run(cfg, dir.path());
+    let mut names: Vec<String> = std::fs::read_dir(dir.path().join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("iter-"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["iter-000003", "iter-000004"]);
+    assert_eq!(std::fs::read_to_string(dir.path().join("checkpoints/latest")).unwrap(), "iter-000004");
+}

@@ -99,12 +99,29 @@ impl Trainer {
         }
         std::fs::rename(&tmp, &dest).map_err(io(&dest))?;
         r2vpo_report::atomic_write_string(&root.join("latest"), &name)?;
+        // Keep the newest `keep_checkpoints` (names sort by iteration);
+        // leftovers of interrupted writes go too.
+        let mut kept: Vec<String> = Vec::new();
         for entry in std::fs::read_dir(&root).map_err(io(&root))? {
             let p = entry.map_err(io(&root))?.path();
-            let file = p.file_name().and_then(|f| f.to_str()).unwrap_or("");
-            if p.is_dir() && file != name && (file.starts_with("iter-") || file.starts_with(".tmp-")) {
-                std::fs::remove_dir_all(&p).map_err(io(&p))?;
+            let file = p.file_name().and_then(|f| f.to_str()).unwrap_or("").to_string();
+            if !p.is_dir() {
+                continue;
             }
+            if file.starts_with(".tmp-") {
+                std::fs::remove_dir_all(&p).map_err(io(&p))?;
+            } else if file.starts_with("iter-") && file > name {
+                // Orphans of a run that was resumed from an earlier checkpoint.
+                std::fs::remove_dir_all(&p).map_err(io(&p))?;
+            } else if file.starts_with("iter-") {
+                kept.push(file);
+            }
+        }
+        kept.sort();
+        let drop = kept.len().saturating_sub(self.cfg.keep_checkpoints.max(1));
+        for file in &kept[..drop] {
+            let p = root.join(file);
+            std::fs::remove_dir_all(&p).map_err(io(&p))?;
         }
         Ok(dest)
     }

@@ -205,6 +205,10 @@ pub struct TrainConfig {
     /// Checkpoint every this many iterations (0 = only at the end / on
     /// Ctrl-C).
     pub checkpoint_every: usize,
+    /// How many of the newest checkpoints to keep (≥ 1; default 1). Each
+    /// holds the f32 weights and both Adam moments, 12 bytes a parameter:
+    /// ≈ 1.6 GB for SmolLM2-135M.
+    pub keep_checkpoints: usize,
     /// Record ratio histograms by staleness every this many iterations
     /// (0 = never).
     pub histogram_every: usize,
@@ -258,6 +262,7 @@ impl Default for TrainConfig {
             ref_kl: RefKlConfig::default(),
             entropy_coef: 0.0,
             checkpoint_every: 5,
+            keep_checkpoints: 1,
             histogram_every: 5,
             max_bad_steps: 3,
             histogram_range: (0.5, 1.5, 100),
@@ -290,6 +295,7 @@ impl TrainConfig {
             ("minibatch_size", self.minibatch_size),
             ("micro_batch_size", self.micro_batch_size),
             ("max_bad_steps", self.max_bad_steps),
+            ("keep_checkpoints", self.keep_checkpoints),
         ];
         for (k, v) in positive {
             if v == 0 {
