@@ -17,7 +17,7 @@ rm -rf "$OUT/llm-r2vpo-on"
 
 echo
 echo "== 3/6  R²VPO vs GRPO on the synthetic sequence bandit (core algorithm end to end, on- and off-policy)"
-"$BIN" toy compare --algos grpo,grpo-ch,r2vpo-on,grpo-off,r2vpo-off --seeds 0,1 --out "$OUT/toy"
+"$BIN" toy compare --algos grpo,grpo-ch,r2vpo-on,grpo-off,r2vpo-off --seeds 0,1 --out "$OUT/toy" --overwrite
 
 echo
 echo "== 4/6  PPO vs R²VPO (fixed λ = 0.06) on DeepMind Control cartpole-swingup, real MuJoCo physics, 2 seeds × 200k steps"

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use r2vpo_report::edge::{open_run_folder, Existing};
 use r2vpo_report::RunDir;
 use r2vpo_toy::{compare_report, train, IterMetrics, ToyConfig};
 
@@ -42,6 +43,9 @@ pub struct CompareArgs {
     /// Output folder (one sub-folder per run, plus plots and a table).
     #[arg(long, default_value = "runs/toy/compare")]
     pub out: PathBuf,
+    /// Replace what an existing `--out` folder holds (refused by default).
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 fn resolve(config: Option<&Path>, algo: Option<&str>, sets: &[String]) -> Result<ToyConfig> {
@@ -71,7 +75,8 @@ pub fn cmd_train(a: &TrainArgs) -> Result<()> {
 /// `r2vpo toy compare`: algorithms × seeds, reward curves with mean ± std
 /// bands, the λ trajectory, and a Markdown table of final values.
 pub fn cmd_compare(a: &CompareArgs) -> Result<()> {
-    let root = RunDir::create(&a.out)?;
+    let existing = if a.overwrite { Existing::Overwrite } else { Existing::Refuse };
+    let root = open_run_folder(&a.out, existing)?;
     let bar = indicatif::ProgressBar::new((a.algos.len() * a.seeds.len()) as u64).with_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} runs  {msg}  [{elapsed}]")
             .expect("static template"),

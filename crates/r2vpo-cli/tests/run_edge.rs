@@ -75,6 +75,14 @@ fn llm_train_sigterm_checkpoints_exits_143_and_resumes() {
     let st = bin().args(["llm", "train", "--resume", out_s, "--quiet"]).output().unwrap();
     assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
     assert_eq!(lines(&metrics), 30);
+    // TensorBoard draws each (tag, step) once: the steps replayed after the
+    // checkpoint were cut from the first session's file.
+    let scalars = r2vpo_report::read_scalars(&out).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for (tag, step, _) in &scalars {
+        assert!(seen.insert((tag.clone(), *step)), "TensorBoard has {tag} at step {step} twice");
+    }
+    assert!(scalars.iter().any(|(t, s, _)| t == "reward" && *s == 29), "the last iteration is logged");
     // `llm info` reads the exported Hugging Face folder as it reads a GGUF.
     let info = bin().args(["llm", "info", "--model"]).arg(out.join("model")).output().unwrap();
     assert!(info.status.success(), "{}", String::from_utf8_lossy(&info.stderr));
@@ -153,4 +161,16 @@ fn toy_train_refuses_a_used_folder_unless_overwrite_and_bad_configs_leave_none()
         .unwrap()
         .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("events.out"));
     assert_eq!(events.count(), 1, "an overwritten run leaves one TensorBoard file");
+    // toy compare follows the same rule.
+    let cmp = tmp.path().join("cmp");
+    let compare = |extra: &[&str]| {
+        let mut a = vec!["toy", "compare", "--algos", "grpo", "--seeds", "0", "--set", "iterations=2", "--out"];
+        a.push(cmp.to_str().unwrap());
+        a.extend(extra);
+        bin().args(&a).output().unwrap()
+    };
+    assert!(compare(&[]).status.success());
+    let again = compare(&[]);
+    assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("--overwrite"));
+    assert!(compare(&["--overwrite"]).status.success());
 }

@@ -16,4 +16,4 @@ pub mod plot;
 mod tensorboard;
 
 pub use io::{atomic_write, atomic_write_json, atomic_write_string, CsvWriter, JsonlWriter, ReportError, RunDir};
-pub use tensorboard::{truncate_events_after, TensorBoardWriter};
+pub use tensorboard::{read_scalars, truncate_events_after, TensorBoardWriter};

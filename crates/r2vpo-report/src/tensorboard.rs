@@ -125,6 +125,118 @@ pub fn truncate_events_after(dir: &Path, step: i64) -> Result<(), ReportError> {
     Ok(())
 }
 
+/// Every scalar in the event files this writer produced in `dir`, as
+/// `(tag, step, value)` in file order (for tests and tools that check what
+/// TensorBoard will draw). A torn record at a file's end is ignored.
+pub fn read_scalars(dir: &Path) -> Result<Vec<(String, i64, f32)>, ReportError> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|source| ReportError::Io { path: dir.to_path_buf(), source })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            n.starts_with("events.out.tfevents.") && n.contains(".r2vpo.")
+        })
+        .collect();
+    files.sort();
+    for path in files {
+        let bytes = std::fs::read(&path).map_err(|source| ReportError::Io { path: path.clone(), source })?;
+        let mut at = 0usize;
+        while at + 12 <= bytes.len() {
+            let len = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes")) as usize;
+            let Some(end) = at.checked_add(16 + len).filter(|&e| e <= bytes.len()) else { break };
+            let data = &bytes[at + 12..at + 12 + len];
+            if let Some(step) = event_step(data) {
+                for (tag, v) in fields(data, 5).iter().flat_map(|summary| fields(summary, 1)).filter_map(|value| {
+                    let tag = fields(&value, 1).into_iter().next()?;
+                    let bits = fixed32(&value, 2)?;
+                    Some((String::from_utf8_lossy(&tag).into_owned(), f32::from_bits(bits)))
+                }) {
+                    out.push((tag, step, v));
+                }
+            }
+            at = end;
+        }
+    }
+    Ok(out)
+}
+
+/// Walks the fields of an encoded message, calling `visit(field, wire, payload)`.
+fn walk(mut data: &[u8], mut visit: impl FnMut(u64, u64, &[u8])) {
+    fn varint(d: &mut &[u8]) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&b, rest) = d.split_first()?;
+            *d = rest;
+            v |= u64::from(b & 0x7F) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    while !data.is_empty() {
+        let Some(key) = varint(&mut data) else { return };
+        let (field, wire) = (key >> 3, key & 7);
+        let payload: &[u8] = match wire {
+            0 => {
+                if varint(&mut data).is_none() {
+                    return;
+                }
+                &[]
+            }
+            1 => match data.get(..8) {
+                Some(p) => {
+                    data = &data[8..];
+                    p
+                }
+                None => return,
+            },
+            2 => {
+                let Some(n) = varint(&mut data) else { return };
+                match data.get(..n as usize) {
+                    Some(p) => {
+                        data = &data[n as usize..];
+                        p
+                    }
+                    None => return,
+                }
+            }
+            5 => match data.get(..4) {
+                Some(p) => {
+                    data = &data[4..];
+                    p
+                }
+                None => return,
+            },
+            _ => return,
+        };
+        visit(field, wire, payload);
+    }
+}
+
+/// The length-delimited payloads of `field`.
+fn fields(data: &[u8], field: u64) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    walk(data, |f, w, p| {
+        if f == field && w == 2 {
+            out.push(p.to_vec());
+        }
+    });
+    out
+}
+
+/// The fixed32 value of `field`.
+fn fixed32(data: &[u8], field: u64) -> Option<u32> {
+    let mut out = None;
+    walk(data, |f, w, p| {
+        if f == field && w == 5 {
+            out = Some(u32::from_le_bytes(p.try_into().expect("4 bytes")));
+        }
+    });
+    out
+}
+
 /// The `step` field (2, varint) of an encoded `Event`, if present.
 fn event_step(mut data: &[u8]) -> Option<i64> {
     fn varint(d: &mut &[u8]) -> Option<u64> {
@@ -239,6 +351,8 @@ mod tests {
             at += 16 + len;
         }
         assert_eq!(steps, [None, Some(0), Some(1), Some(2), Some(3)]);
+        let scalars = read_scalars(dir.path()).unwrap();
+        assert_eq!(scalars, (0..4).map(|s| ("loss".to_string(), s, s as f32)).collect::<Vec<_>>());
     }
 
     #[test]
