@@ -54,7 +54,7 @@ fn resolve(config: Option<&Path>, algo: Option<&str>, sets: &[String]) -> Result
         None => Vec::new(),
     };
     all.extend(sets.iter().cloned());
-    Ok(config::load(config, &all)?)
+    config::load(config, &all)
 }
 
 /// `r2vpo toy train`.

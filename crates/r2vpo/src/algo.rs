@@ -82,7 +82,7 @@ impl ObjectiveSpec {
 
     /// The same keys as `objective.key=value` config overrides (TOML values).
     pub fn overrides(&self) -> Vec<String> {
-        let mut v = vec![format!("objective.kind={}", format!("\"{}\"", self.kind.as_str()))];
+        let mut v = vec![format!("objective.kind=\"{}\"", self.kind.as_str())];
         if let Some((lo, hi)) = self.eps {
             v.push(format!("objective.eps_low={lo:?}"));
             v.push(format!("objective.eps_high={hi:?}"));
@@ -98,10 +98,10 @@ impl ObjectiveSpec {
             v.push(format!("objective.gppo_beta2={b2:?}"));
         }
         if let Some(l) = self.topr_ratio_level {
-            v.push(format!("objective.topr_ratio_level={}", format!("\"{}\"", l.as_str())));
+            v.push(format!("objective.topr_ratio_level=\"{}\"", l.as_str()));
         }
         if let Some(k) = self.kl_estimator {
-            v.push(format!("objective.kl_estimator={}", format!("\"{}\"", k.as_str())));
+            v.push(format!("objective.kl_estimator=\"{}\"", k.as_str()));
         }
         v
     }
