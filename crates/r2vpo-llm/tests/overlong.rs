@@ -81,7 +81,8 @@ fn sampler_refuses_requests_beyond_the_context() {
     let model = Transformer::new_random(cfg, 3, DType::F32, &Device::Cpu).unwrap();
     let sampling = SamplingConfig { max_new_tokens: 4, ..SamplingConfig::default() };
     let fits = vec![5u32; 508];
-    let gens = generate_ids(&model, &GenerationRequest::batch(std::slice::from_ref(&fits), 0), &sampling, None, 0).unwrap();
+    let gens =
+        generate_ids(&model, &GenerationRequest::batch(std::slice::from_ref(&fits), 0), &sampling, None, 0).unwrap();
     assert_eq!(gens[0].token_ids.len(), 4);
     // One token more, as the second request: refused before any work.
     let over = vec![5u32; 509];
