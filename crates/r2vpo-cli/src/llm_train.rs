@@ -87,6 +87,8 @@ pub fn train(a: &TrainArgs) -> Result<()> {
     };
     let stop = Stop::install().context("installing the SIGINT/SIGTERM handlers")?;
     let mut progress = Progress::new(cfg.iterations as u64, "iterations", a.run.quiet, Duration::ZERO);
+    // Skipped prompts and data lines are reported above the bar, not through it.
+    trainer.set_warning_handler(progress.printer());
     let mut last = String::new();
     let outcome = trainer.run(stop.flag(), &mut |e| match e {
         Event::Phase { name, iter } => {

@@ -225,6 +225,16 @@ impl Progress {
         }
     }
 
+    /// A line printer for other threads and callbacks ([`Progress::println`]
+    /// that owns what it needs).
+    pub fn printer(&self) -> impl Fn(&str) + Send + Sync + 'static {
+        let bar = self.bar.clone();
+        move |line| match &bar {
+            Some(b) => b.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
     /// Removes the bar.
     pub fn finish(&self) {
         if let Some(b) = &self.bar {
