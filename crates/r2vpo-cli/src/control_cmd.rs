@@ -139,6 +139,9 @@ pub fn resolve(
 fn train_into(cfg: TrainConfig, dir: &Path, existing: Existing, quiet: bool) -> Result<Vec<UpdateMetrics>> {
     let stop = Stop::install().context("installing the SIGINT/SIGTERM handlers")?;
     let mut progress = Progress::new(cfg.total_env_steps, "env steps", quiet, Duration::from_secs(30));
+    if existing != Existing::Resume {
+        progress = progress.starting_at(0);
+    }
     let mut recent: Option<f64> = None;
     let mut last_eval: Option<f64> = None;
     let out = train_in_folder(cfg, dir, existing, stop.flag(), |m| {

@@ -86,7 +86,8 @@ pub fn train(a: &TrainArgs) -> Result<()> {
         }
     };
     let stop = Stop::install().context("installing the SIGINT/SIGTERM handlers")?;
-    let mut progress = Progress::new(cfg.iterations as u64, "iterations", a.run.quiet, Duration::ZERO);
+    let mut progress = Progress::new(cfg.iterations as u64, "iterations", a.run.quiet, Duration::ZERO)
+        .starting_at(trainer.progress().iteration as u64);
     // Skipped prompts and data lines are reported above the bar, not through it.
     trainer.set_warning_handler(progress.printer());
     let mut last = String::new();

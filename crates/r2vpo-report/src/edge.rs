@@ -181,6 +181,18 @@ impl Progress {
         }
     }
 
+    /// Starts the count at `pos` (a resumed run), so rates and the ETA
+    /// cover only this session's work. Without it the first update's
+    /// position is taken, and the first plain line has no ETA.
+    pub fn starting_at(mut self, pos: u64) -> Progress {
+        self.start_pos = Some(pos);
+        if let Some(b) = &self.bar {
+            b.set_position(pos);
+            b.reset_eta();
+        }
+        self
+    }
+
     /// Moves to `pos` with a status message (`reward 0.41  λ 0.012 …`).
     pub fn update(&mut self, pos: u64, msg: &str) {
         let first = *self.start_pos.get_or_insert(pos);
@@ -290,5 +302,9 @@ mod tests {
         let line = p.plain_line(50, 0, "reward 0.5", p.start + Duration::from_secs(10));
         assert_eq!(line, "iterations 50/100  reward 0.5  elapsed 10s  eta 10s");
         assert_eq!(hms(3723.0), "1h02m03s");
+        // A fresh run's first line already has an ETA.
+        let p = Progress::new(10, "iterations", false, Duration::ZERO).starting_at(0);
+        let line = p.plain_line(1, p.start_pos.unwrap(), "x", p.start + Duration::from_secs(2));
+        assert!(line.ends_with("eta 18s"), "{line}");
     }
 }
