@@ -21,7 +21,7 @@ use r2vpo_llm::sample::{
     check_prompt_fits, generate_ids, max_prompt_len, ContextOverflow, GenerationRequest, SampleError, SamplingConfig,
 };
 use r2vpo_llm::tokenizer::Tokenizer;
-use r2vpo_llm::train::{ModelSource, RandomModel, TrainConfig, TrainError, Trainer};
+use r2vpo_llm::train::{ModelSource, TrainConfig, TrainError, Trainer};
 
 fn gguf() -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -246,19 +246,7 @@ fn train_data(dir: &Path, short: usize, long: usize) -> String {
 
 fn train_cfg(data: String) -> TrainConfig {
     let mut c = TrainConfig {
-        model: ModelSource {
-            path: gguf().display().to_string(),
-            tokenizer: None,
-            random: Some(RandomModel {
-                hidden: 32,
-                intermediate: 64,
-                layers: 2,
-                heads: 4,
-                kv_heads: 2,
-                seed: 7,
-                init_std: 0.5,
-            }),
-        },
+        model: ModelSource::tiny_random(gguf().display().to_string(), 7),
         iterations: 2,
         prompts_per_iter: 4,
         group_size: 2,

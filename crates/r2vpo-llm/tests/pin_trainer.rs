@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 
 use r2vpo_llm::data::Problem;
 use r2vpo_llm::sample::Generation;
-use r2vpo_llm::train::{IterMetrics, ModelSource, Outcome, RandomModel, RewardFn, Scored, TrainConfig, Trainer};
+use r2vpo_llm::train::{IterMetrics, ModelSource, Outcome, RewardFn, Scored, TrainConfig, Trainer};
 
 /// Fraction of even token ids: a dense reward a random model moves on.
 struct EvenTokens;
@@ -28,19 +28,7 @@ fn config(algo: &str) -> TrainConfig {
     let gguf = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(gguf.exists(), "{} missing (run `make deps`)", gguf.display());
     let mut c = TrainConfig {
-        model: ModelSource {
-            path: gguf.to_string_lossy().into_owned(),
-            tokenizer: None,
-            random: Some(RandomModel {
-                hidden: 32,
-                intermediate: 64,
-                layers: 2,
-                heads: 4,
-                kv_heads: 2,
-                seed: 7,
-                init_std: 0.5,
-            }),
-        },
+        model: ModelSource::tiny_random(gguf.to_string_lossy().into_owned(), 7),
         iterations: 4,
         prompts_per_iter: 4,
         group_size: 4,

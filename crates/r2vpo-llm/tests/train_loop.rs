@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use r2vpo_llm::data::Problem;
 use r2vpo_llm::sample::Generation;
 use r2vpo_llm::train::{
-    checkpoint, IterMetrics, ModelSource, Outcome, RandomModel, RewardFn, Scored, TrainConfig, TrainError, Trainer,
+    checkpoint, IterMetrics, ModelSource, Outcome, RewardFn, Scored, TrainConfig, TrainError, Trainer,
 };
 
 fn gguf() -> String {
@@ -31,19 +31,7 @@ impl RewardFn for EvenTokens {
 
 fn tiny(iterations: usize) -> TrainConfig {
     let mut c = TrainConfig {
-        model: ModelSource {
-            path: gguf(),
-            tokenizer: None,
-            random: Some(RandomModel {
-                hidden: 32,
-                intermediate: 64,
-                layers: 2,
-                heads: 4,
-                kv_heads: 2,
-                seed: 7,
-                init_std: 0.5,
-            }),
-        },
+        model: ModelSource::tiny_random(gguf(), 7),
         iterations,
         prompts_per_iter: 4,
         group_size: 4,

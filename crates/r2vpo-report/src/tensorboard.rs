@@ -161,65 +161,59 @@ pub fn read_scalars(dir: &Path) -> Result<Vec<(String, i64, f32)>, ReportError> 
     Ok(out)
 }
 
-/// Walks the fields of an encoded message, calling `visit(field, wire, payload)`.
-fn walk(mut data: &[u8], mut visit: impl FnMut(u64, u64, &[u8])) {
-    fn varint(d: &mut &[u8]) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&b, rest) = d.split_first()?;
-            *d = rest;
-            v |= u64::from(b & 0x7F) << shift;
-            if b & 0x80 == 0 {
-                return Some(v);
-            }
+/// One field's value as read off the wire.
+enum Wire<'a> {
+    /// Wire type 0.
+    Varint(u64),
+    /// Wire types 1, 2 and 5: the raw bytes.
+    Bytes(&'a [u8]),
+}
+
+/// Reads a base-128 varint off the front of `d`.
+fn read_varint(d: &mut &[u8]) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&b, rest) = d.split_first()?;
+        *d = rest;
+        v |= u64::from(b & 0x7F) << shift;
+        if b & 0x80 == 0 {
+            return Some(v);
         }
-        None
     }
+    None
+}
+
+/// Walks the fields of an encoded message, calling `visit(field, wire,
+/// value)`; stops at the first malformed field.
+fn walk<'a>(mut data: &'a [u8], mut visit: impl FnMut(u64, u64, Wire<'a>)) {
     while !data.is_empty() {
-        let Some(key) = varint(&mut data) else { return };
+        let Some(key) = read_varint(&mut data) else { return };
         let (field, wire) = (key >> 3, key & 7);
-        let payload: &[u8] = match wire {
+        let len = match wire {
             0 => {
-                if varint(&mut data).is_none() {
-                    return;
-                }
-                &[]
+                let Some(v) = read_varint(&mut data) else { return };
+                visit(field, wire, Wire::Varint(v));
+                continue;
             }
-            1 => match data.get(..8) {
-                Some(p) => {
-                    data = &data[8..];
-                    p
-                }
+            1 => 8,
+            2 => match read_varint(&mut data) {
+                Some(n) => n as usize,
                 None => return,
             },
-            2 => {
-                let Some(n) = varint(&mut data) else { return };
-                match data.get(..n as usize) {
-                    Some(p) => {
-                        data = &data[n as usize..];
-                        p
-                    }
-                    None => return,
-                }
-            }
-            5 => match data.get(..4) {
-                Some(p) => {
-                    data = &data[4..];
-                    p
-                }
-                None => return,
-            },
+            5 => 4,
             _ => return,
         };
-        visit(field, wire, payload);
+        let Some(payload) = data.get(..len) else { return };
+        data = &data[len..];
+        visit(field, wire, Wire::Bytes(payload));
     }
 }
 
 /// The length-delimited payloads of `field`.
 fn fields(data: &[u8], field: u64) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
-    walk(data, |f, w, p| {
-        if f == field && w == 2 {
+    walk(data, |f, w, v| {
+        if let (true, 2, Wire::Bytes(p)) = (f == field, w, v) {
             out.push(p.to_vec());
         }
     });
@@ -229,8 +223,8 @@ fn fields(data: &[u8], field: u64) -> Vec<Vec<u8>> {
 /// The fixed32 value of `field`.
 fn fixed32(data: &[u8], field: u64) -> Option<u32> {
     let mut out = None;
-    walk(data, |f, w, p| {
-        if f == field && w == 5 {
+    walk(data, |f, w, v| {
+        if let (true, 5, Wire::Bytes(p)) = (f == field, w, v) {
             out = Some(u32::from_le_bytes(p.try_into().expect("4 bytes")));
         }
     });
@@ -238,39 +232,14 @@ fn fixed32(data: &[u8], field: u64) -> Option<u32> {
 }
 
 /// The `step` field (2, varint) of an encoded `Event`, if present.
-fn event_step(mut data: &[u8]) -> Option<i64> {
-    fn varint(d: &mut &[u8]) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&b, rest) = d.split_first()?;
-            *d = rest;
-            v |= u64::from(b & 0x7F) << shift;
-            if b & 0x80 == 0 {
-                return Some(v);
-            }
+fn event_step(data: &[u8]) -> Option<i64> {
+    let mut step = None;
+    walk(data, |f, w, v| {
+        if let (2, 0, Wire::Varint(x)) = (f, w, v) {
+            step = Some(x as i64);
         }
-        None
-    }
-    while !data.is_empty() {
-        let key = varint(&mut data)?;
-        let (field, wire) = (key >> 3, key & 7);
-        match wire {
-            0 => {
-                let v = varint(&mut data)?;
-                if field == 2 {
-                    return Some(v as i64);
-                }
-            }
-            1 => data = data.get(8..)?,
-            2 => {
-                let n = varint(&mut data)? as usize;
-                data = data.get(n..)?;
-            }
-            5 => data = data.get(4..)?,
-            _ => return None,
-        }
-    }
-    None
+    });
+    step
 }
 
 fn wall_time() -> f64 {

@@ -81,6 +81,27 @@ fn default_init_std() -> f64 {
     0.02
 }
 
+impl ModelSource {
+    /// A random 2-layer model (hidden 32, MLP 64, 4 heads, 2 KV heads,
+    /// weights of std 0.5 from `seed`) on the tokenizer and chat template of
+    /// `path`: a whole training loop in seconds, for tests and smoke runs.
+    pub fn tiny_random(path: impl Into<String>, seed: u64) -> ModelSource {
+        ModelSource {
+            path: path.into(),
+            tokenizer: None,
+            random: Some(RandomModel {
+                hidden: 32,
+                intermediate: 64,
+                layers: 2,
+                heads: 4,
+                kv_heads: 2,
+                seed,
+                init_std: 0.5,
+            }),
+        }
+    }
+}
+
 /// AdamW with warmup and gradient-norm clipping.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
