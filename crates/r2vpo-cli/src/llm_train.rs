@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use r2vpo_llm::train::{Event, Outcome, TrainConfig, Trainer};
+use r2vpo_llm::train::{Event, Outcome, RolloutBackend, TrainConfig, Trainer};
 use r2vpo_report::edge::{open_run_folder, Existing, Progress, Stop, StopSignal};
 
 use crate::args::{RunArgs, Stopped};
@@ -85,6 +85,11 @@ pub fn train(a: &TrainArgs) -> Result<()> {
             return Err(e);
         }
     };
+    if cfg.rollout.backend == RolloutBackend::Http {
+        let weights = cfg.rollout.weights_dir.as_ref().map_or_else(|| dir.join("weights"), PathBuf::from);
+        let source = r2vpo_serve::HttpRollout::new(&cfg.rollout, &weights)?;
+        trainer.set_rollout_source(Box::new(source))?;
+    }
     let stop = Stop::install().context("installing the SIGINT/SIGTERM handlers")?;
     let mut progress = Progress::new(cfg.iterations as u64, "iterations", a.run.quiet, Duration::ZERO)
         .starting_at(trainer.progress().iteration as u64);

@@ -38,6 +38,7 @@ mod control_cmd;
 mod llm_eval;
 mod llm_plot;
 mod llm_train;
+mod serve;
 mod toy;
 
 use std::path::PathBuf;
@@ -76,6 +77,9 @@ enum Command {
     /// Benchmarks that print a table and write JSON.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Serve a model over HTTP: OpenAI-compatible completions with per-token
+    /// log-probs, continuous batching and weight push (rollouts for `llm train`).
+    Serve(serve::ServeArgs),
     /// Show the default or resolved config of a command.
     #[command(subcommand)]
     Config(ConfigCmd),
@@ -226,6 +230,7 @@ fn run(cli: Cli) -> Result<()> {
             BenchCmd::Control(a) => control_cmd::bench(&a),
             BenchCmd::Llm(a) => bench::llm(&a),
         },
+        Command::Serve(a) => serve::serve(&a),
         Command::Config(ConfigCmd::Show(a)) => config_show(&a),
     }
 }

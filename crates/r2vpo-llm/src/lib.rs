@@ -10,10 +10,12 @@
 
 pub mod chat;
 pub mod data;
+pub mod engine;
 pub mod eval;
 pub mod gguf;
 pub mod model;
 pub mod reward;
+pub mod rollout;
 pub mod sample;
 pub mod tokenizer;
 pub mod train;

@@ -153,6 +153,71 @@ impl KvCache {
     pub fn positions(&self) -> Vec<usize> {
         self.mask.iter().map(|m| m.iter().filter(|&&x| x != 0).count()).collect()
     }
+
+    /// Appends the rows of `other` below this cache's rows (continuous
+    /// batching: sequences prefilled separately join a running batch). The
+    /// shorter of the two is padded on the left with masked columns, so
+    /// every row keeps its own positions and attends to exactly its own
+    /// tokens; masked keys get an additive −1e9 and so an attention weight
+    /// of exactly 0 in f32.
+    pub fn append_rows(&mut self, other: KvCache) -> Result<()> {
+        if self.batch() == 0 {
+            *self = other;
+            return Ok(());
+        }
+        if other.batch() == 0 {
+            return Ok(());
+        }
+        if self.layers.len() != other.layers.len() {
+            return Err(candle_core::Error::Msg("caches of different models".into()).into());
+        }
+        let (a, b) = (self.len(), other.len());
+        let width = a.max(b);
+        let pad_left = |t: &Tensor, by: usize| -> Result<Tensor> {
+            if by == 0 {
+                return Ok(t.clone());
+            }
+            let (rows, heads, _, dim) = t.dims4()?;
+            let z = Tensor::zeros((rows, heads, by, dim), t.dtype(), t.device())?;
+            Ok(Tensor::cat(&[&z, t], 2)?)
+        };
+        for (mine, theirs) in self.layers.iter_mut().zip(other.layers) {
+            match (mine.take(), theirs) {
+                (Some((k1, v1)), Some((k2, v2))) => {
+                    let k = Tensor::cat(&[&pad_left(&k1, width - a)?, &pad_left(&k2, width - b)?], 0)?;
+                    let v = Tensor::cat(&[&pad_left(&v1, width - a)?, &pad_left(&v2, width - b)?], 0)?;
+                    *mine = Some((k, v));
+                }
+                _ => return Err(candle_core::Error::Msg("append_rows needs two filled caches".into()).into()),
+            }
+        }
+        for m in &mut self.mask {
+            m.splice(0..0, std::iter::repeat_n(0u8, width - a));
+        }
+        self.mask.extend(other.mask.into_iter().map(|mut m| {
+            m.splice(0..0, std::iter::repeat_n(0u8, width - b));
+            m
+        }));
+        Ok(())
+    }
+
+    /// Drops the leading columns that are padding in every row (left behind
+    /// when the longest sequences finish), so attention stops paying for
+    /// them. Changes no row's result.
+    pub fn trim_padding(&mut self) -> Result<()> {
+        let lead = self.mask.iter().map(|m| m.iter().take_while(|&&x| x == 0).count()).min().unwrap_or(0);
+        if lead == 0 {
+            return Ok(());
+        }
+        let keep = self.len() - lead;
+        for layer in self.layers.iter_mut().flatten() {
+            *layer = (layer.0.narrow(2, lead, keep)?.contiguous()?, layer.1.narrow(2, lead, keep)?.contiguous()?);
+        }
+        for m in &mut self.mask {
+            m.drain(..lead);
+        }
+        Ok(())
+    }
 }
 
 /// Expected parameters of a configuration: HF name and shape, in a fixed order.

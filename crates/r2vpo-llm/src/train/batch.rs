@@ -26,6 +26,10 @@ pub struct Sample {
     pub behaviour_logp: Vec<f32>,
     /// log π_ref per response token (only with a reference-KL term).
     pub ref_logp: Option<Vec<f32>>,
+    /// Weight version that generated the response (see
+    /// [`crate::rollout::GroupRollout::weight_version`]).
+    #[serde(default)]
+    pub version: u64,
 }
 
 /// The token inputs of a micro-batch, in one of two equivalent layouts.
@@ -252,6 +256,7 @@ mod tests {
             advantage: adv,
             behaviour_logp: r.iter().map(|&t| -(t as f32)).collect(),
             ref_logp: None,
+            version: 0,
         }
     }
 

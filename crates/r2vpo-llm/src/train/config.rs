@@ -36,6 +36,120 @@ pub enum BehaviourLogprobs {
     Recompute,
 }
 
+/// Which [`crate::rollout::RolloutSource`] samples the rollouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RolloutBackend {
+    /// In-process sampling with the learner's model (the default).
+    Local,
+    /// OpenAI-compatible completion servers (`r2vpo serve`, vLLM, SGLang)
+    /// over HTTP, with weight pushes through `update_weights_from_disk`.
+    Http,
+}
+
+/// The `[rollout]` table: where samples come from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutConfig {
+    /// `local` or `http`.
+    pub backend: RolloutBackend,
+    /// Base URLs of the servers (`http://127.0.0.1:8000`); groups are spread
+    /// over them and fail over between them.
+    pub urls: Vec<String>,
+    /// Bearer token sent to every server (`--api-key` of `r2vpo serve`).
+    pub api_key: Option<String>,
+    /// Model name sent in requests (servers that serve one model accept
+    /// any; vLLM wants its `--served-model-name`).
+    pub model: String,
+    /// What the servers' per-token log-probs mean: `raw` (log softmax of
+    /// the untruncated T = 1 logits; vLLM's default `raw_logprobs`) or
+    /// `processed` (after temperature and top-k/top-p; vLLM
+    /// `--logprobs-mode processed_logprobs`). `r2vpo serve` states its mode
+    /// in every answer and the client refuses a mismatch.
+    pub logprobs_mode: crate::rollout::LogprobsMode,
+    /// Seconds to wait for one completion request.
+    pub timeout_s: f64,
+    /// Seconds to wait for a connection.
+    pub connect_timeout_s: f64,
+    /// Tries per request beyond the first, each on the next live server.
+    pub retries: usize,
+    /// First back-off between tries in seconds (doubled per try).
+    pub backoff_s: f64,
+    /// Consecutive failures after which a server is left out for the rest
+    /// of the rollout.
+    pub max_failures: usize,
+    /// Requests in flight per server.
+    pub max_in_flight: usize,
+    /// Learner iterations between weight pushes (1 = every iteration,
+    /// on-policy; k > 1 lets rollouts lag up to k − 1 versions). The
+    /// in-process sampler is always current.
+    pub sync_every: usize,
+    /// Folder the pushed weights are written to (default `RUN/weights`);
+    /// the servers must be able to read it (same machine or a shared file
+    /// system).
+    pub weights_dir: Option<String>,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        Self {
+            backend: RolloutBackend::Local,
+            urls: Vec::new(),
+            api_key: None,
+            model: "default".into(),
+            logprobs_mode: crate::rollout::LogprobsMode::Raw,
+            timeout_s: 600.0,
+            connect_timeout_s: 5.0,
+            retries: 3,
+            backoff_s: 0.5,
+            max_failures: 3,
+            max_in_flight: 4,
+            sync_every: 1,
+            weights_dir: None,
+        }
+    }
+}
+
+impl RolloutConfig {
+    /// Checks the table, naming the first bad field.
+    pub fn validate(&self) -> TrainResult<()> {
+        for (k, v) in [("rollout.timeout_s", self.timeout_s), ("rollout.connect_timeout_s", self.connect_timeout_s)] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(bad(k, format!("must be a positive number of seconds, got {v}")));
+            }
+        }
+        if !(self.backoff_s.is_finite() && self.backoff_s >= 0.0) {
+            return Err(bad("rollout.backoff_s", format!("must be >= 0, got {}", self.backoff_s)));
+        }
+        for (k, v) in [
+            ("rollout.sync_every", self.sync_every),
+            ("rollout.max_in_flight", self.max_in_flight),
+            ("rollout.max_failures", self.max_failures),
+        ] {
+            if v == 0 {
+                return Err(bad(k, "must be at least 1"));
+            }
+        }
+        if self.backend == RolloutBackend::Http {
+            if self.urls.is_empty() {
+                return Err(bad("rollout.urls", "backend = \"http\" needs at least one server URL"));
+            }
+            for u in &self.urls {
+                if !u.starts_with("http://") {
+                    return Err(bad(
+                        "rollout.urls",
+                        format!("`{u}` must start with http:// (TLS is not built in; put servers behind a tunnel)"),
+                    ));
+                }
+            }
+            if self.logprobs_mode == crate::rollout::LogprobsMode::Both {
+                return Err(bad("rollout.logprobs_mode", "must be `raw` or `processed` for a server"));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Where the policy's weights come from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -181,6 +295,8 @@ pub struct TrainConfig {
     pub sampling: SamplingConfig,
     /// Sequences decoded together during rollouts (memory/speed knob only).
     pub rollout_batch: usize,
+    /// Where rollouts come from: in-process (default) or HTTP servers.
+    pub rollout: RolloutConfig,
     /// The verifier that turns responses into rewards.
     pub verify: VerifyConfig,
     /// Where log π_off comes from.
@@ -265,6 +381,7 @@ impl Default for TrainConfig {
             overlong_prompts: OverlongPrompts::Skip,
             sampling: SamplingConfig { max_new_tokens: 128, ..SamplingConfig::default() },
             rollout_batch: 64,
+            rollout: RolloutConfig::default(),
             // Built-in arithmetic by default (integer golds; see
             // `VerifyConfig::require_literal_answer`).
             verify: VerifyConfig { require_literal_answer: true, ..VerifyConfig::dapo() },
@@ -333,6 +450,10 @@ impl TrainConfig {
             return Err(bad("sampling.temperature", "training rollouts must sample (temperature > 0)"));
         }
         self.sampling.validate().map_err(|e| bad("sampling", e.to_string()))?;
+        self.rollout.validate()?;
+        if self.rollout.backend == RolloutBackend::Http {
+            self.check_logprobs(self.rollout.logprobs_mode)?;
+        }
         let o = &self.optim;
         if !(o.lr > 0.0 && o.lr.is_finite()) {
             return Err(bad("optim.lr", format!("must be positive, got {}", o.lr)));
@@ -367,6 +488,49 @@ impl TrainConfig {
         self.replay.validate().map_err(|e| bad("replay", e.to_string()))?;
         self.group_norm.validate().map_err(|e| bad("group_norm", e.to_string()))?;
         Ok(())
+    }
+
+    /// Refuses a rollout source whose log-probs would make the ratio's
+    /// denominator differ from what `behaviour_logprobs` asks for: `model`
+    /// needs raw (T = 1, untruncated) log-probs, `sampled` the processed
+    /// ones, unless sampling is plain T = 1 without truncation, where the
+    /// two coincide; `recompute` scores the tokens itself and takes any.
+    pub fn check_logprobs(&self, got: crate::rollout::LogprobsMode) -> TrainResult<()> {
+        use crate::rollout::LogprobsMode;
+        let s = &self.sampling;
+        let plain = s.temperature == 1.0 && s.top_p >= 1.0 && s.top_k <= 0;
+        let want = match self.behaviour_logprobs {
+            BehaviourLogprobs::Recompute => return Ok(()),
+            BehaviourLogprobs::Model => LogprobsMode::Raw,
+            BehaviourLogprobs::Sampled => LogprobsMode::Processed,
+        };
+        if plain || got == LogprobsMode::Both || got == want {
+            return Ok(());
+        }
+        let name = |m: LogprobsMode| match m {
+            LogprobsMode::Raw => "raw",
+            LogprobsMode::Processed => "processed",
+            LogprobsMode::Both => "both",
+        };
+        let behaviour = match self.behaviour_logprobs {
+            BehaviourLogprobs::Model => "model",
+            _ => "sampled",
+        };
+        Err(bad(
+            "rollout.logprobs_mode",
+            format!(
+                "the servers' log-probs are `{}` but behaviour_logprobs = \"{behaviour}\" with sampling temperature \
+                 {}, top_p {}, top_k {} needs `{}` ones (the two differ unless T = 1 without truncation), so ρ would \
+                 be wrong. Set behaviour_logprobs = \"recompute\", serve `{}` log-probs (r2vpo serve \
+                 --logprobs-mode, vLLM --logprobs-mode), or sample at T = 1 without top-p/top-k",
+                name(got),
+                s.temperature,
+                s.top_p,
+                s.top_k,
+                name(want),
+                name(want)
+            ),
+        ))
     }
 
     /// Named algorithm presets (the paper's comparisons), as `--set`

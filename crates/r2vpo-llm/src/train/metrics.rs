@@ -43,7 +43,9 @@ pub struct IterMetrics {
     pub response_len_max: usize,
     /// Fraction of responses cut by `max_new_tokens`.
     pub truncated_frac: f64,
-    /// Mean per-token entropy (nats) of the T = 1 policy over the rollout.
+    /// Mean per-token entropy (nats) of the T = 1 policy over the rollout
+    /// (NaN, written `null`, when the rollout server does not report it).
+    #[serde(deserialize_with = "f64_or_nan")]
     pub entropy: f64,
     /// Groups whose rewards are all equal (no learning signal).
     pub zero_variance_groups: usize,
@@ -96,8 +98,28 @@ pub struct IterMetrics {
     pub approx_kl: f64,
     /// k3 estimate of KL(π_off‖π_θ).
     pub kl_k3: f64,
+    /// Weight version the iteration's rollouts came from (the learner's
+    /// iteration count when it last pushed weights; the iteration itself
+    /// with in-process sampling).
+    #[serde(default)]
+    pub rollout_version: u64,
+    /// Mean weight-version lag of the trained samples: iterations between
+    /// the weights that generated a sample and the update that used it
+    /// (0 for on-policy in-process data; grows with replay and with
+    /// `rollout.sync_every`).
+    #[serde(default)]
+    pub version_lag_mean: f64,
+    /// Largest weight-version lag among the trained samples.
+    #[serde(default)]
+    pub version_lag_max: u64,
     /// Wall-clock measurements.
     pub timing: Timing,
+}
+
+/// Reads a float written as a number or as `null` (serde_json's spelling
+/// of NaN).
+fn f64_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 impl IterMetrics {
@@ -118,6 +140,7 @@ impl IterMetrics {
             ("grad_norm", self.grad_norm),
             ("zero_variance_frac", self.zero_variance_frac),
             ("staleness", self.staleness),
+            ("version_lag", self.version_lag_mean),
             ("time/rollout_tokens_per_s", self.timing.rollout_tokens_per_s),
             ("time/train_tokens_per_s", self.timing.train_tokens_per_s),
         ]

@@ -42,11 +42,14 @@ use crate::chat::ChatTemplate;
 use crate::data::{load_problems_reporting, Fitted, Problem, PromptError, PromptFitter, SkippedRecord};
 use crate::model::{load_model, ModelConfig, Transformer};
 use crate::reward::{verify, VerifyConfig};
-use crate::sample::{generate, request_seed, Generation, GenerationRequest};
+use crate::rollout::{GroupRequest, LocalRollout, RolloutError, RolloutSource};
+use crate::sample::{request_seed, Generation};
 use crate::tokenizer::Tokenizer;
 
 pub use batch::Sample;
-pub use config::{BehaviourLogprobs, Mode, ModelSource, OptimConfig, RandomModel, RefKlConfig, TrainConfig};
+pub use config::{
+    BehaviourLogprobs, Mode, ModelSource, OptimConfig, RandomModel, RefKlConfig, RolloutBackend, RolloutConfig, TrainConfig,
+};
 pub use metrics::{IterMetrics, RatioHistogram, Timing};
 pub use optim::AdamW;
 
@@ -82,6 +85,10 @@ pub enum TrainError {
     /// Dataset failure.
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
+    /// The rollout source failed (for servers: after retries and
+    /// fail-over).
+    #[error(transparent)]
+    Rollout(#[from] RolloutError),
     /// Held-out evaluation failure.
     #[error(transparent)]
     Eval(#[from] crate::eval::EvalError),
@@ -256,6 +263,10 @@ pub struct Trainer {
     warn: Box<dyn FnMut(&str) + Send + Sync>,
     eval_problems: Vec<Problem>,
     reward_fn: Box<dyn RewardFn>,
+    /// Where rollouts come from ([`Trainer::set_rollout_source`]).
+    source: Box<dyn RolloutSource>,
+    /// The weight version the source samples from, once synced.
+    synced: Option<u64>,
     opt: AdamW,
     /// The objective and λ (the core's learner contract).
     learner: Learner,
@@ -345,6 +356,7 @@ impl Trainer {
                 "reason": r.reason,
             }))?;
         }
+        let source = Box::new(LocalRollout::new(cfg.rollout_batch));
         Ok(Self {
             prompt_cache: vec![PromptSlot::Unknown; problems.len()],
             fitter,
@@ -364,6 +376,8 @@ impl Trainer {
             problems,
             eval_problems,
             reward_fn,
+            source,
+            synced: None,
             opt,
             learner,
             replay,
@@ -421,6 +435,23 @@ impl Trainer {
     /// already gone to stderr (and `events.jsonl`).
     pub fn set_warning_handler(&mut self, f: impl FnMut(&str) + Send + Sync + 'static) {
         self.warn = Box::new(f);
+    }
+
+    /// Samples rollouts from `source` instead of in-process (an HTTP
+    /// client of rollout servers). Refused when the source's log-probs do
+    /// not mean what `behaviour_logprobs` needs ([`TrainConfig::check_logprobs`]).
+    /// The source is synced with the current weights before its first
+    /// rollout.
+    pub fn set_rollout_source(&mut self, source: Box<dyn RolloutSource>) -> TrainResult<()> {
+        self.cfg.check_logprobs(source.logprobs_mode())?;
+        self.source = source;
+        self.synced = None;
+        Ok(())
+    }
+
+    /// The rollout source's counters (requests, retries, failures, pushes).
+    pub fn rollout_counters(&self) -> crate::rollout::RolloutCounters {
+        self.source.counters()
     }
 
     /// The next `n` problem indices in the seeded per-epoch order, passing
@@ -533,7 +564,17 @@ impl Trainer {
             self.progress.evaluated_start = true;
         }
         while self.progress.iteration < self.cfg.iterations {
-            let m = self.iteration(on_event)?;
+            let m = match self.iteration(on_event) {
+                Ok(m) => m,
+                Err(TrainError::Rollout(e)) => {
+                    // No server left: keep what was learned, so `--resume`
+                    // continues once a server is back.
+                    let p = self.save_checkpoint()?;
+                    on_event(Event::Checkpoint(&p));
+                    return Err(TrainError::Rollout(e));
+                }
+                Err(e) => return Err(e),
+            };
             on_event(Event::Iteration(&m));
             let it = self.progress.iteration;
             let last = it == self.cfg.iterations;
@@ -556,25 +597,32 @@ impl Trainer {
         Ok(Outcome::Finished)
     }
 
-    /// Samples G responses for each of `problems` (in `rollout_batch`
-    /// chunks, so a group's identical prompts share one prefill).
-    fn rollout(&mut self, iter: usize, problems: &[usize]) -> TrainResult<Vec<(usize, Generation)>> {
+    /// Samples G responses for each of `problems` from the rollout source,
+    /// first pushing the current weights when a sync is due (every
+    /// iteration in-process; every `rollout.sync_every` for servers).
+    /// Sample `j` of the iteration is seeded `request_seed(iteration seed,
+    /// j)`. Returns each response with its problem and weight version.
+    fn rollout(&mut self, iter: usize, problems: &[usize]) -> TrainResult<Vec<(usize, Generation, u64)>> {
+        let every = match self.cfg.rollout.backend {
+            RolloutBackend::Local => 1,
+            RolloutBackend::Http => self.cfg.rollout.sync_every as u64,
+        };
+        let now = iter as u64;
+        if self.synced.is_none_or(|v| now - v >= every) {
+            self.source.sync_weights(&self.model, &self.tok, now)?;
+            self.synced = Some(now);
+        }
         let g = self.cfg.group_size;
         let base = derived_seed(self.cfg.seed, STREAM_ROLLOUT, iter as u64);
-        let mut reqs = Vec::with_capacity(problems.len() * g);
-        for &p in problems {
-            let ids = self.prompt_ids(p)?;
-            for _ in 0..g {
-                let i = reqs.len() as u64;
-                reqs.push((p, GenerationRequest { prompt_ids: ids.clone(), seed: request_seed(base, i) }));
-            }
+        let mut groups = Vec::with_capacity(problems.len());
+        for (k, &p) in problems.iter().enumerate() {
+            let seeds = (0..g).map(|i| request_seed(base, (k * g + i) as u64)).collect();
+            groups.push(GroupRequest { prompt_ids: self.prompt_ids(p)?, seeds });
         }
-        let chunk = (self.cfg.rollout_batch / g).max(1) * g;
-        let mut out = Vec::with_capacity(reqs.len());
-        for part in reqs.chunks(chunk) {
-            let rq: Vec<GenerationRequest> = part.iter().map(|(_, r)| r.clone()).collect();
-            let gens = generate(&self.model, &self.tok, &rq, &self.cfg.sampling)?;
-            out.extend(part.iter().map(|(p, _)| *p).zip(gens));
+        let rollouts = self.source.generate(&self.model, &self.tok, &groups, &self.cfg.sampling)?;
+        let mut out = Vec::with_capacity(problems.len() * g);
+        for (&p, r) in problems.iter().zip(rollouts) {
+            out.extend(r.generations.into_iter().map(|gen| (p, gen, r.weight_version)));
         }
         Ok(out)
     }
@@ -606,16 +654,28 @@ impl Trainer {
         let t_start = Instant::now();
 
         on_event(Event::Phase { iter, name: "rollout" });
+        let data_before = self.progress.data;
         let problems = self.next_problems(self.cfg.prompts_per_iter)?;
-        let gens = self.rollout(iter, &problems)?;
+        let gens = match self.rollout(iter, &problems) {
+            Ok(g) => g,
+            Err(e) => {
+                // Nothing of this iteration happened: a checkpoint written
+                // now resumes by drawing the same problems again.
+                self.progress.data = data_before;
+                return Err(e);
+            }
+        };
+        let rollout_version = gens.first().map_or(iter as u64, |(_, _, v)| *v);
         let rollout_s = t_start.elapsed().as_secs_f64();
 
         let mut samples = Vec::with_capacity(gens.len());
         let mut entropy_sum = 0.0f64;
         let mut truncated = 0usize;
-        for (p, gen) in &gens {
+        let mut entropy_tokens = 0usize;
+        for (p, gen, version) in &gens {
             let s = self.reward_fn.score(&self.problems[*p], gen);
             entropy_sum += gen.entropy.iter().map(|&e| f64::from(e)).sum::<f64>();
+            entropy_tokens += gen.entropy.len();
             truncated += usize::from(gen.finish_reason == crate::sample::FinishReason::Length);
             let behaviour = match self.cfg.behaviour_logprobs {
                 BehaviourLogprobs::Sampled => gen.logprobs.clone(),
@@ -630,6 +690,7 @@ impl Trainer {
                 advantage: 0.0,
                 behaviour_logp: behaviour,
                 ref_logp: None,
+                version: *version,
             });
         }
         let gen_tokens: usize = samples.iter().map(|s| s.response_ids.len()).sum();
@@ -648,7 +709,13 @@ impl Trainer {
             response_len_mean: lens.iter().sum::<usize>() as f64 / n,
             response_len_max: lens.iter().copied().max().unwrap_or(0),
             truncated_frac: truncated as f64 / n,
-            entropy: entropy_sum / gen_tokens.max(1) as f64,
+            // Servers that do not report entropies leave it unknown.
+            entropy: if entropy_tokens == 0 && gen_tokens > 0 {
+                f64::NAN
+            } else {
+                entropy_sum / entropy_tokens.max(1) as f64
+            },
+            rollout_version,
             zero_variance_groups: zero_var,
             zero_variance_frac: zero_var as f64 / problems.len() as f64,
             ..IterMetrics::default()
@@ -711,6 +778,7 @@ impl Trainer {
             &mut self.replay,
             &mut shuffle_rng,
         )?;
+        let (mut lag_sum, mut lag_n) = (0.0f64, 0usize);
         for k in 0..phase.len() {
             // An item's age is its epoch on-policy (the histograms compare
             // epochs) and its staleness in the replay buffer.
@@ -725,10 +793,17 @@ impl Trainer {
                     (s.item.clone(), age)
                 })
                 .collect();
+            for (s, _) in &drawn {
+                let lag = (iter as u64).saturating_sub(s.version);
+                lag_sum += lag as f64;
+                lag_n += 1;
+                m.version_lag_max = m.version_lag_max.max(lag);
+            }
             let items: Vec<(&Sample, u64)> = drawn.iter().map(|(s, a)| (s, *a)).collect();
             self.optimizer_step(&items, &mut hist, &mut acc, on_event)?;
         }
         let train_s = t_train.elapsed().as_secs_f64();
+        m.version_lag_mean = lag_sum / lag_n.max(1) as f64;
         acc.finish_into(&mut m);
         m.steps = self.progress.steps;
         m.lambda = self.learner.lambda();

@@ -1,0 +1,106 @@
+//! Shared by the tests that start real `r2vpo serve` processes: a tiny
+//! model folder, and a server handle that stops its process by PID.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use candle_core::{DType, Device};
+use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
+use r2vpo_llm::tokenizer::Tokenizer;
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn gguf() -> PathBuf {
+    let p = root().join(".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "{} missing (run `make deps`)", p.display());
+    p
+}
+
+/// The tiny random model `ModelSource::tiny_random` builds (hidden 32, 2
+/// layers, std 0.5, Llama layout, tied embeddings) on the embedded
+/// tokenizer, so a server and a learner agree on every weight.
+pub fn tiny(seed: u64) -> (Transformer, Tokenizer) {
+    let tok = Tokenizer::load(&gguf()).unwrap();
+    let cfg = ModelConfig::tiny(Architecture::Llama, tok.vocab_size(), 32, 64, 2, 4, 2, true);
+    (Transformer::new_random_with_std(cfg, seed, 0.5, DType::F32, &Device::Cpu).unwrap(), tok)
+}
+
+/// Writes [`tiny`]`(seed)` as a Hugging Face folder.
+pub fn tiny_dir(dir: &Path, seed: u64) -> PathBuf {
+    let (m, tok) = tiny(seed);
+    r2vpo_llm::model::save::save_hf_dir(&m, dir).unwrap();
+    tok.save_hf_files(dir).unwrap();
+    dir.to_path_buf()
+}
+
+/// A running `r2vpo serve`; killed (SIGKILL) when dropped unless stopped.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Server {
+    /// Starts `r2vpo serve --port 0 ARGS` and waits for its address line.
+    pub fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_r2vpo"))
+            .current_dir(root())
+            .args(["--threads", "1", "serve", "--port", "0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("listening on ").nth(1) {
+                    let _ = tx.send(addr.split_whitespace().next().unwrap_or_default().to_string());
+                }
+            }
+        });
+        let url = rx.recv_timeout(Duration::from_secs(120)).expect("r2vpo serve printed no address");
+        Server { child, url }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends `signal` and waits (at most 60 s) for the exit status.
+    pub fn signal(mut self, signal: i32) -> std::process::ExitStatus {
+        unsafe { libc::kill(self.pid(), signal) };
+        let t0 = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "server did not stop");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
+}
+
+/// POSTs JSON, returns (status, body as JSON).
+pub fn post(url: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let r = client().post(url).json(body).send().unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(serde_json::Value::Null))
+}

@@ -1,0 +1,248 @@
+//! `r2vpo serve` as a user runs it: a real process on a free loopback port
+//! serving a tiny random model, checked through HTTP against the learner's
+//! own recomputation of the log-probs.
+
+mod common;
+
+use candle_core::{Device, Tensor};
+use common::{post, tiny, tiny_dir, Server};
+use r2vpo_llm::model::Transformer;
+use r2vpo_llm::tokenizer::PaddedBatch;
+use serde_json::{json, Value};
+
+/// log π(token) of each response token, recomputed by the learner's
+/// full-sequence scoring pass.
+fn learner_logprobs(m: &Transformer, prompt: &[u32], responses: &[Vec<u32>]) -> Vec<Vec<f32>> {
+    let seqs: Vec<Vec<u32>> = responses.iter().map(|r| [prompt.to_vec(), r.clone()].concat()).collect();
+    let b = PaddedBatch::left_pad(&seqs, 0);
+    let (ids, mask) = b.to_tensors(&Device::Cpu).unwrap();
+    let w = b.width();
+    let targets = Tensor::cat(&[ids.narrow(1, 1, w - 1).unwrap(), ids.narrow(1, w - 1, 1).unwrap()], 1).unwrap();
+    let lp = m.score_logprobs(&ids, &mask, &targets).unwrap().to_vec2::<f32>().unwrap();
+    responses
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (0..r.len()).map(|k| lp[i][w - r.len() + k - 1]).collect())
+        .collect()
+}
+
+/// (token ids, log-probs) of each choice; checks that `token_ids` and the
+/// `token_id:N` strings agree.
+fn choices(v: &Value) -> Vec<(Vec<u32>, Vec<f32>)> {
+    v["choices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no choices in {v}"))
+        .iter()
+        .map(|c| {
+            let ids: Vec<u32> = serde_json::from_value(c["token_ids"].clone()).unwrap();
+            let toks: Vec<u32> = c["logprobs"]["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap().strip_prefix("token_id:").unwrap().parse().unwrap())
+                .collect();
+            assert_eq!(ids, toks, "token ids round-trip");
+            let lp: Vec<f32> =
+                c["logprobs"]["token_logprobs"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+            assert_eq!(lp.len(), ids.len());
+            (ids, lp)
+        })
+        .collect()
+}
+
+fn max_gap(m: &Transformer, prompt: &[u32], cs: &[(Vec<u32>, Vec<f32>)]) -> f32 {
+    let ids: Vec<Vec<u32>> = cs.iter().map(|c| c.0.clone()).collect();
+    let mut worst = 0.0f32;
+    for (c, r) in cs.iter().zip(learner_logprobs(m, prompt, &ids)) {
+        for (a, b) in c.1.iter().zip(&r) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    worst
+}
+
+fn completion(prompt: &[u32], n: usize, max_tokens: usize, temperature: f64, seed: u64) -> Value {
+    json!({
+        "prompt": prompt, "n": n, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
+        "logprobs": 0, "return_tokens_as_token_ids": true,
+    })
+}
+
+/// How far a served log-prob may be from the learner's full-sequence
+/// recomputation. Incremental decoding and a whole-sequence pass multiply
+/// differently shaped matrices, so f32 sums round differently: measured
+/// 9e-5 (greedy) and 1.7e-4 (T = 1) on SmolLM2-135M and 4e-5 on the tiny
+/// model, for the in-process sampler and the server alike (the server adds no error of its own:
+/// `the_server_samples_what_the_in_process_sampler_samples`). Exact ρ = 1
+/// at the first update is `behaviour_logprobs = "recompute"`.
+const TOL: f32 = 5e-4;
+
+const PROMPT: [u32; 7] = [1, 9690, 198, 2683, 314, 216, 34];
+
+#[test]
+fn served_logprobs_equal_the_learners_and_weight_pushes_take_effect() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tiny_dir(&tmp.path().join("a"), 7);
+    let s = Server::start(&["--model", a.to_str().unwrap()]);
+    let url = format!("{}/v1/completions", s.url);
+    let (m7, _) = tiny(7);
+
+    // Greedy and T = 1 sampling: ρ = 1 within the f32 gap between
+    // incremental decoding and a full-sequence pass (see `TOL`).
+    for t in [0.0, 1.0] {
+        let (code, v) = post(&url, &completion(&PROMPT, 4, 12, t, 3));
+        assert_eq!(code, 200, "{v}");
+        assert_eq!(v["weight_version"], "0");
+        assert_eq!(v["logprobs_mode"], "raw_logprobs");
+        let cs = choices(&v);
+        assert_eq!(cs.len(), 4);
+        let gap = max_gap(&m7, &PROMPT, &cs);
+        assert!(gap < TOL, "T = {t}: served vs learner log-probs differ by {gap}");
+    }
+    // The same seed gives the same samples.
+    let (_, v1) = post(&url, &completion(&PROMPT, 4, 12, 1.0, 5));
+    let (_, v2) = post(&url, &completion(&PROMPT, 4, 12, 1.0, 5));
+    assert_eq!(choices(&v1), choices(&v2));
+
+    // A weight push changes the distribution and the reported version.
+    let b = tiny_dir(&tmp.path().join("b"), 8);
+    let (code, v) = post(
+        &format!("{}/update_weights_from_disk", s.url),
+        &json!({"model_path": b.to_str().unwrap(), "weight_version": "3"}),
+    );
+    assert_eq!((code, v["success"].as_bool(), v["weight_version"].as_str()), (200, Some(true), Some("3")), "{v}");
+    let (_, v3) = post(&url, &completion(&PROMPT, 4, 12, 1.0, 5));
+    assert_eq!(v3["weight_version"], "3");
+    let (m8, _) = tiny(8);
+    let cs = choices(&v3);
+    assert!(max_gap(&m8, &PROMPT, &cs) < TOL, "after the push the new weights serve");
+    assert!(max_gap(&m7, &PROMPT, &cs) > 1e-2, "and the old ones no longer do");
+
+    // A push that does not load keeps the old weights serving.
+    for bad in [json!({"model_path": tmp.path().join("missing").to_str().unwrap(), "weight_version": "4"}), json!({"model_path": 5})] {
+        let (code, v) = post(&format!("{}/update_weights_from_disk", s.url), &bad);
+        assert_eq!(code, 400, "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().len() > 10, "{v}");
+    }
+    let (_, v4) = post(&url, &completion(&PROMPT, 4, 12, 1.0, 5));
+    assert_eq!(v4["weight_version"], "3");
+    assert_eq!(choices(&v4), cs);
+
+    // SIGTERM: a clean exit.
+    let st = s.signal(libc::SIGTERM);
+    assert_eq!(st.code(), Some(0), "{st:?}");
+}
+
+#[test]
+fn concurrent_clients_get_complete_answers_and_bad_requests_get_4xx() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tiny_dir(&tmp.path().join("a"), 7);
+    let s = Server::start(&["--model", a.to_str().unwrap(), "--max-batch", "16", "--api-key", "sekret", "--max-body-bytes", "100000"]);
+    let url = format!("{}/v1/completions", s.url);
+    let auth = |body: &Value| -> (u16, Value) {
+        let r = common::client().post(&url).bearer_auth("sekret").json(body).send().unwrap();
+        (r.status().as_u16(), r.json().unwrap_or(Value::Null))
+    };
+    // 16 requests in flight (n = 1..4, lengths 4..32) plus one over-long prompt.
+    let (m7, _) = tiny(7);
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..16)
+            .map(|i| {
+                let auth = &auth;
+                sc.spawn(move || {
+                    let prompt: Vec<u32> = PROMPT.iter().map(|&t| t + i as u32).collect();
+                    let (n, max) = (1 + i % 4, 4 + 2 * i);
+                    let (code, v) = auth(&completion(&prompt, n, max, 1.0, i as u64));
+                    (prompt, n, max, code, v)
+                })
+            })
+            .collect();
+        let long: Vec<u32> = vec![5; 600];
+        let (code, v) = auth(&completion(&long, 1, 4, 1.0, 0));
+        assert_eq!(code, 400, "{v}");
+        assert_eq!(v["error"]["param"], "prompt", "{v}");
+        for h in hs {
+            let (prompt, n, max, code, v) = h.join().unwrap();
+            assert_eq!(code, 200, "{v}");
+            let cs = choices(&v);
+            assert_eq!(cs.len(), n);
+            for (c, choice) in cs.iter().zip(v["choices"].as_array().unwrap()) {
+                let full = choice["finish_reason"] == "length";
+                assert!(c.0.len() <= max && (!full || c.0.len() == max), "{choice}");
+            }
+            assert!(max_gap(&m7, &prompt, &cs) < TOL);
+        }
+    });
+
+    // Bad input: a 4xx naming the field, and the server keeps serving.
+    let cases: Vec<(Value, u16, &str)> = vec![
+        (json!({"prompt": [1, 2], "bogus": 1}), 400, "bogus"),
+        (json!({"prompt": [1, 2], "n": 17}), 400, "n"),
+        (json!({"prompt": [1, 2], "max_tokens": 600}), 400, "max_tokens"),
+        (json!({"prompt": [1, 4_000_000]}), 400, "prompt"),
+        (json!({"prompt": [1, 2], "temperature": -1.0}), 400, "temperature"),
+        (json!({"prompt": [1, 2], "top_p": 0.0}), 400, "top_p"),
+        (json!({"prompt": [1, 2], "stream": true}), 400, "stream"),
+        (json!({"prompt": [1, 2], "logprobs": 5}), 400, "logprobs"),
+        (json!({"prompt": []}), 400, "prompt"),
+        (json!({"prompt": [1, 2], "n": "two"}), 400, "n"),
+    ];
+    for (body, code, field) in cases {
+        let (c, v) = auth(&body);
+        assert_eq!(c, code, "{body} -> {v}");
+        assert_eq!(v["error"]["param"], field, "{body} -> {v}");
+    }
+    let raw = |body: &str| {
+        let r = common::client().post(&url).bearer_auth("sekret").header("content-type", "application/json").body(body.to_string()).send().unwrap();
+        (r.status().as_u16(), r.json::<Value>().unwrap_or(Value::Null))
+    };
+    assert_eq!(raw("{not json").0, 400);
+    assert_eq!(raw(r#"{"prompt": [1], "temperature": 1e999}"#).0, 400, "non-finite temperature");
+    assert_eq!(raw(&format!(r#"{{"prompt": "{}"}}"#, "x".repeat(200_000))).0, 413, "body limit");
+    // The key is checked everywhere but /health.
+    assert_eq!(post(&url, &completion(&PROMPT, 1, 2, 1.0, 0)).0, 401);
+    assert_eq!(common::client().get(format!("{}/v1/models", s.url)).send().unwrap().status().as_u16(), 401);
+    assert_eq!(common::client().get(format!("{}/health", s.url)).send().unwrap().status().as_u16(), 200);
+    let (code, v) = auth(&completion(&PROMPT, 2, 3, 0.0, 0));
+    assert_eq!(code, 200, "still serving: {v}");
+    // Text prompts and stop strings.
+    let (code, v) = auth(&json!({"prompt": "What is 2 + 2?", "max_tokens": 8, "n": 2}));
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"].as_u64().unwrap() as usize, v["choices"].as_array().unwrap().iter().map(|c| c["token_ids"].as_array().unwrap().len()).sum::<usize>());
+}
+
+/// The embedded SmolLM2-135M served as `make demo` serves it: ρ = 1 within
+/// [`TOL`] for greedy and T = 1 samples, and the same tokens and log-probs
+/// as the in-process sampler for the same seeds.
+#[test]
+fn the_server_samples_what_the_in_process_sampler_samples() {
+    let gguf = common::gguf();
+    let s = Server::start(&["--model", gguf.to_str().unwrap()]);
+    let m = r2vpo_llm::model::load_model(&gguf, candle_core::DType::F32, &Device::Cpu).unwrap();
+    let tok = r2vpo_llm::tokenizer::Tokenizer::load(&gguf).unwrap();
+    let prompt = tok.encode("<|im_start|>user\nWhat is 17 + 25?<|im_end|>\n<|im_start|>assistant\n", false).unwrap();
+    for t in [0.0, 1.0] {
+        let (code, v) = post(&format!("{}/v1/completions", s.url), &completion(&prompt, 4, 10, t, 11));
+        assert_eq!(code, 200, "{v}");
+        let gap = max_gap(&m, &prompt, &choices(&v));
+        eprintln!("SmolLM2 T = {t}: max |served − learner| log-prob {gap:e}");
+        assert!(gap < TOL, "T = {t}: {gap}");
+        // The in-process sampler with the server's per-sample seeds.
+        let seeds: Vec<u64> = (0..4).map(|i| r2vpo_llm::sample::request_seed(11, i)).collect();
+        let reqs: Vec<_> = seeds
+            .iter()
+            .map(|&seed| r2vpo_llm::sample::GenerationRequest { prompt_ids: prompt.clone(), seed })
+            .collect();
+        let cfg = r2vpo_llm::sample::SamplingConfig { temperature: t, max_new_tokens: 10, ..Default::default() };
+        let local = r2vpo_llm::sample::generate(&m, &tok, &reqs, &cfg).unwrap();
+        let mut worst = 0.0f32;
+        for (c, g) in choices(&v).iter().zip(&local) {
+            assert_eq!(c.0, g.token_ids, "same seed, same tokens");
+            for (a, b) in c.1.iter().zip(&g.model_logprobs) {
+                worst = worst.max((a - b).abs());
+            }
+        }
+        eprintln!("SmolLM2 T = {t}: max |served − in-process| log-prob {worst:e}");
+        assert!(worst < 1e-5, "T = {t}: the server differs from the in-process sampler by {worst}");
+    }
+}

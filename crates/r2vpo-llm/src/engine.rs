@@ -1,0 +1,534 @@
+//! Continuous batching: one decode loop that many callers share.
+//!
+//! [`Engine`] owns the model on a thread of its own. Callers submit
+//! [`Job`]s (a prompt and `n` samples, each with its own seed and sampling
+//! settings) from any thread; the loop admits waiting jobs whenever rows are
+//! free, prefills their distinct prompts together, appends their KV rows to
+//! the running batch ([`KvCache::append_rows`]) and decodes every active row
+//! in one forward step. A row leaves the batch the step it finishes, and its
+//! job is answered when its last sample is done — a long generation never
+//! holds back a short one, and new requests do not wait for the batch to
+//! drain.
+//!
+//! Sampling is [`crate::sample::sample_token`], one `ChaCha8Rng` per sample
+//! seeded from [`Job::seeds`], so a sample's tokens and log-probs depend on
+//! its seed and the weights only: the same as [`crate::sample::generate_ids`]
+//! for the same seed, up to float rounding of differently shaped batches
+//! (tested).
+//!
+//! Weights change only between generations: [`Engine::update_weights`]
+//! stops admitting jobs, lets the running rows finish, then swaps the model.
+//! Every answer carries the weight version that produced all of its tokens,
+//! which is what an RL learner needs to measure staleness exactly.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use candle_core::{DType, Tensor};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+
+use crate::model::{KvCache, Transformer};
+use crate::sample::{check_prompt_fits, sample_token, FinishReason, Generation, SampleError, SamplingConfig};
+use crate::tokenizer::PaddedBatch;
+
+/// Limits of the decode loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Most sequences decoded together (rows of the batch). A job's `n`
+    /// must not exceed it.
+    pub max_batch: usize,
+    /// Most jobs waiting for admission; beyond it [`Engine::submit`]
+    /// refuses with [`EngineError::Busy`].
+    pub max_waiting: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { max_batch: 64, max_waiting: 1024 }
+    }
+}
+
+/// One prompt to continue `seeds.len()` times.
+pub struct Job {
+    /// Prompt token ids (non-empty, in the vocabulary, fitting the context
+    /// with `sampling.max_new_tokens`).
+    pub prompt_ids: Vec<u32>,
+    /// One seed per sample.
+    pub seeds: Vec<u64>,
+    /// Temperature, truncation, `max_new_tokens`, stop ids.
+    pub sampling: SamplingConfig,
+    /// Ends a sample early when it returns true for the tokens so far (stop
+    /// strings); the sample then finishes with [`FinishReason::Stop`].
+    pub stop_when: Option<Arc<dyn Fn(&[u32]) -> bool + Send + Sync>>,
+    /// Keep sampling past the model's EOS (benchmarks).
+    pub ignore_eos: bool,
+}
+
+/// The answer to a job.
+#[derive(Clone, Debug)]
+pub struct JobOutput {
+    /// One generation per seed, in the order of [`Job::seeds`]
+    /// ([`Generation::text`] is left empty: the caller owns the tokenizer).
+    pub generations: Vec<Generation>,
+    /// The weight version that produced every token of every sample.
+    pub weight_version: String,
+}
+
+/// Errors of the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The job is invalid (the message names the field).
+    #[error(transparent)]
+    Invalid(#[from] SampleError),
+    /// Too many jobs are waiting.
+    #[error("{0} jobs are already waiting; try again later")]
+    Busy(usize),
+    /// The engine has stopped (shutdown or a failed model step).
+    #[error("the engine has stopped: {0}")]
+    Stopped(String),
+}
+
+type Reply = Box<dyn FnOnce(Result<JobOutput, EngineError>) + Send>;
+
+enum Msg {
+    Submit(Job, Reply),
+    Weights(Transformer, String, Box<dyn FnOnce() + Send>),
+    Pause(bool),
+    Shutdown,
+}
+
+/// Counters a server reports (`/health`, metrics).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Jobs waiting for admission.
+    pub waiting: usize,
+    /// Rows decoding now.
+    pub running: usize,
+    /// Whether admission is paused.
+    pub paused: bool,
+    /// The weight version now loaded.
+    pub weight_version: String,
+    /// Jobs answered so far.
+    pub completed: u64,
+    /// Tokens generated so far.
+    pub generated_tokens: u64,
+}
+
+/// A handle on the decode loop; cheap to clone, usable from any thread.
+#[derive(Clone)]
+pub struct Engine {
+    tx: Sender<Msg>,
+    stats: Arc<Mutex<EngineStats>>,
+    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+    limits: Limits,
+}
+
+#[derive(Clone, Copy)]
+struct Limits {
+    cfg: EngineConfig,
+    vocab: usize,
+    context: usize,
+}
+
+impl Engine {
+    /// Starts the loop on its own thread with `model` as weight version
+    /// `version`; `eos` ends a sample with [`FinishReason::Eos`], `pad_id`
+    /// fills left padding.
+    pub fn start(model: Transformer, version: String, cfg: EngineConfig, eos: Option<u32>, pad_id: u32) -> Engine {
+        let (tx, rx) = mpsc::channel();
+        let limits = Limits {
+            cfg,
+            vocab: model.config().vocab_size,
+            context: model.config().max_position_embeddings,
+        };
+        let stats = Arc::new(Mutex::new(EngineStats { weight_version: version.clone(), ..EngineStats::default() }));
+        let st = stats.clone();
+        let handle = std::thread::Builder::new()
+            .name("r2vpo-engine".into())
+            .spawn(move || {
+                let mut lp = Loop::new(model, version, cfg, eos, pad_id, st);
+                lp.run(rx);
+            })
+            .expect("spawning the engine thread");
+        Engine { tx, stats, thread: Arc::new(Mutex::new(Some(handle))), limits }
+    }
+
+    /// The model's context length (prompt + new tokens).
+    pub fn context(&self) -> usize {
+        self.limits.context
+    }
+
+    /// The model's vocabulary size.
+    pub fn vocab_size(&self) -> usize {
+        self.limits.vocab
+    }
+
+    /// The limits the engine was started with.
+    pub fn config(&self) -> EngineConfig {
+        self.limits.cfg
+    }
+
+    /// Checks a job against the model and the limits without submitting it.
+    pub fn check(&self, job: &Job) -> Result<(), EngineError> {
+        let bad = |field: &str, message: String| Err(SampleError::Config { field: field.into(), message }.into());
+        job.sampling.validate()?;
+        if job.prompt_ids.is_empty() {
+            return bad("prompt", "is empty".into());
+        }
+        if let Some(&t) = job.prompt_ids.iter().find(|&&t| t as usize >= self.limits.vocab) {
+            return bad("prompt", format!("token id {t} is out of range for the vocabulary of {}", self.limits.vocab));
+        }
+        if job.seeds.is_empty() || job.seeds.len() > self.limits.cfg.max_batch {
+            return bad("n", format!("{} must be in 1..={} (the server's max batch)", job.seeds.len(), self.limits.cfg.max_batch));
+        }
+        if job.sampling.max_new_tokens == 0 {
+            return bad("max_tokens", "must be at least 1".into());
+        }
+        check_prompt_fits(job.prompt_ids.len(), job.sampling.max_new_tokens, self.limits.context)
+            .map_err(|source| SampleError::PromptTooLong { request: 0, source })?;
+        Ok(())
+    }
+
+    /// Queues `job`; `reply` is called once, from the engine thread, with
+    /// its output or error.
+    pub fn submit(&self, job: Job, reply: impl FnOnce(Result<JobOutput, EngineError>) + Send + 'static) {
+        if let Err(e) = self.check(&job) {
+            return reply(Err(e));
+        }
+        let waiting = self.stats.lock().expect("stats").waiting;
+        if waiting >= self.limits.cfg.max_waiting {
+            return reply(Err(EngineError::Busy(waiting)));
+        }
+        self.stats.lock().expect("stats").waiting += 1;
+        let reply: Reply = Box::new(reply);
+        if let Err(mpsc::SendError(Msg::Submit(_, reply))) = self.tx.send(Msg::Submit(job, reply)) {
+            reply(Err(EngineError::Stopped("shut down".into())));
+        }
+    }
+
+    /// [`Engine::submit`] that blocks until the answer.
+    pub fn run_job(&self, job: Job) -> Result<JobOutput, EngineError> {
+        let (tx, rx) = mpsc::channel();
+        self.submit(job, move |r| {
+            let _ = tx.send(r);
+        });
+        rx.recv().unwrap_or_else(|_| Err(EngineError::Stopped("no answer".into())))
+    }
+
+    /// Replaces the weights once the running rows have finished (no new
+    /// job is admitted meanwhile); `done` is called after the swap.
+    pub fn update_weights(&self, model: Transformer, version: String, done: impl FnOnce() + Send + 'static) {
+        let _ = self.tx.send(Msg::Weights(model, version, Box::new(done)));
+    }
+
+    /// Stops (`true`) or resumes (`false`) admitting jobs; running rows
+    /// finish either way, and jobs that arrive meanwhile wait.
+    pub fn pause(&self, paused: bool) {
+        let _ = self.tx.send(Msg::Pause(paused));
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().expect("stats").clone()
+    }
+
+    /// Finishes the running rows, answers waiting jobs with
+    /// [`EngineError::Stopped`] and joins the thread.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Msg::Shutdown);
+        if let Some(h) = self.thread.lock().expect("thread").take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// One sample being decoded.
+struct Row {
+    job: u64,
+    index: usize,
+    rng: ChaCha8Rng,
+    sampling: Arc<SamplingConfig>,
+    stop_when: Option<Arc<dyn Fn(&[u32]) -> bool + Send + Sync>>,
+    eos: Option<u32>,
+    gen: Generation,
+    done: bool,
+}
+
+struct JobState {
+    outputs: Vec<Option<Generation>>,
+    left: usize,
+    reply: Reply,
+}
+
+struct Loop {
+    model: Transformer,
+    version: String,
+    cfg: EngineConfig,
+    eos: Option<u32>,
+    pad_id: u32,
+    stats: Arc<Mutex<EngineStats>>,
+    waiting: VecDeque<(Job, Reply)>,
+    jobs: HashMap<u64, JobState>,
+    next_job: u64,
+    rows: Vec<Row>,
+    cache: Option<KvCache>,
+    /// Logits `(rows, V)` of the next token of every active row.
+    logits: Option<Tensor>,
+    paused: bool,
+    pending: VecDeque<(Transformer, String, Box<dyn FnOnce() + Send>)>,
+}
+
+impl Loop {
+    fn new(
+        model: Transformer,
+        version: String,
+        cfg: EngineConfig,
+        eos: Option<u32>,
+        pad_id: u32,
+        stats: Arc<Mutex<EngineStats>>,
+    ) -> Self {
+        Loop {
+            model,
+            version,
+            cfg,
+            eos,
+            pad_id,
+            stats,
+            waiting: VecDeque::new(),
+            jobs: HashMap::new(),
+            next_job: 0,
+            rows: Vec::new(),
+            cache: None,
+            logits: None,
+            paused: false,
+            pending: VecDeque::new(),
+        }
+    }
+
+    fn handle(&mut self, m: Msg) -> bool {
+        match m {
+            Msg::Submit(job, reply) => self.waiting.push_back((job, reply)),
+            Msg::Weights(model, version, done) => self.pending.push_back((model, version, done)),
+            Msg::Pause(p) => self.paused = p,
+            Msg::Shutdown => return false,
+        }
+        true
+    }
+
+    fn run(&mut self, rx: Receiver<Msg>) {
+        let mut open = true;
+        while open || !self.rows.is_empty() {
+            // Block only when there is nothing to decode.
+            let idle = self.rows.is_empty() && (self.waiting.is_empty() || self.paused) && self.pending.is_empty();
+            if open && idle {
+                match rx.recv_timeout(Duration::from_millis(200)) {
+                    Ok(m) => open = self.handle(m),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => open = false,
+                }
+            }
+            while open {
+                match rx.try_recv() {
+                    Ok(m) => open = self.handle(m),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => open = false,
+                }
+            }
+            if self.rows.is_empty() {
+                if let Some((model, version, done)) = self.pending.pop_front() {
+                    self.model = model;
+                    self.version = version;
+                    self.stats.lock().expect("stats").weight_version = self.version.clone();
+                    done();
+                    continue;
+                }
+            }
+            if let Err(e) = self.step(open) {
+                self.fail_all(&format!("model step failed: {e}"));
+            }
+            self.publish();
+        }
+        // Shut down: whatever still waits is refused.
+        for (_, reply) in self.waiting.drain(..) {
+            reply(Err(EngineError::Stopped("the server is shutting down".into())));
+        }
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let mut s = self.stats.lock().expect("stats");
+        s.waiting = self.waiting.len();
+        s.running = self.rows.len();
+        s.paused = self.paused;
+    }
+
+    fn fail_all(&mut self, why: &str) {
+        self.rows.clear();
+        self.cache = None;
+        self.logits = None;
+        for (_, st) in self.jobs.drain() {
+            (st.reply)(Err(EngineError::Stopped(why.to_string())));
+        }
+    }
+
+    /// Admits what fits, samples one token for every row, retires finished
+    /// rows, and runs the next forward step.
+    fn step(&mut self, open: bool) -> Result<(), EngineError> {
+        if open && !self.paused && self.pending.is_empty() {
+            self.admit()?;
+        }
+        let Some(logits) = self.logits.take() else { return Ok(()) };
+        let l = logits.to_dtype(DType::F32).map_err(SampleError::from)?.to_vec2::<f32>().map_err(SampleError::from)?;
+        self.rows.par_iter_mut().zip(l.par_iter()).for_each(|(row, l)| {
+            let s = sample_token(l, &row.sampling, &mut row.rng);
+            let g = &mut row.gen;
+            g.token_ids.push(s.token);
+            g.logprobs.push(s.logprob as f32);
+            g.model_logprobs.push(s.model_logprob as f32);
+            g.entropy.push(s.entropy as f32);
+            let finish = if Some(s.token) == row.eos {
+                Some(FinishReason::Eos)
+            } else if row.sampling.stop_token_ids.contains(&s.token) {
+                Some(FinishReason::Stop)
+            } else if row.stop_when.as_ref().is_some_and(|f| f(&g.token_ids)) {
+                Some(FinishReason::Stop)
+            } else if g.token_ids.len() >= row.sampling.max_new_tokens {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if let Some(f) = finish {
+                g.finish_reason = f;
+                row.done = true;
+            }
+        });
+        let tokens = self.rows.len() as u64;
+        self.stats.lock().expect("stats").generated_tokens += tokens;
+        let keep: Vec<usize> = (0..self.rows.len()).filter(|&j| !self.rows[j].done).collect();
+        if keep.len() != self.rows.len() {
+            let rows = std::mem::take(&mut self.rows);
+            let mut kept = Vec::with_capacity(keep.len());
+            for row in rows {
+                if row.done {
+                    self.finish(row);
+                } else {
+                    kept.push(row);
+                }
+            }
+            self.rows = kept;
+            match self.cache.as_mut() {
+                Some(c) if !keep.is_empty() => {
+                    c.select_rows(&keep).map_err(SampleError::from)?;
+                    c.trim_padding().map_err(SampleError::from)?;
+                }
+                _ => self.cache = None,
+            }
+        }
+        if self.rows.is_empty() {
+            self.cache = None;
+            return Ok(());
+        }
+        let next: Vec<u32> = self.rows.iter().map(|r| *r.gen.token_ids.last().expect("sampled")).collect();
+        let n = next.len();
+        let dev = self.model.device().clone();
+        let ids = Tensor::from_vec(next, (n, 1), &dev).map_err(SampleError::from)?;
+        let mask = Tensor::ones((n, 1), DType::U32, &dev).map_err(SampleError::from)?;
+        let cache = self.cache.as_mut().expect("a cache while rows are active");
+        self.logits = Some(self.model.forward_step(&ids, &mask, cache).map_err(SampleError::from)?);
+        Ok(())
+    }
+
+    fn finish(&mut self, row: Row) {
+        let Some(st) = self.jobs.get_mut(&row.job) else { return };
+        st.outputs[row.index] = Some(row.gen);
+        st.left -= 1;
+        if st.left == 0 {
+            let st = self.jobs.remove(&row.job).expect("job");
+            let generations = st.outputs.into_iter().map(|g| g.expect("every sample finished")).collect();
+            (st.reply)(Ok(JobOutput { generations, weight_version: self.version.clone() }));
+            self.stats.lock().expect("stats").completed += 1;
+        }
+    }
+
+    /// Moves waiting jobs into the batch while rows are free: their distinct
+    /// prompts are prefilled together and their cache rows appended.
+    fn admit(&mut self) -> Result<(), EngineError> {
+        let mut admitted: Vec<(u64, Job)> = Vec::new();
+        let mut free = self.cfg.max_batch.saturating_sub(self.rows.len());
+        while let Some((job, _)) = self.waiting.front() {
+            if job.seeds.len() > free {
+                break;
+            }
+            let (job, reply) = self.waiting.pop_front().expect("front");
+            free -= job.seeds.len();
+            let id = self.next_job;
+            self.next_job += 1;
+            self.jobs.insert(id, JobState { outputs: vec![None; job.seeds.len()], left: job.seeds.len(), reply });
+            admitted.push((id, job));
+        }
+        if admitted.is_empty() {
+            return Ok(());
+        }
+        let mut uniq: Vec<Vec<u32>> = Vec::new();
+        let mut seen: HashMap<Vec<u32>, usize> = HashMap::new();
+        let mut of_row: Vec<u32> = Vec::new();
+        let mut new_rows: Vec<Row> = Vec::new();
+        for (id, job) in admitted {
+            let u = *seen.entry(job.prompt_ids.clone()).or_insert_with(|| {
+                uniq.push(job.prompt_ids.clone());
+                uniq.len() - 1
+            });
+            let sampling = Arc::new(job.sampling);
+            for (index, &seed) in job.seeds.iter().enumerate() {
+                of_row.push(u as u32);
+                new_rows.push(Row {
+                    job: id,
+                    index,
+                    rng: ChaCha8Rng::seed_from_u64(seed),
+                    sampling: sampling.clone(),
+                    stop_when: job.stop_when.clone(),
+                    eos: if job.ignore_eos { None } else { self.eos },
+                    gen: Generation {
+                        prompt_len: job.prompt_ids.len(),
+                        token_ids: Vec::new(),
+                        text: String::new(),
+                        finish_reason: FinishReason::Length,
+                        logprobs: Vec::new(),
+                        model_logprobs: Vec::new(),
+                        entropy: Vec::new(),
+                    },
+                    done: false,
+                });
+            }
+        }
+        let dev = self.model.device().clone();
+        let run = || -> Result<(KvCache, Tensor), SampleError> {
+            let (ids, mask) = PaddedBatch::left_pad(&uniq, self.pad_id).to_tensors(&dev)?;
+            let mut cache = KvCache::new(&self.model, uniq.len());
+            let logits = self.model.forward_step(&ids, &mask, &mut cache)?;
+            if uniq.len() < of_row.len() {
+                let rows: Vec<usize> = of_row.iter().map(|&u| u as usize).collect();
+                cache.select_rows(&rows)?;
+            }
+            let logits = logits.index_select(&Tensor::new(of_row.as_slice(), &dev)?, 0)?;
+            Ok((cache, logits))
+        };
+        let (new_cache, new_logits) = run()?;
+        let logits = match self.logits.take() {
+            Some(old) => Tensor::cat(&[&old, &new_logits], 0).map_err(SampleError::from)?,
+            None => new_logits,
+        };
+        match self.cache.as_mut() {
+            Some(c) => c.append_rows(new_cache).map_err(SampleError::from)?,
+            None => self.cache = Some(new_cache),
+        }
+        self.logits = Some(logits);
+        self.rows.extend(new_rows);
+        Ok(())
+    }
+}

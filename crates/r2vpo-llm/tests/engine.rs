@@ -1,0 +1,149 @@
+//! Continuous batching ([`r2vpo_llm::engine::Engine`]): jobs that join a
+//! running batch at different steps sample exactly what
+//! [`generate_ids`] samples for the same seeds, and their log-probs equal
+//! a full-sequence recomputation (ρ = 1 before any update).
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use candle_core::{DType, Device, Tensor};
+use r2vpo_llm::engine::{Engine, EngineConfig, EngineError, Job};
+use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
+use r2vpo_llm::sample::{generate_ids, request_seed, Generation, GenerationRequest, SamplingConfig};
+use r2vpo_llm::tokenizer::PaddedBatch;
+
+const VOCAB: usize = 64;
+
+/// The peaked tiny model of `sample_generate.rs` (far-from-uniform
+/// next-token distributions, so a misaligned log-prob cannot pass).
+fn model(seed: u64) -> Transformer {
+    let cfg = ModelConfig::tiny(Architecture::Qwen2, VOCAB, 32, 48, 2, 4, 2, false);
+    let m = Transformer::new_random(cfg, seed, DType::F32, &Device::Cpu).unwrap();
+    for (name, var) in m.named_vars() {
+        let scale = match name.as_str() {
+            "lm_head.weight" => 40.0,
+            "model.embed_tokens.weight" => 20.0,
+            n if n.contains("proj") => 8.0,
+            _ => 1.0,
+        };
+        var.set(&(var.as_tensor() * scale).unwrap()).unwrap();
+    }
+    m
+}
+
+fn rescored(m: &Transformer, prompt: &[u32], gens: &[Generation]) -> Vec<Vec<f32>> {
+    let seqs: Vec<Vec<u32>> = gens.iter().map(|g| [prompt.to_vec(), g.token_ids.clone()].concat()).collect();
+    let b = PaddedBatch::left_pad(&seqs, 0);
+    let (ids, mask) = b.to_tensors(&Device::Cpu).unwrap();
+    let w = b.width();
+    let targets = Tensor::cat(&[ids.narrow(1, 1, w - 1).unwrap(), ids.narrow(1, w - 1, 1).unwrap()], 1).unwrap();
+    let lp = m.score_logprobs(&ids, &mask, &targets).unwrap().to_vec2::<f32>().unwrap();
+    gens.iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let n = g.token_ids.len();
+            (0..n).map(|k| lp[i][w - n + k - 1]).collect()
+        })
+        .collect()
+}
+
+fn job(prompt: &[u32], seeds: &[u64], max_new: usize, temperature: f64) -> Job {
+    Job {
+        prompt_ids: prompt.to_vec(),
+        seeds: seeds.to_vec(),
+        sampling: SamplingConfig { temperature, max_new_tokens: max_new, ..SamplingConfig::default() },
+        stop_when: None,
+        ignore_eos: false,
+    }
+}
+
+#[test]
+fn jobs_joining_a_running_batch_sample_what_generate_samples() {
+    let prompts: Vec<Vec<u32>> = vec![vec![3, 17, 5, 44, 9, 21], vec![8, 19], vec![25, 6, 49, 11, 2, 33, 40, 1, 7], vec![12]];
+    let max_new = [24usize, 5, 17, 30];
+    // EOS 0 ends some samples early, so rows leave the batch mid-way.
+    let eos = Some(0u32);
+    let engine = Engine::start(model(11), "v0".into(), EngineConfig { max_batch: 16, max_waiting: 64 }, eos, 0);
+    let (tx, rx) = mpsc::channel();
+    for (k, p) in prompts.iter().enumerate() {
+        let seeds: Vec<u64> = (0..3).map(|i| request_seed(99, (k * 3 + i) as u64)).collect();
+        let t = if k == 1 { 0.0 } else { 1.0 };
+        let tx = tx.clone();
+        engine.submit(job(p, &seeds, max_new[k], t), move |r| tx.send((k, r)).unwrap());
+        // Later jobs arrive while earlier ones are decoding.
+        std::thread::sleep(Duration::from_millis(15));
+    }
+    let mut outs: Vec<_> = (0..prompts.len()).map(|_| rx.recv().unwrap()).collect();
+    outs.sort_by_key(|(k, _)| *k);
+    let m = model(11);
+    let mut worst = 0.0f32;
+    for (k, out) in outs {
+        let out = out.unwrap();
+        assert_eq!(out.weight_version, "v0");
+        let seeds: Vec<u64> = (0..3).map(|i| request_seed(99, (k * 3 + i) as u64)).collect();
+        let reqs: Vec<GenerationRequest> =
+            seeds.iter().map(|&seed| GenerationRequest { prompt_ids: prompts[k].clone(), seed }).collect();
+        let t = if k == 1 { 0.0 } else { 1.0 };
+        let cfg = SamplingConfig { temperature: t, max_new_tokens: max_new[k], ..SamplingConfig::default() };
+        let want = generate_ids(&m, &reqs, &cfg, eos, 0).unwrap();
+        for (g, w) in out.generations.iter().zip(&want) {
+            assert_eq!(g.token_ids, w.token_ids, "prompt {k}: the same seed samples the same tokens");
+            assert_eq!(g.finish_reason, w.finish_reason);
+        }
+        for (g, r) in out.generations.iter().zip(rescored(&m, &prompts[k], &out.generations)) {
+            for (a, b) in g.model_logprobs.iter().zip(&r) {
+                worst = worst.max((a - b).abs());
+            }
+        }
+    }
+    assert!(worst < 1e-5, "served log-probs differ from the recomputation by {worst}");
+    let s = engine.stats();
+    assert_eq!((s.completed, s.running, s.waiting), (4, 0, 0));
+    engine.shutdown();
+}
+
+#[test]
+fn a_weight_update_waits_for_running_rows_and_changes_the_version() {
+    let engine = Engine::start(model(11), "0".into(), EngineConfig { max_batch: 4, max_waiting: 8 }, None, 0);
+    let (tx, rx) = mpsc::channel();
+    let tx1 = tx.clone();
+    engine.submit(job(&[1, 2, 3], &[5, 6], 40, 1.0), move |r| tx1.send(("before", r)).unwrap());
+    std::thread::sleep(Duration::from_millis(10));
+    let (dtx, drx) = mpsc::channel();
+    engine.update_weights(model(12), "1".into(), move || dtx.send(()).unwrap());
+    engine.submit(job(&[1, 2, 3], &[5, 6], 40, 1.0), move |r| tx.send(("after", r)).unwrap());
+    let a = rx.recv().unwrap();
+    drx.recv().unwrap();
+    let b = rx.recv().unwrap();
+    assert_eq!((a.0, b.0), ("before", "after"));
+    let (a, b) = (a.1.unwrap(), b.1.unwrap());
+    assert_eq!((a.weight_version.as_str(), b.weight_version.as_str()), ("0", "1"));
+    // Every token of each answer comes from the weights it names.
+    for (out, m) in [(&a, model(11)), (&b, model(12))] {
+        for (g, r) in out.generations.iter().zip(rescored(&m, &[1, 2, 3], &out.generations)) {
+            for (x, y) in g.model_logprobs.iter().zip(&r) {
+                assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+            }
+        }
+    }
+    assert_ne!(a.generations[0].model_logprobs, b.generations[0].model_logprobs);
+    engine.shutdown();
+}
+
+#[test]
+fn invalid_jobs_are_refused_and_the_engine_keeps_serving() {
+    let engine = Engine::start(model(11), "0".into(), EngineConfig { max_batch: 4, max_waiting: 8 }, None, 0);
+    let bad = [
+        job(&[], &[1], 4, 1.0),
+        job(&[1, VOCAB as u32], &[1], 4, 1.0),
+        job(&[1], &[1, 2, 3, 4, 5], 4, 1.0),
+        job(&[1], &[1], 0, 1.0),
+        job(&[1], &[1], 4, f64::NAN),
+        job(&[1; 100], &[1], 4000, 1.0),
+    ];
+    for j in bad {
+        assert!(matches!(engine.run_job(j), Err(EngineError::Invalid(_))));
+    }
+    assert_eq!(engine.run_job(job(&[1, 2], &[1, 2], 3, 1.0)).unwrap().generations.len(), 2);
+    engine.shutdown();
+}

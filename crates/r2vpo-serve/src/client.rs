@@ -1,0 +1,489 @@
+//! The HTTP rollout source of `llm train`: OpenAI-style completion servers
+//! (`r2vpo serve`, vLLM, SGLang, llama.cpp) behind
+//! [`r2vpo_llm::rollout::RolloutSource`].
+//!
+//! One group (a prompt and G samples) is one `POST /v1/completions` with
+//! the prompt as token ids, `n = G`, `logprobs = 0`,
+//! `return_tokens_as_token_ids` and `return_token_ids` set. Groups are
+//! spread over the servers, `max_in_flight` at a time per server; a failed
+//! request (connection refused, timeout, 5xx, an answer that breaks the
+//! contract) is retried with exponential back-off on the next live server,
+//! and a server that fails `max_failures` times in a row is left out until
+//! the next rollout. Only when no server is left does the rollout fail.
+//!
+//! What the client relies on in an answer: `choices[i].token_ids` (vLLM's
+//! `return_token_ids`) or else `logprobs.tokens` as `token_id:N` (vLLM's
+//! `return_tokens_as_token_ids`); `logprobs.token_logprobs`, one finite
+//! number per token; `finish_reason`; and, when present, `weight_version`
+//! (SGLang, `r2vpo serve`), `logprobs_mode` (`r2vpo serve`) and
+//! `entropies` (`r2vpo serve`). Without `weight_version` a sample is
+//! attributed to the last version pushed to that server.
+//!
+//! Weights are pushed SGLang's way: the policy is written once as a Hugging
+//! Face folder (`weights_dir/vNNNNNN`, renamed into place so a server never
+//! reads half a folder) and every server is sent
+//! `POST /update_weights_from_disk {model_path, weight_version}`. A server
+//! that missed a push is brought up to date before it is used again.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use r2vpo_llm::model::Transformer;
+use r2vpo_llm::rollout::{
+    GroupRequest, GroupRollout, LogprobsMode, RolloutCounters, RolloutError, RolloutSource,
+};
+use r2vpo_llm::sample::{FinishReason, Generation, SamplingConfig};
+use r2vpo_llm::tokenizer::Tokenizer;
+use r2vpo_llm::train::RolloutConfig;
+
+use crate::server::mode_name;
+
+/// A server as the client sees it.
+#[derive(Debug, Default)]
+struct Server {
+    url: String,
+    /// Consecutive failures.
+    failures: usize,
+    /// The weight version it last acknowledged.
+    pushed: Option<u64>,
+}
+
+/// The HTTP [`RolloutSource`].
+pub struct HttpRollout {
+    cfg: RolloutConfig,
+    client: reqwest::blocking::Client,
+    weights_dir: PathBuf,
+    servers: Vec<Mutex<Server>>,
+    /// The newest pushed version and its folder.
+    current: Option<(u64, PathBuf)>,
+    counters: Mutex<RolloutCounters>,
+}
+
+/// Why one request failed (the key of [`RolloutCounters::failures`]).
+#[derive(Debug)]
+struct Failure {
+    kind: &'static str,
+    message: String,
+    /// A contract violation that retrying cannot fix (e.g. the wrong
+    /// log-prob mode): the rollout stops at once.
+    fatal: bool,
+}
+
+impl Failure {
+    fn new(kind: &'static str, message: impl Into<String>) -> Self {
+        Failure { kind, message: message.into(), fatal: false }
+    }
+}
+
+/// The lenient view of an answer (extra fields of vLLM/SGLang ignored).
+#[derive(Deserialize)]
+struct Answer {
+    choices: Vec<AnswerChoice>,
+    #[serde(default)]
+    weight_version: Option<serde_json::Value>,
+    #[serde(default)]
+    logprobs_mode: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct AnswerChoice {
+    #[serde(default)]
+    index: Option<usize>,
+    #[serde(default)]
+    token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    logprobs: Option<AnswerLogprobs>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+    #[serde(default)]
+    entropies: Option<Vec<f32>>,
+}
+
+#[derive(Deserialize)]
+struct AnswerLogprobs {
+    #[serde(default)]
+    tokens: Vec<String>,
+    #[serde(default)]
+    token_logprobs: Vec<Option<f64>>,
+}
+
+impl HttpRollout {
+    /// A client of `cfg.urls` that writes pushed weights under
+    /// `weights_dir`.
+    pub fn new(cfg: &RolloutConfig, weights_dir: &Path) -> Result<Self, RolloutError> {
+        let client = reqwest::blocking::Client::builder()
+            .connect_timeout(Duration::from_secs_f64(cfg.connect_timeout_s))
+            .timeout(Duration::from_secs_f64(cfg.timeout_s))
+            .pool_max_idle_per_host(cfg.max_in_flight)
+            .build()
+            .map_err(|e| RolloutError::Unavailable(format!("building the HTTP client: {e}")))?;
+        Ok(HttpRollout {
+            cfg: cfg.clone(),
+            client,
+            weights_dir: weights_dir.to_path_buf(),
+            servers: cfg
+                .urls
+                .iter()
+                .map(|u| Mutex::new(Server { url: u.trim_end_matches('/').to_string(), ..Server::default() }))
+                .collect(),
+            current: None,
+            counters: Mutex::new(RolloutCounters::default()),
+        })
+    }
+
+    fn count_failure(&self, f: &Failure) {
+        *self.counters.lock().expect("counters").failures.entry(f.kind.to_string()).or_default() += 1;
+    }
+
+    fn post(&self, url: &str, body: &serde_json::Value) -> Result<String, Failure> {
+        let mut req = self.client.post(url).json(body);
+        if let Some(k) = &self.cfg.api_key {
+            req = req.bearer_auth(k);
+        }
+        let resp = req.send().map_err(|e| {
+            let kind = if e.is_timeout() {
+                "timeout"
+            } else if e.is_connect() {
+                "connect"
+            } else {
+                "transport"
+            };
+            Failure::new(kind, format!("{url}: {e}"))
+        })?;
+        let status = resp.status();
+        let text = resp.text().map_err(|e| Failure::new("transport", format!("{url}: reading the answer: {e}")))?;
+        if status.is_server_error() {
+            return Err(Failure::new("http_5xx", format!("{url}: HTTP {status}: {}", snippet(&text))));
+        }
+        if !status.is_success() {
+            // A 4xx says this request is wrong; another server would say
+            // the same.
+            return Err(Failure {
+                kind: "http_4xx",
+                message: format!("{url}: HTTP {status}: {}", snippet(&text)),
+                fatal: true,
+            });
+        }
+        Ok(text)
+    }
+
+    /// Pushes the current folder to `server` if it lags.
+    fn catch_up(&self, server: &Mutex<Server>) -> Result<(), Failure> {
+        let Some((version, dir)) = &self.current else { return Ok(()) };
+        let url = {
+            let s = server.lock().expect("server");
+            if s.pushed == Some(*version) {
+                return Ok(());
+            }
+            s.url.clone()
+        };
+        let body = serde_json::json!({
+            "model_path": dir.to_string_lossy(),
+            "weight_version": version.to_string(),
+        });
+        let text = self.post(&format!("{url}/update_weights_from_disk"), &body)?;
+        let ok: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Failure::new("protocol", format!("{url}: weight update answer is not JSON: {e}")))?;
+        if ok.get("success").and_then(|v| v.as_bool()) == Some(false) {
+            return Err(Failure::new("push", format!("{url}: weight update refused: {}", snippet(&text))));
+        }
+        server.lock().expect("server").pushed = Some(*version);
+        Ok(())
+    }
+
+    fn request_body(&self, g: &GroupRequest, sampling: &SamplingConfig) -> serde_json::Value {
+        let mut body = serde_json::json!({
+            "model": self.cfg.model,
+            "prompt": g.prompt_ids,
+            "n": g.n(),
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": if sampling.top_k > 0 { sampling.top_k } else { -1 },
+            "seed": g.seeds.first().copied().unwrap_or(0),
+            "logprobs": 0,
+            "return_tokens_as_token_ids": true,
+            "return_token_ids": true,
+        });
+        if !sampling.stop_token_ids.is_empty() {
+            body["stop_token_ids"] = serde_json::json!(sampling.stop_token_ids);
+        }
+        body
+    }
+
+    /// One group on one server: the request and the contract checks.
+    fn one(
+        &self,
+        server: &Mutex<Server>,
+        g: &GroupRequest,
+        sampling: &SamplingConfig,
+        tok: &Tokenizer,
+    ) -> Result<GroupRollout, Failure> {
+        self.catch_up(server)?;
+        let (url, pushed) = {
+            let s = server.lock().expect("server");
+            (s.url.clone(), s.pushed)
+        };
+        self.counters.lock().expect("counters").requests += 1;
+        let text = self.post(&format!("{url}/v1/completions"), &self.request_body(g, sampling))?;
+        let protocol = |m: String| Failure::new("protocol", format!("{url}: {m}"));
+        let answer: Answer = serde_json::from_str(&text).map_err(|e| protocol(format!("answer is not a completion: {e}")))?;
+        if let Some(mode) = &answer.logprobs_mode {
+            let want = mode_name(self.cfg.logprobs_mode);
+            if mode != want {
+                return Err(Failure {
+                    kind: "protocol",
+                    message: format!(
+                        "{url}: serves {mode} but rollout.logprobs_mode is `{want}`: restart the server with \
+                         --logprobs-mode {want} or change rollout.logprobs_mode"
+                    ),
+                    fatal: true,
+                });
+            }
+        }
+        let version = match &answer.weight_version {
+            Some(serde_json::Value::String(s)) => {
+                s.parse::<u64>().map_err(|_| protocol(format!("weight_version `{s}` is not a learner version")))?
+            }
+            Some(serde_json::Value::Number(n)) => {
+                n.as_u64().ok_or_else(|| protocol(format!("weight_version {n} is not a learner version")))?
+            }
+            _ => pushed.unwrap_or(0),
+        };
+        if answer.choices.len() != g.n() {
+            return Err(protocol(format!("{} choices for n = {}", answer.choices.len(), g.n())));
+        }
+        let mut choices = answer.choices;
+        if choices.iter().all(|c| c.index.is_some()) {
+            choices.sort_by_key(|c| c.index);
+        }
+        let vocab = tok.vocab_size();
+        let mut generations = Vec::with_capacity(choices.len());
+        for (i, c) in choices.into_iter().enumerate() {
+            let lp = c.logprobs.ok_or_else(|| protocol(format!("choice {i} has no logprobs")))?;
+            let ids = match c.token_ids {
+                Some(ids) => ids,
+                None => lp
+                    .tokens
+                    .iter()
+                    .map(|t| t.strip_prefix("token_id:").and_then(|n| n.parse().ok()))
+                    .collect::<Option<Vec<u32>>>()
+                    .ok_or_else(|| protocol(format!("choice {i} has neither token_ids nor token_id:N tokens")))?,
+            };
+            if ids.is_empty() {
+                return Err(protocol(format!("choice {i} has no tokens")));
+            }
+            if let Some(&t) = ids.iter().find(|&&t| t as usize >= vocab) {
+                return Err(protocol(format!("choice {i}: token id {t} is outside the vocabulary of {vocab}")));
+            }
+            if lp.token_logprobs.len() != ids.len() {
+                return Err(protocol(format!(
+                    "choice {i}: {} log-probs for {} tokens",
+                    lp.token_logprobs.len(),
+                    ids.len()
+                )));
+            }
+            let logprobs: Vec<f32> = lp
+                .token_logprobs
+                .iter()
+                .map(|x| x.filter(|v| v.is_finite() && *v <= 1e-6).map(|v| v as f32))
+                .collect::<Option<_>>()
+                .ok_or_else(|| protocol(format!("choice {i}: a log-prob is missing, non-finite or positive")))?;
+            let finish_reason = match c.finish_reason.as_deref() {
+                Some("length") => FinishReason::Length,
+                Some("stop") | Some("eos") => {
+                    if ids.last() == Some(&tok.eos_token_id()) {
+                        FinishReason::Eos
+                    } else {
+                        FinishReason::Stop
+                    }
+                }
+                other => return Err(protocol(format!("choice {i}: finish_reason {other:?}"))),
+            };
+            let body = match finish_reason {
+                FinishReason::Length => &ids[..],
+                _ => &ids[..ids.len() - 1],
+            };
+            let text = tok.decode(body, true).map_err(|e| protocol(format!("choice {i}: {e}")))?;
+            let entropy = c.entropies.filter(|e| e.len() == ids.len()).unwrap_or_default();
+            generations.push(Generation {
+                prompt_len: g.prompt_ids.len(),
+                token_ids: ids,
+                text,
+                finish_reason,
+                logprobs: logprobs.clone(),
+                model_logprobs: logprobs,
+                entropy,
+            });
+        }
+        Ok(GroupRollout { generations, weight_version: version })
+    }
+}
+
+fn snippet(s: &str) -> String {
+    let s = s.trim();
+    if s.len() > 300 {
+        format!("{}…", &s[..s.floor_char_boundary(300)])
+    } else {
+        s.to_string()
+    }
+}
+
+impl RolloutSource for HttpRollout {
+    fn describe(&self) -> String {
+        format!("http {}", self.cfg.urls.join(","))
+    }
+
+    fn logprobs_mode(&self) -> LogprobsMode {
+        self.cfg.logprobs_mode
+    }
+
+    fn generate(
+        &mut self,
+        _policy: &Transformer,
+        tok: &Tokenizer,
+        groups: &[GroupRequest],
+        sampling: &SamplingConfig,
+    ) -> Result<Vec<GroupRollout>, RolloutError> {
+        // Every rollout gives every server a fresh chance.
+        for s in &self.servers {
+            s.lock().expect("server").failures = 0;
+        }
+        let next = AtomicUsize::new(0);
+        let rr = AtomicUsize::new(0);
+        let abort = AtomicBool::new(false);
+        let results: Vec<Mutex<Option<GroupRollout>>> = groups.iter().map(|_| Mutex::new(None)).collect();
+        let fatal: Mutex<Option<String>> = Mutex::new(None);
+        let this = &*self;
+        let workers = (this.servers.len() * this.cfg.max_in_flight).min(groups.len()).max(1);
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|| {
+                    while !abort.load(Ordering::SeqCst) {
+                        let k = next.fetch_add(1, Ordering::SeqCst);
+                        let Some(g) = groups.get(k) else { break };
+                        let mut tries = 0usize;
+                        let mut backoff = this.cfg.backoff_s;
+                        let mut last_failed: Option<usize> = None;
+                        loop {
+                            // The next live server, round robin, not the
+                            // one that just failed while another is live.
+                            let mut live: Vec<usize> = (0..this.servers.len())
+                                .filter(|&i| this.servers[i].lock().expect("server").failures < this.cfg.max_failures)
+                                .collect();
+                            if live.len() > 1 {
+                                live.retain(|&i| Some(i) != last_failed);
+                            }
+                            if live.is_empty() {
+                                *fatal.lock().expect("fatal") = Some(format!(
+                                    "every server failed {} times in a row ({})",
+                                    this.cfg.max_failures,
+                                    this.cfg.urls.join(", ")
+                                ));
+                                abort.store(true, Ordering::SeqCst);
+                                return;
+                            }
+                            let pick = live[rr.fetch_add(1, Ordering::SeqCst) % live.len()];
+                            let server = &this.servers[pick];
+                            match this.one(server, g, sampling, tok) {
+                                Ok(r) => {
+                                    server.lock().expect("server").failures = 0;
+                                    *results[k].lock().expect("result") = Some(r);
+                                    break;
+                                }
+                                Err(f) => {
+                                    this.count_failure(&f);
+                                    eprintln!("warning: rollout request failed ({}): {}", f.kind, f.message);
+                                    if f.fatal || tries >= this.cfg.retries {
+                                        *fatal.lock().expect("fatal") = Some(if f.fatal {
+                                            f.message
+                                        } else {
+                                            format!("{} tries failed; last: {}", tries + 1, f.message)
+                                        });
+                                        abort.store(true, Ordering::SeqCst);
+                                        return;
+                                    }
+                                    server.lock().expect("server").failures += 1;
+                                    last_failed = Some(pick);
+                                    tries += 1;
+                                    this.counters.lock().expect("counters").retries += 1;
+                                    std::thread::sleep(Duration::from_secs_f64(backoff));
+                                    backoff *= 2.0;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(why) = fatal.into_inner().expect("fatal") {
+            return Err(RolloutError::Unavailable(why));
+        }
+        results
+            .into_iter()
+            .map(|r| r.into_inner().expect("result").ok_or_else(|| RolloutError::Unavailable("a group got no answer".into())))
+            .collect()
+    }
+
+    fn sync_weights(&mut self, policy: &Transformer, tok: &Tokenizer, version: u64) -> Result<(), RolloutError> {
+        let t0 = Instant::now();
+        let io = |path: &Path, source: std::io::Error| RolloutError::Io { path: path.to_path_buf(), source };
+        std::fs::create_dir_all(&self.weights_dir).map_err(|e| io(&self.weights_dir, e))?;
+        let dir = self.weights_dir.join(format!("v{version:06}"));
+        let tmp = self.weights_dir.join(format!(".v{version:06}.tmp"));
+        for d in [&tmp, &dir] {
+            if d.exists() {
+                std::fs::remove_dir_all(d).map_err(|e| io(d, e))?;
+            }
+        }
+        r2vpo_llm::model::save::save_hf_dir(policy, &tmp).map_err(|e| RolloutError::Push(e.to_string()))?;
+        tok.save_hf_files(&tmp).map_err(|e| RolloutError::Push(e.to_string()))?;
+        std::fs::rename(&tmp, &dir).map_err(|e| io(&dir, e))?;
+        let dir = std::fs::canonicalize(&dir).map_err(|e| io(&dir, e))?;
+        self.current = Some((version, dir.clone()));
+        let mut errors = Vec::new();
+        for s in &self.servers {
+            if let Err(f) = self.catch_up(s) {
+                self.count_failure(&f);
+                eprintln!("warning: weight push failed ({}): {}", f.kind, f.message);
+                errors.push(f.message);
+            }
+        }
+        if errors.len() == self.servers.len() {
+            return Err(RolloutError::Unavailable(format!("no server took weight version {version}: {}", errors.join("; "))));
+        }
+        // Older folders are no longer needed: a lagging server is sent the
+        // newest one.
+        if let Ok(entries) = std::fs::read_dir(&self.weights_dir) {
+            for e in entries.flatten() {
+                let p = e.path();
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with('v') && p != dir {
+                    let _ = std::fs::remove_dir_all(&p);
+                }
+            }
+        }
+        let mut c = self.counters.lock().expect("counters");
+        c.pushes += 1;
+        c.push_s += t0.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn counters(&self) -> RolloutCounters {
+        self.counters.lock().expect("counters").clone()
+    }
+}
+
+/// Failure counts as a map, for logs.
+pub fn failures_summary(c: &RolloutCounters) -> String {
+    let m: &BTreeMap<String, u64> = &c.failures;
+    if m.is_empty() {
+        return "none".into();
+    }
+    m.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+}

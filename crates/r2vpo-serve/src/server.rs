@@ -1,0 +1,595 @@
+//! `r2vpo serve`: an OpenAI-compatible completion server over the
+//! continuous-batching [`Engine`], with SGLang's weight-update endpoints.
+//!
+//! Routes: `POST /v1/completions`, `GET /v1/models`, `GET /health`,
+//! `GET /get_weight_version`, `POST /update_weights_from_disk`,
+//! `POST /pause_generation`, `POST /continue_generation`. With an API key,
+//! every route but `/health` wants `Authorization: Bearer KEY`.
+//!
+//! Bad input is answered with a 4xx and OpenAI's error body naming the
+//! field; nothing a client sends can stop the server. SIGINT/SIGTERM stop
+//! accepting connections, let in-flight requests finish, and exit 0.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use candle_core::{DType, Device};
+use serde::de::DeserializeOwned;
+use tokio::sync::{oneshot, Mutex};
+
+use r2vpo_llm::engine::{Engine, EngineConfig, EngineError, Job, JobOutput};
+use r2vpo_llm::model::load_model;
+use r2vpo_llm::rollout::LogprobsMode;
+use r2vpo_llm::sample::{request_seed, FinishReason, SampleError, SamplingConfig};
+use r2vpo_llm::tokenizer::Tokenizer;
+
+use crate::protocol::{
+    Choice, CompletionRequest, CompletionResponse, ErrorBody, ErrorDetail, Logprobs, Prompt, UpdateWeightsRequest,
+    UpdateWeightsResponse, Usage,
+};
+
+/// Everything `r2vpo serve` needs.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// A GGUF file or Hugging Face folder.
+    pub model: PathBuf,
+    /// Tokenizer source (default: `model`).
+    pub tokenizer: Option<PathBuf>,
+    /// Interface to bind (loopback by default).
+    pub host: String,
+    /// Port; 0 picks a free one (the address is printed).
+    pub port: u16,
+    /// Bearer token required on every route but `/health`.
+    pub api_key: Option<String>,
+    /// Name reported by `/v1/models` and in answers.
+    pub served_model_name: String,
+    /// Sequences decoded together.
+    pub max_batch: usize,
+    /// Jobs (prompts) waiting for admission before answering 429.
+    pub max_waiting: usize,
+    /// Prompts in one request.
+    pub max_prompts: usize,
+    /// Largest request body in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// What `token_logprobs` mean: raw (T = 1, untruncated) or processed.
+    pub logprobs_mode: LogprobsMode,
+    /// The version of the initial weights.
+    pub weight_version: String,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            model: PathBuf::from(r2vpo_llm::train::config::EMBEDDED_MODEL),
+            tokenizer: None,
+            host: "127.0.0.1".into(),
+            port: 8000,
+            api_key: None,
+            served_model_name: "r2vpo".into(),
+            max_batch: 64,
+            max_waiting: 1024,
+            max_prompts: 256,
+            max_body_bytes: 8 << 20,
+            logprobs_mode: LogprobsMode::Raw,
+            weight_version: "0".into(),
+        }
+    }
+}
+
+/// Errors that keep the server from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The model or tokenizer did not load.
+    #[error("loading {path}: {message}")]
+    Load {
+        /// The file or folder.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// A setting is invalid.
+    #[error("serve: `{field}`: {message}")]
+    Config {
+        /// The option.
+        field: String,
+        /// Why.
+        message: String,
+    },
+    /// Binding or serving failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+struct AppState {
+    engine: Engine,
+    tok: Arc<Tokenizer>,
+    cfg: ServeConfig,
+    /// One weight update at a time.
+    updating: Mutex<()>,
+}
+
+/// `logprobs_mode` as vLLM spells it.
+pub fn mode_name(m: LogprobsMode) -> &'static str {
+    match m {
+        LogprobsMode::Raw => "raw_logprobs",
+        LogprobsMode::Processed => "processed_logprobs",
+        LogprobsMode::Both => "both",
+    }
+}
+
+/// A 4xx/5xx answer with OpenAI's error body.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    param: Option<String>,
+}
+
+impl ApiError {
+    fn bad(param: Option<&str>, message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: param.map(str::to_string) }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            s if s.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        };
+        let body = ErrorBody {
+            error: ErrorDetail {
+                message: self.message,
+                kind: kind.into(),
+                param: self.param,
+                code: self.status.as_u16(),
+            },
+        };
+        (self.status, Json(body)).into_response()
+    }
+}
+
+fn parse<T: DeserializeOwned>(body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(|e| ApiError { status: e.status(), message: e.body_text(), param: None })?;
+    let de = &mut serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let param = (path != ".").then_some(path);
+        let message = match &param {
+            Some(p) => format!("field `{p}`: {}", e.inner()),
+            None => format!("invalid JSON body: {}", e.inner()),
+        };
+        ApiError { status: StatusCode::BAD_REQUEST, message, param }
+    })
+}
+
+fn load_tokenizer(cfg: &ServeConfig) -> Result<Tokenizer, ServeError> {
+    let path = cfg.tokenizer.clone().unwrap_or_else(|| cfg.model.clone());
+    Tokenizer::load(&path).map_err(|e| ServeError::Load { path, message: e.to_string() })
+}
+
+/// Loads the model, binds, prints `r2vpo serve: listening on http://ADDR`
+/// and serves until SIGINT/SIGTERM. Returns once in-flight requests are
+/// answered.
+pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
+    if cfg.max_batch == 0 || cfg.max_prompts == 0 || cfg.max_waiting == 0 {
+        return Err(ServeError::Config {
+            field: "max-batch/max-prompts/max-waiting".into(),
+            message: "must be at least 1".into(),
+        });
+    }
+    if cfg.logprobs_mode == LogprobsMode::Both {
+        return Err(ServeError::Config { field: "logprobs-mode".into(), message: "raw or processed".into() });
+    }
+    let tok = load_tokenizer(&cfg)?;
+    let model = load_model(&cfg.model, DType::F32, &Device::Cpu)
+        .map_err(|e| ServeError::Load { path: cfg.model.clone(), message: e.to_string() })?;
+    if model.config().vocab_size < tok.vocab_size() {
+        return Err(ServeError::Load {
+            path: cfg.model.clone(),
+            message: format!(
+                "vocabulary of {} is smaller than the tokenizer's {}",
+                model.config().vocab_size,
+                tok.vocab_size()
+            ),
+        });
+    }
+    let engine = Engine::start(
+        model,
+        cfg.weight_version.clone(),
+        EngineConfig { max_batch: cfg.max_batch, max_waiting: cfg.max_waiting },
+        Some(tok.eos_token_id()),
+        tok.pad_token_id(),
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let state = Arc::new(AppState { engine: engine.clone(), tok: Arc::new(tok), cfg: cfg.clone(), updating: Mutex::new(()) });
+    let result = rt.block_on(async move {
+        let addr: SocketAddr = format!("{}:{}", cfg.host, cfg.port).parse().map_err(|e| ServeError::Config {
+            field: "host/port".into(),
+            message: format!("`{}:{}`: {e}", cfg.host, cfg.port),
+        })?;
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        println!(
+            "r2vpo serve: listening on http://{local} (model {}, weight version {}, {}, max batch {})",
+            cfg.model.display(),
+            cfg.weight_version,
+            mode_name(cfg.logprobs_mode),
+            cfg.max_batch
+        );
+        axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal()).await?;
+        Ok::<(), ServeError>(())
+    });
+    engine.shutdown();
+    println!("r2vpo serve: stopped");
+    result
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+    eprintln!("r2vpo serve: shutting down after the requests in flight");
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    let limit = state.cfg.max_body_bytes;
+    let protected = Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/get_weight_version", get(weight_version))
+        .route("/update_weights_from_disk", post(update_weights))
+        .route("/pause_generation", post(pause))
+        .route("/continue_generation", post(resume))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .route("/health", get(health))
+        .merge(protected)
+        .fallback(|| async { ApiError { status: StatusCode::NOT_FOUND, message: "no such route".into(), param: None } })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.cfg.api_key {
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        if given.and_then(|g| g.strip_prefix("Bearer ")) != Some(key.as_str()) {
+            return ApiError {
+                status: StatusCode::UNAUTHORIZED,
+                message: "missing or wrong API key (Authorization: Bearer KEY)".into(),
+                param: None,
+            }
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let s = st.engine.stats();
+    Json(serde_json::json!({
+        "status": "ok",
+        "weight_version": s.weight_version,
+        "running": s.running,
+        "waiting": s.waiting,
+        "paused": s.paused,
+        "completed": s.completed,
+        "generated_tokens": s.generated_tokens,
+    }))
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "object": "list",
+        "data": [{
+            "id": st.cfg.served_model_name,
+            "object": "model",
+            "created": now(),
+            "owned_by": "r2vpo",
+            "root": st.cfg.model.display().to_string(),
+            "max_model_len": st.engine.context(),
+        }],
+    }))
+}
+
+async fn weight_version(State(st): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "weight_version": st.engine.stats().weight_version }))
+}
+
+async fn pause(State(st): State<Arc<AppState>>) -> Json<UpdateWeightsResponse> {
+    st.engine.pause(true);
+    Json(UpdateWeightsResponse {
+        success: true,
+        message: "paused: running requests finish, new ones wait".into(),
+        weight_version: st.engine.stats().weight_version,
+    })
+}
+
+async fn resume(State(st): State<Arc<AppState>>) -> Json<UpdateWeightsResponse> {
+    st.engine.pause(false);
+    Json(UpdateWeightsResponse {
+        success: true,
+        message: "generation continues".into(),
+        weight_version: st.engine.stats().weight_version,
+    })
+}
+
+async fn update_weights(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<UpdateWeightsResponse>, ApiError> {
+    let req: UpdateWeightsRequest = parse(body)?;
+    let _one = st.updating.lock().await;
+    let path = PathBuf::from(&req.model_path);
+    let old = st.engine.stats().weight_version;
+    let refuse = |message: String| ApiError::bad(Some("model_path"), format!("{message}; still serving weight version {old}"));
+    let loaded = tokio::task::spawn_blocking(move || load_model(&path, DType::F32, &Device::Cpu))
+        .await
+        .map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string(), param: None })?;
+    let model = loaded.map_err(|e| refuse(format!("`{}` did not load: {e}", req.model_path)))?;
+    if model.config().vocab_size != st.engine.vocab_size() {
+        return Err(refuse(format!(
+            "`{}` has a vocabulary of {}, the served model {}",
+            req.model_path,
+            model.config().vocab_size,
+            st.engine.vocab_size()
+        )));
+    }
+    let version = req.weight_version.clone().unwrap_or_else(|| req.model_path.clone());
+    let (tx, rx) = oneshot::channel();
+    st.engine.update_weights(model, version.clone(), move || {
+        let _ = tx.send(());
+    });
+    rx.await.map_err(|_| ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: "the engine stopped before the update".into(),
+        param: None,
+    })?;
+    Ok(Json(UpdateWeightsResponse {
+        success: true,
+        message: format!("loaded {}", req.model_path),
+        weight_version: version,
+    }))
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Checks a request and turns it into engine jobs (one per prompt).
+fn jobs_for(st: &AppState, req: &CompletionRequest) -> Result<Vec<(Vec<u32>, Job)>, ApiError> {
+    if req.stream {
+        return Err(ApiError::bad(Some("stream"), "streaming is not supported; send stream = false"));
+    }
+    if req.echo {
+        return Err(ApiError::bad(Some("echo"), "echo is not supported"));
+    }
+    if let Some(k) = req.logprobs {
+        if k > 0 {
+            return Err(ApiError::bad(
+                Some("logprobs"),
+                format!("{k}: only the sampled token's log-prob is returned; send logprobs = 0"),
+            ));
+        }
+    }
+    let max_batch = st.engine.config().max_batch;
+    if req.n == 0 || req.n > max_batch {
+        return Err(ApiError::bad(Some("n"), format!("{} must be in 1..={max_batch} (the server's --max-batch)", req.n)));
+    }
+    if !(req.temperature.is_finite() && req.temperature >= 0.0) {
+        return Err(ApiError::bad(Some("temperature"), format!("{} must be finite and >= 0", req.temperature)));
+    }
+    if !(req.top_p > 0.0 && req.top_p <= 1.0) {
+        return Err(ApiError::bad(Some("top_p"), format!("{} must be in (0, 1]", req.top_p)));
+    }
+    if req.max_tokens == 0 {
+        return Err(ApiError::bad(Some("max_tokens"), "must be at least 1"));
+    }
+    let stops: Vec<String> = req.stop.as_ref().map(|s| s.strings()).unwrap_or_default();
+    if stops.iter().any(String::is_empty) {
+        return Err(ApiError::bad(Some("stop"), "stop strings must not be empty"));
+    }
+    let prompts: Vec<Vec<u32>> = match &req.prompt {
+        Prompt::Ids(ids) => vec![ids.clone()],
+        Prompt::IdLists(l) => l.clone(),
+        Prompt::Text(t) => vec![encode(st, t)?],
+        Prompt::Texts(ts) => ts.iter().map(|t| encode(st, t)).collect::<Result<_, _>>()?,
+    };
+    if prompts.is_empty() || prompts.len() > st.cfg.max_prompts {
+        return Err(ApiError::bad(
+            Some("prompt"),
+            format!("{} prompts; between 1 and {} (--max-prompts) per request", prompts.len(), st.cfg.max_prompts),
+        ));
+    }
+    let eos = st.tok.eos_token_id();
+    let mut stop_ids = req.stop_token_ids.clone().unwrap_or_default();
+    stop_ids.extend(st.tok.stop_token_ids().iter().filter(|&&s| s != eos));
+    let vocab = st.engine.vocab_size();
+    if let Some(&bad) = stop_ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::bad(Some("stop_token_ids"), format!("{bad} is out of range for the vocabulary of {vocab}")));
+    }
+    let sampling = SamplingConfig {
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        max_new_tokens: req.max_tokens,
+        stop_token_ids: stop_ids,
+        seed: 0,
+    };
+    let stop_when: Option<Arc<dyn Fn(&[u32]) -> bool + Send + Sync>> = if stops.is_empty() {
+        None
+    } else {
+        let tok = st.tok.clone();
+        let window = stops.iter().map(|s| s.chars().count()).max().unwrap_or(1) + 2;
+        let stops = stops.clone();
+        Some(Arc::new(move |ids: &[u32]| {
+            let tail = &ids[ids.len().saturating_sub(window)..];
+            tok.decode(tail, false).is_ok_and(|t| stops.iter().any(|s| t.contains(s.as_str())))
+        }))
+    };
+    let seed = req.seed.unwrap_or_else(rand::random);
+    let mut jobs = Vec::with_capacity(prompts.len());
+    for (p, ids) in prompts.into_iter().enumerate() {
+        let seeds = (0..req.n).map(|i| request_seed(seed, (p * req.n + i) as u64)).collect();
+        let job = Job {
+            prompt_ids: ids.clone(),
+            seeds,
+            sampling: sampling.clone(),
+            stop_when: stop_when.clone(),
+            ignore_eos: req.ignore_eos,
+        };
+        st.engine.check(&job).map_err(|e| match &e {
+            EngineError::Invalid(SampleError::Config { field, message }) => {
+                ApiError::bad(Some(field), format!("prompt {p}: {message}"))
+            }
+            EngineError::Invalid(SampleError::PromptTooLong { source, .. }) => {
+                // Blame the prompt only when it alone leaves no room.
+                let field = if source.prompt_len >= source.context { "prompt" } else { "max_tokens" };
+                ApiError::bad(Some(field), format!("prompt {p}: {source}"))
+            }
+            _ => ApiError::bad(Some("prompt"), format!("prompt {p}: {e}")),
+        })?;
+        jobs.push((ids, job));
+    }
+    Ok(jobs)
+}
+
+fn encode(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
+    st.tok.encode(text, false).map_err(|e| ApiError::bad(Some("prompt"), e.to_string()))
+}
+
+fn engine_error(e: EngineError) -> ApiError {
+    let status = match &e {
+        EngineError::Invalid(_) => StatusCode::BAD_REQUEST,
+        EngineError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
+        EngineError::Stopped(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    ApiError { status, message: e.to_string(), param: None }
+}
+
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<CompletionResponse>, ApiError> {
+    let req: CompletionRequest = parse(body)?;
+    let jobs = jobs_for(&st, &req)?;
+    let mut waits = Vec::with_capacity(jobs.len());
+    let mut prompt_tokens = 0;
+    for (ids, job) in jobs {
+        prompt_tokens += ids.len();
+        let (tx, rx) = oneshot::channel::<Result<JobOutput, EngineError>>();
+        st.engine.submit(job, move |r| {
+            let _ = tx.send(r);
+        });
+        waits.push(rx);
+    }
+    let mut outputs = Vec::with_capacity(waits.len());
+    for rx in waits {
+        let out = rx
+            .await
+            .map_err(|_| engine_error(EngineError::Stopped("no answer".into())))?
+            .map_err(engine_error)?;
+        outputs.push(out);
+    }
+    // Prompts are admitted in order, so when a weight update lands between
+    // two prompts of one request the first carries the oldest version:
+    // reporting it never understates a sample's lag.
+    let weight_version = outputs.first().map(|o| o.weight_version.clone()).unwrap_or_default();
+    let stops: Vec<String> = req.stop.as_ref().map(|s| s.strings()).unwrap_or_default();
+    let mut choices = Vec::new();
+    let mut completion_tokens = 0;
+    for (p, out) in outputs.into_iter().enumerate() {
+        for (i, g) in out.generations.into_iter().enumerate() {
+            completion_tokens += g.token_ids.len();
+            choices.push(choice(&st, &req, &stops, p * req.n + i, g));
+        }
+    }
+    Ok(Json(CompletionResponse {
+        id: format!("cmpl-{:016x}", rand::random::<u64>()),
+        object: "text_completion".into(),
+        created: now(),
+        model: req.model.clone().unwrap_or_else(|| st.cfg.served_model_name.clone()),
+        choices,
+        usage: Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens },
+        weight_version,
+        logprobs_mode: mode_name(st.cfg.logprobs_mode).into(),
+    }))
+}
+
+fn choice(
+    st: &AppState,
+    req: &CompletionRequest,
+    stops: &[String],
+    index: usize,
+    g: r2vpo_llm::sample::Generation,
+) -> Choice {
+    let body = match g.finish_reason {
+        FinishReason::Length => &g.token_ids[..],
+        _ => &g.token_ids[..g.token_ids.len().saturating_sub(1)],
+    };
+    let mut text = st.tok.decode(body, true).unwrap_or_default();
+    let mut stopped_by_string = false;
+    if let Some(cut) = stops.iter().filter_map(|s| text.find(s.as_str())).min() {
+        text.truncate(cut);
+        stopped_by_string = true;
+    }
+    let logprobs = req.logprobs.map(|_| {
+        let values = match st.cfg.logprobs_mode {
+            LogprobsMode::Processed => &g.logprobs,
+            _ => &g.model_logprobs,
+        };
+        let mut offset = 0;
+        let mut tokens = Vec::with_capacity(g.token_ids.len());
+        let mut text_offset = Vec::with_capacity(g.token_ids.len());
+        for &t in &g.token_ids {
+            let piece = st.tok.decode(&[t], false).unwrap_or_default();
+            text_offset.push(offset);
+            offset += piece.len();
+            tokens.push(if req.return_tokens_as_token_ids { format!("token_id:{t}") } else { piece });
+        }
+        Logprobs {
+            tokens,
+            token_logprobs: values.iter().map(|&x| Some(f64::from(x))).collect(),
+            top_logprobs: None,
+            text_offset,
+        }
+    });
+    let finish_reason = match g.finish_reason {
+        FinishReason::Length if !stopped_by_string => "length",
+        _ => "stop",
+    };
+    Choice {
+        index,
+        text,
+        logprobs,
+        finish_reason: finish_reason.into(),
+        token_ids: g.token_ids,
+        entropies: g.entropy,
+    }
+}
+
+/// The address a `serve` process printed, read from one line of its
+/// stdout (`r2vpo serve: listening on http://ADDR …`).
+pub fn parse_listening_line(line: &str) -> Option<String> {
+    let rest = line.split("listening on ").nth(1)?;
+    Some(rest.split_whitespace().next()?.to_string())
+}
+
+/// Whether `path` looks like something [`load_model`] reads.
+pub fn is_model_path(path: &Path) -> bool {
+    path.is_dir() || path.extension().is_some_and(|e| e == "gguf")
+}
