@@ -48,9 +48,15 @@ pub struct Server {
 impl Server {
     /// Starts `r2vpo serve --port 0 ARGS` and waits for its address line.
     pub fn start(args: &[&str]) -> Server {
+        Self::start_on(0, args)
+    }
+
+    /// [`Server::start`] on a given port.
+    pub fn start_on(port: u16, args: &[&str]) -> Server {
+        let port = port.to_string();
         let mut child = Command::new(env!("CARGO_BIN_EXE_r2vpo"))
             .current_dir(root())
-            .args(["--threads", "1", "serve", "--port", "0"])
+            .args(["--threads", "1", "serve", "--port", &port])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

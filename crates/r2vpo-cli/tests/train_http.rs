@@ -1,0 +1,197 @@
+//! `llm train` with `[rollout] backend = "http"` against two real
+//! `r2vpo serve` processes: iterations run with pushed weights, a server
+//! killed mid-run is failed over, a SIGKILLed learner resumes, and with no
+//! server left the run stops with a checkpoint and resumes once one is back.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{root, tiny_dir, Server};
+
+fn write_config(dir: &Path, urls: &[&str], iterations: usize) -> PathBuf {
+    let gguf = common::gguf();
+    let urls: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+    let text = format!(
+        r#"
+iterations = {iterations}
+prompts_per_iter = 2
+group_size = 4
+minibatch_size = 4
+micro_batch_size = 2
+checkpoint_every = 1
+histogram_every = 0
+mode = "off"
+[model]
+path = "{}"
+[model.random]
+hidden = 32
+intermediate = 64
+layers = 2
+heads = 4
+kv_heads = 2
+seed = 3
+init_std = 0.5
+[data]
+count = 40
+[sampling]
+max_new_tokens = 6
+[replay]
+minibatch_size = 4
+capacity_iters = 2
+[optim]
+lr = 1e-3
+[rollout]
+backend = "http"
+urls = [{}]
+timeout_s = 20
+connect_timeout_s = 2
+retries = 3
+backoff_s = 0.05
+"#,
+        gguf.display(),
+        urls.join(", ")
+    );
+    let p = dir.join("http.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn train(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
+    c.current_dir(root()).args(["--threads", "1", "llm", "train", "--quiet", "--no-export"]).args(args);
+    c
+}
+
+fn metrics(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn wait_for_lines(dir: &Path, n: usize, child: &mut std::process::Child) {
+    let t0 = Instant::now();
+    while metrics(dir).len() < n {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before {n} iterations");
+        assert!(t0.elapsed() < Duration::from_secs(300), "no progress");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn http_rollouts_fail_over_resume_and_stop_with_a_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_dir(&tmp.path().join("init"), 3);
+    let m = model.to_str().unwrap();
+    let a = Server::start(&["--model", m]);
+    let b = Server::start(&["--model", m]);
+    let b_port: u16 = b.url.rsplit(':').next().unwrap().parse().unwrap();
+    let cfg = write_config(tmp.path(), &[&a.url, &b.url], 6);
+    let out = tmp.path().join("run");
+
+    // Kill server A after two iterations: the run fails over to B.
+    let mut child = train(&["--config", cfg.to_str().unwrap(), "--out", out.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_lines(&out, 2, &mut child);
+    let st = a.signal(libc::SIGKILL);
+    assert!(!st.success());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("failed"), "the lost server is reported: {err}");
+    let ms = metrics(&out);
+    assert_eq!(ms.len(), 6);
+    for (i, mline) in ms.iter().enumerate() {
+        // Weights are pushed every iteration (sync_every = 1), so each
+        // rollout comes from the version of its own iteration.
+        assert_eq!(mline["rollout_version"], i as u64, "{mline}");
+        assert!(mline["entropy"].as_f64().unwrap().is_finite(), "r2vpo serve reports entropies");
+        assert!(mline["version_lag_max"].as_u64().unwrap() <= 1, "replay capacity 2: {mline}");
+    }
+    assert!(ms[5]["updates"].as_u64().unwrap() > 0);
+    // Only the newest pushed folder is kept.
+    let pushed: Vec<_> = std::fs::read_dir(out.join("weights")).unwrap().flatten().collect();
+    assert_eq!(pushed.len(), 1, "{pushed:?}");
+
+    // SIGKILL the learner mid-run, then resume.
+    let mut child = train(&["--resume", out.to_str().unwrap(), "--set", "iterations=9"]).spawn().unwrap();
+    wait_for_lines(&out, 7, &mut child);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let st = train(&["--resume", out.to_str().unwrap(), "--set", "iterations=9"]).status().unwrap();
+    assert!(st.success());
+    assert_eq!(metrics(&out).len(), 9);
+
+    // No server left: the run stops with a clear error and a checkpoint...
+    drop(b);
+    let o = train(&["--resume", out.to_str().unwrap(), "--set", "iterations=11"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("no rollout server is available"), "{err}");
+    assert_eq!(metrics(&out).len(), 9);
+    // ...and continues once a server is back on B's address.
+    let _b2 = Server::start_on(b_port, &["--model", m]);
+    let o = train(&["--resume", out.to_str().unwrap(), "--set", "iterations=11"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ms = metrics(&out);
+    assert_eq!(ms.len(), 11);
+    assert_eq!(ms[10]["rollout_version"], 10);
+}
+
+#[test]
+fn a_server_with_the_wrong_logprob_mode_or_sampling_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), &["http://127.0.0.1:9"], 2);
+    // At T ≠ 1 the raw (T = 1) and processed log-probs differ: asking for
+    // the sampling distribution from a raw server, or for the T = 1 model
+    // from a processed one, would make ρ wrong, so both are refused before
+    // anything runs.
+    for (mode, behaviour) in [("raw", "sampled"), ("processed", "model")] {
+        let r = tmp.path().join(format!("r-{mode}"));
+        let o = train(&[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--out",
+            r.to_str().unwrap(),
+            "--set",
+            "sampling.temperature=0.7",
+            "--set",
+            &format!("rollout.logprobs_mode=\"{mode}\""),
+            "--set",
+            &format!("behaviour_logprobs=\"{behaviour}\""),
+        ])
+        .output()
+        .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success());
+        assert!(err.contains("rollout.logprobs_mode") && err.contains("recompute"), "{err}");
+        assert!(!r.exists(), "a refused run leaves no folder");
+    }
+    // With recomputed behaviour log-probs the same sampling is fine (but
+    // nothing listens on port 9: a clear error, after a checkpoint).
+    let o = train(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--out",
+        tmp.path().join("r2").to_str().unwrap(),
+        "--set",
+        "sampling.temperature=0.7",
+        "--set",
+        "behaviour_logprobs=\"recompute\"",
+        "--set",
+        "rollout.logprobs_mode=\"processed\"",
+        "--set",
+        "rollout.retries=1",
+    ])
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("no rollout server is available"), "{err}");
+}
