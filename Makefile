@@ -10,7 +10,7 @@ export RAYON_NUM_THREADS ?= $(shell nproc 2>/dev/null || echo 2)
 export CARGO_BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BIN := target/release/r2vpo
 
-.PHONY: deps build demo test bench lint clippy fmt fmt-check clean-deps
+.PHONY: deps build demo test test-conformance bench lint clippy fmt fmt-check clean-deps
 
 deps:
 	@command -v $(PYTHON) >/dev/null || { echo "deps: error: $(PYTHON) not found; install Python 3 with pip" >&2; exit 1; }
@@ -24,6 +24,12 @@ demo: build
 
 test: deps
 	$(CARGO) test --workspace
+
+# Opt-in: the rollout/log-prob contract against llama.cpp's server
+# (llama-cpp-python, compiled on first use, ~5 min), which nobody here wrote.
+test-conformance: deps
+	@bash scripts/conformance/setup.sh
+	$(CARGO) test --workspace --test conformance_llamacpp -- --ignored
 
 bench: build
 	$(BIN) bench core

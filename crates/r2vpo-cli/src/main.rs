@@ -33,6 +33,7 @@ fn tune_allocator() {
 
 mod args;
 mod bench;
+mod bench_serve;
 mod config;
 mod control_cmd;
 mod llm_eval;
@@ -173,6 +174,9 @@ enum BenchCmd {
     Control(control_cmd::BenchArgs),
     /// Generation throughput of the LLM stack (decode with KV cache at batch 1/8/32).
     Llm(bench::LlmArgs),
+    /// Throughput of `r2vpo serve` under 1/8/32 concurrent clients against
+    /// the in-process sampler at the same total batch.
+    Serve(bench_serve::ServeBenchArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -229,6 +233,7 @@ fn run(cli: Cli) -> Result<()> {
             BenchCmd::Core(a) => bench::core(&a),
             BenchCmd::Control(a) => control_cmd::bench(&a),
             BenchCmd::Llm(a) => bench::llm(&a),
+            BenchCmd::Serve(a) => bench_serve::serve(&a),
         },
         Command::Serve(a) => serve::serve(&a),
         Command::Config(ConfigCmd::Show(a)) => config_show(&a),

@@ -35,6 +35,10 @@ pub struct ServeArgs {
     /// Prompts waiting for a free row before requests get 429.
     #[arg(long, default_value_t = 1024)]
     pub max_waiting: usize,
+    /// Prompt tokens prefilled per decode step: a longer prompt is prefilled
+    /// in chunks with decode steps of the running requests in between.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
     /// Prompts in one request.
     #[arg(long, default_value_t = 256)]
     pub max_prompts: usize,
@@ -64,6 +68,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         served_model_name: a.served_model_name.clone(),
         max_batch: a.max_batch,
         max_waiting: a.max_waiting,
+        prefill_chunk: a.prefill_chunk,
         max_prompts: a.max_prompts,
         max_body_bytes: a.max_body_bytes,
         logprobs_mode: if a.logprobs_mode == "processed_logprobs" { LogprobsMode::Processed } else { LogprobsMode::Raw },

@@ -3,12 +3,15 @@
 //! [`Engine`] owns the model on a thread of its own. Callers submit
 //! [`Job`]s (a prompt and `n` samples, each with its own seed and sampling
 //! settings) from any thread; the loop admits waiting jobs whenever rows are
-//! free, prefills their distinct prompts together, appends their KV rows to
-//! the running batch ([`KvCache::append_rows`]) and decodes every active row
-//! in one forward step. A row leaves the batch the step it finishes, and its
-//! job is answered when its last sample is done — a long generation never
-//! holds back a short one, and new requests do not wait for the batch to
-//! drain.
+//! free, prefills their distinct prompts together (the `n` samples of a
+//! prompt share one prefill), appends their KV rows to the running batch
+//! ([`KvCache::append_rows`]) and decodes every active row in one forward
+//! step. A row leaves the batch the step it finishes, and its job is
+//! answered when its last sample is done — a long generation never holds
+//! back a short one, and new requests do not wait for the batch to drain.
+//! Prompts longer than [`EngineConfig::prefill_chunk`] are prefilled in
+//! chunks, one per loop step, with a decode step of the running rows in
+//! between, so a huge prompt slows the others down but does not stall them.
 //!
 //! Sampling is [`crate::sample::sample_token`], one `ChaCha8Rng` per sample
 //! seeded from [`Job::seeds`], so a sample's tokens and log-probs depend on
@@ -45,11 +48,16 @@ pub struct EngineConfig {
     /// Most jobs waiting for admission; beyond it [`Engine::submit`]
     /// refuses with [`EngineError::Busy`].
     pub max_waiting: usize,
+    /// Prompt tokens (columns of the admitted prompts) prefilled per loop
+    /// step. Longer prompts are prefilled in chunks with a decode step of
+    /// the running rows between chunks, so one huge prompt slows the others
+    /// down instead of stalling them.
+    pub prefill_chunk: usize,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_batch: 64, max_waiting: 1024 }
+        EngineConfig { max_batch: 64, max_waiting: 1024, prefill_chunk: 512 }
     }
 }
 
@@ -265,6 +273,20 @@ struct JobState {
     reply: Reply,
 }
 
+/// Admitted jobs whose distinct prompts are being prefilled.
+struct Prefill {
+    /// The samples, joining the batch once the prefill is done.
+    rows: Vec<Row>,
+    /// Left-padded distinct prompts `(U, W)` and their mask.
+    ids: Tensor,
+    mask: Tensor,
+    /// Row → distinct prompt.
+    of_row: Vec<u32>,
+    cache: KvCache,
+    /// Columns prefilled so far.
+    done: usize,
+}
+
 struct Loop {
     model: Transformer,
     version: String,
@@ -279,6 +301,9 @@ struct Loop {
     cache: Option<KvCache>,
     /// Logits `(rows, V)` of the next token of every active row.
     logits: Option<Tensor>,
+    /// Admitted jobs still being prefilled, chunk by chunk (each group of
+    /// jobs admitted together is one entry).
+    prefills: Vec<Prefill>,
     paused: bool,
     pending: VecDeque<(Transformer, String, Box<dyn FnOnce() + Send>)>,
 }
@@ -305,6 +330,7 @@ impl Loop {
             rows: Vec::new(),
             cache: None,
             logits: None,
+            prefills: Vec::new(),
             paused: false,
             pending: VecDeque::new(),
         }
@@ -322,9 +348,12 @@ impl Loop {
 
     fn run(&mut self, rx: Receiver<Msg>) {
         let mut open = true;
-        while open || !self.rows.is_empty() {
+        while open || !self.rows.is_empty() || !self.prefills.is_empty() {
             // Block only when there is nothing to decode.
-            let idle = self.rows.is_empty() && (self.waiting.is_empty() || self.paused) && self.pending.is_empty();
+            let idle = self.rows.is_empty()
+                && self.prefills.is_empty()
+                && (self.waiting.is_empty() || self.paused)
+                && self.pending.is_empty();
             if open && idle {
                 match rx.recv_timeout(Duration::from_millis(200)) {
                     Ok(m) => open = self.handle(m),
@@ -339,7 +368,7 @@ impl Loop {
                     Err(mpsc::TryRecvError::Disconnected) => open = false,
                 }
             }
-            if self.rows.is_empty() {
+            if self.rows.is_empty() && self.prefills.is_empty() {
                 if let Some((model, version, done)) = self.pending.pop_front() {
                     self.model = model;
                     self.version = version;
@@ -369,6 +398,7 @@ impl Loop {
 
     fn fail_all(&mut self, why: &str) {
         self.rows.clear();
+        self.prefills.clear();
         self.cache = None;
         self.logits = None;
         for (_, st) in self.jobs.drain() {
@@ -381,6 +411,11 @@ impl Loop {
     fn step(&mut self, open: bool) -> Result<(), EngineError> {
         if open && !self.paused && self.pending.is_empty() {
             self.admit()?;
+        }
+        // Every prompt being prefilled advances one chunk per step, so a
+        // short prompt admitted behind a huge one is not held up by it.
+        for p in std::mem::take(&mut self.prefills) {
+            self.prefill_chunk(p)?;
         }
         let Some(logits) = self.logits.take() else { return Ok(()) };
         let l = logits.to_dtype(DType::F32).map_err(SampleError::from)?.to_vec2::<f32>().map_err(SampleError::from)?;
@@ -455,11 +490,11 @@ impl Loop {
         }
     }
 
-    /// Moves waiting jobs into the batch while rows are free: their distinct
-    /// prompts are prefilled together and their cache rows appended.
+    /// Moves waiting jobs into the prefill queue while rows are free.
     fn admit(&mut self) -> Result<(), EngineError> {
         let mut admitted: Vec<(u64, Job)> = Vec::new();
-        let mut free = self.cfg.max_batch.saturating_sub(self.rows.len());
+        let prefilling: usize = self.prefills.iter().map(|p| p.rows.len()).sum();
+        let mut free = self.cfg.max_batch.saturating_sub(self.rows.len() + prefilling);
         while let Some((job, _)) = self.waiting.front() {
             if job.seeds.len() > free {
                 break;
@@ -471,14 +506,28 @@ impl Loop {
             self.jobs.insert(id, JobState { outputs: vec![None; job.seeds.len()], left: job.seeds.len(), reply });
             admitted.push((id, job));
         }
-        if admitted.is_empty() {
-            return Ok(());
+        // Prompts that fit one chunk are prefilled together; each longer
+        // one on its own, so a short prompt never waits for a long one's
+        // chunks.
+        let chunk = self.cfg.prefill_chunk.max(1);
+        let (short, long): (Vec<_>, Vec<_>) = admitted.into_iter().partition(|(_, j)| j.prompt_ids.len() <= chunk);
+        if !short.is_empty() {
+            self.start_prefill(short)?;
         }
+        for job in long {
+            self.start_prefill(vec![job])?;
+        }
+        Ok(())
+    }
+
+    /// Queues the prefill of `jobs`: their distinct prompts left-padded
+    /// into one batch, one row per sample.
+    fn start_prefill(&mut self, jobs: Vec<(u64, Job)>) -> Result<(), EngineError> {
         let mut uniq: Vec<Vec<u32>> = Vec::new();
         let mut seen: HashMap<Vec<u32>, usize> = HashMap::new();
         let mut of_row: Vec<u32> = Vec::new();
         let mut new_rows: Vec<Row> = Vec::new();
-        for (id, job) in admitted {
+        for (id, job) in jobs {
             let u = *seen.entry(job.prompt_ids.clone()).or_insert_with(|| {
                 uniq.push(job.prompt_ids.clone());
                 uniq.len() - 1
@@ -506,29 +555,44 @@ impl Loop {
                 });
             }
         }
+        let (ids, mask) =
+            PaddedBatch::left_pad(&uniq, self.pad_id).to_tensors(self.model.device()).map_err(SampleError::from)?;
+        let cache = KvCache::new(&self.model, uniq.len());
+        self.prefills.push(Prefill { rows: new_rows, ids, mask, of_row, cache, done: 0 });
+        Ok(())
+    }
+
+    /// Prefills the next `prefill_chunk` columns of the admitted prompts;
+    /// after the last one their rows (with the first token's logits) join
+    /// the running batch.
+    fn prefill_chunk(&mut self, mut p: Prefill) -> Result<(), EngineError> {
+        let width = p.ids.dim(1).map_err(SampleError::from)?;
+        let n = self.cfg.prefill_chunk.max(1).min(width - p.done);
+        let ids = p.ids.narrow(1, p.done, n).map_err(SampleError::from)?;
+        let mask = p.mask.narrow(1, p.done, n).map_err(SampleError::from)?;
+        let logits = self.model.forward_step(&ids, &mask, &mut p.cache).map_err(SampleError::from)?;
+        p.done += n;
+        if p.done < width {
+            self.prefills.push(p);
+            return Ok(());
+        }
         let dev = self.model.device().clone();
-        let run = || -> Result<(KvCache, Tensor), SampleError> {
-            let (ids, mask) = PaddedBatch::left_pad(&uniq, self.pad_id).to_tensors(&dev)?;
-            let mut cache = KvCache::new(&self.model, uniq.len());
-            let logits = self.model.forward_step(&ids, &mask, &mut cache)?;
-            if uniq.len() < of_row.len() {
-                let rows: Vec<usize> = of_row.iter().map(|&u| u as usize).collect();
-                cache.select_rows(&rows)?;
-            }
-            let logits = logits.index_select(&Tensor::new(of_row.as_slice(), &dev)?, 0)?;
-            Ok((cache, logits))
-        };
-        let (new_cache, new_logits) = run()?;
+        if p.cache.batch() < p.of_row.len() {
+            let rows: Vec<usize> = p.of_row.iter().map(|&u| u as usize).collect();
+            p.cache.select_rows(&rows).map_err(SampleError::from)?;
+        }
+        let idx = Tensor::new(p.of_row.as_slice(), &dev).map_err(SampleError::from)?;
+        let new_logits = logits.index_select(&idx, 0).map_err(SampleError::from)?;
         let logits = match self.logits.take() {
             Some(old) => Tensor::cat(&[&old, &new_logits], 0).map_err(SampleError::from)?,
             None => new_logits,
         };
         match self.cache.as_mut() {
-            Some(c) => c.append_rows(new_cache).map_err(SampleError::from)?,
-            None => self.cache = Some(new_cache),
+            Some(c) => c.append_rows(p.cache).map_err(SampleError::from)?,
+            None => self.cache = Some(p.cache),
         }
         self.logits = Some(logits);
-        self.rows.extend(new_rows);
+        self.rows.extend(p.rows);
         Ok(())
     }
 }

@@ -14,16 +14,21 @@
 //! What the client relies on in an answer: `choices[i].token_ids` (vLLM's
 //! `return_token_ids`) or else `logprobs.tokens` as `token_id:N` (vLLM's
 //! `return_tokens_as_token_ids`); `logprobs.token_logprobs`, one finite
-//! number per token; `finish_reason`; and, when present, `weight_version`
-//! (SGLang, `r2vpo serve`), `logprobs_mode` (`r2vpo serve`) and
-//! `entropies` (`r2vpo serve`). Without `weight_version` a sample is
-//! attributed to the last version pushed to that server.
+//! number ≤ 0 per token; `finish_reason`; and, when present,
+//! `weight_version` (`r2vpo serve`; SGLang's `metadata.weight_version`),
+//! `logprobs_mode` (`r2vpo serve`) and `entropies` (`r2vpo serve`). Without
+//! a stated version a sample is attributed to the last version pushed to
+//! that server.
 //!
-//! Weights are pushed SGLang's way: the policy is written once as a Hugging
-//! Face folder (`weights_dir/vNNNNNN`, renamed into place so a server never
-//! reads half a folder) and every server is sent
-//! `POST /update_weights_from_disk {model_path, weight_version}`. A server
-//! that missed a push is brought up to date before it is used again.
+//! Weights are written once per push as a Hugging Face folder
+//! (`weights_dir/vNNNNNN`, renamed into place so a server never reads half
+//! a folder), then announced per `rollout.weight_push`: SGLang's
+//! `POST /update_weights_from_disk {model_path, weight_version}` (also
+//! `r2vpo serve`'s), vLLM's development-mode
+//! `POST /collective_rpc {"method": "reload_weights", …}` followed by
+//! `POST /reset_prefix_cache`, or nothing. A server that missed a push is
+//! brought up to date before it is used again. Only the newest folder is
+//! kept.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -39,7 +44,7 @@ use r2vpo_llm::rollout::{
 };
 use r2vpo_llm::sample::{FinishReason, Generation, SamplingConfig};
 use r2vpo_llm::tokenizer::Tokenizer;
-use r2vpo_llm::train::RolloutConfig;
+use r2vpo_llm::train::{RolloutConfig, WeightPush};
 
 use crate::server::mode_name;
 
@@ -86,6 +91,9 @@ struct Answer {
     choices: Vec<AnswerChoice>,
     #[serde(default)]
     weight_version: Option<serde_json::Value>,
+    /// SGLang puts it here.
+    #[serde(default)]
+    metadata: Option<serde_json::Value>,
     #[serde(default)]
     logprobs_mode: Option<String>,
 }
@@ -182,15 +190,27 @@ impl HttpRollout {
             }
             s.url.clone()
         };
-        let body = serde_json::json!({
-            "model_path": dir.to_string_lossy(),
-            "weight_version": version.to_string(),
-        });
-        let text = self.post(&format!("{url}/update_weights_from_disk"), &body)?;
-        let ok: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| Failure::new("protocol", format!("{url}: weight update answer is not JSON: {e}")))?;
-        if ok.get("success").and_then(|v| v.as_bool()) == Some(false) {
-            return Err(Failure::new("push", format!("{url}: weight update refused: {}", snippet(&text))));
+        let path = dir.to_string_lossy();
+        match self.cfg.weight_push {
+            WeightPush::None => {}
+            WeightPush::UpdateWeightsFromDisk => {
+                let body = serde_json::json!({"model_path": path, "weight_version": version.to_string()});
+                let text = self.post(&format!("{url}/update_weights_from_disk"), &body)?;
+                let ok: serde_json::Value = serde_json::from_str(&text)
+                    .map_err(|e| Failure::new("protocol", format!("{url}: weight update answer is not JSON: {e}")))?;
+                if ok.get("success").and_then(|v| v.as_bool()) == Some(false) {
+                    return Err(Failure::new("push", format!("{url}: weight update refused: {}", snippet(&text))));
+                }
+            }
+            WeightPush::VllmReload => {
+                let body = serde_json::json!({
+                    "method": "reload_weights",
+                    "kwargs": {"weights_path": path, "is_checkpoint_format": true},
+                });
+                self.post(&format!("{url}/collective_rpc"), &body)?;
+                // Cached prefixes were computed by the old weights.
+                self.post(&format!("{url}/reset_prefix_cache"), &serde_json::json!({}))?;
+            }
         }
         server.lock().expect("server").pushed = Some(*version);
         Ok(())
@@ -246,7 +266,11 @@ impl HttpRollout {
                 });
             }
         }
-        let version = match &answer.weight_version {
+        let stated = answer
+            .weight_version
+            .clone()
+            .or_else(|| answer.metadata.as_ref().and_then(|m| m.get("weight_version").cloned()));
+        let version = match &stated {
             Some(serde_json::Value::String(s)) => {
                 s.parse::<u64>().map_err(|_| protocol(format!("weight_version `{s}` is not a learner version")))?
             }
@@ -431,6 +455,9 @@ impl RolloutSource for HttpRollout {
     }
 
     fn sync_weights(&mut self, policy: &Transformer, tok: &Tokenizer, version: u64) -> Result<(), RolloutError> {
+        if self.cfg.weight_push == WeightPush::None {
+            return Ok(());
+        }
         let t0 = Instant::now();
         let io = |path: &Path, source: std::io::Error| RolloutError::Io { path: path.to_path_buf(), source };
         std::fs::create_dir_all(&self.weights_dir).map_err(|e| io(&self.weights_dir, e))?;

@@ -56,6 +56,9 @@ pub struct ServeConfig {
     pub max_batch: usize,
     /// Jobs (prompts) waiting for admission before answering 429.
     pub max_waiting: usize,
+    /// Prompt tokens prefilled per decode step (longer prompts are
+    /// prefilled in chunks between decode steps of the running rows).
+    pub prefill_chunk: usize,
     /// Prompts in one request.
     pub max_prompts: usize,
     /// Largest request body in bytes (413 beyond).
@@ -77,6 +80,7 @@ impl Default for ServeConfig {
             served_model_name: "r2vpo".into(),
             max_batch: 64,
             max_waiting: 1024,
+            prefill_chunk: 512,
             max_prompts: 256,
             max_body_bytes: 8 << 20,
             logprobs_mode: LogprobsMode::Raw,
@@ -183,9 +187,9 @@ fn load_tokenizer(cfg: &ServeConfig) -> Result<Tokenizer, ServeError> {
 /// and serves until SIGINT/SIGTERM. Returns once in-flight requests are
 /// answered.
 pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
-    if cfg.max_batch == 0 || cfg.max_prompts == 0 || cfg.max_waiting == 0 {
+    if cfg.max_batch == 0 || cfg.max_prompts == 0 || cfg.max_waiting == 0 || cfg.prefill_chunk == 0 {
         return Err(ServeError::Config {
-            field: "max-batch/max-prompts/max-waiting".into(),
+            field: "max-batch/max-prompts/max-waiting/prefill-chunk".into(),
             message: "must be at least 1".into(),
         });
     }
@@ -208,7 +212,7 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
     let engine = Engine::start(
         model,
         cfg.weight_version.clone(),
-        EngineConfig { max_batch: cfg.max_batch, max_waiting: cfg.max_waiting },
+        EngineConfig { max_batch: cfg.max_batch, max_waiting: cfg.max_waiting, prefill_chunk: cfg.prefill_chunk },
         Some(tok.eos_token_id()),
         tok.pad_token_id(),
     );

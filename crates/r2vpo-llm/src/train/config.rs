@@ -47,6 +47,24 @@ pub enum RolloutBackend {
     Http,
 }
 
+/// How new weights reach the rollout servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightPush {
+    /// SGLang's `POST /update_weights_from_disk {model_path, weight_version}`
+    /// (also `r2vpo serve`'s).
+    UpdateWeightsFromDisk,
+    /// vLLM's development-mode reload (`VLLM_SERVER_DEV_MODE=1`):
+    /// `POST /collective_rpc {"method": "reload_weights", "kwargs":
+    /// {"weights_path", "is_checkpoint_format": true}}`, then
+    /// `POST /reset_prefix_cache`.
+    VllmReload,
+    /// No push: the servers keep their initial weights (evaluation, or a
+    /// server without a weight-update endpoint such as llama.cpp); the
+    /// version lag then grows every iteration and is reported as such.
+    None,
+}
+
 /// The `[rollout]` table: where samples come from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -84,6 +102,9 @@ pub struct RolloutConfig {
     /// on-policy; k > 1 lets rollouts lag up to k − 1 versions). The
     /// in-process sampler is always current.
     pub sync_every: usize,
+    /// How weights are pushed: `update_weights_from_disk` (SGLang,
+    /// `r2vpo serve`), `vllm_reload` or `none`.
+    pub weight_push: WeightPush,
     /// Folder the pushed weights are written to (default `RUN/weights`);
     /// the servers must be able to read it (same machine or a shared file
     /// system).
@@ -105,6 +126,7 @@ impl Default for RolloutConfig {
             max_failures: 3,
             max_in_flight: 4,
             sync_every: 1,
+            weight_push: WeightPush::UpdateWeightsFromDisk,
             weights_dir: None,
         }
     }
