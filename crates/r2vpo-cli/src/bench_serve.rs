@@ -94,8 +94,12 @@ pub fn serve(a: &ServeBenchArgs) -> Result<()> {
                                 "prompt": ids, "n": a.n, "max_tokens": a.new_tokens, "temperature": 1.0,
                                 "seed": i, "ignore_eos": true, "logprobs": 0,
                             });
-                            let v: serde_json::Value =
-                                http.post(format!("{url}/v1/completions")).json(&body).send()?.error_for_status()?.json()?;
+                            let v: serde_json::Value = http
+                                .post(format!("{url}/v1/completions"))
+                                .json(&body)
+                                .send()?
+                                .error_for_status()?
+                                .json()?;
                             Ok(v["usage"]["completion_tokens"].as_u64().unwrap_or(0) as usize)
                         })
                     })

@@ -111,6 +111,18 @@ fn parse_value(raw: &str) -> Value {
 }
 
 /// The resolved config as TOML text, for writing into a run folder.
+/// What a resolved config came from, for errors of its validation: the
+/// file (or the defaults) and, only when there are any, the `--set`s, so a
+/// bad `--set` value is not blamed on the file alone.
+pub fn source(file: Option<&Path>, sets: &[String]) -> String {
+    let base = file.map_or("defaults".to_string(), |p| p.display().to_string());
+    if sets.is_empty() {
+        format!("config {base}")
+    } else {
+        format!("config {base} with --set {}", sets.join(" --set "))
+    }
+}
+
 pub fn to_toml<T: Serialize>(cfg: &T) -> Result<String> {
     toml::to_string_pretty(cfg).context("cannot serialise the resolved config as TOML")
 }

@@ -127,9 +127,7 @@ pub fn resolve(
     all.extend(sets.iter().cloned());
     let file = default_config(file);
     let cfg: TrainConfig = config::load(file.as_deref(), &all)?;
-    cfg.validate().with_context(|| {
-        format!("config {}", file.as_deref().map_or("defaults".into(), |p| p.display().to_string()))
-    })?;
+    cfg.validate().with_context(|| config::source(file.as_deref(), sets))?;
     Ok(cfg)
 }
 

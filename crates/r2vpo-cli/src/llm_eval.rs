@@ -53,8 +53,7 @@ pub struct EvalArgs {
 /// file merged into it, then each `--set`), then validates it.
 pub fn load_config(file: Option<&Path>, sets: &[String]) -> Result<EvalConfig> {
     let cfg: EvalConfig = config::load(file, sets)?;
-    let source = file.map_or("defaults".to_string(), |p| p.display().to_string());
-    cfg.validate().with_context(|| format!("config {source}"))?;
+    cfg.validate().with_context(|| config::source(file, sets))?;
     Ok(cfg)
 }
 

@@ -43,8 +43,7 @@ pub fn load_config(file: Option<&Path>, algo: Option<&str>, seed: Option<u64>, s
     }
     all.extend(sets.iter().cloned());
     let cfg: TrainConfig = config::load(file, &all)?;
-    cfg.validate()
-        .with_context(|| format!("config {}", file.map_or("defaults".into(), |p| p.display().to_string())))?;
+    cfg.validate().with_context(|| config::source(file, sets))?;
     Ok(cfg)
 }
 
@@ -66,6 +65,18 @@ pub fn train(a: &TrainArgs) -> Result<()> {
             (cfg, dir, false)
         }
     };
+    if resume && r2vpo_llm::train::checkpoint::latest(&dir)?.is_none() {
+        // Say so before anything in the folder is touched (config.toml
+        // keeps the run's own settings).
+        bail!(
+            "{} has no checkpoint to resume from (the run stopped before its first one; checkpoint_every = {}). \
+             Start it afresh with `r2vpo llm train --config {}/config.toml --out {} --overwrite`",
+            dir.display(),
+            cfg.checkpoint_every,
+            dir.display(),
+            dir.display()
+        );
+    }
     let existing = if resume { Existing::Resume } else { a.run.existing() };
     let fresh_folder = !dir.exists();
     let run = open_run_folder(&dir, existing)?;

@@ -22,8 +22,8 @@ pub struct ServeArgs {
     /// Port; 0 picks a free one (the address is printed on stdout).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on every route but /health
-    /// (default: $R2VPO_API_KEY if set).
+    /// Require `Authorization: Bearer KEY` on every route (default:
+    /// $R2VPO_API_KEY if set).
     #[arg(long)]
     pub api_key: Option<String>,
     /// Model name in /v1/models and in answers.
@@ -50,6 +50,12 @@ pub struct ServeArgs {
     /// distribution sampled from, after temperature and top-k/top-p).
     #[arg(long, default_value = "raw_logprobs", value_parser = ["raw_logprobs", "processed_logprobs"])]
     pub logprobs_mode: String,
+    /// Raw log-probs from one full-sequence scoring pass per request (what
+    /// the learner computes) instead of those recorded while decoding:
+    /// closer to the learner's recomputation at the cost of one
+    /// prefill-sized pass.
+    #[arg(long)]
+    pub rescore_logprobs: bool,
     /// Version reported for the initial weights.
     #[arg(long, default_value = "0")]
     pub weight_version: String,
@@ -71,8 +77,13 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         prefill_chunk: a.prefill_chunk,
         max_prompts: a.max_prompts,
         max_body_bytes: a.max_body_bytes,
-        logprobs_mode: if a.logprobs_mode == "processed_logprobs" { LogprobsMode::Processed } else { LogprobsMode::Raw },
+        logprobs_mode: if a.logprobs_mode == "processed_logprobs" {
+            LogprobsMode::Processed
+        } else {
+            LogprobsMode::Raw
+        },
         weight_version: a.weight_version.clone(),
+        rescore_logprobs: a.rescore_logprobs,
     };
     r2vpo_serve::serve(cfg)?;
     Ok(())

@@ -101,9 +101,14 @@ fn llama_cpp_serves_raw_logprobs_that_match_the_learner() {
             assert_eq!(v["usage"]["prompt_tokens"].as_u64().unwrap() as usize, ids.len(), "same prompt ids: {v}");
             let c = &v["choices"][0];
             assert!(c.get("token_ids").is_none(), "llama-cpp-python now returns token ids: use them");
-            let toks: Vec<&str> = c["logprobs"]["tokens"].as_array().unwrap().iter().map(|x| x.as_str().unwrap()).collect();
-            let lps: Vec<f32> =
-                c["logprobs"]["token_logprobs"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+            let toks: Vec<&str> =
+                c["logprobs"]["tokens"].as_array().unwrap().iter().map(|x| x.as_str().unwrap()).collect();
+            let lps: Vec<f32> = c["logprobs"]["token_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect();
             let Some(resp): Option<Vec<u32>> =
                 toks.iter().map(|s| by_text.get(*s).filter(|v| v.len() == 1).map(|v| v[0])).collect()
             else {

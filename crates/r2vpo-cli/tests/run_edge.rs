@@ -174,3 +174,36 @@ fn toy_train_refuses_a_used_folder_unless_overwrite_and_bad_configs_leave_none()
     assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("--overwrite"));
     assert!(compare(&["--overwrite"]).status.success());
 }
+
+#[test]
+fn validation_errors_blame_the_set_and_config_show_validates() {
+    // `config show` refuses what a run would refuse, naming the key and the --set.
+    for (kind, set, key) in [
+        ("toy", "lr=nan", "lr"),
+        ("llm-train", "objective.eps_high=5", "eps_high"),
+        ("llm-train", "rollout.sync_every=0", "rollout.sync_every"),
+        ("control", "objective.eps_high=5", "eps_high"),
+    ] {
+        let o = bin().args(["config", "show", kind, "--set", set]).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{kind} --set {set} was accepted");
+        assert!(err.contains(key), "{kind} --set {set}: {err}");
+    }
+    let o = bin().args(["config", "show", "llm-train", "--set", "optim.lr=-1"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--set optim.lr=-1"), "the --set is named: {err}");
+}
+
+#[test]
+fn llm_resume_without_a_checkpoint_says_so_and_leaves_the_folder_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::copy(tiny_llm_config(tmp.path()), run.join("config.toml")).unwrap();
+    let before = std::fs::read(run.join("config.toml")).unwrap();
+    let o = bin().args(["llm", "train", "--resume", run.to_str().unwrap(), "--set", "iterations=9"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("no checkpoint") && err.contains("--overwrite"), "{err}");
+    assert_eq!(std::fs::read(run.join("config.toml")).unwrap(), before, "config.toml untouched");
+}

@@ -19,11 +19,7 @@ fn learner_logprobs(m: &Transformer, prompt: &[u32], responses: &[Vec<u32>]) -> 
     let w = b.width();
     let targets = Tensor::cat(&[ids.narrow(1, 1, w - 1).unwrap(), ids.narrow(1, w - 1, 1).unwrap()], 1).unwrap();
     let lp = m.score_logprobs(&ids, &mask, &targets).unwrap().to_vec2::<f32>().unwrap();
-    responses
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (0..r.len()).map(|k| lp[i][w - r.len() + k - 1]).collect())
-        .collect()
+    responses.iter().enumerate().map(|(i, r)| (0..r.len()).map(|k| lp[i][w - r.len() + k - 1]).collect()).collect()
 }
 
 /// (token ids, log-probs) of each choice; checks that `token_ids` and the
@@ -42,8 +38,12 @@ fn choices(v: &Value) -> Vec<(Vec<u32>, Vec<f32>)> {
                 .map(|t| t.as_str().unwrap().strip_prefix("token_id:").unwrap().parse().unwrap())
                 .collect();
             assert_eq!(ids, toks, "token ids round-trip");
-            let lp: Vec<f32> =
-                c["logprobs"]["token_logprobs"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+            let lp: Vec<f32> = c["logprobs"]["token_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect();
             assert_eq!(lp.len(), ids.len());
             (ids, lp)
         })
@@ -69,7 +69,8 @@ fn completion(prompt: &[u32], n: usize, max_tokens: usize, temperature: f64, see
 }
 
 /// How far a served log-prob may be from the learner's full-sequence
-/// recomputation. Incremental decoding and a whole-sequence pass multiply
+/// recomputation without `--rescore-logprobs` (with it: exactly 0, tested
+/// below). Incremental decoding and a whole-sequence pass multiply
 /// differently shaped matrices, so f32 sums round differently: measured
 /// 9e-5 (greedy) and 1.7e-4 (T = 1) on SmolLM2-135M and 4e-5 on the tiny
 /// model, for the in-process sampler and the server alike (the server adds no error of its own:
@@ -119,7 +120,10 @@ fn served_logprobs_equal_the_learners_and_weight_pushes_take_effect() {
     assert!(max_gap(&m7, &PROMPT, &cs) > 1e-2, "and the old ones no longer do");
 
     // A push that does not load keeps the old weights serving.
-    for bad in [json!({"model_path": tmp.path().join("missing").to_str().unwrap(), "weight_version": "4"}), json!({"model_path": 5})] {
+    for bad in [
+        json!({"model_path": tmp.path().join("missing").to_str().unwrap(), "weight_version": "4"}),
+        json!({"model_path": 5}),
+    ] {
         let (code, v) = post(&format!("{}/update_weights_from_disk", s.url), &bad);
         assert_eq!(code, 400, "{v}");
         assert!(v["error"]["message"].as_str().unwrap().len() > 10, "{v}");
@@ -137,7 +141,16 @@ fn served_logprobs_equal_the_learners_and_weight_pushes_take_effect() {
 fn concurrent_clients_get_complete_answers_and_bad_requests_get_4xx() {
     let tmp = tempfile::tempdir().unwrap();
     let a = tiny_dir(&tmp.path().join("a"), 7);
-    let s = Server::start(&["--model", a.to_str().unwrap(), "--max-batch", "16", "--api-key", "sekret", "--max-body-bytes", "100000"]);
+    let s = Server::start(&[
+        "--model",
+        a.to_str().unwrap(),
+        "--max-batch",
+        "16",
+        "--api-key",
+        "sekret",
+        "--max-body-bytes",
+        "100000",
+    ]);
     let url = format!("{}/v1/completions", s.url);
     let auth = |body: &Value| -> (u16, Value) {
         let r = common::client().post(&url).bearer_auth("sekret").json(body).send().unwrap();
@@ -193,22 +206,39 @@ fn concurrent_clients_get_complete_answers_and_bad_requests_get_4xx() {
         assert_eq!(v["error"]["param"], field, "{body} -> {v}");
     }
     let raw = |body: &str| {
-        let r = common::client().post(&url).bearer_auth("sekret").header("content-type", "application/json").body(body.to_string()).send().unwrap();
+        let r = common::client()
+            .post(&url)
+            .bearer_auth("sekret")
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .unwrap();
         (r.status().as_u16(), r.json::<Value>().unwrap_or(Value::Null))
     };
     assert_eq!(raw("{not json").0, 400);
     assert_eq!(raw(r#"{"prompt": [1], "temperature": 1e999}"#).0, 400, "non-finite temperature");
     assert_eq!(raw(&format!(r#"{{"prompt": "{}"}}"#, "x".repeat(200_000))).0, 413, "body limit");
-    // The key is checked everywhere but /health.
+    // The key is checked on every route.
     assert_eq!(post(&url, &completion(&PROMPT, 1, 2, 1.0, 0)).0, 401);
-    assert_eq!(common::client().get(format!("{}/v1/models", s.url)).send().unwrap().status().as_u16(), 401);
-    assert_eq!(common::client().get(format!("{}/health", s.url)).send().unwrap().status().as_u16(), 200);
+    for route in ["/v1/models", "/health", "/get_weight_version"] {
+        let get = |key: Option<&str>| {
+            let mut r = common::client().get(format!("{}{route}", s.url));
+            if let Some(k) = key {
+                r = r.bearer_auth(k);
+            }
+            r.send().unwrap().status().as_u16()
+        };
+        assert_eq!((get(None), get(Some("wrong")), get(Some("sekret"))), (401, 401, 200), "{route}");
+    }
     let (code, v) = auth(&completion(&PROMPT, 2, 3, 0.0, 0));
     assert_eq!(code, 200, "still serving: {v}");
     // Text prompts and stop strings.
     let (code, v) = auth(&json!({"prompt": "What is 2 + 2?", "max_tokens": 8, "n": 2}));
     assert_eq!(code, 200, "{v}");
-    assert_eq!(v["usage"]["completion_tokens"].as_u64().unwrap() as usize, v["choices"].as_array().unwrap().iter().map(|c| c["token_ids"].as_array().unwrap().len()).sum::<usize>());
+    assert_eq!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() as usize,
+        v["choices"].as_array().unwrap().iter().map(|c| c["token_ids"].as_array().unwrap().len()).sum::<usize>()
+    );
 }
 
 /// The embedded SmolLM2-135M served as `make demo` serves it: ρ = 1 within
@@ -244,5 +274,16 @@ fn the_server_samples_what_the_in_process_sampler_samples() {
         }
         eprintln!("SmolLM2 T = {t}: max |served − in-process| log-prob {worst:e}");
         assert!(worst < 1e-5, "T = {t}: the server differs from the in-process sampler by {worst}");
+    }
+    drop(s);
+    // With --rescore-logprobs the served log-probs come from the learner's
+    // own whole-sequence computation: ρ = 1 within 1e-5.
+    let s = Server::start(&["--model", gguf.to_str().unwrap(), "--rescore-logprobs"]);
+    for t in [0.0, 1.0] {
+        let (code, v) = post(&format!("{}/v1/completions", s.url), &completion(&prompt, 4, 10, t, 11));
+        assert_eq!(code, 200, "{v}");
+        let gap = max_gap(&m, &prompt, &choices(&v));
+        eprintln!("SmolLM2 T = {t}, --rescore-logprobs: max |served − learner| log-prob {gap:e}");
+        assert!(gap < 1e-5, "T = {t}: {gap}");
     }
 }

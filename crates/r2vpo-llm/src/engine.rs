@@ -75,6 +75,13 @@ pub struct Job {
     pub stop_when: Option<Arc<dyn Fn(&[u32]) -> bool + Send + Sync>>,
     /// Keep sampling past the model's EOS (benchmarks).
     pub ignore_eos: bool,
+    /// Once every sample is done, replace [`Generation::model_logprobs`]
+    /// by one full-sequence scoring pass over prompt + response (what the
+    /// learner's `score_logprobs` computes), instead of the values recorded
+    /// while decoding token by token. The two differ by f32 rounding of
+    /// differently shaped matrix products (≈ 1e-4 on SmolLM2); rescoring
+    /// costs one prefill-sized pass per job.
+    pub rescore: bool,
 }
 
 /// The answer to a job.
@@ -149,11 +156,7 @@ impl Engine {
     /// fills left padding.
     pub fn start(model: Transformer, version: String, cfg: EngineConfig, eos: Option<u32>, pad_id: u32) -> Engine {
         let (tx, rx) = mpsc::channel();
-        let limits = Limits {
-            cfg,
-            vocab: model.config().vocab_size,
-            context: model.config().max_position_embeddings,
-        };
+        let limits = Limits { cfg, vocab: model.config().vocab_size, context: model.config().max_position_embeddings };
         let stats = Arc::new(Mutex::new(EngineStats { weight_version: version.clone(), ..EngineStats::default() }));
         let st = stats.clone();
         let handle = std::thread::Builder::new()
@@ -192,7 +195,10 @@ impl Engine {
             return bad("prompt", format!("token id {t} is out of range for the vocabulary of {}", self.limits.vocab));
         }
         if job.seeds.is_empty() || job.seeds.len() > self.limits.cfg.max_batch {
-            return bad("n", format!("{} must be in 1..={} (the server's max batch)", job.seeds.len(), self.limits.cfg.max_batch));
+            return bad(
+                "n",
+                format!("{} must be in 1..={} (the server's max batch)", job.seeds.len(), self.limits.cfg.max_batch),
+            );
         }
         if job.sampling.max_new_tokens == 0 {
             return bad("max_tokens", "must be at least 1".into());
@@ -271,6 +277,8 @@ struct JobState {
     outputs: Vec<Option<Generation>>,
     left: usize,
     reply: Reply,
+    /// The prompt, kept for [`Job::rescore`].
+    rescore: Option<Vec<u32>>,
 }
 
 /// Admitted jobs whose distinct prompts are being prefilled.
@@ -484,7 +492,14 @@ impl Loop {
         st.left -= 1;
         if st.left == 0 {
             let st = self.jobs.remove(&row.job).expect("job");
-            let generations = st.outputs.into_iter().map(|g| g.expect("every sample finished")).collect();
+            let mut generations: Vec<Generation> =
+                st.outputs.into_iter().map(|g| g.expect("every sample finished")).collect();
+            if let Some(prompt) = &st.rescore {
+                if let Err(e) = rescore(&self.model, prompt, &mut generations, self.pad_id) {
+                    (st.reply)(Err(EngineError::Invalid(e)));
+                    return;
+                }
+            }
             (st.reply)(Ok(JobOutput { generations, weight_version: self.version.clone() }));
             self.stats.lock().expect("stats").completed += 1;
         }
@@ -503,7 +518,9 @@ impl Loop {
             free -= job.seeds.len();
             let id = self.next_job;
             self.next_job += 1;
-            self.jobs.insert(id, JobState { outputs: vec![None; job.seeds.len()], left: job.seeds.len(), reply });
+            let rescore = job.rescore.then(|| job.prompt_ids.clone());
+            self.jobs
+                .insert(id, JobState { outputs: vec![None; job.seeds.len()], left: job.seeds.len(), reply, rescore });
             admitted.push((id, job));
         }
         // Prompts that fit one chunk are prefilled together; each longer
@@ -595,4 +612,25 @@ impl Loop {
         self.rows.extend(p.rows);
         Ok(())
     }
+}
+
+/// Replaces each generation's `model_logprobs` with one full-sequence,
+/// left-padded `score_logprobs` pass over prompt + response.
+fn rescore(model: &Transformer, prompt: &[u32], gens: &mut [Generation], pad_id: u32) -> Result<(), SampleError> {
+    let seqs: Vec<Vec<u32>> = gens.iter().map(|g| [prompt, &g.token_ids[..]].concat()).collect();
+    let b = PaddedBatch::left_pad(&seqs, pad_id);
+    let (ids, mask) = b.to_tensors(model.device())?;
+    let w = b.width();
+    if w < 2 {
+        return Ok(());
+    }
+    // targets[t] = ids[t + 1]; the last column is never read.
+    let targets = Tensor::cat(&[ids.narrow(1, 1, w - 1)?, ids.narrow(1, w - 1, 1)?], 1)?;
+    let lp = model.score_logprobs(&ids, &mask, &targets)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    for (g, row) in gens.iter_mut().zip(&lp) {
+        let n = g.token_ids.len();
+        // Response token k sits at column w − n + k and is predicted at the column before it.
+        g.model_logprobs = (0..n).map(|k| row[w - n + k - 1]).collect();
+    }
+    Ok(())
 }

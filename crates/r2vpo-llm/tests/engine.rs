@@ -54,16 +54,24 @@ fn job(prompt: &[u32], seeds: &[u64], max_new: usize, temperature: f64) -> Job {
         sampling: SamplingConfig { temperature, max_new_tokens: max_new, ..SamplingConfig::default() },
         stop_when: None,
         ignore_eos: false,
+        rescore: false,
     }
 }
 
 #[test]
 fn jobs_joining_a_running_batch_sample_what_generate_samples() {
-    let prompts: Vec<Vec<u32>> = vec![vec![3, 17, 5, 44, 9, 21], vec![8, 19], vec![25, 6, 49, 11, 2, 33, 40, 1, 7], vec![12]];
+    let prompts: Vec<Vec<u32>> =
+        vec![vec![3, 17, 5, 44, 9, 21], vec![8, 19], vec![25, 6, 49, 11, 2, 33, 40, 1, 7], vec![12]];
     let max_new = [24usize, 5, 17, 30];
     // EOS 0 ends some samples early, so rows leave the batch mid-way.
     let eos = Some(0u32);
-    let engine = Engine::start(model(11), "v0".into(), EngineConfig { max_batch: 16, max_waiting: 64, prefill_chunk: 4 }, eos, 0);
+    let engine = Engine::start(
+        model(11),
+        "v0".into(),
+        EngineConfig { max_batch: 16, max_waiting: 64, prefill_chunk: 4 },
+        eos,
+        0,
+    );
     let (tx, rx) = mpsc::channel();
     for (k, p) in prompts.iter().enumerate() {
         let seeds: Vec<u64> = (0..3).map(|i| request_seed(99, (k * 3 + i) as u64)).collect();
@@ -104,7 +112,8 @@ fn jobs_joining_a_running_batch_sample_what_generate_samples() {
 
 #[test]
 fn a_huge_prompt_does_not_hold_up_a_short_one() {
-    let engine = Engine::start(model(11), "0".into(), EngineConfig { max_batch: 8, max_waiting: 8, prefill_chunk: 16 }, None, 0);
+    let engine =
+        Engine::start(model(11), "0".into(), EngineConfig { max_batch: 8, max_waiting: 8, prefill_chunk: 16 }, None, 0);
     let (tx, rx) = mpsc::channel();
     let long: Vec<u32> = (0..480).map(|i| (i % 60 + 1) as u32).collect();
     let t1 = tx.clone();
@@ -119,7 +128,8 @@ fn a_huge_prompt_does_not_hold_up_a_short_one() {
     let m = model(11);
     let reqs: Vec<GenerationRequest> =
         [1u64, 2].iter().map(|&seed| GenerationRequest { prompt_ids: long.clone(), seed }).collect();
-    let want = generate_ids(&m, &reqs, &SamplingConfig { max_new_tokens: 4, ..SamplingConfig::default() }, None, 0).unwrap();
+    let want =
+        generate_ids(&m, &reqs, &SamplingConfig { max_new_tokens: 4, ..SamplingConfig::default() }, None, 0).unwrap();
     for (g, w) in long_out.generations.iter().zip(&want) {
         assert_eq!(g.token_ids, w.token_ids);
         for (a, b) in g.model_logprobs.iter().zip(&w.model_logprobs) {
@@ -131,7 +141,13 @@ fn a_huge_prompt_does_not_hold_up_a_short_one() {
 
 #[test]
 fn a_weight_update_waits_for_running_rows_and_changes_the_version() {
-    let engine = Engine::start(model(11), "0".into(), EngineConfig { max_batch: 4, max_waiting: 8, prefill_chunk: 512 }, None, 0);
+    let engine = Engine::start(
+        model(11),
+        "0".into(),
+        EngineConfig { max_batch: 4, max_waiting: 8, prefill_chunk: 512 },
+        None,
+        0,
+    );
     let (tx, rx) = mpsc::channel();
     let tx1 = tx.clone();
     engine.submit(job(&[1, 2, 3], &[5, 6], 40, 1.0), move |r| tx1.send(("before", r)).unwrap());
@@ -159,7 +175,13 @@ fn a_weight_update_waits_for_running_rows_and_changes_the_version() {
 
 #[test]
 fn invalid_jobs_are_refused_and_the_engine_keeps_serving() {
-    let engine = Engine::start(model(11), "0".into(), EngineConfig { max_batch: 4, max_waiting: 8, prefill_chunk: 512 }, None, 0);
+    let engine = Engine::start(
+        model(11),
+        "0".into(),
+        EngineConfig { max_batch: 4, max_waiting: 8, prefill_chunk: 512 },
+        None,
+        0,
+    );
     let bad = [
         job(&[], &[1], 4, 1.0),
         job(&[1, VOCAB as u32], &[1], 4, 1.0),

@@ -39,9 +39,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use r2vpo_llm::model::Transformer;
-use r2vpo_llm::rollout::{
-    GroupRequest, GroupRollout, LogprobsMode, RolloutCounters, RolloutError, RolloutSource,
-};
+use r2vpo_llm::rollout::{GroupRequest, GroupRollout, LogprobsMode, RolloutCounters, RolloutError, RolloutSource};
 use r2vpo_llm::sample::{FinishReason, Generation, SamplingConfig};
 use r2vpo_llm::tokenizer::Tokenizer;
 use r2vpo_llm::train::{RolloutConfig, WeightPush};
@@ -252,7 +250,8 @@ impl HttpRollout {
         self.counters.lock().expect("counters").requests += 1;
         let text = self.post(&format!("{url}/v1/completions"), &self.request_body(g, sampling))?;
         let protocol = |m: String| Failure::new("protocol", format!("{url}: {m}"));
-        let answer: Answer = serde_json::from_str(&text).map_err(|e| protocol(format!("answer is not a completion: {e}")))?;
+        let answer: Answer =
+            serde_json::from_str(&text).map_err(|e| protocol(format!("answer is not a completion: {e}")))?;
         if let Some(mode) = &answer.logprobs_mode {
             let want = mode_name(self.cfg.logprobs_mode);
             if mode != want {
@@ -450,7 +449,9 @@ impl RolloutSource for HttpRollout {
         }
         results
             .into_iter()
-            .map(|r| r.into_inner().expect("result").ok_or_else(|| RolloutError::Unavailable("a group got no answer".into())))
+            .map(|r| {
+                r.into_inner().expect("result").ok_or_else(|| RolloutError::Unavailable("a group got no answer".into()))
+            })
             .collect()
     }
 
@@ -482,7 +483,10 @@ impl RolloutSource for HttpRollout {
             }
         }
         if errors.len() == self.servers.len() {
-            return Err(RolloutError::Unavailable(format!("no server took weight version {version}: {}", errors.join("; "))));
+            return Err(RolloutError::Unavailable(format!(
+                "no server took weight version {version}: {}",
+                errors.join("; ")
+            )));
         }
         // Older folders are no longer needed: a lagging server is sent the
         // newest one.

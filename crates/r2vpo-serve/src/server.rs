@@ -4,7 +4,7 @@
 //! Routes: `POST /v1/completions`, `GET /v1/models`, `GET /health`,
 //! `GET /get_weight_version`, `POST /update_weights_from_disk`,
 //! `POST /pause_generation`, `POST /continue_generation`. With an API key,
-//! every route but `/health` wants `Authorization: Bearer KEY`.
+//! every route wants `Authorization: Bearer KEY`.
 //!
 //! Bad input is answered with a 4xx and OpenAI's error body naming the
 //! field; nothing a client sends can stop the server. SIGINT/SIGTERM stop
@@ -48,7 +48,7 @@ pub struct ServeConfig {
     pub host: String,
     /// Port; 0 picks a free one (the address is printed).
     pub port: u16,
-    /// Bearer token required on every route but `/health`.
+    /// Bearer token required on every route.
     pub api_key: Option<String>,
     /// Name reported by `/v1/models` and in answers.
     pub served_model_name: String,
@@ -67,6 +67,10 @@ pub struct ServeConfig {
     pub logprobs_mode: LogprobsMode,
     /// The version of the initial weights.
     pub weight_version: String,
+    /// Return raw log-probs from one full-sequence scoring pass per request
+    /// (the learner's computation) instead of those recorded while
+    /// decoding ([`r2vpo_llm::engine::Job::rescore`]).
+    pub rescore_logprobs: bool,
 }
 
 impl Default for ServeConfig {
@@ -85,6 +89,7 @@ impl Default for ServeConfig {
             max_body_bytes: 8 << 20,
             logprobs_mode: LogprobsMode::Raw,
             weight_version: "0".into(),
+            rescore_logprobs: false,
         }
     }
 }
@@ -193,6 +198,12 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
             message: "must be at least 1".into(),
         });
     }
+    if cfg.rescore_logprobs && cfg.logprobs_mode != LogprobsMode::Raw {
+        return Err(ServeError::Config {
+            field: "rescore-logprobs".into(),
+            message: "a scoring pass gives raw log-probs: use it with --logprobs-mode raw_logprobs".into(),
+        });
+    }
     if cfg.logprobs_mode == LogprobsMode::Both {
         return Err(ServeError::Config { field: "logprobs-mode".into(), message: "raw or processed".into() });
     }
@@ -217,7 +228,8 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
         tok.pad_token_id(),
     );
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let state = Arc::new(AppState { engine: engine.clone(), tok: Arc::new(tok), cfg: cfg.clone(), updating: Mutex::new(()) });
+    let state =
+        Arc::new(AppState { engine: engine.clone(), tok: Arc::new(tok), cfg: cfg.clone(), updating: Mutex::new(()) });
     let result = rt.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", cfg.host, cfg.port).parse().map_err(|e| ServeError::Config {
             field: "host/port".into(),
@@ -252,19 +264,18 @@ async fn shutdown_signal() {
 
 fn router(state: Arc<AppState>) -> Router {
     let limit = state.cfg.max_body_bytes;
-    let protected = Router::new()
+    Router::new()
+        .route("/health", get(health))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/get_weight_version", get(weight_version))
         .route("/update_weights_from_disk", post(update_weights))
         .route("/pause_generation", post(pause))
         .route("/continue_generation", post(resume))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    Router::new()
-        .route("/health", get(health))
-        .merge(protected)
         .fallback(|| async { ApiError { status: StatusCode::NOT_FOUND, message: "no such route".into(), param: None } })
         .layer(DefaultBodyLimit::max(limit))
+        // Outermost: every route, the fallback included, wants the key.
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
         .with_state(state)
 }
 
@@ -340,7 +351,8 @@ async fn update_weights(
     let _one = st.updating.lock().await;
     let path = PathBuf::from(&req.model_path);
     let old = st.engine.stats().weight_version;
-    let refuse = |message: String| ApiError::bad(Some("model_path"), format!("{message}; still serving weight version {old}"));
+    let refuse =
+        |message: String| ApiError::bad(Some("model_path"), format!("{message}; still serving weight version {old}"));
     let loaded = tokio::task::spawn_blocking(move || load_model(&path, DType::F32, &Device::Cpu))
         .await
         .map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string(), param: None })?;
@@ -392,7 +404,10 @@ fn jobs_for(st: &AppState, req: &CompletionRequest) -> Result<Vec<(Vec<u32>, Job
     }
     let max_batch = st.engine.config().max_batch;
     if req.n == 0 || req.n > max_batch {
-        return Err(ApiError::bad(Some("n"), format!("{} must be in 1..={max_batch} (the server's --max-batch)", req.n)));
+        return Err(ApiError::bad(
+            Some("n"),
+            format!("{} must be in 1..={max_batch} (the server's --max-batch)", req.n),
+        ));
     }
     if !(req.temperature.is_finite() && req.temperature >= 0.0) {
         return Err(ApiError::bad(Some("temperature"), format!("{} must be finite and >= 0", req.temperature)));
@@ -424,7 +439,10 @@ fn jobs_for(st: &AppState, req: &CompletionRequest) -> Result<Vec<(Vec<u32>, Job
     stop_ids.extend(st.tok.stop_token_ids().iter().filter(|&&s| s != eos));
     let vocab = st.engine.vocab_size();
     if let Some(&bad) = stop_ids.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::bad(Some("stop_token_ids"), format!("{bad} is out of range for the vocabulary of {vocab}")));
+        return Err(ApiError::bad(
+            Some("stop_token_ids"),
+            format!("{bad} is out of range for the vocabulary of {vocab}"),
+        ));
     }
     let sampling = SamplingConfig {
         temperature: req.temperature,
@@ -455,6 +473,7 @@ fn jobs_for(st: &AppState, req: &CompletionRequest) -> Result<Vec<(Vec<u32>, Job
             sampling: sampling.clone(),
             stop_when: stop_when.clone(),
             ignore_eos: req.ignore_eos,
+            rescore: st.cfg.rescore_logprobs,
         };
         st.engine.check(&job).map_err(|e| match &e {
             EngineError::Invalid(SampleError::Config { field, message }) => {
@@ -503,10 +522,8 @@ async fn completions(
     }
     let mut outputs = Vec::with_capacity(waits.len());
     for rx in waits {
-        let out = rx
-            .await
-            .map_err(|_| engine_error(EngineError::Stopped("no answer".into())))?
-            .map_err(engine_error)?;
+        let out =
+            rx.await.map_err(|_| engine_error(EngineError::Stopped("no answer".into())))?.map_err(engine_error)?;
         outputs.push(out);
     }
     // Prompts are admitted in order, so when a weight update lands between
@@ -576,14 +593,7 @@ fn choice(
         FinishReason::Length if !stopped_by_string => "length",
         _ => "stop",
     };
-    Choice {
-        index,
-        text,
-        logprobs,
-        finish_reason: finish_reason.into(),
-        token_ids: g.token_ids,
-        entropies: g.entropy,
-    }
+    Choice { index, text, logprobs, finish_reason: finish_reason.into(), token_ids: g.token_ids, entropies: g.entropy }
 }
 
 /// The address a `serve` process printed, read from one line of its

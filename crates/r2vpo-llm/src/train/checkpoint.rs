@@ -137,8 +137,18 @@ impl Trainer {
     /// [`Trainer::resume`] with a custom reward function.
     pub fn resume_with_reward(cfg: TrainConfig, run_dir: &Path, reward_fn: Box<dyn RewardFn>) -> TrainResult<Self> {
         cfg.validate()?;
-        let dir = latest(run_dir)?
-            .ok_or_else(|| ckpt_err(run_dir, "no checkpoint to resume from (no checkpoints/latest)"))?;
+        let dir = latest(run_dir)?.ok_or_else(|| {
+            ckpt_err(
+                run_dir,
+                format!(
+                    "has no checkpoint to resume from (the run stopped before its first one; checkpoint_every = {}). \
+                     Start it afresh with `r2vpo llm train --config {}/config.toml --out {} --overwrite`",
+                    cfg.checkpoint_every,
+                    run_dir.display(),
+                    run_dir.display()
+                ),
+            )
+        })?;
         let s = dir.join("state.json");
         let text = std::fs::read(&s).map_err(io(&s))?;
         let state: State = serde_json::from_slice(&text).map_err(|e| ckpt_err(&s, e.to_string()))?;

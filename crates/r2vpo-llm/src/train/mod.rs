@@ -48,8 +48,8 @@ use crate::tokenizer::Tokenizer;
 
 pub use batch::Sample;
 pub use config::{
-    BehaviourLogprobs, Mode, ModelSource, OptimConfig, RandomModel, RefKlConfig, RolloutBackend, RolloutConfig, TrainConfig,
-    WeightPush,
+    BehaviourLogprobs, Mode, ModelSource, OptimConfig, RandomModel, RefKlConfig, RolloutBackend, RolloutConfig,
+    TrainConfig, WeightPush,
 };
 pub use metrics::{IterMetrics, RatioHistogram, Timing};
 pub use optim::AdamW;
