@@ -61,6 +61,13 @@ impl Default for EngineConfig {
     }
 }
 
+/// A stop condition on the tokens generated so far (stop strings).
+pub type StopWhen = Arc<dyn Fn(&[u32]) -> bool + Send + Sync>;
+
+/// A weight update waiting for the running rows: the model, its version,
+/// and what to call once it serves.
+type PendingWeights = (Box<Transformer>, String, Box<dyn FnOnce() + Send>);
+
 /// One prompt to continue `seeds.len()` times.
 pub struct Job {
     /// Prompt token ids (non-empty, in the vocabulary, fitting the context
@@ -72,7 +79,7 @@ pub struct Job {
     pub sampling: SamplingConfig,
     /// Ends a sample early when it returns true for the tokens so far (stop
     /// strings); the sample then finishes with [`FinishReason::Stop`].
-    pub stop_when: Option<Arc<dyn Fn(&[u32]) -> bool + Send + Sync>>,
+    pub stop_when: Option<StopWhen>,
     /// Keep sampling past the model's EOS (benchmarks).
     pub ignore_eos: bool,
     /// Once every sample is done, replace [`Generation::model_logprobs`]
@@ -112,7 +119,7 @@ type Reply = Box<dyn FnOnce(Result<JobOutput, EngineError>) + Send>;
 
 enum Msg {
     Submit(Job, Reply),
-    Weights(Transformer, String, Box<dyn FnOnce() + Send>),
+    Weights(PendingWeights),
     Pause(bool),
     Shutdown,
 }
@@ -237,7 +244,7 @@ impl Engine {
     /// Replaces the weights once the running rows have finished (no new
     /// job is admitted meanwhile); `done` is called after the swap.
     pub fn update_weights(&self, model: Transformer, version: String, done: impl FnOnce() + Send + 'static) {
-        let _ = self.tx.send(Msg::Weights(model, version, Box::new(done)));
+        let _ = self.tx.send(Msg::Weights((Box::new(model), version, Box::new(done))));
     }
 
     /// Stops (`true`) or resumes (`false`) admitting jobs; running rows
@@ -267,7 +274,7 @@ struct Row {
     index: usize,
     rng: ChaCha8Rng,
     sampling: Arc<SamplingConfig>,
-    stop_when: Option<Arc<dyn Fn(&[u32]) -> bool + Send + Sync>>,
+    stop_when: Option<StopWhen>,
     eos: Option<u32>,
     gen: Generation,
     done: bool,
@@ -313,7 +320,7 @@ struct Loop {
     /// jobs admitted together is one entry).
     prefills: Vec<Prefill>,
     paused: bool,
-    pending: VecDeque<(Transformer, String, Box<dyn FnOnce() + Send>)>,
+    pending: VecDeque<PendingWeights>,
 }
 
 impl Loop {
@@ -347,7 +354,7 @@ impl Loop {
     fn handle(&mut self, m: Msg) -> bool {
         match m {
             Msg::Submit(job, reply) => self.waiting.push_back((job, reply)),
-            Msg::Weights(model, version, done) => self.pending.push_back((model, version, done)),
+            Msg::Weights(w) => self.pending.push_back(w),
             Msg::Pause(p) => self.paused = p,
             Msg::Shutdown => return false,
         }
@@ -378,7 +385,7 @@ impl Loop {
             }
             if self.rows.is_empty() && self.prefills.is_empty() {
                 if let Some((model, version, done)) = self.pending.pop_front() {
-                    self.model = model;
+                    self.model = *model;
                     self.version = version;
                     self.stats.lock().expect("stats").weight_version = self.version.clone();
                     done();
@@ -436,9 +443,9 @@ impl Loop {
             g.entropy.push(s.entropy as f32);
             let finish = if Some(s.token) == row.eos {
                 Some(FinishReason::Eos)
-            } else if row.sampling.stop_token_ids.contains(&s.token) {
-                Some(FinishReason::Stop)
-            } else if row.stop_when.as_ref().is_some_and(|f| f(&g.token_ids)) {
+            } else if row.sampling.stop_token_ids.contains(&s.token)
+                || row.stop_when.as_ref().is_some_and(|f| f(&g.token_ids))
+            {
                 Some(FinishReason::Stop)
             } else if g.token_ids.len() >= row.sampling.max_new_tokens {
                 Some(FinishReason::Length)

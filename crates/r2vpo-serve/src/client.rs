@@ -350,10 +350,9 @@ impl HttpRollout {
 
 fn snippet(s: &str) -> String {
     let s = s.trim();
-    if s.len() > 300 {
-        format!("{}…", &s[..s.floor_char_boundary(300)])
-    } else {
-        s.to_string()
+    match s.char_indices().nth(300) {
+        Some((cut, _)) => format!("{}…", &s[..cut]),
+        None => s.to_string(),
     }
 }
 

@@ -26,7 +26,7 @@ use candle_core::{DType, Device};
 use serde::de::DeserializeOwned;
 use tokio::sync::{oneshot, Mutex};
 
-use r2vpo_llm::engine::{Engine, EngineConfig, EngineError, Job, JobOutput};
+use r2vpo_llm::engine::{Engine, EngineConfig, EngineError, Job, JobOutput, StopWhen};
 use r2vpo_llm::model::load_model;
 use r2vpo_llm::rollout::LogprobsMode;
 use r2vpo_llm::sample::{request_seed, FinishReason, SampleError, SamplingConfig};
@@ -452,7 +452,7 @@ fn jobs_for(st: &AppState, req: &CompletionRequest) -> Result<Vec<(Vec<u32>, Job
         stop_token_ids: stop_ids,
         seed: 0,
     };
-    let stop_when: Option<Arc<dyn Fn(&[u32]) -> bool + Send + Sync>> = if stops.is_empty() {
+    let stop_when: Option<StopWhen> = if stops.is_empty() {
         None
     } else {
         let tok = st.tok.clone();
