@@ -169,7 +169,23 @@ impl Engine {
         let handle = std::thread::Builder::new()
             .name("r2vpo-engine".into())
             .spawn(move || {
-                let mut lp = Loop::new(model, version, cfg, eos, pad_id, st);
+                let mut lp = Loop {
+                    model,
+                    version,
+                    cfg,
+                    eos,
+                    pad_id,
+                    stats: st,
+                    waiting: VecDeque::new(),
+                    jobs: HashMap::new(),
+                    next_job: 0,
+                    rows: Vec::new(),
+                    cache: None,
+                    logits: None,
+                    prefills: Vec::new(),
+                    paused: false,
+                    pending: VecDeque::new(),
+                };
                 lp.run(rx);
             })
             .expect("spawning the engine thread");
@@ -324,33 +340,6 @@ struct Loop {
 }
 
 impl Loop {
-    fn new(
-        model: Transformer,
-        version: String,
-        cfg: EngineConfig,
-        eos: Option<u32>,
-        pad_id: u32,
-        stats: Arc<Mutex<EngineStats>>,
-    ) -> Self {
-        Loop {
-            model,
-            version,
-            cfg,
-            eos,
-            pad_id,
-            stats,
-            waiting: VecDeque::new(),
-            jobs: HashMap::new(),
-            next_job: 0,
-            rows: Vec::new(),
-            cache: None,
-            logits: None,
-            prefills: Vec::new(),
-            paused: false,
-            pending: VecDeque::new(),
-        }
-    }
-
     fn handle(&mut self, m: Msg) -> bool {
         match m {
             Msg::Submit(job, reply) => self.waiting.push_back((job, reply)),

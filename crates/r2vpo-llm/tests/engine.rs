@@ -6,45 +6,22 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use candle_core::{DType, Device, Tensor};
 use r2vpo_llm::engine::{Engine, EngineConfig, EngineError, Job};
-use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
+use r2vpo_llm::model::Transformer;
 use r2vpo_llm::sample::{generate_ids, request_seed, Generation, GenerationRequest, SamplingConfig};
-use r2vpo_llm::tokenizer::PaddedBatch;
 
-const VOCAB: usize = 64;
+mod common;
+use common::VOCAB;
 
-/// The peaked tiny model of `sample_generate.rs` (far-from-uniform
-/// next-token distributions, so a misaligned log-prob cannot pass).
 fn model(seed: u64) -> Transformer {
-    let cfg = ModelConfig::tiny(Architecture::Qwen2, VOCAB, 32, 48, 2, 4, 2, false);
-    let m = Transformer::new_random(cfg, seed, DType::F32, &Device::Cpu).unwrap();
-    for (name, var) in m.named_vars() {
-        let scale = match name.as_str() {
-            "lm_head.weight" => 40.0,
-            "model.embed_tokens.weight" => 20.0,
-            n if n.contains("proj") => 8.0,
-            _ => 1.0,
-        };
-        var.set(&(var.as_tensor() * scale).unwrap()).unwrap();
-    }
-    m
+    common::peaked_model(seed)
 }
 
+/// The learner's recomputation of `gens`, all continuations of `prompt`.
 fn rescored(m: &Transformer, prompt: &[u32], gens: &[Generation]) -> Vec<Vec<f32>> {
-    let seqs: Vec<Vec<u32>> = gens.iter().map(|g| [prompt.to_vec(), g.token_ids.clone()].concat()).collect();
-    let b = PaddedBatch::left_pad(&seqs, 0);
-    let (ids, mask) = b.to_tensors(&Device::Cpu).unwrap();
-    let w = b.width();
-    let targets = Tensor::cat(&[ids.narrow(1, 1, w - 1).unwrap(), ids.narrow(1, w - 1, 1).unwrap()], 1).unwrap();
-    let lp = m.score_logprobs(&ids, &mask, &targets).unwrap().to_vec2::<f32>().unwrap();
-    gens.iter()
-        .enumerate()
-        .map(|(i, g)| {
-            let n = g.token_ids.len();
-            (0..n).map(|k| lp[i][w - n + k - 1]).collect()
-        })
-        .collect()
+    let reqs: Vec<GenerationRequest> =
+        gens.iter().map(|_| GenerationRequest { prompt_ids: prompt.to_vec(), seed: 0 }).collect();
+    common::rescored(m, &reqs, gens)
 }
 
 fn job(prompt: &[u32], seeds: &[u64], max_new: usize, temperature: f64) -> Job {
