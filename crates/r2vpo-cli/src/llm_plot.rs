@@ -45,12 +45,12 @@ struct Run {
 
 /// A short algorithm name for a config, as the paper labels its curves.
 ///
-/// R²VPO runs whose dual variable departs from the adaptive, unbounded
+/// Runs whose λ acts (R²VPO, GRPO-KL) and departs from the adaptive, unbounded
 /// default get it appended (`λ=0.04` fixed, `λ≤0.04` capped), so a λ
 /// ablation plots as separate curves rather than as extra seeds of one.
 pub fn algo_label(cfg: &TrainConfig) -> String {
     let label = algo_base_label(cfg);
-    if cfg.objective.kind != ObjectiveKind::R2vpo {
+    if !cfg.objective.kind.uses_lambda() {
         return label;
     }
     match (cfg.dual.mode, cfg.dual.lambda_max) {

@@ -266,8 +266,9 @@ enum Split {
 }
 
 /// 64-bit FNV-1a: a hash fixed by definition (unlike `DefaultHasher`), so the
-/// train/eval partition never changes between Rust versions.
-fn fnv1a(text: &str) -> u64 {
+/// train/eval partition (and evaluation seeds) never change between Rust
+/// versions.
+pub(crate) fn fnv1a(text: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in text.bytes() {
         h ^= u64::from(b);

@@ -238,12 +238,7 @@ pub fn majority_vote<S: AsRef<str>>(answers: &[Option<S>]) -> Option<usize> {
 /// the base seed `base`: independent of batching and problem order.
 pub fn sample_seed(base: u64, problem_id: &str, sample: usize) -> u64 {
     // FNV-1a: fixed by definition, so seeds survive Rust upgrades.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in problem_id.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    request_seed(request_seed(base, h), sample as u64)
+    request_seed(request_seed(base, crate::data::fnv1a(problem_id)), sample as u64)
 }
 
 /// The answer a verdict votes with in maj@k: the normalised extracted

@@ -273,12 +273,11 @@ pub struct Transformer {
 struct SplitMix(u64);
 
 impl SplitMix {
+    /// The reference SplitMix64 sequence (the core's [`r2vpo::seed::splitmix64`]
+    /// of a state advanced by the golden-ratio increment), as a uniform in [0, 1).
     fn next_f64(&mut self) -> f64 {
+        let z = r2vpo::seed::splitmix64(self.0);
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
         (z >> 11) as f64 / (1u64 << 53) as f64
     }
 }
