@@ -14,6 +14,7 @@ pub mod engine;
 pub mod eval;
 pub mod gguf;
 pub mod model;
+pub mod queue;
 pub mod reward;
 pub mod rollout;
 pub mod sample;

@@ -5,8 +5,7 @@
 
 use r2vpo_llm::model::Transformer;
 use r2vpo_llm::sample::{
-    bench_generate, generate_ids, request_seed, sample_token, FinishReason, GenerationRequest,
-    SamplingConfig,
+    bench_generate, generate_ids, request_seed, sample_token, FinishReason, GenerationRequest, SamplingConfig,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -22,7 +21,6 @@ fn requests() -> Vec<GenerationRequest> {
     let prompts = vec![vec![3, 17, 5, 44, 9, 21], vec![8, 19], vec![25, 6, 49, 11, 2, 33, 40, 1, 7], vec![12]];
     GenerationRequest::batch(&prompts, 1234)
 }
-
 
 #[test]
 fn sampled_logprobs_match_full_sequence_scoring() {

@@ -1,0 +1,270 @@
+//! The experience-queue seam between rollout actors and a learner
+//! (asynchronous R²VPO-OFF, Algorithm 2 across processes).
+//!
+//! An actor publishes one [`GroupEntry`] per prompt group: the prompt, the
+//! G responses with their behaviour log-probs, rewards and advantages, the
+//! weight version that generated them and the iteration. Entries are keyed
+//! `<iteration>-<seq>` ([`EntryId`]), so the queue is ordered by iteration
+//! and "the last K iterations" is one trim below an ID
+//! ([`ExperienceQueue::trim_before`], Redis's `XTRIM MINID`), never a count
+//! of entries.
+//!
+//! A queue carries bytes; [`GroupEntry::decode`] is the only way back, and
+//! it checks the schema version, every length, finiteness and size, so a
+//! malformed or hostile entry is rejected and counted, never applied and
+//! never a panic. The learner never executes anything it reads.
+//!
+//! One implementation per real thing: [`MemoryQueue`] (in-process, the
+//! embedded default) here, the Redis Stream in the `r2vpo-queue` crate (so
+//! this crate keeps no network dependency).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Version of the [`GroupEntry`] layout; a reader refuses any other.
+pub const ENTRY_SCHEMA: u32 = 1;
+
+/// Position of an entry: iteration, then sequence within the iteration.
+/// Written `<iteration>-<seq>`, the shape of a Redis Stream ID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct EntryId {
+    /// The actor's iteration (the first part).
+    pub iteration: u64,
+    /// Order within the iteration (assigned by the queue).
+    pub seq: u64,
+}
+
+impl fmt::Display for EntryId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.iteration, self.seq)
+    }
+}
+
+impl FromStr for EntryId {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (a, b) = s.split_once('-').ok_or_else(|| format!("entry id `{s}` is not <iteration>-<seq>"))?;
+        Ok(EntryId {
+            iteration: a.parse().map_err(|_| format!("entry id `{s}`: bad iteration"))?,
+            seq: b.parse().map_err(|_| format!("entry id `{s}`: bad sequence"))?,
+        })
+    }
+}
+
+/// Bounds a reader enforces on every entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryLimits {
+    /// Largest encoded entry in bytes.
+    pub max_bytes: usize,
+    /// Most responses in a group.
+    pub max_group: usize,
+    /// Most tokens in a prompt or a response.
+    pub max_tokens: usize,
+    /// Vocabulary size: every token id must be below it.
+    pub vocab: usize,
+}
+
+impl Default for EntryLimits {
+    fn default() -> Self {
+        EntryLimits { max_bytes: 16 << 20, max_group: 1024, max_tokens: 1 << 17, vocab: u32::MAX as usize }
+    }
+}
+
+/// One prompt group, as an actor publishes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupEntry {
+    /// [`ENTRY_SCHEMA`] of the writer.
+    pub schema: u32,
+    /// The actor's iteration (the entry id's first part).
+    pub iteration: u64,
+    /// Index of the problem in the training set.
+    pub problem: usize,
+    /// Prompt token ids.
+    pub prompt_ids: Vec<u32>,
+    /// Response token ids, one list per sample.
+    pub responses: Vec<Vec<u32>>,
+    /// Behaviour log-probs per response token (log π_off).
+    pub behaviour_logp: Vec<Vec<f32>>,
+    /// Reward per sample.
+    pub rewards: Vec<f32>,
+    /// Verifier verdict per sample.
+    pub correct: Vec<bool>,
+    /// Group-relative advantage per sample.
+    pub advantages: Vec<f32>,
+    /// Weight version that generated the responses.
+    pub weight_version: u64,
+}
+
+impl GroupEntry {
+    /// The bytes a queue stores (JSON: readable with `redis-cli`, and the
+    /// parse is strict).
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a GroupEntry always serialises")
+    }
+
+    /// Parses and checks an entry; the error says what is wrong.
+    pub fn decode(bytes: &[u8], limits: &EntryLimits) -> Result<GroupEntry, String> {
+        if bytes.len() > limits.max_bytes {
+            return Err(format!("{} bytes, above the limit of {}", bytes.len(), limits.max_bytes));
+        }
+        // The schema first, so a future layout is named as such rather than
+        // as a parse error.
+        let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+        match v.get("schema").and_then(serde_json::Value::as_u64) {
+            Some(s) if s == u64::from(ENTRY_SCHEMA) => {}
+            Some(s) => return Err(format!("schema {s}; this reader reads schema {ENTRY_SCHEMA}")),
+            None => return Err("no schema field".into()),
+        }
+        let e: GroupEntry = serde_json::from_value(v).map_err(|e| format!("bad entry: {e}"))?;
+        e.check(limits)?;
+        Ok(e)
+    }
+
+    /// Lengths agree, values are finite, log-probs are ≤ 0, sizes and token
+    /// ids are within `limits`.
+    pub fn check(&self, limits: &EntryLimits) -> Result<(), String> {
+        let g = self.responses.len();
+        if g == 0 || g > limits.max_group {
+            return Err(format!("{g} responses (1..={})", limits.max_group));
+        }
+        for (name, n) in [
+            ("behaviour_logp", self.behaviour_logp.len()),
+            ("rewards", self.rewards.len()),
+            ("correct", self.correct.len()),
+            ("advantages", self.advantages.len()),
+        ] {
+            if n != g {
+                return Err(format!("{n} {name} for {g} responses"));
+            }
+        }
+        if self.prompt_ids.is_empty() || self.prompt_ids.len() > limits.max_tokens {
+            return Err(format!("prompt of {} tokens", self.prompt_ids.len()));
+        }
+        let ids = self.prompt_ids.iter().chain(self.responses.iter().flatten());
+        if let Some(t) = ids.into_iter().find(|&&t| t as usize >= limits.vocab) {
+            return Err(format!("token id {t} outside the vocabulary of {}", limits.vocab));
+        }
+        for (i, (r, lp)) in self.responses.iter().zip(&self.behaviour_logp).enumerate() {
+            if r.is_empty() || r.len() > limits.max_tokens {
+                return Err(format!("response {i} has {} tokens", r.len()));
+            }
+            if lp.len() != r.len() {
+                return Err(format!("response {i}: {} log-probs for {} tokens", lp.len(), r.len()));
+            }
+            if let Some(x) = lp.iter().find(|x| !(x.is_finite() && **x <= 1e-6)) {
+                return Err(format!("response {i}: log-prob {x} is not a finite number ≤ 0"));
+            }
+        }
+        if let Some(x) = self.rewards.iter().chain(&self.advantages).find(|x| !x.is_finite()) {
+            return Err(format!("non-finite reward or advantage {x}"));
+        }
+        Ok(())
+    }
+}
+
+/// Errors of a queue backend.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The backend cannot be reached (the caller retries with back-off).
+    #[error("experience queue unavailable: {0}")]
+    Unavailable(String),
+    /// The backend refused a call (bad ID order, wrong type at the key…).
+    #[error("experience queue: {0}")]
+    Refused(String),
+}
+
+/// What one read returns: each entry's id and either the checked entry or
+/// why it was rejected.
+pub type ReadBatch = Vec<(EntryId, Result<GroupEntry, String>)>;
+
+/// Where actors put groups and the learner takes them.
+pub trait ExperienceQueue: Send {
+    /// Appends `entry` under `<entry.iteration>-<next seq>`; returns its id.
+    fn publish(&mut self, entry: &GroupEntry) -> Result<EntryId, QueueError>;
+
+    /// Up to `max` entries strictly after `after` (from the start when
+    /// `None`), in id order, each decoded and checked against `limits`.
+    fn read_after(&mut self, after: Option<EntryId>, max: usize, limits: &EntryLimits)
+        -> Result<ReadBatch, QueueError>;
+
+    /// Drops every entry of an iteration below `iteration` (`XTRIM MINID
+    /// <iteration>-0`); returns how many were dropped.
+    fn trim_before(&mut self, iteration: u64) -> Result<u64, QueueError>;
+
+    /// Entries held.
+    fn len(&mut self) -> Result<u64, QueueError>;
+
+    /// Whether the queue holds nothing.
+    fn is_empty(&mut self) -> Result<bool, QueueError> {
+        Ok(self.len()? == 0)
+    }
+}
+
+/// The in-process queue: a map from id to encoded entry, with exactly the
+/// Redis Stream semantics the learner relies on (ordered ids, exclusive
+/// range reads, trim below an id), so the two backends pass one contract
+/// test.
+#[derive(Debug, Default)]
+pub struct MemoryQueue {
+    entries: BTreeMap<EntryId, Vec<u8>>,
+}
+
+impl MemoryQueue {
+    /// An empty queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Stores raw bytes under the next id of `iteration` (what a foreign
+    /// writer can do to a Redis Stream; tests use it for garbage).
+    pub fn publish_raw(&mut self, iteration: u64, bytes: Vec<u8>) -> Result<EntryId, QueueError> {
+        let last = self.entries.keys().next_back().copied();
+        let seq = match last {
+            Some(l) if l.iteration == iteration => l.seq + 1,
+            Some(l) if l.iteration > iteration => {
+                return Err(QueueError::Refused(format!(
+                    "iteration {iteration} is below the newest entry {l} (ids only grow)"
+                )))
+            }
+            _ => 0,
+        };
+        let id = EntryId { iteration, seq };
+        self.entries.insert(id, bytes);
+        Ok(id)
+    }
+}
+
+impl ExperienceQueue for MemoryQueue {
+    fn publish(&mut self, entry: &GroupEntry) -> Result<EntryId, QueueError> {
+        self.publish_raw(entry.iteration, entry.encode())
+    }
+
+    fn read_after(
+        &mut self,
+        after: Option<EntryId>,
+        max: usize,
+        limits: &EntryLimits,
+    ) -> Result<ReadBatch, QueueError> {
+        let range = match after {
+            Some(a) => self.entries.range((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
+            None => self.entries.range(..),
+        };
+        Ok(range.take(max).map(|(id, b)| (*id, GroupEntry::decode(b, limits))).collect())
+    }
+
+    fn trim_before(&mut self, iteration: u64) -> Result<u64, QueueError> {
+        let keep = self.entries.split_off(&EntryId { iteration, seq: 0 });
+        let dropped = self.entries.len() as u64;
+        self.entries = keep;
+        Ok(dropped)
+    }
+
+    fn len(&mut self) -> Result<u64, QueueError> {
+        Ok(self.entries.len() as u64)
+    }
+}

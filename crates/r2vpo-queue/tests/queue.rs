@@ -1,0 +1,226 @@
+//! The experience queue's contract, run against both backends: the
+//! in-process `MemoryQueue` and a real `redis-server` this test starts on a
+//! free loopback port with its own data folder and stops by PID.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use r2vpo_llm::queue::{EntryId, EntryLimits, ExperienceQueue, GroupEntry, MemoryQueue, QueueError, ENTRY_SCHEMA};
+use r2vpo_queue::RedisQueue;
+
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Redis {
+    /// Starts redis-server on `port` and waits for its own "Ready" line, so
+    /// a port another test's server holds is noticed (the process exits)
+    /// instead of connecting to the wrong server.
+    fn try_start(dir: &Path, port: u16) -> Option<Redis> {
+        let mut child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "yes"])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("redis-server not found: run `make deps` (it installs Debian's redis-server)");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let ready = lines.by_ref().map_while(Result::ok).any(|l| l.contains("Ready to accept connections"));
+        // Keep draining its log so the server never writes into a closed pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        if ready {
+            Some(Redis { child, port })
+        } else {
+            let _ = child.wait();
+            None
+        }
+    }
+
+    fn start(dir: &Path, port: u16) -> Redis {
+        let t0 = Instant::now();
+        loop {
+            if let Some(r) = Self::try_start(dir, port) {
+                return r;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "redis-server did not start on {port}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// A server on some free port.
+    fn start_anywhere(dir: &Path) -> Redis {
+        (0..20).find_map(|_| Self::try_start(dir, free_port())).expect("no free port for redis-server")
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// SIGTERM: Redis flushes its append-only file and exits.
+    fn stop(mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn entry(iteration: u64, problem: usize) -> GroupEntry {
+    GroupEntry {
+        schema: ENTRY_SCHEMA,
+        iteration,
+        problem,
+        prompt_ids: vec![1, 2, 3],
+        responses: vec![vec![4, 5], vec![6]],
+        behaviour_logp: vec![vec![-0.5, -1.25], vec![-2.0]],
+        rewards: vec![1.0, -1.0],
+        correct: vec![true, false],
+        advantages: vec![0.7, -0.7],
+        weight_version: iteration,
+    }
+}
+
+/// Everything the learner relies on, for any backend.
+fn contract(q: &mut dyn ExperienceQueue) {
+    let limits = EntryLimits::default();
+    assert!(q.is_empty().unwrap());
+    // K = 3 iterations kept; publish K + 2 with three groups each.
+    let k = 3u64;
+    let mut ids = Vec::new();
+    for it in 0..k + 2 {
+        for p in 0..3 {
+            ids.push(q.publish(&entry(it, p)).unwrap());
+        }
+    }
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids grow: {ids:?}");
+    assert!(ids.iter().zip(0..).all(|(id, i)| id.iteration == i / 3));
+    // Paged reads see every entry once, in order.
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = q.read_after(after, 4, &limits).unwrap();
+        if page.is_empty() {
+            break;
+        }
+        after = Some(page.last().unwrap().0);
+        for (id, e) in page {
+            let e = e.unwrap();
+            assert_eq!((e.iteration, e.problem), (id.iteration, seen.len() % 3));
+            seen.push(id);
+        }
+    }
+    assert_eq!(seen, ids);
+    // Keep exactly the last K iterations.
+    let newest = k + 1;
+    let dropped = q.trim_before(newest + 1 - k).unwrap();
+    assert_eq!(dropped, 6);
+    assert_eq!(q.len().unwrap(), 9);
+    let left: Vec<u64> = q.read_after(None, 100, &limits).unwrap().iter().map(|(id, _)| id.iteration).collect();
+    assert_eq!(left, vec![2, 2, 2, 3, 3, 3, 4, 4, 4]);
+    // Reading on from a position inside the kept window skips what was read.
+    let from = q.read_after(Some(EntryId { iteration: 3, seq: 1 }), 100, &limits).unwrap();
+    assert_eq!(from.len(), 4);
+}
+
+#[test]
+fn memory_queue_keeps_the_contract() {
+    contract(&mut MemoryQueue::new());
+}
+
+#[test]
+fn redis_stream_keeps_the_contract() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = Redis::start_anywhere(tmp.path());
+    let mut q = RedisQueue::open(&r.url(), "r2vpo:test").unwrap();
+    contract(&mut q);
+}
+
+#[test]
+fn garbage_entries_are_rejected_with_a_reason_and_the_rest_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = Redis::start_anywhere(tmp.path());
+    let mut q = RedisQueue::open(&r.url(), "r2vpo:garbage").unwrap();
+    let mut mem = MemoryQueue::new();
+    let limits = EntryLimits { max_bytes: 4096, vocab: 100, ..EntryLimits::default() };
+    let mut bad_lengths = entry(0, 0);
+    bad_lengths.rewards.pop();
+    let mut bad_logp = entry(0, 0);
+    bad_logp.behaviour_logp[0] = vec![-0.5];
+    let mut bad_token = entry(0, 0);
+    bad_token.responses[1] = vec![1000];
+    let mut newer = serde_json::to_value(entry(0, 0)).unwrap();
+    newer["schema"] = serde_json::json!(ENTRY_SCHEMA + 1);
+    let nan = String::from_utf8(entry(0, 0).encode()).unwrap().replace("-2.0", "NaN");
+    let garbage: Vec<(Vec<u8>, &str)> = vec![
+        (b"not json at all".to_vec(), "not JSON"),
+        (serde_json::to_vec(&newer).unwrap(), "schema"),
+        (bad_lengths.encode(), "rewards"),
+        (bad_logp.encode(), "log-probs for"),
+        (bad_token.encode(), "outside the vocabulary"),
+        (nan.into_bytes(), "not JSON"),
+        (vec![b' '; 5000], "bytes"),
+        (br#"{"schema": 1, "iteration": 0, "rm": "-rf"}"#.to_vec(), "bad entry"),
+    ];
+    for (bytes, _) in &garbage {
+        q.publish_raw(0, bytes).unwrap();
+        mem.publish_raw(0, bytes.clone()).unwrap();
+    }
+    q.publish(&entry(0, 7)).unwrap();
+    mem.publish(&entry(0, 7)).unwrap();
+    for got in [q.read_after(None, 100, &limits).unwrap(), mem.read_after(None, 100, &limits).unwrap()] {
+        assert_eq!(got.len(), garbage.len() + 1);
+        for ((_, e), (_, why)) in got.iter().zip(&garbage) {
+            let err = e.as_ref().expect_err("garbage is rejected");
+            assert!(err.contains(why), "{err} should mention {why}");
+        }
+        assert_eq!(got.last().unwrap().1.as_ref().unwrap().problem, 7);
+    }
+}
+
+#[test]
+fn a_redis_restart_is_reported_and_reading_continues_where_it_stopped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = Redis::start_anywhere(tmp.path());
+    let port = r.port;
+    let mut q = RedisQueue::open(&r.url(), "r2vpo:restart").unwrap();
+    let limits = EntryLimits::default();
+    for p in 0..3 {
+        q.publish(&entry(5, p)).unwrap();
+    }
+    let first = q.read_after(None, 2, &limits).unwrap();
+    let last = first.last().unwrap().0;
+    r.stop();
+    assert!(matches!(q.publish(&entry(6, 0)), Err(QueueError::Unavailable(_))));
+    assert!(matches!(q.read_after(Some(last), 10, &limits), Err(QueueError::Unavailable(_))));
+    let _r = Redis::start(tmp.path(), port);
+    // The append-only file kept the stream; the reader goes on after what it
+    // had read, so nothing is read twice.
+    let rest = q.read_after(Some(last), 10, &limits).unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].1.as_ref().unwrap().problem, 2);
+    let id = q.publish(&entry(6, 0)).unwrap();
+    assert_eq!(id.iteration, 6);
+}
+
+#[test]
+fn urls_keep_passwords_out_of_messages_and_tls_is_refused_clearly() {
+    let port = free_port(); // nothing listens there
+    let mut q = RedisQueue::open(&format!("redis://:hunter2@127.0.0.1:{port}/0"), "k").unwrap();
+    let e = q.len().unwrap_err().to_string();
+    assert!(e.contains("unavailable") && !e.contains("hunter2"), "{e}");
+    let e = RedisQueue::open("rediss://127.0.0.1:6380", "k").err().unwrap().to_string();
+    assert!(e.contains("TLS"), "{e}");
+}
