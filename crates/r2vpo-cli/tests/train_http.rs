@@ -104,7 +104,16 @@ fn http_rollouts_fail_over_resume_and_stop_with_a_checkpoint() {
     let o = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
-    assert!(err.contains("failed"), "the lost server is reported: {err}");
+    assert!(err.contains("failures: connect"), "the lost server is reported: {err}");
+    // ...and counted in events.jsonl.
+    let events = std::fs::read_to_string(out.join("events.jsonl")).unwrap();
+    let faults: Vec<serde_json::Value> = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["event"] == "rollout_faults")
+        .collect();
+    assert!(!faults.is_empty(), "{events}");
+    assert!(faults.iter().all(|e| e["total"]["failures"].as_object().is_some_and(|m| !m.is_empty())), "{events}");
     let ms = metrics(&out);
     assert_eq!(ms.len(), 6);
     for (i, mline) in ms.iter().enumerate() {

@@ -106,6 +106,8 @@ pub struct RolloutCounters {
     pub pushes: u64,
     /// Seconds spent writing and pushing weights.
     pub push_s: f64,
+    /// The message of the latest failure.
+    pub last_failure: Option<String>,
 }
 
 /// Where samples come from.

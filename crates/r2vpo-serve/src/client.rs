@@ -30,7 +30,6 @@
 //! brought up to date before it is used again. Only the newest folder is
 //! kept.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -142,8 +141,12 @@ impl HttpRollout {
         })
     }
 
+    /// Counts a failure; the trainer reports it (warning and
+    /// `events.jsonl`), so nothing is printed here.
     fn count_failure(&self, f: &Failure) {
-        *self.counters.lock().expect("counters").failures.entry(f.kind.to_string()).or_default() += 1;
+        let mut c = self.counters.lock().expect("counters");
+        *c.failures.entry(f.kind.to_string()).or_default() += 1;
+        c.last_failure = Some(f.message.clone());
     }
 
     fn post(&self, url: &str, body: &serde_json::Value) -> Result<String, Failure> {
@@ -420,7 +423,6 @@ impl RolloutSource for HttpRollout {
                                 }
                                 Err(f) => {
                                     this.count_failure(&f);
-                                    eprintln!("warning: rollout request failed ({}): {}", f.kind, f.message);
                                     if f.fatal || tries >= this.cfg.retries {
                                         *fatal.lock().expect("fatal") = Some(if f.fatal {
                                             f.message
@@ -477,7 +479,6 @@ impl RolloutSource for HttpRollout {
         for s in &self.servers {
             if let Err(f) = self.catch_up(s) {
                 self.count_failure(&f);
-                eprintln!("warning: weight push failed ({}): {}", f.kind, f.message);
                 errors.push(f.message);
             }
         }
@@ -507,13 +508,4 @@ impl RolloutSource for HttpRollout {
     fn counters(&self) -> RolloutCounters {
         self.counters.lock().expect("counters").clone()
     }
-}
-
-/// Failure counts as a map, for logs.
-pub fn failures_summary(c: &RolloutCounters) -> String {
-    let m: &BTreeMap<String, u64> = &c.failures;
-    if m.is_empty() {
-        return "none".into();
-    }
-    m.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
 }

@@ -268,6 +268,8 @@ pub struct Trainer {
     source: Box<dyn RolloutSource>,
     /// The weight version the source samples from, once synced.
     synced: Option<u64>,
+    /// The source's counters at the last `rollout_faults` event.
+    counters_seen: crate::rollout::RolloutCounters,
     opt: AdamW,
     /// The objective and λ (the core's learner contract).
     learner: Learner,
@@ -379,6 +381,7 @@ impl Trainer {
             reward_fn,
             source,
             synced: None,
+            counters_seen: Default::default(),
             opt,
             learner,
             replay,
@@ -570,6 +573,7 @@ impl Trainer {
                 Err(TrainError::Rollout(e)) => {
                     // No server left: keep what was learned, so `--resume`
                     // continues once a server is back.
+                    self.log_rollout_faults(self.progress.iteration)?;
                     let p = self.save_checkpoint()?;
                     on_event(Event::Checkpoint(&p));
                     return Err(TrainError::Rollout(e));
@@ -628,6 +632,40 @@ impl Trainer {
         Ok(out)
     }
 
+    /// Writes a `rollout_faults` line to `events.jsonl` when the rollout
+    /// source retried or failed since the last one: this iteration's counts
+    /// and the run's totals (requests, retries, failures by kind).
+    fn log_rollout_faults(&mut self, iter: usize) -> TrainResult<()> {
+        let now = self.source.counters();
+        let before = &self.counters_seen;
+        let failures: std::collections::BTreeMap<&String, u64> = now
+            .failures
+            .iter()
+            .map(|(k, v)| (k, v - before.failures.get(k).copied().unwrap_or(0)))
+            .filter(|(_, d)| *d > 0)
+            .collect();
+        if now.retries > before.retries || !failures.is_empty() {
+            let kinds: Vec<String> = failures.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            (self.warn)(&format!(
+                "rollout from {}: {} retries, failures: {} (last: {})",
+                self.source.describe(),
+                now.retries - before.retries,
+                if kinds.is_empty() { "none".to_string() } else { kinds.join(", ") },
+                now.last_failure.as_deref().unwrap_or("-")
+            ));
+            self.events.write(&serde_json::json!({
+                "event": "rollout_faults",
+                "iteration": iter,
+                "source": self.source.describe(),
+                "retries": now.retries - before.retries,
+                "failures": failures,
+                "total": now,
+            }))?;
+        }
+        self.counters_seen = now;
+        Ok(())
+    }
+
     /// Tensors for one micro-batch, in the layout `share_prompt_prefix` picks.
     fn pack(&self, samples: &[&Sample], dev: &candle_core::Device) -> candle_core::Result<batch::TrainTensors> {
         let pad = self.tok.pad_token_id();
@@ -667,6 +705,7 @@ impl Trainer {
             }
         };
         let rollout_version = gens.first().map_or(iter as u64, |(_, _, v)| *v);
+        self.log_rollout_faults(iter)?;
         let rollout_s = t_start.elapsed().as_secs_f64();
 
         let mut samples = Vec::with_capacity(gens.len());
