@@ -167,6 +167,48 @@ impl GroupEntry {
     }
 }
 
+impl GroupEntry {
+    /// The entry of one group of the trainer's samples (all of one problem
+    /// and prompt, as a rollout produces them), generated at `iteration` by
+    /// weight version `weight_version`.
+    pub fn from_samples(iteration: u64, samples: &[crate::train::Sample]) -> Result<GroupEntry, String> {
+        let first = samples.first().ok_or("an empty group")?;
+        if let Some(s) = samples.iter().find(|s| s.problem != first.problem || s.prompt_ids != first.prompt_ids) {
+            return Err(format!("a group mixes problems {} and {}", first.problem, s.problem));
+        }
+        Ok(GroupEntry {
+            schema: ENTRY_SCHEMA,
+            iteration,
+            problem: first.problem,
+            prompt_ids: first.prompt_ids.clone(),
+            responses: samples.iter().map(|s| s.response_ids.clone()).collect(),
+            behaviour_logp: samples.iter().map(|s| s.behaviour_logp.clone()).collect(),
+            rewards: samples.iter().map(|s| s.reward).collect(),
+            correct: samples.iter().map(|s| s.correct).collect(),
+            advantages: samples.iter().map(|s| s.advantage).collect(),
+            weight_version: first.version,
+        })
+    }
+
+    /// The trainer's samples of this group (the replay buffer's items; a
+    /// reference-KL term is recomputed by the learner, never shipped).
+    pub fn to_samples(&self) -> Vec<crate::train::Sample> {
+        (0..self.responses.len())
+            .map(|i| crate::train::Sample {
+                problem: self.problem,
+                prompt_ids: self.prompt_ids.clone(),
+                response_ids: self.responses[i].clone(),
+                reward: self.rewards[i],
+                correct: self.correct[i],
+                advantage: self.advantages[i],
+                behaviour_logp: self.behaviour_logp[i].clone(),
+                ref_logp: None,
+                version: self.weight_version,
+            })
+            .collect()
+    }
+}
+
 /// Errors of a queue backend.
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
@@ -266,5 +308,48 @@ impl ExperienceQueue for MemoryQueue {
 
     fn len(&mut self) -> Result<u64, QueueError> {
         Ok(self.entries.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::Sample;
+
+    fn sample(problem: usize, response: Vec<u32>, version: u64) -> Sample {
+        let n = response.len();
+        Sample {
+            problem,
+            prompt_ids: vec![1, 2],
+            response_ids: response,
+            reward: 1.0,
+            correct: true,
+            advantage: 0.5,
+            behaviour_logp: vec![-0.25; n],
+            ref_logp: None,
+            version,
+        }
+    }
+
+    #[test]
+    fn samples_round_trip_through_an_entry_and_its_bytes() {
+        let group = vec![sample(3, vec![5, 6, 7], 9), sample(3, vec![8], 9)];
+        let e = GroupEntry::from_samples(4, &group).unwrap();
+        assert_eq!((e.iteration, e.weight_version, e.schema), (4, 9, ENTRY_SCHEMA));
+        let back = GroupEntry::decode(&e.encode(), &EntryLimits::default()).unwrap();
+        assert_eq!(back.to_samples(), group);
+        let mixed = vec![sample(3, vec![5], 9), sample(4, vec![5], 9)];
+        assert!(GroupEntry::from_samples(0, &mixed).unwrap_err().contains("mixes"));
+        assert!(GroupEntry::from_samples(0, &[]).is_err());
+    }
+
+    #[test]
+    fn ids_print_and_parse_as_redis_stream_ids() {
+        let id = EntryId { iteration: 12, seq: 3 };
+        assert_eq!(id.to_string(), "12-3");
+        assert_eq!("12-3".parse::<EntryId>().unwrap(), id);
+        assert!("12".parse::<EntryId>().is_err());
+        assert!("a-3".parse::<EntryId>().is_err());
+        assert!(EntryId { iteration: 2, seq: 9 } < EntryId { iteration: 3, seq: 0 });
     }
 }
