@@ -65,22 +65,15 @@ pub fn train(a: &TrainArgs) -> Result<()> {
             (cfg, dir, false)
         }
     };
-    if resume && r2vpo_llm::train::checkpoint::latest(&dir)?.is_none() {
-        // Say so before anything in the folder is touched (config.toml
-        // keeps the run's own settings).
-        bail!(
-            "{} has no checkpoint to resume from (the run stopped before its first one; checkpoint_every = {}). \
-             Start it afresh with `r2vpo llm train --config {}/config.toml --out {} --overwrite`",
-            dir.display(),
-            cfg.checkpoint_every,
-            dir.display(),
-            dir.display()
-        );
-    }
     let existing = if resume { Existing::Resume } else { a.run.existing() };
     let fresh_folder = !dir.exists();
     let run = open_run_folder(&dir, existing)?;
-    run.write_config(&config::to_toml(&cfg)?)?;
+    // A resumed run's config.toml is rewritten (with the new --set values)
+    // only once its checkpoint has loaded, so a failed --resume leaves the
+    // folder as it was.
+    if !resume {
+        run.write_config(&config::to_toml(&cfg)?)?;
+    }
     let started = if resume {
         Trainer::resume(cfg.clone(), &dir).with_context(|| format!("resuming {}", dir.display()))
     } else {
@@ -100,6 +93,9 @@ pub fn train(a: &TrainArgs) -> Result<()> {
         let weights = cfg.rollout.weights_dir.as_ref().map_or_else(|| dir.join("weights"), PathBuf::from);
         let source = r2vpo_serve::HttpRollout::new(&cfg.rollout, &weights)?;
         trainer.set_rollout_source(Box::new(source))?;
+    }
+    if resume {
+        run.write_config(&config::to_toml(&cfg)?)?;
     }
     let stop = Stop::install().context("installing the SIGINT/SIGTERM handlers")?;
     let mut progress = Progress::new(cfg.iterations as u64, "iterations", a.run.quiet, Duration::ZERO)

@@ -36,7 +36,9 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
 use crate::model::{KvCache, Transformer};
-use crate::sample::{check_prompt_fits, sample_token, FinishReason, Generation, SampleError, SamplingConfig};
+use crate::sample::{
+    check_prompt, distinct_prompts, sample_token, FinishReason, Generation, SampleError, SamplingConfig,
+};
 use crate::tokenizer::PaddedBatch;
 
 /// Limits of the decode loop.
@@ -211,12 +213,6 @@ impl Engine {
     pub fn check(&self, job: &Job) -> Result<(), EngineError> {
         let bad = |field: &str, message: String| Err(SampleError::Config { field: field.into(), message }.into());
         job.sampling.validate()?;
-        if job.prompt_ids.is_empty() {
-            return bad("prompt", "is empty".into());
-        }
-        if let Some(&t) = job.prompt_ids.iter().find(|&&t| t as usize >= self.limits.vocab) {
-            return bad("prompt", format!("token id {t} is out of range for the vocabulary of {}", self.limits.vocab));
-        }
         if job.seeds.is_empty() || job.seeds.len() > self.limits.cfg.max_batch {
             return bad(
                 "n",
@@ -226,8 +222,7 @@ impl Engine {
         if job.sampling.max_new_tokens == 0 {
             return bad("max_tokens", "must be at least 1".into());
         }
-        check_prompt_fits(job.prompt_ids.len(), job.sampling.max_new_tokens, self.limits.context)
-            .map_err(|source| SampleError::PromptTooLong { request: 0, source })?;
+        check_prompt(0, &job.prompt_ids, job.sampling.max_new_tokens, self.limits.vocab, self.limits.context)?;
         Ok(())
     }
 
@@ -536,15 +531,10 @@ impl Loop {
     /// Queues the prefill of `jobs`: their distinct prompts left-padded
     /// into one batch, one row per sample.
     fn start_prefill(&mut self, jobs: Vec<(u64, Job)>) -> Result<(), EngineError> {
-        let mut uniq: Vec<Vec<u32>> = Vec::new();
-        let mut seen: HashMap<Vec<u32>, usize> = HashMap::new();
+        let (uniq, of_job) = distinct_prompts(jobs.iter().map(|(_, j)| j.prompt_ids.as_slice()));
         let mut of_row: Vec<u32> = Vec::new();
         let mut new_rows: Vec<Row> = Vec::new();
-        for (id, job) in jobs {
-            let u = *seen.entry(job.prompt_ids.clone()).or_insert_with(|| {
-                uniq.push(job.prompt_ids.clone());
-                uniq.len() - 1
-            });
+        for ((id, job), u) in jobs.into_iter().zip(of_job) {
             let sampling = Arc::new(job.sampling);
             for (index, &seed) in job.seeds.iter().enumerate() {
                 of_row.push(u as u32);

@@ -67,6 +67,15 @@ pub enum SampleError {
     /// A tensor operation failed.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    /// A request's prompt is empty or holds a token id outside the
+    /// vocabulary ([`check_prompt`]); nothing was generated.
+    #[error("request {request}: prompt {message}")]
+    BadPrompt {
+        /// Index of the request in the batch.
+        request: usize,
+        /// What is wrong.
+        message: String,
+    },
     /// A request's prompt plus `max_new_tokens` does not fit the model's
     /// context ([`check_prompt_fits`]); nothing was generated.
     #[error("request {request}: {source}")]
@@ -118,6 +127,46 @@ pub fn check_prompt_fits(
     } else {
         Ok(())
     }
+}
+
+/// Checks prompt `request` before anything is sampled from it: not empty,
+/// every id below `vocab`, and fitting `context` with `max_new_tokens`
+/// ([`check_prompt_fits`]). The one check both [`generate_ids`] and the
+/// serving engine ([`crate::engine`]) apply.
+pub fn check_prompt(
+    request: usize,
+    prompt_ids: &[u32],
+    max_new_tokens: usize,
+    vocab: usize,
+    context: usize,
+) -> Result<()> {
+    if prompt_ids.is_empty() {
+        return Err(SampleError::BadPrompt { request, message: "is empty".into() });
+    }
+    if let Some(&t) = prompt_ids.iter().find(|&&t| t as usize >= vocab) {
+        let message = format!("token id {t} is out of range for the vocabulary of {vocab}");
+        return Err(SampleError::BadPrompt { request, message });
+    }
+    check_prompt_fits(prompt_ids.len(), max_new_tokens, context)
+        .map_err(|source| SampleError::PromptTooLong { request, source })
+}
+
+/// The distinct prompts among `prompts` in first-seen order, and for each
+/// prompt the index of its distinct copy: identical prompts (a group's
+/// samples) are prefilled once and their cache rows replicated.
+pub(crate) fn distinct_prompts<'a>(prompts: impl IntoIterator<Item = &'a [u32]>) -> (Vec<Vec<u32>>, Vec<usize>) {
+    let mut uniq: Vec<Vec<u32>> = Vec::new();
+    let mut seen: HashMap<&[u32], usize> = HashMap::new();
+    let of = prompts
+        .into_iter()
+        .map(|p| {
+            *seen.entry(p).or_insert_with(|| {
+                uniq.push(p.to_vec());
+                uniq.len() - 1
+            })
+        })
+        .collect();
+    (uniq, of)
 }
 
 /// Result alias for this module.
@@ -320,17 +369,7 @@ pub fn generate_ids(
     let vocab = model.config().vocab_size;
     let context = model.config().max_position_embeddings;
     for (i, r) in requests.iter().enumerate() {
-        if r.prompt_ids.is_empty() {
-            return Err(SampleError::Config { field: "prompt_ids".into(), message: format!("request {i} is empty") });
-        }
-        if let Some(&t) = r.prompt_ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(SampleError::Config {
-                field: "prompt_ids".into(),
-                message: format!("request {i}: id {t} out of range for vocabulary {vocab}"),
-            });
-        }
-        check_prompt_fits(r.prompt_ids.len(), cfg.max_new_tokens, context)
-            .map_err(|source| SampleError::PromptTooLong { request: i, source })?;
+        check_prompt(i, &r.prompt_ids, cfg.max_new_tokens, vocab, context)?;
     }
     let mut rows: Vec<Row> = requests
         .iter()
@@ -347,17 +386,7 @@ pub fn generate_ids(
     if cfg.max_new_tokens > 0 && !requests.is_empty() {
         // Identical prompts (a GRPO group's samples) are prefilled once and
         // their cache rows and logits replicated.
-        let mut uniq: Vec<Vec<u32>> = Vec::new();
-        let mut seen: HashMap<&[u32], usize> = HashMap::new();
-        let of_request: Vec<usize> = requests
-            .iter()
-            .map(|r| {
-                *seen.entry(&r.prompt_ids).or_insert_with(|| {
-                    uniq.push(r.prompt_ids.clone());
-                    uniq.len() - 1
-                })
-            })
-            .collect();
+        let (uniq, of_request) = distinct_prompts(requests.iter().map(|r| r.prompt_ids.as_slice()));
         let (ids, mask) = PaddedBatch::left_pad(&uniq, pad_id).to_tensors(model.device())?;
         let mut cache = KvCache::new(model, uniq.len());
         let mut logits = model.forward_step(&ids, &mask, &mut cache)?;

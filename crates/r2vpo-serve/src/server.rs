@@ -11,7 +11,7 @@
 //! accepting connections, let in-flight requests finish, and exit 0.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -479,6 +479,9 @@ fn jobs_for(st: &AppState, req: &CompletionRequest) -> Result<Vec<(Vec<u32>, Job
             EngineError::Invalid(SampleError::Config { field, message }) => {
                 ApiError::bad(Some(field), format!("prompt {p}: {message}"))
             }
+            EngineError::Invalid(SampleError::BadPrompt { message, .. }) => {
+                ApiError::bad(Some("prompt"), format!("prompt {p} {message}"))
+            }
             EngineError::Invalid(SampleError::PromptTooLong { source, .. }) => {
                 // Blame the prompt only when it alone leaves no room.
                 let field = if source.prompt_len >= source.context { "prompt" } else { "max_tokens" };
@@ -601,9 +604,4 @@ fn choice(
 pub fn parse_listening_line(line: &str) -> Option<String> {
     let rest = line.split("listening on ").nth(1)?;
     Some(rest.split_whitespace().next()?.to_string())
-}
-
-/// Whether `path` looks like something [`load_model`] reads.
-pub fn is_model_path(path: &Path) -> bool {
-    path.is_dir() || path.extension().is_some_and(|e| e == "gguf")
 }

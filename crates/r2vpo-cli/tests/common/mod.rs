@@ -66,8 +66,8 @@ impl Server {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Some(addr) = line.split("listening on ").nth(1) {
-                    let _ = tx.send(addr.split_whitespace().next().unwrap_or_default().to_string());
+                if let Some(addr) = r2vpo_serve::server::parse_listening_line(&line) {
+                    let _ = tx.send(addr);
                 }
             }
         });
