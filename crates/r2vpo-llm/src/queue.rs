@@ -25,7 +25,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 /// Version of the [`GroupEntry`] layout; a reader refuses any other.
-pub const ENTRY_SCHEMA: u32 = 1;
+pub const ENTRY_SCHEMA: u32 = 2;
 
 /// Position of an entry: iteration, then sequence within the iteration.
 /// Written `<iteration>-<seq>`, the shape of a Redis Stream ID.
@@ -96,6 +96,13 @@ pub struct GroupEntry {
     pub correct: Vec<bool>,
     /// Group-relative advantage per sample.
     pub advantages: Vec<f32>,
+    /// Whether each response was cut by `max_new_tokens`.
+    pub truncated: Vec<bool>,
+    /// Sum of each response's per-token entropies (nats; 0 when the
+    /// rollout server reports none).
+    pub entropy_sum: Vec<f64>,
+    /// How many tokens' entropies `entropy_sum` adds (0 when unreported).
+    pub entropy_tokens: Vec<u32>,
     /// Weight version that generated the responses.
     pub weight_version: u64,
 }
@@ -137,6 +144,9 @@ impl GroupEntry {
             ("rewards", self.rewards.len()),
             ("correct", self.correct.len()),
             ("advantages", self.advantages.len()),
+            ("truncated", self.truncated.len()),
+            ("entropy_sum", self.entropy_sum.len()),
+            ("entropy_tokens", self.entropy_tokens.len()),
         ] {
             if n != g {
                 return Err(format!("{n} {name} for {g} responses"));
@@ -163,33 +173,21 @@ impl GroupEntry {
         if let Some(x) = self.rewards.iter().chain(&self.advantages).find(|x| !x.is_finite()) {
             return Err(format!("non-finite reward or advantage {x}"));
         }
+        if let Some(x) = self.entropy_sum.iter().find(|x| !(x.is_finite() && **x >= 0.0)) {
+            return Err(format!("entropy sum {x} is not a finite number ≥ 0"));
+        }
+        if let Some(i) = (0..g).find(|&i| self.entropy_tokens[i] as usize > self.responses[i].len()) {
+            return Err(format!(
+                "response {i}: entropies of {} tokens for {}",
+                self.entropy_tokens[i],
+                self.responses[i].len()
+            ));
+        }
         Ok(())
     }
 }
 
 impl GroupEntry {
-    /// The entry of one group of the trainer's samples (all of one problem
-    /// and prompt, as a rollout produces them), generated at `iteration` by
-    /// weight version `weight_version`.
-    pub fn from_samples(iteration: u64, samples: &[crate::train::Sample]) -> Result<GroupEntry, String> {
-        let first = samples.first().ok_or("an empty group")?;
-        if let Some(s) = samples.iter().find(|s| s.problem != first.problem || s.prompt_ids != first.prompt_ids) {
-            return Err(format!("a group mixes problems {} and {}", first.problem, s.problem));
-        }
-        Ok(GroupEntry {
-            schema: ENTRY_SCHEMA,
-            iteration,
-            problem: first.problem,
-            prompt_ids: first.prompt_ids.clone(),
-            responses: samples.iter().map(|s| s.response_ids.clone()).collect(),
-            behaviour_logp: samples.iter().map(|s| s.behaviour_logp.clone()).collect(),
-            rewards: samples.iter().map(|s| s.reward).collect(),
-            correct: samples.iter().map(|s| s.correct).collect(),
-            advantages: samples.iter().map(|s| s.advantage).collect(),
-            weight_version: first.version,
-        })
-    }
-
     /// The trainer's samples of this group (the replay buffer's items; a
     /// reference-KL term is recomputed by the learner, never shipped).
     pub fn to_samples(&self) -> Vec<crate::train::Sample> {
@@ -316,31 +314,48 @@ mod tests {
     use super::*;
     use crate::train::Sample;
 
-    fn sample(problem: usize, response: Vec<u32>, version: u64) -> Sample {
-        let n = response.len();
-        Sample {
-            problem,
-            prompt_ids: vec![1, 2],
-            response_ids: response,
-            reward: 1.0,
-            correct: true,
-            advantage: 0.5,
-            behaviour_logp: vec![-0.25; n],
-            ref_logp: None,
-            version,
-        }
-    }
-
     #[test]
-    fn samples_round_trip_through_an_entry_and_its_bytes() {
-        let group = vec![sample(3, vec![5, 6, 7], 9), sample(3, vec![8], 9)];
-        let e = GroupEntry::from_samples(4, &group).unwrap();
-        assert_eq!((e.iteration, e.weight_version, e.schema), (4, 9, ENTRY_SCHEMA));
+    fn an_entry_round_trips_through_its_bytes_into_samples() {
+        let e = GroupEntry {
+            schema: ENTRY_SCHEMA,
+            iteration: 4,
+            problem: 3,
+            prompt_ids: vec![1, 2],
+            responses: vec![vec![5, 6, 7], vec![8]],
+            behaviour_logp: vec![vec![-0.25; 3], vec![-0.5]],
+            rewards: vec![1.0, 0.0],
+            correct: vec![true, false],
+            advantages: vec![0.7, -0.7],
+            truncated: vec![false, true],
+            entropy_sum: vec![1.5, 0.0],
+            entropy_tokens: vec![3, 0],
+            weight_version: 9,
+        };
         let back = GroupEntry::decode(&e.encode(), &EntryLimits::default()).unwrap();
-        assert_eq!(back.to_samples(), group);
-        let mixed = vec![sample(3, vec![5], 9), sample(4, vec![5], 9)];
-        assert!(GroupEntry::from_samples(0, &mixed).unwrap_err().contains("mixes"));
-        assert!(GroupEntry::from_samples(0, &[]).is_err());
+        assert_eq!(back, e);
+        let s = back.to_samples();
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].problem, s[0].version, s[0].advantage), (3, 9, 0.7));
+        assert_eq!(
+            s[1],
+            Sample {
+                problem: 3,
+                prompt_ids: vec![1, 2],
+                response_ids: vec![8],
+                reward: 0.0,
+                correct: false,
+                advantage: -0.7,
+                behaviour_logp: vec![-0.5],
+                ref_logp: None,
+                version: 9,
+            }
+        );
+        let mut bad = e.clone();
+        bad.entropy_tokens[1] = 2;
+        assert!(bad.check(&EntryLimits::default()).unwrap_err().contains("entropies of 2 tokens"));
+        let mut bad = e;
+        bad.truncated.pop();
+        assert!(bad.check(&EntryLimits::default()).unwrap_err().contains("truncated"));
     }
 
     #[test]

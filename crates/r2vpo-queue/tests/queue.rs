@@ -89,6 +89,9 @@ fn entry(iteration: u64, problem: usize) -> GroupEntry {
         rewards: vec![1.0, -1.0],
         correct: vec![true, false],
         advantages: vec![0.7, -0.7],
+        truncated: vec![false, true],
+        entropy_sum: vec![0.9, 0.4],
+        entropy_tokens: vec![2, 1],
         weight_version: iteration,
     }
 }
@@ -172,7 +175,7 @@ fn garbage_entries_are_rejected_with_a_reason_and_the_rest_read() {
         (bad_token.encode(), "outside the vocabulary"),
         (nan.into_bytes(), "not JSON"),
         (vec![b' '; 5000], "bytes"),
-        (br#"{"schema": 1, "iteration": 0, "rm": "-rf"}"#.to_vec(), "bad entry"),
+        (format!(r#"{{"schema": {ENTRY_SCHEMA}, "iteration": 0, "rm": "-rf"}}"#).into_bytes(), "bad entry"),
     ];
     for (bytes, _) in &garbage {
         q.publish_raw(0, bytes).unwrap();

@@ -15,6 +15,7 @@
 //! whose RNG is checkpointed. A run resumed from a checkpoint therefore
 //! reproduces the uninterrupted run's metrics for the same thread count.
 
+pub mod actor;
 pub mod batch;
 pub mod checkpoint;
 pub mod config;
@@ -30,7 +31,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use r2vpo::advantage::{count_zero_variance_groups, group_relative};
+use r2vpo::advantage::count_zero_variance_groups;
 use r2vpo::aggregate::{aggregate, GlobalBatch};
 use r2vpo::learner::Learner;
 use r2vpo::objective::{kl_estimate, PolicyBatch, RatioStats};
@@ -38,14 +39,15 @@ use r2vpo::replay::ReplayBuffer;
 use r2vpo::schedule::{EpochSchedule, Remainder, Reshuffle, UpdateSchedule};
 use r2vpo_report::{JsonlWriter, TensorBoardWriter};
 
-use crate::chat::ChatTemplate;
-use crate::data::{load_problems_reporting, Fitted, Problem, PromptError, PromptFitter, SkippedRecord};
+use crate::data::{load_problems_reporting, Problem, PromptError, SkippedRecord};
 use crate::model::{load_model, ModelConfig, Transformer};
+use crate::queue::GroupEntry;
 use crate::reward::{verify, VerifyConfig};
-use crate::rollout::{GroupRequest, LocalRollout, RolloutError, RolloutSource};
-use crate::sample::{request_seed, Generation};
+use crate::rollout::{RolloutError, RolloutSource};
+use crate::sample::Generation;
 use crate::tokenizer::Tokenizer;
 
+pub use actor::{Actor, Produced};
 pub use batch::Sample;
 pub use config::{
     BehaviourLogprobs, Mode, ModelSource, OptimConfig, RandomModel, RefKlConfig, RolloutBackend, RolloutConfig,
@@ -251,25 +253,9 @@ pub struct Trainer {
     model: Transformer,
     reference: Option<Transformer>,
     tok: Tokenizer,
-    chat: ChatTemplate,
-    problems: Vec<Problem>,
-    prompt_cache: Vec<PromptSlot>,
-    /// Fits training prompts into the context (`overlong_prompts`).
-    fitter: PromptFitter,
-    /// Distinct training problems found over-long and skipped so far.
-    prompts_skipped: usize,
-    /// Distinct training problems whose prompt was truncated so far.
-    prompts_truncated: usize,
-    /// Where warnings go (stderr unless [`Trainer::set_warning_handler`]).
-    warn: Box<dyn FnMut(&str) + Send + Sync>,
+    /// The rollout half of every iteration (problems → groups).
+    actor: Actor,
     eval_problems: Vec<Problem>,
-    reward_fn: Box<dyn RewardFn>,
-    /// Where rollouts come from ([`Trainer::set_rollout_source`]).
-    source: Box<dyn RolloutSource>,
-    /// The weight version the source samples from, once synced.
-    synced: Option<u64>,
-    /// The source's counters at the last `rollout_faults` event.
-    counters_seen: crate::rollout::RolloutCounters,
     opt: AdamW,
     /// The objective and λ (the core's learner contract).
     learner: Learner,
@@ -307,7 +293,6 @@ impl Trainer {
     fn build(cfg: TrainConfig, run_dir: &Path, reward_fn: Box<dyn RewardFn>, progress: Progress) -> TrainResult<Self> {
         let (model, tok) = load_policy(&cfg.model)?;
         let reference = if cfg.ref_kl.coef > 0.0 { Some(load_policy(&cfg.model)?.0) } else { None };
-        let chat = ChatTemplate::from_tokenizer(&tok)?;
         let evaluating = cfg.eval_at_start || cfg.eval_at_end || cfg.eval_every > 0;
         // Prompt + response must fit the model's context; a generation
         // budget that leaves no room for any prompt is a config error.
@@ -323,7 +308,6 @@ impl Trainer {
                 });
             }
         }
-        let mut warn: Box<dyn FnMut(&str) + Send + Sync> = Box::new(|w: &str| eprintln!("warning: {w}"));
         let mut skipped_records: Vec<SkippedRecord> = Vec::new();
         let loaded = load_problems_reporting(&cfg.data)?;
         skipped_records.extend(loaded.skipped);
@@ -335,15 +319,7 @@ impl Trainer {
         } else {
             Vec::new()
         };
-        let fitter = PromptFitter::new(
-            &tok,
-            &chat,
-            cfg.template,
-            cfg.enable_thinking,
-            context,
-            cfg.sampling.max_new_tokens,
-            cfg.overlong_prompts,
-        )?;
+        let actor = Actor::new(cfg.clone(), tok.clone(), problems, reward_fn, context)?;
         let opt = AdamW::new(model.named_vars(), cfg.optim)?;
         let learner = Learner::new(cfg.objective.clone(), &cfg.dual)?;
         let replay =
@@ -351,7 +327,7 @@ impl Trainer {
         let open = |name: &str| JsonlWriter::append(run_dir.join(name));
         let mut events = open("events.jsonl")?;
         for r in &skipped_records {
-            warn(&r.to_string());
+            eprintln!("warning: {r}");
             events.write(&serde_json::json!({
                 "event": "record_skipped",
                 "path": r.path.display().to_string(),
@@ -359,13 +335,8 @@ impl Trainer {
                 "reason": r.reason,
             }))?;
         }
-        let source = Box::new(LocalRollout::new(cfg.rollout_batch));
         Ok(Self {
-            prompt_cache: vec![PromptSlot::Unknown; problems.len()],
-            fitter,
-            prompts_skipped: 0,
-            prompts_truncated: 0,
-            warn,
+            actor,
             metrics: open("metrics.jsonl")?,
             evals: open("eval.jsonl")?,
             hists: open("ratio_hist.jsonl")?,
@@ -375,13 +346,7 @@ impl Trainer {
             model,
             reference,
             tok,
-            chat,
-            problems,
             eval_problems,
-            reward_fn,
-            source,
-            synced: None,
-            counters_seen: Default::default(),
             opt,
             learner,
             replay,
@@ -424,13 +389,13 @@ impl Trainer {
     /// `sampling.max_new_tokens` exceeds the model's context (each is also
     /// a `prompt_skipped` line of `events.jsonl` and a warning).
     pub fn prompts_skipped(&self) -> usize {
-        self.prompts_skipped
+        self.actor.prompts_skipped()
     }
 
     /// Distinct training problems whose prompt was truncated so far
     /// (`overlong_prompts = "truncate"`; `prompt_truncated` events).
     pub fn prompts_truncated(&self) -> usize {
-        self.prompts_truncated
+        self.actor.prompts_truncated()
     }
 
     /// Sends the trainer's warnings (skipped dataset lines, skipped or
@@ -438,7 +403,7 @@ impl Trainer {
     /// a progress bar. Warnings found while the trainer was built have
     /// already gone to stderr (and `events.jsonl`).
     pub fn set_warning_handler(&mut self, f: impl FnMut(&str) + Send + Sync + 'static) {
-        self.warn = Box::new(f);
+        self.actor.set_warning_handler(f);
     }
 
     /// Samples rollouts from `source` instead of in-process (an HTTP
@@ -447,117 +412,12 @@ impl Trainer {
     /// The source is synced with the current weights before its first
     /// rollout.
     pub fn set_rollout_source(&mut self, source: Box<dyn RolloutSource>) -> TrainResult<()> {
-        self.cfg.check_logprobs(source.logprobs_mode())?;
-        self.source = source;
-        self.synced = None;
-        Ok(())
+        self.actor.set_rollout_source(source)
     }
 
     /// The rollout source's counters (requests, retries, failures, pushes).
     pub fn rollout_counters(&self) -> crate::rollout::RolloutCounters {
-        self.source.counters()
-    }
-
-    /// The next `n` problem indices in the seeded per-epoch order, passing
-    /// over problems whose prompt does not fit the context (see
-    /// [`Trainer::usable`]). Fails only when every problem is skipped.
-    fn next_problems(&mut self, n: usize) -> TrainResult<Vec<usize>> {
-        let len = self.problems.len();
-        let mut out = Vec::with_capacity(n);
-        while out.len() < n {
-            if self.prompts_skipped == len {
-                return Err(TrainError::Config {
-                    field: "data".into(),
-                    message: format!(
-                        "all {len} training problems were skipped: their prompts exceed the model's context of {} \
-                         tokens minus sampling.max_new_tokens {} (see the `prompt_skipped` lines of events.jsonl); \
-                         shorten the questions, lower sampling.max_new_tokens or set overlong_prompts = \"truncate\"",
-                        self.fitter.context(),
-                        self.cfg.sampling.max_new_tokens
-                    ),
-                });
-            }
-            let epoch = self.progress.data.epoch;
-            let mut order: Vec<usize> = (0..len).collect();
-            let mut rng = ChaCha8Rng::seed_from_u64(derived_seed(self.cfg.seed, STREAM_DATA, epoch));
-            shuffle(&mut order, &mut rng);
-            while out.len() < n && self.progress.data.cursor < len {
-                let p = order[self.progress.data.cursor];
-                self.progress.data.cursor += 1;
-                if self.usable(p)? {
-                    out.push(p);
-                }
-            }
-            let d = &mut self.progress.data;
-            if d.cursor == len {
-                d.epoch += 1;
-                d.cursor = 0;
-            }
-        }
-        Ok(out)
-    }
-
-    /// Whether `problem`'s prompt fits the context (possibly after
-    /// truncation). The first time a problem is seen its prompt is built and
-    /// cached; an over-long one is warned about, logged to `events.jsonl`
-    /// and counted, once.
-    fn usable(&mut self, problem: usize) -> TrainResult<bool> {
-        match self.prompt_cache[problem] {
-            PromptSlot::Ready(_) => return Ok(true),
-            PromptSlot::Skipped => return Ok(false),
-            PromptSlot::Unknown => {}
-        }
-        let fitted = self.fitter.fit(&self.tok, &self.chat, &self.problems[problem].question)?;
-        let id = self.problems[problem].id.clone();
-        let (slot, event, prompt_tokens) = match fitted {
-            Fitted::Fits(ids) => (PromptSlot::Ready(ids), None, 0),
-            Fitted::Truncated { ids, prompt_tokens } => {
-                self.prompts_truncated += 1;
-                (PromptSlot::Ready(ids), Some(("prompt_truncated", "truncated", self.prompts_truncated)), prompt_tokens)
-            }
-            Fitted::Skipped { prompt_tokens } => {
-                self.prompts_skipped += 1;
-                (PromptSlot::Skipped, Some(("prompt_skipped", "skipped", self.prompts_skipped)), prompt_tokens)
-            }
-        };
-        if let Some((event, verb, total)) = event {
-            let max = self.fitter.max_prompt_tokens();
-            (self.warn)(&format!(
-                "{}: problem `{}`: prompt of {prompt_tokens} tokens exceeds {max} (context {} − max_new_tokens {}); \
-                 {verb} ({total} so far)",
-                self.cfg.data.path,
-                id,
-                self.fitter.context(),
-                self.cfg.sampling.max_new_tokens
-            ));
-            self.events.write(&serde_json::json!({
-                "event": event,
-                "iteration": self.progress.iteration,
-                "data": self.cfg.data.path,
-                "problem": id,
-                "prompt_tokens": prompt_tokens,
-                "max_prompt_tokens": max,
-                "context": self.fitter.context(),
-                "total": total,
-            }))?;
-        }
-        let ok = matches!(slot, PromptSlot::Ready(_));
-        self.prompt_cache[problem] = slot;
-        Ok(ok)
-    }
-
-    /// The (fitted) prompt of a problem that [`Trainer::usable`] accepted.
-    fn prompt_ids(&mut self, problem: usize) -> TrainResult<Vec<u32>> {
-        if !self.usable(problem)? {
-            return Err(TrainError::Config {
-                field: "data".into(),
-                message: format!("problem `{}` has an over-long prompt", self.problems[problem].id),
-            });
-        }
-        match &self.prompt_cache[problem] {
-            PromptSlot::Ready(ids) => Ok(ids.clone()),
-            _ => unreachable!("usable() leaves a ready prompt"),
-        }
+        self.actor.rollout_counters()
     }
 
     /// Runs iterations until `cfg.iterations` or until `stop` is raised,
@@ -573,7 +433,8 @@ impl Trainer {
                 Err(TrainError::Rollout(e)) => {
                     // No server left: keep what was learned, so `--resume`
                     // continues once a server is back.
-                    self.log_rollout_faults(self.progress.iteration)?;
+                    self.actor.log_rollout_faults(self.progress.iteration as u64);
+                    self.write_actor_events()?;
                     let p = self.save_checkpoint()?;
                     on_event(Event::Checkpoint(&p));
                     return Err(TrainError::Rollout(e));
@@ -602,70 +463,6 @@ impl Trainer {
         Ok(Outcome::Finished)
     }
 
-    /// Samples G responses for each of `problems` from the rollout source,
-    /// first pushing the current weights when a sync is due (every
-    /// iteration in-process; every `rollout.sync_every` for servers).
-    /// Sample `j` of the iteration is seeded `request_seed(iteration seed,
-    /// j)`. Returns each response with its problem and weight version.
-    fn rollout(&mut self, iter: usize, problems: &[usize]) -> TrainResult<Vec<(usize, Generation, u64)>> {
-        let every = match self.cfg.rollout.backend {
-            RolloutBackend::Local => 1,
-            RolloutBackend::Http => self.cfg.rollout.sync_every as u64,
-        };
-        let now = iter as u64;
-        if self.synced.is_none_or(|v| now - v >= every) {
-            self.source.sync_weights(&self.model, &self.tok, now)?;
-            self.synced = Some(now);
-        }
-        let g = self.cfg.group_size;
-        let base = derived_seed(self.cfg.seed, STREAM_ROLLOUT, iter as u64);
-        let mut groups = Vec::with_capacity(problems.len());
-        for (k, &p) in problems.iter().enumerate() {
-            let seeds = (0..g).map(|i| request_seed(base, (k * g + i) as u64)).collect();
-            groups.push(GroupRequest { prompt_ids: self.prompt_ids(p)?, seeds });
-        }
-        let rollouts = self.source.generate(&self.model, &self.tok, &groups, &self.cfg.sampling)?;
-        let mut out = Vec::with_capacity(problems.len() * g);
-        for (&p, r) in problems.iter().zip(rollouts) {
-            out.extend(r.generations.into_iter().map(|gen| (p, gen, r.weight_version)));
-        }
-        Ok(out)
-    }
-
-    /// Writes a `rollout_faults` line to `events.jsonl` when the rollout
-    /// source retried or failed since the last one: this iteration's counts
-    /// and the run's totals (requests, retries, failures by kind).
-    fn log_rollout_faults(&mut self, iter: usize) -> TrainResult<()> {
-        let now = self.source.counters();
-        let before = &self.counters_seen;
-        let failures: std::collections::BTreeMap<&String, u64> = now
-            .failures
-            .iter()
-            .map(|(k, v)| (k, v - before.failures.get(k).copied().unwrap_or(0)))
-            .filter(|(_, d)| *d > 0)
-            .collect();
-        if now.retries > before.retries || !failures.is_empty() {
-            let kinds: Vec<String> = failures.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            (self.warn)(&format!(
-                "rollout from {}: {} retries, failures: {} (last: {})",
-                self.source.describe(),
-                now.retries - before.retries,
-                if kinds.is_empty() { "none".to_string() } else { kinds.join(", ") },
-                now.last_failure.as_deref().unwrap_or("-")
-            ));
-            self.events.write(&serde_json::json!({
-                "event": "rollout_faults",
-                "iteration": iter,
-                "source": self.source.describe(),
-                "retries": now.retries - before.retries,
-                "failures": failures,
-                "total": now,
-            }))?;
-        }
-        self.counters_seen = now;
-        Ok(())
-    }
-
     /// Tensors for one micro-batch, in the layout `share_prompt_prefix` picks.
     fn pack(&self, samples: &[&Sample], dev: &candle_core::Device) -> candle_core::Result<batch::TrainTensors> {
         let pad = self.tok.pad_token_id();
@@ -687,58 +484,56 @@ impl Trainer {
         Ok(out)
     }
 
+    /// One synchronous iteration: batch `iteration` drawn and sampled from
+    /// the current policy ([`Actor::produce`]), then learned from
+    /// ([`Trainer::learn`]).
     fn iteration(&mut self, on_event: &mut dyn FnMut(Event)) -> TrainResult<IterMetrics> {
         let iter = self.progress.iteration;
-        let g = self.cfg.group_size;
         let t_start = Instant::now();
-
         on_event(Event::Phase { iter, name: "rollout" });
-        let data_before = self.progress.data;
-        let problems = self.next_problems(self.cfg.prompts_per_iter)?;
-        let gens = match self.rollout(iter, &problems) {
-            Ok(g) => g,
-            Err(e) => {
-                // Nothing of this iteration happened: a checkpoint written
-                // now resumes by drawing the same problems again.
-                self.progress.data = data_before;
-                return Err(e);
-            }
-        };
-        let rollout_version = gens.first().map_or(iter as u64, |(_, _, v)| *v);
-        self.log_rollout_faults(iter)?;
-        let rollout_s = t_start.elapsed().as_secs_f64();
+        let produced = self.actor.produce(&self.model, iter as u64, &mut self.progress.data, iter as u64);
+        self.write_actor_events()?;
+        let produced = produced?;
+        self.learn(&produced.entries, produced.rollout_s, t_start, on_event)
+    }
 
-        let mut samples = Vec::with_capacity(gens.len());
+    /// Writes the actor's pending `events.jsonl` lines.
+    fn write_actor_events(&mut self) -> TrainResult<()> {
+        for e in self.actor.take_events() {
+            self.events.write(&e)?;
+        }
+        Ok(())
+    }
+
+    /// The learning half of iteration `progress.iteration`, on `entries`
+    /// (one per prompt group, in order): rollout metrics → zero-variance
+    /// filter → scoring passes → optimizer steps (epochs over the batch, or
+    /// replay draws) → metrics, histograms and TensorBoard lines.
+    /// `rollout_s` is how long the rollout (or the wait for it) took and
+    /// `t_start` when the iteration began.
+    fn learn(
+        &mut self,
+        entries: &[GroupEntry],
+        rollout_s: f64,
+        t_start: Instant,
+        on_event: &mut dyn FnMut(Event),
+    ) -> TrainResult<IterMetrics> {
+        let iter = self.progress.iteration;
+        let g = self.cfg.group_size;
+        let rollout_version = entries.first().map_or(iter as u64, |e| e.weight_version);
+        let mut samples: Vec<Sample> = entries.iter().flat_map(GroupEntry::to_samples).collect();
         let mut entropy_sum = 0.0f64;
-        let mut truncated = 0usize;
         let mut entropy_tokens = 0usize;
-        for (p, gen, version) in &gens {
-            let s = self.reward_fn.score(&self.problems[*p], gen);
-            entropy_sum += gen.entropy.iter().map(|&e| f64::from(e)).sum::<f64>();
-            entropy_tokens += gen.entropy.len();
-            truncated += usize::from(gen.finish_reason == crate::sample::FinishReason::Length);
-            let behaviour = match self.cfg.behaviour_logprobs {
-                BehaviourLogprobs::Sampled => gen.logprobs.clone(),
-                _ => gen.model_logprobs.clone(),
-            };
-            samples.push(Sample {
-                problem: *p,
-                prompt_ids: self.prompt_ids(*p)?,
-                response_ids: gen.token_ids.clone(),
-                reward: s.reward as f32,
-                correct: s.correct,
-                advantage: 0.0,
-                behaviour_logp: behaviour,
-                ref_logp: None,
-                version: *version,
-            });
+        let mut truncated = 0usize;
+        for e in entries {
+            for i in 0..e.responses.len() {
+                entropy_sum += e.entropy_sum[i];
+                entropy_tokens += e.entropy_tokens[i] as usize;
+                truncated += usize::from(e.truncated[i]);
+            }
         }
         let gen_tokens: usize = samples.iter().map(|s| s.response_ids.len()).sum();
         let rewards: Vec<f32> = samples.iter().map(|s| s.reward).collect();
-        let adv = group_relative(&rewards, g, &self.cfg.group_norm)?;
-        for (s, a) in samples.iter_mut().zip(&adv) {
-            s.advantage = *a;
-        }
         let zero_var = count_zero_variance_groups(&rewards, g)?;
         let n = samples.len() as f64;
         let lens: Vec<usize> = samples.iter().map(|s| s.response_ids.len()).collect();
@@ -757,7 +552,7 @@ impl Trainer {
             },
             rollout_version,
             zero_variance_groups: zero_var,
-            zero_variance_frac: zero_var as f64 / problems.len() as f64,
+            zero_variance_frac: zero_var as f64 / entries.len() as f64,
             ..IterMetrics::default()
         };
 
@@ -1019,17 +814,6 @@ impl Trainer {
         on_event(Event::Eval(&rec));
         Ok(())
     }
-}
-
-/// A training problem's prompt, built on first use.
-#[derive(Clone, Debug)]
-enum PromptSlot {
-    /// Not built yet.
-    Unknown,
-    /// The prompt's ids (truncated if `overlong_prompts = "truncate"`).
-    Ready(Vec<u32>),
-    /// Over-long: never drawn.
-    Skipped,
 }
 
 impl From<PromptError> for TrainError {
