@@ -21,6 +21,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -239,6 +241,25 @@ pub trait ExperienceQueue: Send {
     /// Entries held.
     fn len(&mut self) -> Result<u64, QueueError>;
 
+    /// Hands `owner` a batch to produce for `lease`: the oldest batch
+    /// whose lease ran out (its actor died), else the next new one. Two
+    /// live actors never hold the same batch, and no batch is left behind.
+    fn claim_batch(&mut self, owner: &str, lease: Duration) -> Result<u64, QueueError>;
+
+    /// Publishes the groups of `batch` in one step, if `owner` still holds
+    /// its lease: they get the next slot `s` and ids `s-1 … s-n` (Redis has
+    /// no id `0-0`), and
+    /// the lease ends. Returns the slot, or `None` when the lease was lost
+    /// (it ran out and another actor took the batch; nothing is written).
+    fn publish_batch(&mut self, batch: u64, owner: &str, entries: &[GroupEntry]) -> Result<Option<u64>, QueueError>;
+
+    /// Makes the next new batch at least `next` and hands out `pending`
+    /// (batches below it that were never consumed) first, as if their
+    /// leases had run out: how a learner resumed from a checkpoint restores
+    /// the data position of a queue that lost its state. Batches already
+    /// leased or published are left alone.
+    fn restore_batches(&mut self, next: u64, pending: &[u64]) -> Result<(), QueueError>;
+
     /// Whether the queue holds nothing.
     fn is_empty(&mut self) -> Result<bool, QueueError> {
         Ok(self.len()? == 0)
@@ -247,11 +268,25 @@ pub trait ExperienceQueue: Send {
 
 /// The in-process queue: a map from id to encoded entry, with exactly the
 /// Redis Stream semantics the learner relies on (ordered ids, exclusive
-/// range reads, trim below an id), so the two backends pass one contract
-/// test.
-#[derive(Debug, Default)]
+/// range reads, trim below an id) and the same batch leases, so the two
+/// backends pass one contract test. Clones share one queue (the actor
+/// threads and the learner of `llm train --async`).
+#[derive(Clone, Debug, Default)]
 pub struct MemoryQueue {
+    inner: Arc<Mutex<MemoryInner>>,
+}
+
+#[derive(Debug, Default)]
+struct MemoryInner {
     entries: BTreeMap<EntryId, Vec<u8>>,
+    /// The next new batch.
+    next_batch: u64,
+    /// The next slot.
+    next_slot: u64,
+    /// Batch → (owner, deadline).
+    leases: BTreeMap<u64, (String, Instant)>,
+    /// Batches handed out before any new one (restored, never consumed).
+    pending: Vec<u64>,
 }
 
 impl MemoryQueue {
@@ -260,10 +295,17 @@ impl MemoryQueue {
         Self::default()
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryInner> {
+        // A panicking actor thread cannot leave the map half-written: every
+        // method finishes its mutation before it could panic.
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Stores raw bytes under the next id of `iteration` (what a foreign
     /// writer can do to a Redis Stream; tests use it for garbage).
     pub fn publish_raw(&mut self, iteration: u64, bytes: Vec<u8>) -> Result<EntryId, QueueError> {
-        let last = self.entries.keys().next_back().copied();
+        let mut q = self.lock();
+        let last = q.entries.keys().next_back().copied();
         let seq = match last {
             Some(l) if l.iteration == iteration => l.seq + 1,
             Some(l) if l.iteration > iteration => {
@@ -274,7 +316,8 @@ impl MemoryQueue {
             _ => 0,
         };
         let id = EntryId { iteration, seq };
-        self.entries.insert(id, bytes);
+        q.entries.insert(id, bytes);
+        q.next_slot = q.next_slot.max(iteration + 1);
         Ok(id)
     }
 }
@@ -290,22 +333,68 @@ impl ExperienceQueue for MemoryQueue {
         max: usize,
         limits: &EntryLimits,
     ) -> Result<ReadBatch, QueueError> {
+        let q = self.lock();
         let range = match after {
-            Some(a) => self.entries.range((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
-            None => self.entries.range(..),
+            Some(a) => q.entries.range((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
+            None => q.entries.range(..),
         };
         Ok(range.take(max).map(|(id, b)| (*id, GroupEntry::decode(b, limits))).collect())
     }
 
     fn trim_before(&mut self, iteration: u64) -> Result<u64, QueueError> {
-        let keep = self.entries.split_off(&EntryId { iteration, seq: 0 });
-        let dropped = self.entries.len() as u64;
-        self.entries = keep;
+        let mut q = self.lock();
+        let keep = q.entries.split_off(&EntryId { iteration, seq: 0 });
+        let dropped = q.entries.len() as u64;
+        q.entries = keep;
         Ok(dropped)
     }
 
     fn len(&mut self) -> Result<u64, QueueError> {
-        Ok(self.entries.len() as u64)
+        Ok(self.lock().entries.len() as u64)
+    }
+
+    fn claim_batch(&mut self, owner: &str, lease: Duration) -> Result<u64, QueueError> {
+        let mut q = self.lock();
+        let now = Instant::now();
+        let expired = q.leases.iter().find(|(_, (_, deadline))| *deadline <= now).map(|(b, _)| *b);
+        let b = match (expired, q.pending.is_empty()) {
+            (Some(b), _) => b,
+            (None, false) => q.pending.remove(0),
+            (None, true) => {
+                q.next_batch += 1;
+                q.next_batch - 1
+            }
+        };
+        q.leases.insert(b, (owner.to_string(), now + lease));
+        Ok(b)
+    }
+
+    fn publish_batch(&mut self, batch: u64, owner: &str, entries: &[GroupEntry]) -> Result<Option<u64>, QueueError> {
+        let mut q = self.lock();
+        match q.leases.get(&batch) {
+            Some((o, _)) if o == owner => {}
+            _ => return Ok(None),
+        }
+        q.leases.remove(&batch);
+        let top = q.entries.keys().next_back().map_or(0, |l| l.iteration + 1);
+        let slot = q.next_slot.max(top);
+        q.next_slot = slot + 1;
+        for (seq, e) in entries.iter().enumerate() {
+            q.entries.insert(EntryId { iteration: slot, seq: seq as u64 + 1 }, e.encode());
+        }
+        Ok(Some(slot))
+    }
+
+    fn restore_batches(&mut self, next: u64, pending: &[u64]) -> Result<(), QueueError> {
+        let mut q = self.lock();
+        q.next_batch = q.next_batch.max(next);
+        for &b in pending {
+            if !q.leases.contains_key(&b) && !q.pending.contains(&b) {
+                q.pending.push(b);
+            }
+        }
+        q.pending.sort_unstable();
+        Ok(())
     }
 }
 

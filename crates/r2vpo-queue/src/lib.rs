@@ -19,6 +19,68 @@
 use r2vpo_llm::queue::{EntryId, EntryLimits, ExperienceQueue, GroupEntry, QueueError, ReadBatch};
 use redis::streams::StreamRangeReply;
 use redis::{Commands, Connection, RedisError};
+use std::time::Duration;
+
+/// The keys beside the stream: the next new batch, the next slot, batch
+/// leases (sorted set, deadline in server milliseconds), their owners
+/// (hash) and batches restored for re-issue (sorted set).
+const AUX: [&str; 5] = ["batch", "slot", "leases", "owners", "pending"];
+
+/// Claims a batch (Lua runs atomically on the server, and its clock is
+/// the only one used, so actors' clocks need not agree). KEYS: batch,
+/// leases, owners, pending. ARGV: owner, lease in ms.
+const CLAIM: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local b
+local exp = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1)
+if exp[1] then
+  b = exp[1]
+else
+  local p = redis.call('ZRANGE', KEYS[4], 0, 0)
+  if p[1] then
+    b = p[1]
+    redis.call('ZREM', KEYS[4], b)
+  else
+    b = tostring(redis.call('INCR', KEYS[1]) - 1)
+  end
+end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), b)
+redis.call('HSET', KEYS[3], b, ARGV[1])
+return tonumber(b)
+";
+
+/// Publishes a batch's groups under the next slot if the caller still
+/// owns its lease; -1 if not. KEYS: stream, leases, owners, slot. ARGV:
+/// batch, owner, then the encoded entries.
+const PUBLISH: &str = r"
+if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then return -1 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+local s = tonumber(redis.call('GET', KEYS[4]) or '0')
+local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if top[1] then
+  local t = tonumber(string.match(top[1][1], '^(%d+)-'))
+  if t >= s then s = t + 1 end
+end
+redis.call('SET', KEYS[4], s + 1)
+for i = 3, #ARGV do
+  redis.call('XADD', KEYS[1], s .. '-' .. (i - 2), 'e', ARGV[i])
+end
+return s
+";
+
+/// Restores the batch counter and the batches to re-issue, only when the
+/// server lost the run's state (no counter). KEYS: batch, pending,
+/// leases. ARGV: next batch, then the pending batches.
+const RESTORE: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+for i = 2, #ARGV do
+  if not redis.call('ZSCORE', KEYS[3], ARGV[i]) then redis.call('ZADD', KEYS[2], ARGV[i], ARGV[i]) end
+end
+return 1
+";
 
 /// A Redis Stream holding one run's groups.
 pub struct RedisQueue {
@@ -78,9 +140,33 @@ impl RedisQueue {
         id.parse().map_err(QueueError::Refused)
     }
 
-    /// Deletes the stream (a fresh run).
+    /// Deletes the stream and its batch bookkeeping (a fresh run).
     pub fn clear(&mut self) -> Result<(), QueueError> {
-        self.call(|c, key| c.del::<_, ()>(key))
+        self.call(|c, key| {
+            let keys: Vec<String> =
+                std::iter::once(key.to_string()).chain(AUX.iter().map(|a| format!("{key}:{a}"))).collect();
+            c.del::<_, ()>(keys)
+        })
+    }
+
+    /// Runs `script` with the run's keys named `keys` (suffixes of the
+    /// stream key; "" is the stream) and `args`.
+    fn eval<T: redis::FromRedisValue>(&mut self, script: &str, keys: &[&str], args: &[&[u8]]) -> Result<T, QueueError> {
+        self.call(|c, key| {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(script).arg(keys.len());
+            for k in keys {
+                if k.is_empty() {
+                    cmd.arg(key);
+                } else {
+                    cmd.arg(format!("{key}:{k}"));
+                }
+            }
+            for a in args {
+                cmd.arg(*a);
+            }
+            cmd.query(c)
+        })
     }
 }
 
@@ -123,5 +209,26 @@ impl ExperienceQueue for RedisQueue {
 
     fn len(&mut self) -> Result<u64, QueueError> {
         self.call(|c, key| c.xlen(key))
+    }
+
+    fn claim_batch(&mut self, owner: &str, lease: Duration) -> Result<u64, QueueError> {
+        let ms = lease.as_millis().max(1).to_string();
+        self.eval(CLAIM, &["batch", "leases", "owners", "pending"], &[owner.as_bytes(), ms.as_bytes()])
+    }
+
+    fn publish_batch(&mut self, batch: u64, owner: &str, entries: &[GroupEntry]) -> Result<Option<u64>, QueueError> {
+        let b = batch.to_string();
+        let encoded: Vec<Vec<u8>> = entries.iter().map(GroupEntry::encode).collect();
+        let mut args: Vec<&[u8]> = vec![b.as_bytes(), owner.as_bytes()];
+        args.extend(encoded.iter().map(Vec::as_slice));
+        let slot: i64 = self.eval(PUBLISH, &["", "leases", "owners", "slot"], &args)?;
+        Ok(u64::try_from(slot).ok())
+    }
+
+    fn restore_batches(&mut self, next: u64, pending: &[u64]) -> Result<(), QueueError> {
+        let strings: Vec<String> =
+            std::iter::once(next).chain(pending.iter().copied()).map(|b| b.to_string()).collect();
+        let args: Vec<&[u8]> = strings.iter().map(String::as_bytes).collect();
+        self.eval::<i64>(RESTORE, &["batch", "pending", "leases"], &args).map(|_| ())
     }
 }

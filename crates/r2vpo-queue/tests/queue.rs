@@ -138,9 +138,52 @@ fn contract(q: &mut dyn ExperienceQueue) {
     assert_eq!(from.len(), 4);
 }
 
+/// Batch leases: two live actors never hold one batch; a dead actor's
+/// batch goes to the next claimant and its late publish is refused; slots
+/// follow publish order; a restored queue re-issues the pending batches
+/// first. `fresh` gives an empty queue of the same backend.
+fn lease_contract(fresh: &mut dyn FnMut() -> Box<dyn ExperienceQueue>) {
+    let limits = EntryLimits::default();
+    let long = Duration::from_secs(600);
+    let mut a = fresh();
+    let mut b = fresh();
+    assert_eq!(a.claim_batch("a", long).unwrap(), 0);
+    assert_eq!(b.claim_batch("b", long).unwrap(), 1);
+    assert_eq!(b.publish_batch(1, "a", &[entry(1, 0)]).unwrap(), None, "only the owner publishes");
+    assert_eq!(b.publish_batch(1, "b", &[entry(1, 0), entry(1, 1)]).unwrap(), Some(0));
+    assert_eq!(a.publish_batch(0, "a", &[entry(0, 0), entry(0, 1)]).unwrap(), Some(1));
+    let got: Vec<(EntryId, u64)> =
+        a.read_after(None, 10, &limits).unwrap().into_iter().map(|(id, e)| (id, e.unwrap().iteration)).collect();
+    let id = |iteration, seq| EntryId { iteration, seq };
+    assert_eq!(got, vec![(id(0, 1), 1), (id(0, 2), 1), (id(1, 1), 0), (id(1, 2), 0)]);
+    // "a" dies holding batch 2: its lease runs out and "b" gets batch 2.
+    assert_eq!(a.claim_batch("a", Duration::from_millis(1)).unwrap(), 2);
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(b.claim_batch("b", long).unwrap(), 2);
+    assert_eq!(a.claim_batch("a", long).unwrap(), 3, "a live lease is not handed out twice");
+    assert_eq!(a.publish_batch(2, "a", &[entry(2, 0)]).unwrap(), None, "the late publish is refused");
+    assert_eq!(b.publish_batch(2, "b", &[entry(2, 0)]).unwrap(), Some(2));
+    assert_eq!(a.len().unwrap(), 5);
+    // A queue that lost its state, restored from a learner's checkpoint.
+    let mut r = fresh();
+    r.restore_batches(10, &[3, 5]).unwrap();
+    let claims: Vec<u64> = (0..3).map(|_| r.claim_batch("c", long).unwrap()).collect();
+    assert_eq!(claims, vec![3, 5, 10]);
+}
+
 #[test]
 fn memory_queue_keeps_the_contract() {
     contract(&mut MemoryQueue::new());
+    let mut shared = MemoryQueue::new();
+    let mut n = 0;
+    lease_contract(&mut || {
+        // Two handles on one queue, then a separate one for the restore.
+        n += 1;
+        if n == 3 {
+            shared = MemoryQueue::new();
+        }
+        Box::new(shared.clone())
+    });
 }
 
 #[test]
@@ -149,6 +192,17 @@ fn redis_stream_keeps_the_contract() {
     let r = Redis::start_anywhere(tmp.path());
     let mut q = RedisQueue::open(&r.url(), "r2vpo:test").unwrap();
     contract(&mut q);
+    let url = r.url();
+    let mut n = 0;
+    lease_contract(&mut || {
+        n += 1;
+        let key = if n < 3 { "r2vpo:leases" } else { "r2vpo:restored" };
+        Box::new(RedisQueue::open(&url, key).unwrap())
+    });
+    // A server that kept its state ignores a restore.
+    let mut kept = RedisQueue::open(&url, "r2vpo:leases").unwrap();
+    kept.restore_batches(100, &[0]).unwrap();
+    assert_eq!(kept.claim_batch("d", Duration::from_secs(60)).unwrap(), 4);
 }
 
 #[test]
