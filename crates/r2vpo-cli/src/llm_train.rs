@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use r2vpo_llm::train::{Event, Outcome, RolloutBackend, TrainConfig, Trainer};
+use r2vpo_llm::queue::{ExperienceQueue, MemoryQueue};
+use r2vpo_llm::train::asynchronous::QueueOpener;
+use r2vpo_llm::train::{Event, Outcome, QueueBackend, RolloutBackend, TrainConfig, Trainer};
+use r2vpo_queue::RedisQueue;
 use r2vpo_report::edge::{open_run_folder, Existing, Progress, Stop, StopSignal};
 
 use crate::args::{RunArgs, Stopped};
@@ -30,6 +33,11 @@ pub struct TrainArgs {
     /// Do not export the final policy as a Hugging Face folder (`RUN/model`).
     #[arg(long)]
     pub no_export: bool,
+    /// Asynchronous actor–learner (`--set actors.async=true`): actor
+    /// threads sample ahead of the learner through the `[queue]`, at most
+    /// `actors.max_staleness` weight versions behind.
+    #[arg(long = "async")]
+    pub asynchronous: bool,
 }
 
 /// Loads a train config: defaults → file → algorithm preset → seed → `--set`.
@@ -49,16 +57,20 @@ pub fn load_config(file: Option<&Path>, algo: Option<&str>, seed: Option<u64>, s
 
 /// `r2vpo llm train`.
 pub fn train(a: &TrainArgs) -> Result<()> {
+    let mut sets = a.run.cfg.sets.clone();
+    if a.asynchronous {
+        sets.insert(0, "actors.async=true".into());
+    }
     let (cfg, dir, resume) = match &a.resume {
         Some(dir) => {
             let file = dir.join("config.toml");
             if !file.exists() {
                 bail!("{} has no config.toml: not a run folder", dir.display());
             }
-            (load_config(Some(&file), None, None, &a.run.cfg.sets)?, dir.clone(), true)
+            (load_config(Some(&file), None, None, &sets)?, dir.clone(), true)
         }
         None => {
-            let cfg = load_config(a.run.cfg.config.as_deref(), a.algo.as_deref(), a.run.seed, &a.run.cfg.sets)?;
+            let cfg = load_config(a.run.cfg.config.as_deref(), a.algo.as_deref(), a.run.seed, &sets)?;
             let name =
                 a.algo.clone().unwrap_or_else(|| format!("{:?}-{:?}", cfg.objective.kind, cfg.mode).to_lowercase());
             let dir = a.run.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/llm/{name}-seed{}", cfg.seed)));
@@ -103,7 +115,7 @@ pub fn train(a: &TrainArgs) -> Result<()> {
     // Skipped prompts and data lines are reported above the bar, not through it.
     trainer.set_warning_handler(progress.printer());
     let mut last = String::new();
-    let outcome = trainer.run(stop.flag(), &mut |e| match e {
+    let mut on_event = |e: Event| match e {
         Event::Phase { name, iter } => {
             if !a.run.quiet {
                 progress.status(iter as u64, &format!("{name}…  {last}"));
@@ -120,6 +132,9 @@ pub fn train(a: &TrainArgs) -> Result<()> {
                 m.timing.rollout_tokens_per_s,
                 m.timing.train_tokens_per_s
             );
+            if let Some(q) = &m.queue {
+                last += &format!("  lag ≤{}  dropped {}", m.version_lag_max, q.stale_dropped);
+            }
             progress.update(m.iter as u64 + 1, &last);
         }
         Event::Eval(r) => progress.println(&format!(
@@ -128,7 +143,14 @@ pub fn train(a: &TrainArgs) -> Result<()> {
         )),
         Event::Checkpoint(p) => progress.println(&format!("checkpoint: {}", p.display())),
         Event::BadStep(d) => progress.println(&format!("skipped a non-finite step: {d}")),
-    });
+    };
+    let outcome = if cfg.actors.asynchronous {
+        let open = open_queue(&cfg, &dir, resume)?;
+        trainer.run_async(&*open, stop.flag(), &mut on_event)
+    } else {
+        trainer.run(stop.flag(), &mut on_event)
+    };
+    drop(on_event);
     progress.finish();
     match outcome? {
         Outcome::Stopped => {
@@ -148,4 +170,30 @@ pub fn train(a: &TrainArgs) -> Result<()> {
     }
     println!("run folder: {}", dir.display());
     Ok(())
+}
+
+/// The opener of the run's experience queue: one shared in-process queue,
+/// or a Redis Stream at `queue.url` under `queue.key` (default
+/// `r2vpo:<run folder name>`), emptied when the run starts afresh.
+fn open_queue(cfg: &TrainConfig, dir: &Path, resume: bool) -> Result<Box<QueueOpener>> {
+    Ok(match cfg.queue.backend {
+        QueueBackend::Memory => {
+            let q = MemoryQueue::new();
+            Box::new(move || Ok(Box::new(q.clone()) as Box<dyn ExperienceQueue>))
+        }
+        QueueBackend::Redis => {
+            let key = if cfg.queue.key.is_empty() {
+                let name = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+                format!("r2vpo:{}", name.file_name().map_or("run".into(), |n| n.to_string_lossy()))
+            } else {
+                cfg.queue.key.clone()
+            };
+            let url = cfg.queue.url.clone();
+            let mut first = RedisQueue::open(&url, &key).map_err(|e| anyhow::anyhow!("queue.url: {e}"))?;
+            if !resume {
+                first.clear().map_err(|e| anyhow::anyhow!("clearing the stream `{key}`: {e}"))?;
+            }
+            Box::new(move || Ok(Box::new(RedisQueue::open(&url, &key)?) as Box<dyn ExperienceQueue>))
+        }
+    })
 }

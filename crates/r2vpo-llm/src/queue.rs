@@ -260,6 +260,11 @@ pub trait ExperienceQueue: Send {
     /// leased or published are left alone.
     fn restore_batches(&mut self, next: u64, pending: &[u64]) -> Result<(), QueueError>;
 
+    /// Ends every lease now, so the batches they hold go to the next
+    /// claimants: a single-box run restarting with its own actor threads
+    /// knows the old ones are gone.
+    fn expire_leases(&mut self) -> Result<(), QueueError>;
+
     /// Whether the queue holds nothing.
     fn is_empty(&mut self) -> Result<bool, QueueError> {
         Ok(self.len()? == 0)
@@ -383,6 +388,14 @@ impl ExperienceQueue for MemoryQueue {
             q.entries.insert(EntryId { iteration: slot, seq: seq as u64 + 1 }, e.encode());
         }
         Ok(Some(slot))
+    }
+
+    fn expire_leases(&mut self) -> Result<(), QueueError> {
+        let now = Instant::now();
+        for (_, deadline) in self.lock().leases.values_mut() {
+            *deadline = now;
+        }
+        Ok(())
     }
 
     fn restore_batches(&mut self, next: u64, pending: &[u64]) -> Result<(), QueueError> {

@@ -225,6 +225,13 @@ impl ExperienceQueue for RedisQueue {
         Ok(u64::try_from(slot).ok())
     }
 
+    fn expire_leases(&mut self) -> Result<(), QueueError> {
+        self.call(|c, key| {
+            let leases = format!("{key}:leases");
+            redis::cmd("ZUNIONSTORE").arg(&leases).arg(1).arg(&leases).arg("WEIGHTS").arg(0).query::<()>(c)
+        })
+    }
+
     fn restore_batches(&mut self, next: u64, pending: &[u64]) -> Result<(), QueueError> {
         let strings: Vec<String> =
             std::iter::once(next).chain(pending.iter().copied()).map(|b| b.to_string()).collect();

@@ -2,81 +2,14 @@
 //! in-process `MemoryQueue` and a real `redis-server` this test starts on a
 //! free loopback port with its own data folder and stops by PID.
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use r2vpo_llm::queue::{EntryId, EntryLimits, ExperienceQueue, GroupEntry, MemoryQueue, QueueError, ENTRY_SCHEMA};
 use r2vpo_queue::RedisQueue;
 
-struct Redis {
-    child: Child,
-    port: u16,
-}
-
-impl Redis {
-    /// Starts redis-server on `port` and waits for its own "Ready" line, so
-    /// a port another test's server holds is noticed (the process exits)
-    /// instead of connecting to the wrong server.
-    fn try_start(dir: &Path, port: u16) -> Option<Redis> {
-        let mut child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "yes"])
-            .arg("--dir")
-            .arg(dir)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("redis-server not found: run `make deps` (it installs Debian's redis-server)");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let ready = lines.by_ref().map_while(Result::ok).any(|l| l.contains("Ready to accept connections"));
-        // Keep draining its log so the server never writes into a closed pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        if ready {
-            Some(Redis { child, port })
-        } else {
-            let _ = child.wait();
-            None
-        }
-    }
-
-    fn start(dir: &Path, port: u16) -> Redis {
-        let t0 = Instant::now();
-        loop {
-            if let Some(r) = Self::try_start(dir, port) {
-                return r;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(20), "redis-server did not start on {port}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// A server on some free port.
-    fn start_anywhere(dir: &Path) -> Redis {
-        (0..20).find_map(|_| Self::try_start(dir, free_port())).expect("no free port for redis-server")
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    /// SIGTERM: Redis flushes its append-only file and exits.
-    fn stop(mut self) {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+#[path = "support/redis_server.rs"]
+mod redis_server;
+use redis_server::{free_port, Redis};
 
 fn entry(iteration: u64, problem: usize) -> GroupEntry {
     GroupEntry {
@@ -164,6 +97,11 @@ fn lease_contract(fresh: &mut dyn FnMut() -> Box<dyn ExperienceQueue>) {
     assert_eq!(a.publish_batch(2, "a", &[entry(2, 0)]).unwrap(), None, "the late publish is refused");
     assert_eq!(b.publish_batch(2, "b", &[entry(2, 0)]).unwrap(), Some(2));
     assert_eq!(a.len().unwrap(), 5);
+    // A restarted single-box run ends the old leases at once.
+    assert_eq!(a.claim_batch("a", long).unwrap(), 4);
+    b.expire_leases().unwrap();
+    assert_eq!(b.claim_batch("b", long).unwrap(), 3);
+    assert_eq!(a.claim_batch("a", long).unwrap(), 4);
     // A queue that lost its state, restored from a learner's checkpoint.
     let mut r = fresh();
     r.restore_batches(10, &[3, 5]).unwrap();
@@ -202,7 +140,7 @@ fn redis_stream_keeps_the_contract() {
     // A server that kept its state ignores a restore.
     let mut kept = RedisQueue::open(&url, "r2vpo:leases").unwrap();
     kept.restore_batches(100, &[0]).unwrap();
-    assert_eq!(kept.claim_batch("d", Duration::from_secs(60)).unwrap(), 4);
+    assert_eq!(kept.claim_batch("d", Duration::from_secs(60)).unwrap(), 5);
 }
 
 #[test]

@@ -13,6 +13,7 @@
 //! and its responses are seeded from `(seed, b)`. In the synchronous trainer
 //! batch `b` is iteration `b`.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use rand::SeedableRng;
@@ -67,7 +68,9 @@ pub struct Actor {
     warn: Box<dyn FnMut(&str) + Send + Sync>,
     /// `events.jsonl` lines not yet taken by the owner.
     events: Vec<serde_json::Value>,
-    reward_fn: Box<dyn RewardFn>,
+    reward_fn: Arc<dyn RewardFn>,
+    /// The policy's context length.
+    context: usize,
     /// Where rollouts come from.
     source: Box<dyn RolloutSource>,
     /// The weight version the source samples from, once synced.
@@ -83,7 +86,7 @@ impl Actor {
         cfg: TrainConfig,
         tok: Tokenizer,
         problems: Vec<Problem>,
-        reward_fn: Box<dyn RewardFn>,
+        reward_fn: Arc<dyn RewardFn>,
         context: usize,
     ) -> TrainResult<Self> {
         let chat = ChatTemplate::from_tokenizer(&tok)?;
@@ -105,6 +108,7 @@ impl Actor {
             warn: Box::new(|w: &str| eprintln!("warning: {w}")),
             events: Vec::new(),
             reward_fn,
+            context,
             source,
             synced: None,
             counters_seen: RolloutCounters::default(),
@@ -113,6 +117,12 @@ impl Actor {
             chat,
             problems,
         })
+    }
+
+    /// A fresh actor over the same problems, reward and config, with its
+    /// own prompt cache, counters and in-process sampler (an actor thread).
+    pub fn fork(&self) -> TrainResult<Actor> {
+        Actor::new(self.cfg.clone(), self.tok.clone(), self.problems.clone(), self.reward_fn.clone(), self.context)
     }
 
     /// The training problems.

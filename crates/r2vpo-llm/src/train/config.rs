@@ -47,6 +47,64 @@ pub enum RolloutBackend {
     Http,
 }
 
+/// Which [`crate::queue::ExperienceQueue`] carries groups from the
+/// asynchronous actors to the learner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueBackend {
+    /// In-process ([`crate::queue::MemoryQueue`]; the embedded default).
+    Memory,
+    /// A Redis Stream (`r2vpo_queue::RedisQueue`), for actors on other
+    /// machines and a queue that outlives the learner.
+    Redis,
+}
+
+/// The `[queue]` table: where asynchronous actors put their groups.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// `memory` or `redis`.
+    pub backend: QueueBackend,
+    /// Redis URL (`redis://[:password@]host:port/db`).
+    pub url: String,
+    /// Stream key; empty means `r2vpo:<run folder name>`.
+    pub key: String,
+    /// Seconds an actor may hold a batch before it is handed to another
+    /// actor (a dead actor's batch is produced once, by someone else).
+    pub lease_s: f64,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self { backend: QueueBackend::Memory, url: "redis://127.0.0.1:6379/0".into(), key: String::new(), lease_s: 600.0 }
+    }
+}
+
+/// The `[actors]` table: the asynchronous actor–learner (`llm train
+/// --async`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ActorsConfig {
+    /// Sample with actor threads that run ahead of the learner (`--async`)
+    /// instead of in turn with it.
+    #[serde(rename = "async")]
+    pub asynchronous: bool,
+    /// Actor threads.
+    pub count: usize,
+    /// Largest weight-version lag a fresh group may have when the learner
+    /// takes it: actors wait for weights no older than `batch −
+    /// max_staleness`, and the learner drops (and counts) older groups.
+    /// 0 makes the run equal to the synchronous one (prime-rl's
+    /// `max_async_level`, AReaL's `max_head_offpolicyness`).
+    pub max_staleness: u64,
+}
+
+impl Default for ActorsConfig {
+    fn default() -> Self {
+        Self { asynchronous: false, count: 1, max_staleness: 1 }
+    }
+}
+
 /// How new weights reach the rollout servers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -319,6 +377,10 @@ pub struct TrainConfig {
     pub rollout_batch: usize,
     /// Where rollouts come from: in-process (default) or HTTP servers.
     pub rollout: RolloutConfig,
+    /// Asynchronous actors (`llm train --async`).
+    pub actors: ActorsConfig,
+    /// The queue between asynchronous actors and the learner.
+    pub queue: QueueConfig,
     /// The verifier that turns responses into rewards.
     pub verify: VerifyConfig,
     /// Where log π_off comes from.
@@ -404,6 +466,8 @@ impl Default for TrainConfig {
             sampling: SamplingConfig { max_new_tokens: 128, ..SamplingConfig::default() },
             rollout_batch: 64,
             rollout: RolloutConfig::default(),
+            actors: ActorsConfig::default(),
+            queue: QueueConfig::default(),
             // Built-in arithmetic by default (integer golds; see
             // `VerifyConfig::require_literal_answer`).
             verify: VerifyConfig { require_literal_answer: true, ..VerifyConfig::dapo() },
@@ -509,6 +573,33 @@ impl TrainConfig {
         self.dual.validate().map_err(|e| bad("dual", e.to_string()))?;
         self.replay.validate().map_err(|e| bad("replay", e.to_string()))?;
         self.group_norm.validate().map_err(|e| bad("group_norm", e.to_string()))?;
+        if self.actors.count == 0 {
+            return Err(bad("actors.count", "must be at least 1"));
+        }
+        if !(self.queue.lease_s.is_finite() && self.queue.lease_s > 0.0) {
+            return Err(bad("queue.lease_s", format!("must be a positive number of seconds, got {}", self.queue.lease_s)));
+        }
+        if self.queue.backend == QueueBackend::Redis
+            && !(self.queue.url.starts_with("redis://") || self.queue.url.starts_with("rediss://"))
+        {
+            return Err(bad("queue.url", "must be a redis:// URL"));
+        }
+        if self.actors.asynchronous {
+            if self.behaviour_logprobs == BehaviourLogprobs::Recompute {
+                return Err(bad(
+                    "behaviour_logprobs",
+                    "`recompute` scores with the learner's current weights, which are not the actors' behaviour \
+                     policy in an asynchronous run; use `model` or `sampled`",
+                ));
+            }
+            if self.rollout.backend == RolloutBackend::Http {
+                return Err(bad(
+                    "rollout.backend",
+                    "asynchronous actors sample in-process in this version; HTTP rollout servers work with the \
+                     synchronous `llm train`",
+                ));
+            }
+        }
         Ok(())
     }
 

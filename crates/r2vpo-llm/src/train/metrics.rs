@@ -112,8 +112,31 @@ pub struct IterMetrics {
     /// Largest weight-version lag among the trained samples.
     #[serde(default)]
     pub version_lag_max: u64,
+    /// Asynchronous runs only: the queue's side of the iteration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueMetrics>,
     /// Wall-clock measurements.
     pub timing: Timing,
+}
+
+/// What an asynchronous learner saw in its queue during one iteration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueMetrics {
+    /// Fresh groups taken.
+    pub groups: usize,
+    /// Groups dropped for a weight-version lag above `actors.max_staleness`.
+    pub stale_dropped: usize,
+    /// Entries rejected as malformed (each also an `events.jsonl` line).
+    pub rejected: usize,
+    /// `(lag, groups)`: the weight-version lag of the fresh groups taken.
+    pub fresh_lag: Vec<(u64, usize)>,
+    /// `(lag, samples)`: the lag of every sample the updates trained on
+    /// (fresh and replayed), counted once per optimizer step that drew it.
+    pub trained_lag: Vec<(u64, usize)>,
+    /// Seconds the learner waited for groups.
+    pub wait_s: f64,
+    /// Entries held by the queue after trimming.
+    pub held: u64,
 }
 
 /// Reads a float written as a number or as `null` (serde_json's spelling
@@ -261,6 +284,11 @@ impl HistogramSet {
             Mode::Off => "iteration",
         };
         Self { enabled, lo: range.0, hi: range.1, bins: range.2, unit, by_age: Default::default() }
+    }
+
+    /// Names the age axis (`weight_version` in an asynchronous run).
+    pub(crate) fn set_unit(&mut self, unit: &'static str) {
+        self.unit = unit;
     }
 
     pub(crate) fn enabled(&self) -> bool {

@@ -16,6 +16,7 @@
 //! reproduces the uninterrupted run's metrics for the same thread count.
 
 pub mod actor;
+pub mod asynchronous;
 pub mod batch;
 pub mod checkpoint;
 pub mod config;
@@ -50,8 +51,8 @@ use crate::tokenizer::Tokenizer;
 pub use actor::{Actor, Produced};
 pub use batch::Sample;
 pub use config::{
-    BehaviourLogprobs, Mode, ModelSource, OptimConfig, RandomModel, RefKlConfig, RolloutBackend, RolloutConfig,
-    TrainConfig, WeightPush,
+    ActorsConfig, BehaviourLogprobs, Mode, ModelSource, OptimConfig, QueueBackend, QueueConfig, RandomModel,
+    RefKlConfig, RolloutBackend, RolloutConfig, TrainConfig, WeightPush,
 };
 pub use metrics::{IterMetrics, RatioHistogram, Timing};
 pub use optim::AdamW;
@@ -92,6 +93,9 @@ pub enum TrainError {
     /// fail-over).
     #[error(transparent)]
     Rollout(#[from] RolloutError),
+    /// The experience queue refused a call, or an actor thread failed.
+    #[error("asynchronous training: {0}")]
+    Queue(String),
     /// Held-out evaluation failure.
     #[error(transparent)]
     Eval(#[from] crate::eval::EvalError),
@@ -202,6 +206,10 @@ pub struct Progress {
     pub hist_lines: usize,
     /// Whether the start-of-run evaluation has been done.
     pub evaluated_start: bool,
+    /// Where an asynchronous learner stands in its queue (unused by the
+    /// synchronous trainer).
+    #[serde(default)]
+    pub queue: asynchronous::QueuePosition,
 }
 
 /// How a call to [`Trainer::run`] ended.
@@ -319,7 +327,7 @@ impl Trainer {
         } else {
             Vec::new()
         };
-        let actor = Actor::new(cfg.clone(), tok.clone(), problems, reward_fn, context)?;
+        let actor = Actor::new(cfg.clone(), tok.clone(), problems, std::sync::Arc::from(reward_fn), context)?;
         let opt = AdamW::new(model.named_vars(), cfg.optim)?;
         let learner = Learner::new(cfg.objective.clone(), &cfg.dual)?;
         let replay =
@@ -441,26 +449,37 @@ impl Trainer {
                 }
                 Err(e) => return Err(e),
             };
-            on_event(Event::Iteration(&m));
-            let it = self.progress.iteration;
-            let last = it == self.cfg.iterations;
-            if self.cfg.eval_every > 0 && it % self.cfg.eval_every == 0 && !last {
-                self.evaluate(on_event)?;
-            }
-            if last && self.cfg.eval_at_end {
-                self.evaluate(on_event)?;
-            }
-            let due = self.cfg.checkpoint_every > 0 && it % self.cfg.checkpoint_every == 0;
-            let stopping = stop.load(Ordering::SeqCst);
-            if due || last || stopping {
-                let p = self.save_checkpoint()?;
-                on_event(Event::Checkpoint(&p));
-            }
-            if stopping && !last {
-                return Ok(Outcome::Stopped);
+            if let Some(out) = self.after_iteration(&m, stop, on_event)? {
+                return Ok(out);
             }
         }
         Ok(Outcome::Finished)
+    }
+
+    /// Reports an iteration, then evaluates and checkpoints when due (and
+    /// when `stop` is raised). `Some(Stopped)` ends the run early.
+    fn after_iteration(
+        &mut self,
+        m: &IterMetrics,
+        stop: &AtomicBool,
+        on_event: &mut dyn FnMut(Event),
+    ) -> TrainResult<Option<Outcome>> {
+        on_event(Event::Iteration(m));
+        let it = self.progress.iteration;
+        let last = it == self.cfg.iterations;
+        if self.cfg.eval_every > 0 && it % self.cfg.eval_every == 0 && !last {
+            self.evaluate(on_event)?;
+        }
+        if last && self.cfg.eval_at_end {
+            self.evaluate(on_event)?;
+        }
+        let due = self.cfg.checkpoint_every > 0 && it % self.cfg.checkpoint_every == 0;
+        let stopping = stop.load(Ordering::SeqCst);
+        if due || last || stopping {
+            let p = self.save_checkpoint()?;
+            on_event(Event::Checkpoint(&p));
+        }
+        Ok((stopping && !last).then_some(Outcome::Stopped))
     }
 
     /// Tensors for one micro-batch, in the layout `share_prompt_prefix` picks.
@@ -494,7 +513,7 @@ impl Trainer {
         let produced = self.actor.produce(&self.model, iter as u64, &mut self.progress.data, iter as u64);
         self.write_actor_events()?;
         let produced = produced?;
-        self.learn(&produced.entries, produced.rollout_s, t_start, on_event)
+        self.learn(&produced.entries, produced.rollout_s, t_start, None, on_event)
     }
 
     /// Writes the actor's pending `events.jsonl` lines.
@@ -510,12 +529,16 @@ impl Trainer {
     /// filter → scoring passes → optimizer steps (epochs over the batch, or
     /// replay draws) → metrics, histograms and TensorBoard lines.
     /// `rollout_s` is how long the rollout (or the wait for it) took and
-    /// `t_start` when the iteration began.
+    /// `t_start` when the iteration began. An asynchronous learner passes
+    /// its `queue` metrics: then a replayed sample's age (histograms,
+    /// `trained_lag`) is its weight-version lag rather than its buffer slot,
+    /// the two being equal in a synchronous run.
     fn learn(
         &mut self,
         entries: &[GroupEntry],
         rollout_s: f64,
         t_start: Instant,
+        mut queue: Option<metrics::QueueMetrics>,
         on_event: &mut dyn FnMut(Event),
     ) -> TrainResult<IterMetrics> {
         let iter = self.progress.iteration;
@@ -599,6 +622,10 @@ impl Trainer {
         let t_train = Instant::now();
         let hist_on = self.cfg.histogram_every > 0 && iter % self.cfg.histogram_every == 0;
         let mut hist = metrics::HistogramSet::new(hist_on, self.cfg.histogram_range, self.cfg.mode);
+        if queue.is_some() && self.cfg.mode == Mode::Off {
+            hist.set_unit("weight_version");
+        }
+        let mut trained_lag = std::collections::BTreeMap::<u64, usize>::new();
         let mut acc = metrics::StepAccumulator::default();
         let mut shuffle_rng = ChaCha8Rng::seed_from_u64(derived_seed(self.cfg.seed, STREAM_SHUFFLE, iter as u64));
         let epochs = EpochSchedule {
@@ -621,9 +648,10 @@ impl Trainer {
                 .items(k, &self.replay)
                 .into_iter()
                 .map(|s| {
-                    let age = match self.cfg.mode {
-                        Mode::On => s.epoch as u64,
-                        Mode::Off => s.staleness,
+                    let age = match (self.cfg.mode, queue.is_some()) {
+                        (Mode::On, _) => s.epoch as u64,
+                        (Mode::Off, false) => s.staleness,
+                        (Mode::Off, true) => (iter as u64).saturating_sub(s.item.version),
                     };
                     (s.item.clone(), age)
                 })
@@ -632,6 +660,7 @@ impl Trainer {
                 let lag = (iter as u64).saturating_sub(s.version);
                 lag_sum += lag as f64;
                 lag_n += 1;
+                *trained_lag.entry(lag).or_default() += 1;
                 m.version_lag_max = m.version_lag_max.max(lag);
             }
             let items: Vec<(&Sample, u64)> = drawn.iter().map(|(s, a)| (s, *a)).collect();
@@ -639,6 +668,10 @@ impl Trainer {
         }
         let train_s = t_train.elapsed().as_secs_f64();
         m.version_lag_mean = lag_sum / lag_n.max(1) as f64;
+        if let Some(q) = queue.as_mut() {
+            q.trained_lag = trained_lag.into_iter().collect();
+        }
+        m.queue = queue;
         acc.finish_into(&mut m);
         m.steps = self.progress.steps;
         m.lambda = self.learner.lambda();
