@@ -150,7 +150,6 @@ pub fn train(a: &TrainArgs) -> Result<()> {
     } else {
         trainer.run(stop.flag(), &mut on_event)
     };
-    drop(on_event);
     progress.finish();
     match outcome? {
         Outcome::Stopped => {

@@ -157,7 +157,8 @@ impl Board {
     /// Sleeps `d` unless the board closes first; false once closed.
     fn sleep(&self, d: Duration) -> bool {
         let s = self.lock();
-        let (s, _) = self.changed.wait_timeout_while(s, d, |s| !s.closed).unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (s, _) =
+            self.changed.wait_timeout_while(s, d, |s| !s.closed).unwrap_or_else(std::sync::PoisonError::into_inner);
         !s.closed
     }
 }
@@ -232,13 +233,7 @@ impl Positions {
 
 /// One actor thread: lease a batch, wait for fresh enough weights, produce
 /// it, publish it; until the board closes.
-fn actor_loop(
-    index: usize,
-    mut actor: Actor,
-    cfg: &TrainConfig,
-    board: &Board,
-    open: &QueueOpener,
-) -> TrainResult<()> {
+fn actor_loop(index: usize, mut actor: Actor, cfg: &TrainConfig, board: &Board, open: &QueueOpener) -> TrainResult<()> {
     let owner = format!("{}-{}-{index}", std::process::id(), derived_owner_nonce());
     let lease = Duration::from_secs_f64(cfg.queue.lease_s);
     let (policy, _) = load_policy(&cfg.model)?;
@@ -388,8 +383,9 @@ impl Trainer {
                     !stop.load(Ordering::SeqCst) && board.failure().is_none()
                 };
                 let after = pos.read;
-                let Some(read) =
-                    retrying("learner", &mut warn, &mut alive, || queue.read_after(after, need - taken.len(), &limits))?
+                let Some(read) = retrying("learner", &mut warn, &mut alive, || {
+                    queue.read_after(after, need - taken.len(), &limits)
+                })?
                 else {
                     continue;
                 };
@@ -447,7 +443,10 @@ impl Trainer {
             qm.held = retrying("learner", &mut warn, &mut alive, || queue.len())?.unwrap_or(0);
             let m = self.learn(&taken, qm.wait_s, t_start, Some(qm), on_event)?;
             self.progress.queue = pos;
-            board.publish(self.progress.iteration as u64, self.progress.queue.consumed(), snapshot(&self.model)?);
+            if self.progress.iteration < self.cfg.iterations {
+                // After the last iteration the actors are closed, not fed.
+                board.publish(self.progress.iteration as u64, self.progress.queue.consumed(), snapshot(&self.model)?);
+            }
             if let Some(out) = self.after_iteration(&m, stop, on_event)? {
                 return Ok(out);
             }

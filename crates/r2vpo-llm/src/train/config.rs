@@ -76,7 +76,12 @@ pub struct QueueConfig {
 
 impl Default for QueueConfig {
     fn default() -> Self {
-        Self { backend: QueueBackend::Memory, url: "redis://127.0.0.1:6379/0".into(), key: String::new(), lease_s: 600.0 }
+        Self {
+            backend: QueueBackend::Memory,
+            url: "redis://127.0.0.1:6379/0".into(),
+            key: String::new(),
+            lease_s: 600.0,
+        }
     }
 }
 
@@ -577,7 +582,10 @@ impl TrainConfig {
             return Err(bad("actors.count", "must be at least 1"));
         }
         if !(self.queue.lease_s.is_finite() && self.queue.lease_s > 0.0) {
-            return Err(bad("queue.lease_s", format!("must be a positive number of seconds, got {}", self.queue.lease_s)));
+            return Err(bad(
+                "queue.lease_s",
+                format!("must be a positive number of seconds, got {}", self.queue.lease_s),
+            ));
         }
         if self.queue.backend == QueueBackend::Redis
             && !(self.queue.url.starts_with("redis://") || self.queue.url.starts_with("rediss://"))

@@ -76,4 +76,3 @@ impl Drop for Redis {
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
-

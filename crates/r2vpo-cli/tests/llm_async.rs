@@ -1,0 +1,232 @@
+//! `r2vpo llm train --async` end to end on a tiny random model with the
+//! embedded tokenizer: two actor threads and the learner, through the
+//! in-process queue and through a real `redis-server` started here on a
+//! free loopback port (stopped by PID). With `actors.max_staleness = 0`
+//! every batch is made by the weights that consume it, so each run below
+//! must write exactly the metrics of the synchronous `llm train` — which
+//! also shows that no group was applied twice or skipped after a learner
+//! SIGKILL, a Redis restart or garbage in the stream.
+
+#[path = "../../r2vpo-queue/tests/support/redis_server.rs"]
+mod redis_server;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use r2vpo_llm::queue::ExperienceQueue;
+use r2vpo_queue::RedisQueue;
+use redis_server::Redis;
+
+const ITERATIONS: usize = 8;
+/// Replay capacity in iterations (K), and groups per iteration.
+const K: u64 = 3;
+const PROMPTS: u64 = 2;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn write_config(dir: &Path) -> PathBuf {
+    let gguf = root().join(".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(gguf.exists(), "{} missing (run `make deps`)", gguf.display());
+    let text = format!(
+        r#"
+iterations = {ITERATIONS}
+prompts_per_iter = {PROMPTS}
+group_size = 4
+rollout_batch = 8
+minibatch_size = 4
+micro_batch_size = 2
+checkpoint_every = 1
+histogram_every = 2
+mode = "off"
+[model]
+path = "{}"
+[model.random]
+hidden = 32
+intermediate = 64
+layers = 2
+heads = 4
+kv_heads = 2
+seed = 3
+init_std = 1.0
+[data]
+count = 40
+[sampling]
+max_new_tokens = 6
+[replay]
+minibatch_size = 4
+capacity_iters = {K}
+[optim]
+lr = 1e-3
+[actors]
+count = 2
+max_staleness = 0
+"#,
+        gguf.display()
+    );
+    let p = dir.join("tiny.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn train(cfg: &Path, out: &Path, extra: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
+    c.current_dir(root()).args(["llm", "train", "--config"]).arg(cfg).arg("--out").arg(out);
+    c.args(["--no-export", "--quiet"]).args(extra);
+    c
+}
+
+fn resume(out: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
+    c.current_dir(root()).args(["llm", "train", "--resume"]).arg(out).args(["--no-export", "--quiet"]);
+    c
+}
+
+fn lines(dir: &Path, file: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join(file))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// `metrics.jsonl` without the wall-clock `timing` and the async-only
+/// `queue` objects (what a synchronous run also writes).
+fn metrics(dir: &Path) -> Vec<serde_json::Value> {
+    lines(dir, "metrics.jsonl")
+        .into_iter()
+        .map(|mut v| {
+            let o = v.as_object_mut().unwrap();
+            o.remove("timing");
+            o.remove("queue");
+            v
+        })
+        .collect()
+}
+
+/// Sum of one `queue` counter over the run.
+fn queue_total(dir: &Path, field: &str) -> u64 {
+    lines(dir, "metrics.jsonl").iter().map(|v| v["queue"][field].as_u64().unwrap()).sum()
+}
+
+fn ok(c: &mut Command) {
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Waits until `dir` has a checkpoint after at least `n` iterations.
+fn wait_for_checkpoint(child: &mut Child, dir: &Path, n: usize) {
+    let t0 = Instant::now();
+    while metrics(dir).len() < n || !dir.join("checkpoints/latest").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(300), "the run never got going");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before the fault could be injected");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn async_with_max_staleness_zero_equals_the_synchronous_run_on_both_queues() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path());
+    let sync = tmp.path().join("sync");
+    ok(&mut train(&cfg, &sync, &[]));
+    let want = metrics(&sync);
+    assert_eq!(want.len(), ITERATIONS);
+
+    let mem = tmp.path().join("memory");
+    ok(&mut train(&cfg, &mem, &["--async"]));
+    assert_eq!(metrics(&mem), want, "async (memory queue) differs from llm train");
+
+    let redis = Redis::start_anywhere(tmp.path());
+    let red = tmp.path().join("redis");
+    let url = redis.url();
+    ok(&mut train(
+        &cfg,
+        &red,
+        &["--async", "--set", "queue.backend=\"redis\"", "--set", &format!("queue.url=\"{url}\"")],
+    ));
+    assert_eq!(metrics(&red), want, "async (Redis queue) differs from llm train");
+    // The stream keeps exactly the last K iterations' slots.
+    let mut q = RedisQueue::open(&url, "r2vpo:redis").unwrap();
+    let slots: Vec<u64> =
+        q.read_after(None, 100, &Default::default()).unwrap().iter().map(|(id, _)| id.iteration).collect();
+    assert_eq!(slots.len() as u64, K * PROMPTS, "{slots:?}");
+    assert_eq!(*slots.first().unwrap(), ITERATIONS as u64 - K);
+    for dir in [&mem, &red] {
+        let m = lines(dir, "metrics.jsonl");
+        assert!(m.iter().all(|v| v["queue"]["fresh_lag"] == serde_json::json!([[0, PROMPTS]])), "{dir:?}");
+        assert_eq!(queue_total(dir, "stale_dropped") + queue_total(dir, "rejected"), 0);
+    }
+
+    // With one version of slack the actors run ahead: fresh groups lag by
+    // one version and none is dropped.
+    let ahead = tmp.path().join("ahead");
+    ok(&mut train(&cfg, &ahead, &["--async", "--set", "actors.max_staleness=1"]));
+    let m = lines(&ahead, "metrics.jsonl");
+    assert_eq!(m.len(), ITERATIONS);
+    assert!(m.iter().all(|v| v["queue"]["fresh_lag"].as_array().unwrap().iter().all(|l| l[0].as_u64() <= Some(1))));
+    assert_eq!(queue_total(&ahead, "stale_dropped"), 0);
+    let hist = lines(&ahead, "ratio_hist.jsonl");
+    assert!(hist.iter().all(|h| h["age_unit"] == "weight_version"), "{hist:?}");
+}
+
+#[test]
+fn a_killed_async_learner_resumes_exactly_and_garbage_in_the_stream_is_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path());
+    let sync = tmp.path().join("sync");
+    ok(&mut train(&cfg, &sync, &[]));
+    let want = metrics(&sync);
+
+    let redis = Redis::start_anywhere(tmp.path());
+    let url = redis.url();
+    let run = tmp.path().join("killed");
+    let queue = ["--async", "--set", "queue.backend=\"redis\"", "--set", &format!("queue.url=\"{url}\"")];
+    let mut child = train(&cfg, &run, &queue).stderr(Stdio::null()).spawn().unwrap();
+    wait_for_checkpoint(&mut child, &run, 3);
+    child.kill().unwrap(); // SIGKILL: learner and actor threads
+    child.wait().unwrap();
+    assert!(metrics(&run).len() < ITERATIONS, "killed after the run had finished");
+
+    // The stream outlived the learner; a foreign writer appends garbage.
+    let mut q = RedisQueue::open(&url, "r2vpo:killed").unwrap();
+    let held = q.read_after(None, 100, &Default::default()).unwrap();
+    assert!(!held.is_empty() && held.len() as u64 <= (K + 3) * PROMPTS, "{} entries", held.len());
+    let next = held.last().unwrap().0.iteration + 1;
+    q.publish_raw(next, b"not json").unwrap();
+    q.publish_raw(next, br#"{"schema": 999}"#).unwrap();
+
+    ok(&mut resume(&run));
+    assert_eq!(metrics(&run), want, "the resumed async run differs from llm train");
+    assert_eq!(queue_total(&run, "rejected"), 2);
+    let rejected = lines(&run, "events.jsonl").into_iter().filter(|e| e["event"] == "entry_rejected").count();
+    assert_eq!(rejected, 2);
+}
+
+#[test]
+fn a_redis_restart_mid_run_is_retried_and_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path());
+    let sync = tmp.path().join("sync");
+    ok(&mut train(&cfg, &sync, &[]));
+    let want = metrics(&sync);
+
+    let data = tmp.path().join("redis-data");
+    std::fs::create_dir(&data).unwrap();
+    let redis = Redis::start_anywhere(&data);
+    let (port, url) = (redis.port, redis.url());
+    let run = tmp.path().join("restart");
+    let queue = ["--async", "--set", "queue.backend=\"redis\"", "--set", &format!("queue.url=\"{url}\"")];
+    let mut child = train(&cfg, &run, &queue).stderr(Stdio::piped()).spawn().unwrap();
+    wait_for_checkpoint(&mut child, &run, 2);
+    redis.stop(); // SIGTERM: Redis writes its append-only file and exits
+    std::thread::sleep(Duration::from_millis(1500));
+    let _back = Redis::start(&data, port);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("retrying with back-off"), "the outage was not reported: {stderr}");
+    assert_eq!(metrics(&run), want, "a Redis restart changed what was learned");
+}
