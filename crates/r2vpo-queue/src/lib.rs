@@ -4,12 +4,15 @@
 //!
 //! Layout, as ServiceNow's PipelineRL streams rollouts, but keyed by
 //! iteration: one stream per run (`key`), one stream entry per prompt group,
-//! ID `<iteration>-<seq>` (`XADD key <iteration>-*`: Redis ≥ 7.0 picks the
-//! sequence), one field `e` holding the encoded [`GroupEntry`]. The learner
-//! reads with `XRANGE key (<last id> + COUNT n` from the position stored in
-//! its checkpoint, so an entry is applied at most once across restarts, and
-//! keeps exactly the last K iterations with `XTRIM key MINID <it − K + 1>-0`
-//! (`MAXLEN` counts entries, not iterations).
+//! one field `e` holding the encoded [`GroupEntry`]. Asynchronous actors
+//! publish a whole batch at once under the next slot (ids `<slot>-1 …
+//! <slot>-<n>`, one Lua script that also checks and ends the actor's batch
+//! lease); [`ExperienceQueue::publish`] writes `XADD key <iteration>-*`
+//! (Redis ≥ 7.0 picks the sequence). The learner reads with `XRANGE key
+//! (<last id> + COUNT n` from the position stored in its checkpoint, so an
+//! entry is applied at most once across restarts, and keeps exactly the
+//! last K slots with `XTRIM key MINID <it − K + 1>-0` (`MAXLEN` counts
+//! entries, not iterations).
 //!
 //! A lost connection is an [`QueueError::Unavailable`]; the next call
 //! reconnects, so callers retry with back-off and continue when the server
