@@ -48,16 +48,20 @@ struct Run {
 /// Runs whose λ acts (R²VPO, GRPO-KL) and departs from the adaptive, unbounded
 /// default get it appended (`λ=0.04` fixed, `λ≤0.04` capped), so a λ
 /// ablation plots as separate curves rather than as extra seeds of one.
+/// Asynchronous runs get their staleness bound (`async s1`).
 pub fn algo_label(cfg: &TrainConfig) -> String {
-    let label = algo_base_label(cfg);
-    if !cfg.objective.kind.uses_lambda() {
-        return label;
+    let mut label = algo_base_label(cfg);
+    if cfg.objective.kind.uses_lambda() {
+        match (cfg.dual.mode, cfg.dual.lambda_max) {
+            (DualMode::Fixed, _) => label = format!("{label} λ={}", cfg.dual.lambda0),
+            (DualMode::Adaptive, Some(max)) => label = format!("{label} λ≤{max}"),
+            (DualMode::Adaptive, None) => {}
+        }
     }
-    match (cfg.dual.mode, cfg.dual.lambda_max) {
-        (DualMode::Fixed, _) => format!("{label} λ={}", cfg.dual.lambda0),
-        (DualMode::Adaptive, Some(max)) => format!("{label} λ≤{max}"),
-        (DualMode::Adaptive, None) => label,
+    if cfg.actors.asynchronous {
+        label = format!("{label} async s{}", cfg.actors.max_staleness);
     }
+    label
 }
 
 fn algo_base_label(cfg: &TrainConfig) -> String {
@@ -379,9 +383,15 @@ mod tests {
         let mut fixed = r2vpo_off(8);
         fixed.dual.mode = DualMode::Fixed;
         fixed.dual.lambda0 = 0.04;
-        let labels = [algo_label(&plain), algo_label(&capped), algo_label(&fixed)];
-        assert_eq!(labels, ["R²VPO-OFF rb8", "R²VPO-OFF rb8 λ≤0.04", "R²VPO-OFF rb8 λ=0.04"]);
+        let mut ahead = r2vpo_off(4);
+        ahead.actors.asynchronous = true;
+        ahead.actors.max_staleness = 4;
+        let labels = [algo_label(&plain), algo_label(&capped), algo_label(&fixed), algo_label(&ahead)];
+        assert_eq!(labels, ["R²VPO-OFF rb8", "R²VPO-OFF rb8 λ≤0.04", "R²VPO-OFF rb8 λ=0.04", "R²VPO-OFF rb4 async s4"]);
         let slugs: Vec<String> = labels.iter().map(|l| slug(l)).collect();
-        assert_eq!(slugs, ["r2vpo-off-rb8", "r2vpo-off-rb8-lambdamax0p04", "r2vpo-off-rb8-lambda0p04"]);
+        assert_eq!(
+            slugs,
+            ["r2vpo-off-rb8", "r2vpo-off-rb8-lambdamax0p04", "r2vpo-off-rb8-lambda0p04", "r2vpo-off-rb4-async-s4"]
+        );
     }
 }

@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use r2vpo_llm::queue::{ExperienceQueue, MemoryQueue};
-use r2vpo_llm::train::asynchronous::QueueOpener;
+use r2vpo_llm::train::asynchronous::{run_actor, QueueOpener};
 use r2vpo_llm::train::{Event, Outcome, QueueBackend, RolloutBackend, TrainConfig, Trainer};
-use r2vpo_queue::RedisQueue;
+use r2vpo_queue::{RedisQueue, SharedWeights};
 use r2vpo_report::edge::{open_run_folder, Existing, Progress, Stop, StopSignal};
 
 use crate::args::{RunArgs, Stopped};
@@ -55,10 +55,25 @@ pub fn load_config(file: Option<&Path>, algo: Option<&str>, seed: Option<u64>, s
     Ok(cfg)
 }
 
+/// Which process `train_as` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// `llm train`: the learner with in-process sampling, or with actor
+    /// threads (`--async`).
+    Train,
+    /// `llm learn`: the learner alone; actor processes (`llm actor`) sample.
+    Learn,
+}
+
 /// `r2vpo llm train`.
 pub fn train(a: &TrainArgs) -> Result<()> {
+    train_as(a, Role::Train)
+}
+
+/// `r2vpo llm train` or `r2vpo llm learn`.
+pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     let mut sets = a.run.cfg.sets.clone();
-    if a.asynchronous {
+    if a.asynchronous || role == Role::Learn {
         sets.insert(0, "actors.async=true".into());
     }
     let (cfg, dir, resume) = match &a.resume {
@@ -74,6 +89,13 @@ pub fn train(a: &TrainArgs) -> Result<()> {
             let name =
                 a.algo.clone().unwrap_or_else(|| format!("{:?}-{:?}", cfg.objective.kind, cfg.mode).to_lowercase());
             let dir = a.run.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/llm/{name}-seed{}", cfg.seed)));
+            let mut cfg = cfg;
+            if cfg.queue.backend == QueueBackend::Redis && cfg.queue.key.is_empty() {
+                // Written into config.toml, so actor processes started from
+                // it find the same stream.
+                let name = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
+                cfg.queue.key = format!("r2vpo:{}", name.file_name().map_or("run".into(), |n| n.to_string_lossy()));
+            }
             (cfg, dir, false)
         }
     };
@@ -144,8 +166,16 @@ pub fn train(a: &TrainArgs) -> Result<()> {
         Event::Checkpoint(p) => progress.println(&format!("checkpoint: {}", p.display())),
         Event::BadStep(d) => progress.println(&format!("skipped a non-finite step: {d}")),
     };
-    let outcome = if cfg.actors.asynchronous {
-        let open = open_queue(&cfg, &dir, resume)?;
+    let outcome = if role == Role::Learn {
+        if cfg.queue.backend != QueueBackend::Redis {
+            bail!("llm learn: queue.backend must be \"redis\" (actor processes reach the learner through Redis)");
+        }
+        let open = open_queue(&cfg, resume)?;
+        let wdir = cfg.queue.weights_dir.as_ref().map_or_else(|| dir.join("actor-weights"), PathBuf::from);
+        let weights = SharedWeights::open(&cfg.queue.url, &cfg.queue.key, &wdir)?;
+        trainer.run_learner(&*open, &weights, stop.flag(), &mut on_event)
+    } else if cfg.actors.asynchronous {
+        let open = open_queue(&cfg, resume)?;
         trainer.run_async(&*open, stop.flag(), &mut on_event)
     } else {
         trainer.run(stop.flag(), &mut on_event)
@@ -172,22 +202,16 @@ pub fn train(a: &TrainArgs) -> Result<()> {
 }
 
 /// The opener of the run's experience queue: one shared in-process queue,
-/// or a Redis Stream at `queue.url` under `queue.key` (default
-/// `r2vpo:<run folder name>`), emptied when the run starts afresh.
-fn open_queue(cfg: &TrainConfig, dir: &Path, resume: bool) -> Result<Box<QueueOpener>> {
+/// or a Redis Stream at `queue.url` under `queue.key`, emptied (with its
+/// leases and weight announcements) when the run starts afresh.
+fn open_queue(cfg: &TrainConfig, resume: bool) -> Result<Box<QueueOpener>> {
     Ok(match cfg.queue.backend {
         QueueBackend::Memory => {
             let q = MemoryQueue::new();
             Box::new(move || Ok(Box::new(q.clone()) as Box<dyn ExperienceQueue>))
         }
         QueueBackend::Redis => {
-            let key = if cfg.queue.key.is_empty() {
-                let name = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-                format!("r2vpo:{}", name.file_name().map_or("run".into(), |n| n.to_string_lossy()))
-            } else {
-                cfg.queue.key.clone()
-            };
-            let url = cfg.queue.url.clone();
+            let (url, key) = (cfg.queue.url.clone(), cfg.queue.key.clone());
             let mut first = RedisQueue::open(&url, &key).map_err(|e| anyhow::anyhow!("queue.url: {e}"))?;
             if !resume {
                 first.clear().map_err(|e| anyhow::anyhow!("clearing the stream `{key}`: {e}"))?;
@@ -195,4 +219,44 @@ fn open_queue(cfg: &TrainConfig, dir: &Path, resume: bool) -> Result<Box<QueueOp
             Box::new(move || Ok(Box::new(RedisQueue::open(&url, &key)?) as Box<dyn ExperienceQueue>))
         }
     })
+}
+
+/// `r2vpo llm actor` arguments.
+#[derive(clap::Args, Debug)]
+pub struct ActorArgs {
+    /// The learner's resolved config (`RUN/config.toml` of `llm learn`):
+    /// model, data, sampling, reward, queue URL and key.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Overrides (`--set queue.url='"redis://10.0.0.5:6379/0"'` on another
+    /// machine).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// This actor's name in leases and messages (default `actor-<pid>`).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+/// `r2vpo llm actor`: produces batches for a `llm learn` run until the
+/// learner finishes it or SIGINT/SIGTERM.
+pub fn actor(a: &ActorArgs) -> Result<()> {
+    let mut sets = vec!["actors.async=true".to_string()];
+    sets.extend(a.sets.iter().cloned());
+    let cfg = load_config(Some(&a.config), None, None, &sets)?;
+    if cfg.queue.backend != QueueBackend::Redis || cfg.queue.key.is_empty() {
+        bail!(
+            "{}: an actor needs the learner's queue: queue.backend = \"redis\" and queue.key (llm learn writes both \
+             into RUN/config.toml)",
+            a.config.display()
+        );
+    }
+    let name = a.name.clone().unwrap_or_else(|| format!("actor-{}", std::process::id()));
+    let mut queue = RedisQueue::open(&cfg.queue.url, &cfg.queue.key)?;
+    // The learner announces where each version lives; this folder is unused.
+    let weights = SharedWeights::open(&cfg.queue.url, &cfg.queue.key, Path::new("."))?;
+    let stop = Stop::install().context("installing the SIGINT/SIGTERM handlers")?;
+    eprintln!("{name}: producing for stream `{}` at {}", cfg.queue.key, cfg.queue.url);
+    run_actor(&cfg, &name, &mut queue, &weights, stop.flag()).with_context(|| format!("actor {name}"))?;
+    eprintln!("{name}: the run has ended");
+    Ok(())
 }

@@ -33,6 +33,7 @@ fn tune_allocator() {
 
 mod args;
 mod bench;
+mod bench_async;
 mod bench_serve;
 mod config;
 mod control_cmd;
@@ -124,6 +125,12 @@ enum LlmCmd {
     Eval(llm_eval::EvalArgs),
     /// RL fine-tuning with R²VPO-ON/OFF and the baselines (resumable).
     Train(llm_train::TrainArgs),
+    /// The learner of a multi-machine asynchronous run: `llm train --async`
+    /// without actor threads; `llm actor` processes sample (Redis queue).
+    Learn(llm_train::TrainArgs),
+    /// One actor process of a `llm learn` run (start as many as you like,
+    /// on any machine that reaches its Redis and weights folder).
+    Actor(llm_train::ActorArgs),
     /// Reward/length/λ curves, ratio histograms by staleness and a summary
     /// table from one or more `llm train` runs.
     Plot(llm_plot::PlotArgs),
@@ -177,6 +184,9 @@ enum BenchCmd {
     /// Throughput of `r2vpo serve` under 1/8/32 concurrent clients against
     /// the in-process sampler at the same total batch.
     Serve(bench_serve::ServeBenchArgs),
+    /// Iteration time of `llm train` in turn vs `--async` (one actor
+    /// thread), and the experience queue's throughput in memory and on Redis.
+    Async(bench_async::AsyncBenchArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -223,6 +233,8 @@ fn run(cli: Cli) -> Result<()> {
             LlmCmd::Verify(a) => llm_verify(&a),
             LlmCmd::Eval(a) => llm_eval::eval(&a),
             LlmCmd::Train(a) => llm_train::train(&a),
+            LlmCmd::Learn(a) => llm_train::train_as(&a, llm_train::Role::Learn),
+            LlmCmd::Actor(a) => llm_train::actor(&a),
             LlmCmd::Plot(a) => llm_plot::plot(&a),
         },
         Command::Toy(cmd) => match cmd {
@@ -234,6 +246,7 @@ fn run(cli: Cli) -> Result<()> {
             BenchCmd::Control(a) => control_cmd::bench(&a),
             BenchCmd::Llm(a) => bench::llm(&a),
             BenchCmd::Serve(a) => bench_serve::serve(&a),
+            BenchCmd::Async(a) => bench_async::bench(&a),
         },
         Command::Serve(a) => serve::serve(&a),
         Command::Config(ConfigCmd::Show(a)) => config_show(&a),

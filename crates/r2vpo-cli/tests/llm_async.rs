@@ -230,3 +230,91 @@ fn a_redis_restart_mid_run_is_retried_and_changes_nothing() {
     assert!(stderr.contains("retrying with back-off"), "the outage was not reported: {stderr}");
     assert_eq!(metrics(&run), want, "a Redis restart changed what was learned");
 }
+
+/// Kills the processes it names when dropped, so a failing test leaves no
+/// learner or actor behind.
+struct Reaper(Vec<u32>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // SAFETY: signals a child this test started; a finished one's
+            // pid was reaped by wait() and the call fails harmlessly.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+#[test]
+fn learn_with_actor_processes_survives_a_killed_actor_and_equals_the_synchronous_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path());
+    let sync = tmp.path().join("sync");
+    ok(&mut train(&cfg, &sync, &[]));
+    let want = metrics(&sync);
+
+    let redis = Redis::start_anywhere(tmp.path());
+    let url = redis.url();
+    let run = tmp.path().join("multi");
+    let r2vpo = env!("CARGO_BIN_EXE_r2vpo");
+    let log = |name: &str| std::fs::File::create(tmp.path().join(name)).unwrap();
+    let mut learner = Command::new(r2vpo)
+        .current_dir(root())
+        .args(["llm", "learn", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&run)
+        .args(["--no-export", "--quiet", "--set", "queue.backend=\"redis\"", "--set", &format!("queue.url=\"{url}\"")])
+        // A killed actor's batch goes to the other actor after 2 s.
+        .args(["--set", "queue.lease_s=2"])
+        .stdout(Stdio::null())
+        .stderr(log("learner.log"))
+        .spawn()
+        .unwrap();
+    let mut reaper = Reaper(vec![learner.id()]);
+    let resolved = run.join("config.toml");
+    let t0 = Instant::now();
+    while !resolved.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the learner wrote no config.toml");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let actor = |name: &str| {
+        Command::new(r2vpo)
+            .current_dir(root())
+            .args(["llm", "actor", "--config"])
+            .arg(&resolved)
+            .args(["--name", name])
+            .stderr(log(&format!("{name}.log")))
+            .spawn()
+            .unwrap()
+    };
+    let mut a0 = actor("a0");
+    let mut a1 = actor("a1");
+    reaper.0.extend([a0.id(), a1.id()]);
+    wait_for_checkpoint(&mut learner, &run, 3);
+    a1.kill().unwrap(); // SIGKILL, possibly holding a batch
+    a1.wait().unwrap();
+    wait_for_checkpoint(&mut learner, &run, 5);
+    let mut a1 = actor("a1-restarted");
+    reaper.0.push(a1.id());
+    assert!(learner.wait().unwrap().success(), "{}", std::fs::read_to_string(tmp.path().join("learner.log")).unwrap());
+    for (a, name) in [(&mut a0, "a0"), (&mut a1, "a1-restarted")] {
+        let t0 = Instant::now();
+        while a.try_wait().unwrap().is_none() {
+            assert!(t0.elapsed() < Duration::from_secs(30), "{name} did not stop when the run ended");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            a.wait().unwrap().success(),
+            "{}",
+            std::fs::read_to_string(tmp.path().join(format!("{name}.log"))).unwrap()
+        );
+    }
+    assert_eq!(metrics(&run), want, "learn + actor processes differ from llm train");
+    // Every batch was consumed once, none skipped.
+    let batches: Vec<u64> = lines(&run, "metrics.jsonl")
+        .iter()
+        .flat_map(|v| v["queue"]["batches"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect::<Vec<_>>())
+        .collect();
+    assert_eq!(batches, (0..ITERATIONS as u64).collect::<Vec<_>>());
+}

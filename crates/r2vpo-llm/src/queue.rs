@@ -246,6 +246,16 @@ pub trait ExperienceQueue: Send {
     /// live actors never hold the same batch, and no batch is left behind.
     fn claim_batch(&mut self, owner: &str, lease: Duration) -> Result<u64, QueueError>;
 
+    /// Hands `owner` the oldest batch whose lease ran out, or a restored
+    /// one, but never a new batch: what an actor waiting on a batch it
+    /// cannot start yet does, so a dead actor's earlier batch cannot block
+    /// everyone (with `max_staleness = 0` nothing moves until it is made).
+    fn claim_expired(&mut self, owner: &str, lease: Duration) -> Result<Option<u64>, QueueError>;
+
+    /// Extends `owner`'s lease on `batch` to `lease` from now; false when
+    /// the lease is no longer `owner`'s (it ran out and was taken).
+    fn renew_lease(&mut self, batch: u64, owner: &str, lease: Duration) -> Result<bool, QueueError>;
+
     /// Publishes the groups of `batch` in one step, if `owner` still holds
     /// its lease: they get the next slot `s` and ids `s-1 … s-n` (Redis has
     /// no id `0-0`), and
@@ -359,19 +369,38 @@ impl ExperienceQueue for MemoryQueue {
     }
 
     fn claim_batch(&mut self, owner: &str, lease: Duration) -> Result<u64, QueueError> {
+        if let Some(b) = self.claim_expired(owner, lease)? {
+            return Ok(b);
+        }
+        let mut q = self.lock();
+        q.next_batch += 1;
+        let b = q.next_batch - 1;
+        q.leases.insert(b, (owner.to_string(), Instant::now() + lease));
+        Ok(b)
+    }
+
+    fn claim_expired(&mut self, owner: &str, lease: Duration) -> Result<Option<u64>, QueueError> {
         let mut q = self.lock();
         let now = Instant::now();
         let expired = q.leases.iter().find(|(_, (_, deadline))| *deadline <= now).map(|(b, _)| *b);
         let b = match (expired, q.pending.is_empty()) {
             (Some(b), _) => b,
             (None, false) => q.pending.remove(0),
-            (None, true) => {
-                q.next_batch += 1;
-                q.next_batch - 1
-            }
+            (None, true) => return Ok(None),
         };
         q.leases.insert(b, (owner.to_string(), now + lease));
-        Ok(b)
+        Ok(Some(b))
+    }
+
+    fn renew_lease(&mut self, batch: u64, owner: &str, lease: Duration) -> Result<bool, QueueError> {
+        let mut q = self.lock();
+        match q.leases.get_mut(&batch) {
+            Some((o, deadline)) if o == owner => {
+                *deadline = Instant::now() + lease;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     fn publish_batch(&mut self, batch: u64, owner: &str, entries: &[GroupEntry]) -> Result<Option<u64>, QueueError> {

@@ -14,6 +14,9 @@
 //! last K slots with `XTRIM key MINID <it − K + 1>-0` (`MAXLEN` counts
 //! entries, not iterations).
 //!
+//! [`SharedWeights`] hands the learner's weights to actor processes: a
+//! shared folder of versions, announced under `<key>:weights`.
+//!
 //! A lost connection is an [`QueueError::Unavailable`]; the next call
 //! reconnects, so callers retry with back-off and continue when the server
 //! is back. Passwords go in the URL (`redis://:pass@host:6379/0`); TLS
@@ -21,17 +24,26 @@
 
 use r2vpo_llm::queue::{EntryId, EntryLimits, ExperienceQueue, GroupEntry, QueueError, ReadBatch};
 use redis::streams::StreamRangeReply;
-use redis::{Commands, Connection, RedisError};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
+
+use r2vpo_llm::model::Transformer;
+use r2vpo_llm::train::asynchronous::{load_weights, snapshot, Fetched, WeightChannel};
+use r2vpo_llm::train::{TrainError, TrainResult};
+use redis::{Commands, Connection, RedisError};
 
 /// The keys beside the stream: the next new batch, the next slot, batch
 /// leases (sorted set, deadline in server milliseconds), their owners
-/// (hash) and batches restored for re-issue (sorted set).
-const AUX: [&str; 5] = ["batch", "slot", "leases", "owners", "pending"];
+/// (hash), batches restored for re-issue (sorted set), and the
+/// [`SharedWeights`] announcement and end-of-run flag.
+const AUX: [&str; 7] = ["batch", "slot", "leases", "owners", "pending", "weights", "closed"];
 
 /// Claims a batch (Lua runs atomically on the server, and its clock is
-/// the only one used, so actors' clocks need not agree). KEYS: batch,
-/// leases, owners, pending. ARGV: owner, lease in ms.
+/// the only one used, so actors' clocks need not agree): an expired lease,
+/// else a restored batch, else (when ARGV[3] is "new") a new one, else -1.
+/// KEYS: batch, leases, owners, pending. ARGV: owner, lease in ms, "new" or
+/// "expired".
 const CLAIM: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -44,13 +56,25 @@ else
   if p[1] then
     b = p[1]
     redis.call('ZREM', KEYS[4], b)
-  else
+  elseif ARGV[3] == 'new' then
     b = tostring(redis.call('INCR', KEYS[1]) - 1)
+  else
+    return -1
   end
 end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), b)
 redis.call('HSET', KEYS[3], b, ARGV[1])
 return tonumber(b)
+";
+
+/// Extends a lease if the caller still owns it: 1, else 0. KEYS: leases,
+/// owners. ARGV: batch, owner, lease in ms.
+const RENEW: &str = r"
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+return 1
 ";
 
 /// Publishes a batch's groups under the next slot if the caller still
@@ -216,7 +240,23 @@ impl ExperienceQueue for RedisQueue {
 
     fn claim_batch(&mut self, owner: &str, lease: Duration) -> Result<u64, QueueError> {
         let ms = lease.as_millis().max(1).to_string();
-        self.eval(CLAIM, &["batch", "leases", "owners", "pending"], &[owner.as_bytes(), ms.as_bytes()])
+        self.eval(CLAIM, &["batch", "leases", "owners", "pending"], &[owner.as_bytes(), ms.as_bytes(), b"new"])
+    }
+
+    fn claim_expired(&mut self, owner: &str, lease: Duration) -> Result<Option<u64>, QueueError> {
+        let ms = lease.as_millis().max(1).to_string();
+        let b: i64 = self.eval(
+            CLAIM,
+            &["batch", "leases", "owners", "pending"],
+            &[owner.as_bytes(), ms.as_bytes(), b"expired"],
+        )?;
+        Ok(u64::try_from(b).ok())
+    }
+
+    fn renew_lease(&mut self, batch: u64, owner: &str, lease: Duration) -> Result<bool, QueueError> {
+        let (b, ms) = (batch.to_string(), lease.as_millis().max(1).to_string());
+        let r: i64 = self.eval(RENEW, &["leases", "owners"], &[b.as_bytes(), owner.as_bytes(), ms.as_bytes()])?;
+        Ok(r == 1)
     }
 
     fn publish_batch(&mut self, batch: u64, owner: &str, entries: &[GroupEntry]) -> Result<Option<u64>, QueueError> {
@@ -240,5 +280,161 @@ impl ExperienceQueue for RedisQueue {
             std::iter::once(next).chain(pending.iter().copied()).map(|b| b.to_string()).collect();
         let args: Vec<&[u8]> = strings.iter().map(String::as_bytes).collect();
         self.eval::<i64>(RESTORE, &["batch", "pending", "leases"], &args).map(|_| ())
+    }
+}
+
+/// What the learner announces at `<key>:weights`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Announcement {
+    version: u64,
+    consumed: u64,
+    path: String,
+}
+
+/// The weight channel of actor processes (`llm learn` / `llm actor`): the
+/// learner writes each version's tensors to
+/// `<dir>/v<version>/weights.safetensors` (a temporary folder renamed into
+/// place, so a reader never sees half a file) and then announces `{version,
+/// consumed, path}` at `<key>:weights`; actors poll the announcement and
+/// load the file. `dir` must be readable by every actor: the same machine
+/// or a shared file system, as prime-rl's shared checkpoint folder. The
+/// newest three versions are kept. `<key>:closed` ends the run.
+pub struct SharedWeights {
+    client: redis::Client,
+    conn: Mutex<Option<Connection>>,
+    key: String,
+    dir: PathBuf,
+    shown: String,
+    poll: Duration,
+}
+
+impl SharedWeights {
+    /// The channel of the run whose stream is `key` on the server at
+    /// `url`, with weight files under `dir`.
+    pub fn open(url: &str, key: &str, dir: &Path) -> Result<Self, QueueError> {
+        let queue = RedisQueue::open(url, key)?;
+        Ok(SharedWeights {
+            client: queue.client,
+            conn: Mutex::new(None),
+            key: key.to_string(),
+            dir: dir.to_path_buf(),
+            shown: queue.shown,
+            poll: Duration::from_millis(100),
+        })
+    }
+
+    fn call<T>(&self, f: impl FnOnce(&mut Connection, &str) -> Result<T, RedisError>) -> Result<T, QueueError> {
+        let mut guard = self.conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if guard.is_none() {
+            let c =
+                self.client.get_connection().map_err(|e| QueueError::Unavailable(format!("{}: {e}", self.shown)))?;
+            *guard = Some(c);
+        }
+        let conn = guard.as_mut().expect("connected");
+        f(conn, &self.key).map_err(|e| {
+            if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
+                *guard = None;
+                QueueError::Unavailable(format!("{}: {e}", self.shown))
+            } else {
+                QueueError::Refused(format!("{} key {}: {e}", self.shown, self.key))
+            }
+        })
+    }
+
+    /// Calls `f` until Redis answers, reporting an outage once; a refused
+    /// call is an error.
+    fn patiently<T>(&self, what: &str, mut f: impl FnMut() -> Result<T, QueueError>) -> TrainResult<T> {
+        let mut reported = false;
+        loop {
+            match f() {
+                Ok(v) => return Ok(v),
+                Err(QueueError::Unavailable(e)) => {
+                    if !reported {
+                        eprintln!("warning: {what}: {e}; retrying");
+                        reported = true;
+                    }
+                    std::thread::sleep(self.poll * 5);
+                }
+                Err(e) => return Err(TrainError::Queue(e.to_string())),
+            }
+        }
+    }
+
+    fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+        move |source| TrainError::Io { path: path.to_path_buf(), source }
+    }
+}
+
+impl WeightChannel for SharedWeights {
+    fn publish(&self, version: u64, consumed: u64, model: &Transformer) -> TrainResult<()> {
+        let folder = self.dir.join(format!("v{version:06}"));
+        let tmp = self.dir.join(format!(".tmp-v{version:06}"));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(Self::io(&tmp))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(Self::io(&tmp))?;
+        let file = tmp.join("weights.safetensors");
+        candle_core::safetensors::save(&snapshot(model)?, &file)?;
+        std::fs::File::open(&file).and_then(|f| f.sync_all()).map_err(Self::io(&file))?;
+        if folder.exists() {
+            std::fs::remove_dir_all(&folder).map_err(Self::io(&folder))?;
+        }
+        std::fs::rename(&tmp, &folder).map_err(Self::io(&folder))?;
+        let path = folder.join("weights.safetensors").display().to_string();
+        let text = serde_json::to_string(&Announcement { version, consumed, path }).expect("serialises");
+        self.patiently("announcing weights", || {
+            self.call(|c, key| c.set::<_, _, ()>(format!("{key}:weights"), &text))
+        })?;
+        // Keep the newest three versions: an actor may still be reading
+        // the one before the last.
+        for entry in std::fs::read_dir(&self.dir).map_err(Self::io(&self.dir))?.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if let Some(v) = name.strip_prefix('v').and_then(|v| v.parse::<u64>().ok()) {
+                if v + 3 <= version {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn fetch(&self, consumed: u64, have: Option<u64>, policy: &Transformer, wait: Duration) -> TrainResult<Fetched> {
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            if self.closed() {
+                return Ok(Fetched::Closed);
+            }
+            let text: Option<String> = self.patiently("reading the weights announcement", || {
+                self.call(|c, key| c.get(format!("{key}:weights")))
+            })?;
+            if let Some(text) = text {
+                let a: Announcement = serde_json::from_str(&text).map_err(|e| {
+                    TrainError::Queue(format!("{}:weights is not an announcement ({e}): {text}", self.key))
+                })?;
+                if a.consumed >= consumed {
+                    if have == Some(a.version) {
+                        return Ok(Fetched::Ready(a.version));
+                    }
+                    // The file can be pruned between the read and the load
+                    // when the learner moves on; the next poll sees a newer one.
+                    if let Ok(w) = candle_core::safetensors::load(&a.path, &candle_core::Device::Cpu) {
+                        load_weights(policy, &w)?;
+                        return Ok(Fetched::Ready(a.version));
+                    }
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(Fetched::Pending);
+            }
+            std::thread::sleep(self.poll);
+        }
+    }
+
+    fn close(&self) -> TrainResult<()> {
+        self.patiently("ending the run", || self.call(|c, key| c.set::<_, _, ()>(format!("{key}:closed"), 1)))
+    }
+
+    fn closed(&self) -> bool {
+        self.call(|c, key| c.exists::<_, bool>(format!("{key}:closed"))).unwrap_or(false)
     }
 }

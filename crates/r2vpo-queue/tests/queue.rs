@@ -89,10 +89,14 @@ fn lease_contract(fresh: &mut dyn FnMut() -> Box<dyn ExperienceQueue>) {
         a.read_after(None, 10, &limits).unwrap().into_iter().map(|(id, e)| (id, e.unwrap().iteration)).collect();
     let id = |iteration, seq| EntryId { iteration, seq };
     assert_eq!(got, vec![(id(0, 1), 1), (id(0, 2), 1), (id(1, 1), 0), (id(1, 2), 0)]);
-    // "a" dies holding batch 2: its lease runs out and "b" gets batch 2.
+    // "a" dies holding batch 2: its lease runs out and "b" gets batch 2,
+    // also when it asks for expired batches only.
+    assert_eq!(b.claim_expired("b", long).unwrap(), None, "no new batch from claim_expired");
     assert_eq!(a.claim_batch("a", Duration::from_millis(1)).unwrap(), 2);
     std::thread::sleep(Duration::from_millis(30));
-    assert_eq!(b.claim_batch("b", long).unwrap(), 2);
+    assert!(!b.renew_lease(2, "b", long).unwrap(), "only the owner renews");
+    assert_eq!(b.claim_expired("b", long).unwrap(), Some(2));
+    assert!(b.renew_lease(2, "b", long).unwrap());
     assert_eq!(a.claim_batch("a", long).unwrap(), 3, "a live lease is not handed out twice");
     assert_eq!(a.publish_batch(2, "a", &[entry(2, 0)]).unwrap(), None, "the late publish is refused");
     assert_eq!(b.publish_batch(2, "b", &[entry(2, 0)]).unwrap(), Some(2));

@@ -18,6 +18,13 @@
 //! ([`ExperienceQueue::claim_batch`]), so two actors never produce the
 //! same batch and a dead actor's batch goes to the next one; the data
 //! position of batch `b` is a pure function of `b` ([`Actor::produce`]).
+//!
+//! Two shapes, one loop each: [`Trainer::run_async`] runs actor threads
+//! beside the learner (weights handed over in memory), while
+//! [`Trainer::run_learner`] and [`run_actor`] are the learner and actor
+//! processes of `llm learn` / `llm actor` on different machines, whose
+//! weights travel through a [`WeightChannel`] (a shared folder announced in
+//! Redis, `r2vpo_queue::SharedWeights`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use super::metrics::QueueMetrics;
 use super::{load_policy, Actor, DataPosition, Event, Outcome, TrainConfig, TrainError, TrainResult, Trainer};
+use crate::model::Transformer;
 use crate::queue::{EntryId, EntryLimits, ExperienceQueue, GroupEntry, QueueError};
 
 /// Where an asynchronous learner stands in its queue; part of every
@@ -74,7 +82,39 @@ impl QueuePosition {
 /// Opens one handle on the run's queue (each thread gets its own).
 pub type QueueOpener = dyn Fn() -> Result<Box<dyn ExperienceQueue>, QueueError> + Sync;
 
-/// The learner's newest weights and progress, shared with the actors.
+/// How the learner's weights reach the actors, with its progress (batches
+/// consumed) for the staleness bound. One implementation per real thing:
+/// in memory for actor threads, a shared folder announced in Redis for
+/// actor processes.
+pub trait WeightChannel: Send + Sync {
+    /// Makes `model`'s weights version `version`, the learner having
+    /// consumed `consumed` batches.
+    fn publish(&self, version: u64, consumed: u64, model: &Transformer) -> TrainResult<()>;
+
+    /// Waits up to `wait` until the learner has consumed `consumed`
+    /// batches, then loads the newest weights into `policy` unless their
+    /// version is `have`.
+    fn fetch(&self, consumed: u64, have: Option<u64>, policy: &Transformer, wait: Duration) -> TrainResult<Fetched>;
+
+    /// Tells the actors the run has ended.
+    fn close(&self) -> TrainResult<()>;
+
+    /// Whether the run has ended.
+    fn closed(&self) -> bool;
+}
+
+/// What [`WeightChannel::fetch`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fetched {
+    /// `policy` holds this weight version.
+    Ready(u64),
+    /// The learner has not consumed enough batches yet.
+    Pending,
+    /// The run has ended.
+    Closed,
+}
+
+/// The learner's newest weights and progress, shared with actor threads.
 struct Board {
     state: Mutex<BoardState>,
     changed: Condvar,
@@ -108,28 +148,11 @@ impl Board {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn publish(&self, version: u64, consumed: u64, weights: HashMap<String, Tensor>) {
-        let mut s = self.lock();
-        s.version = version;
-        s.consumed = consumed;
-        s.weights = Arc::new(weights);
-        self.changed.notify_all();
-    }
-
-    fn close(&self) {
-        self.lock().closed = true;
-        self.changed.notify_all();
-    }
-
     fn fail(&self, why: String) {
         let mut s = self.lock();
         s.failure.get_or_insert(why);
         s.closed = true;
         self.changed.notify_all();
-    }
-
-    fn closed(&self) -> bool {
-        self.lock().closed
     }
 
     fn failure(&self) -> Option<String> {
@@ -143,30 +166,71 @@ impl Board {
     fn take_events(&self) -> Vec<serde_json::Value> {
         std::mem::take(&mut self.lock().events)
     }
+}
 
-    /// Waits until the learner has consumed `consumed` batches; returns
-    /// the newest weights and their version, or `None` once closed.
-    fn wait(&self, consumed: u64) -> Option<(u64, Arc<HashMap<String, Tensor>>)> {
+impl WeightChannel for Board {
+    fn publish(&self, version: u64, consumed: u64, model: &Transformer) -> TrainResult<()> {
+        let weights = snapshot(model)?;
         let mut s = self.lock();
-        while !s.closed && s.consumed < consumed {
-            s = self.changed.wait(s).unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
-        (!s.closed).then(|| (s.version, s.weights.clone()))
+        s.version = version;
+        s.consumed = consumed;
+        s.weights = Arc::new(weights);
+        self.changed.notify_all();
+        Ok(())
     }
 
-    /// Sleeps `d` unless the board closes first; false once closed.
-    fn sleep(&self, d: Duration) -> bool {
+    fn fetch(&self, consumed: u64, have: Option<u64>, policy: &Transformer, wait: Duration) -> TrainResult<Fetched> {
         let s = self.lock();
-        let (s, _) =
-            self.changed.wait_timeout_while(s, d, |s| !s.closed).unwrap_or_else(std::sync::PoisonError::into_inner);
-        !s.closed
+        let (s, _) = self
+            .changed
+            .wait_timeout_while(s, wait, |s| !s.closed && s.consumed < consumed)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.closed {
+            return Ok(Fetched::Closed);
+        }
+        if s.consumed < consumed {
+            return Ok(Fetched::Pending);
+        }
+        let (version, weights) = (s.version, s.weights.clone());
+        drop(s);
+        if have != Some(version) {
+            load_weights(policy, &weights)?;
+        }
+        Ok(Fetched::Ready(version))
+    }
+
+    fn close(&self) -> TrainResult<()> {
+        self.lock().closed = true;
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    fn closed(&self) -> bool {
+        self.lock().closed
     }
 }
 
-/// A deep copy of the policy's weights (the optimizer writes the live ones
-/// in place).
-fn snapshot(model: &crate::model::Transformer) -> TrainResult<HashMap<String, Tensor>> {
+/// A deep copy of the policy's weights by variable name (the optimizer
+/// writes the live ones in place).
+pub fn snapshot(model: &Transformer) -> TrainResult<HashMap<String, Tensor>> {
     model.named_vars().into_iter().map(|(n, v)| Ok((n, v.as_tensor().copy()?))).collect()
+}
+
+/// Sets every variable of `policy` from `weights` (as [`snapshot`] names
+/// them); a missing or mis-shaped tensor is an error naming it.
+pub fn load_weights(policy: &Transformer, weights: &HashMap<String, Tensor>) -> TrainResult<()> {
+    for (n, v) in policy.named_vars() {
+        let w = weights.get(&n).ok_or_else(|| TrainError::Queue(format!("the learner's weights lack `{n}`")))?;
+        if w.dims() != v.as_tensor().dims() {
+            return Err(TrainError::Queue(format!(
+                "the learner's `{n}` has shape {:?}, this actor's policy {:?}",
+                w.dims(),
+                v.as_tensor().dims()
+            )));
+        }
+        v.set(&w.to_dtype(DType::F32)?)?;
+    }
+    Ok(())
 }
 
 /// Calls `f` until the queue answers, backing off 0.1 s → 5 s while it is
@@ -231,42 +295,74 @@ impl Positions {
     }
 }
 
-/// One actor thread: lease a batch, wait for fresh enough weights, produce
-/// it, publish it; until the board closes.
-fn actor_loop(index: usize, mut actor: Actor, cfg: &TrainConfig, board: &Board, open: &QueueOpener) -> TrainResult<()> {
-    let owner = format!("{}-{}-{index}", std::process::id(), derived_owner_nonce());
+/// One actor: lease a batch, wait for fresh enough weights, produce it,
+/// publish it; until the run ends or `stop` is raised. Events
+/// (`events.jsonl` lines: skipped prompts, lost leases) go to `on_events`.
+fn actor_loop(
+    name: &str,
+    mut actor: Actor,
+    cfg: &TrainConfig,
+    weights: &dyn WeightChannel,
+    queue: &mut dyn ExperienceQueue,
+    stop: &AtomicBool,
+    on_events: &dyn Fn(Vec<serde_json::Value>),
+) -> TrainResult<()> {
+    let owner = format!("{name}-{}-{}", std::process::id(), derived_owner_nonce());
     let lease = Duration::from_secs_f64(cfg.queue.lease_s);
     let (policy, _) = load_policy(&cfg.model)?;
     let mut have: Option<u64> = None;
-    let mut queue = open().map_err(|e| TrainError::Queue(e.to_string()))?;
     let mut positions = Positions::new();
-    let name = format!("actor {index}");
     let mut warn = |w: String| eprintln!("warning: {w}");
-    let mut alive = |d: Duration| board.sleep(d);
-    while !board.closed() {
-        let Some(b) = retrying(&name, &mut warn, &mut alive, || queue.claim_batch(&owner, lease))? else {
-            break;
+    let running = || !weights.closed() && !stop.load(Ordering::SeqCst);
+    let mut alive = |d: Duration| {
+        std::thread::sleep(d);
+        running()
+    };
+    // Batches leased but set aside for an older, expired one.
+    let mut held: Vec<u64> = Vec::new();
+    let poll = Duration::from_secs_f64((cfg.queue.lease_s / 4.0).clamp(0.05, 1.0));
+    'batches: while running() {
+        let mut b = match held.pop() {
+            Some(b) => b,
+            None => match retrying(name, &mut warn, &mut alive, || queue.claim_batch(&owner, lease))? {
+                Some(b) => b,
+                None => break,
+            },
         };
-        let Some((version, weights)) = board.wait(b.saturating_sub(cfg.actors.max_staleness)) else {
-            break;
-        };
-        if have != Some(version) {
-            for (n, v) in policy.named_vars() {
-                let w = weights.get(&n).ok_or_else(|| TrainError::Queue(format!("weights lack `{n}`")))?;
-                v.set(&w.to_dtype(DType::F32)?)?;
+        let version = loop {
+            match weights.fetch(b.saturating_sub(cfg.actors.max_staleness), have, &policy, poll)? {
+                Fetched::Ready(v) => break v,
+                Fetched::Closed => break 'batches,
+                Fetched::Pending => {
+                    // Keep this lease while waiting, and make an older batch
+                    // whose actor died first: nothing moves until it exists.
+                    let Some(mine) = retrying(name, &mut warn, &mut alive, || queue.renew_lease(b, &owner, lease))?
+                    else {
+                        break 'batches;
+                    };
+                    if !mine {
+                        continue 'batches;
+                    }
+                    if let Some(Some(older)) =
+                        retrying(name, &mut warn, &mut alive, || queue.claim_expired(&owner, lease))?
+                    {
+                        held.push(b);
+                        b = older;
+                    }
+                }
             }
-            have = Some(version);
-        }
+        };
+        have = Some(version);
         let mut pos = positions.start_of(&mut actor, b, cfg.prompts_per_iter)?;
         let produced = actor.produce(&policy, b, &mut pos, version);
-        board.push_events(actor.take_events());
+        on_events(actor.take_events());
         let produced = produced?;
-        let Some(slot) = retrying(&name, &mut warn, &mut alive, || queue.publish_batch(b, &owner, &produced.entries))?
+        let Some(slot) = retrying(name, &mut warn, &mut alive, || queue.publish_batch(b, &owner, &produced.entries))?
         else {
             break;
         };
         if slot.is_none() {
-            board.push_events(vec![serde_json::json!({
+            on_events(vec![serde_json::json!({
                 "event": "lease_lost",
                 "actor": owner,
                 "batch": b,
@@ -275,6 +371,35 @@ fn actor_loop(index: usize, mut actor: Actor, cfg: &TrainConfig, board: &Board, 
         }
     }
     Ok(())
+}
+
+/// An actor process (`r2vpo llm actor`): produces batches for the run that
+/// `cfg` describes (its problems, model and reward) into `queue`, with the
+/// weights `weights` announces, until the learner ends the run or `stop` is
+/// raised. Warnings and events go to stderr.
+pub fn run_actor(
+    cfg: &TrainConfig,
+    name: &str,
+    queue: &mut dyn ExperienceQueue,
+    weights: &dyn WeightChannel,
+    stop: &AtomicBool,
+) -> TrainResult<()> {
+    cfg.validate()?;
+    let (model, tok) = load_policy(&cfg.model)?;
+    let context = model.config().max_position_embeddings;
+    drop(model);
+    let loaded = crate::data::load_problems_reporting(&cfg.data)?;
+    for r in &loaded.skipped {
+        eprintln!("warning: {r}");
+    }
+    let reward = Arc::new(super::VerifierReward(cfg.verify.clone()));
+    let actor = Actor::new(cfg.clone(), tok, loaded.problems, reward, context)?;
+    let print = |events: Vec<serde_json::Value>| {
+        for e in events {
+            eprintln!("event: {e}");
+        }
+    };
+    actor_loop(name, actor, cfg, weights, queue, stop, &print)
 }
 
 /// A per-start nonce, so an actor restarted with the same pid and index
@@ -295,31 +420,25 @@ impl Trainer {
         stop: &AtomicBool,
         on_event: &mut dyn FnMut(Event),
     ) -> TrainResult<Outcome> {
-        if self.cfg.eval_at_start && !self.progress.evaluated_start {
-            self.evaluate(on_event)?;
-            self.progress.evaluated_start = true;
-        }
-        if self.progress.iteration >= self.cfg.iterations {
-            return Ok(Outcome::Finished);
-        }
-        let queue_err = |e: QueueError| TrainError::Queue(e.to_string());
-        let mut queue = open().map_err(queue_err)?;
-        let (next, pending) = self.progress.queue.restore_plan();
-        queue.restore_batches(next, &pending).map_err(queue_err)?;
+        let mut queue = self.open_learner_queue(open, on_event)?;
         // This process's actor threads are the run's only actors: leases
         // left by an earlier (killed) process are dead.
-        queue.expire_leases().map_err(queue_err)?;
+        queue.expire_leases().map_err(|e| TrainError::Queue(e.to_string()))?;
         let board = Board::new(self.progress.iteration as u64, self.progress.queue.consumed(), snapshot(&self.model)?);
         let actors: Vec<Actor> = (0..self.cfg.actors.count).map(|_| self.actor.fork()).collect::<TrainResult<_>>()?;
         let cfg = self.cfg.clone();
+        let halt = AtomicBool::new(false);
         std::thread::scope(|scope| {
             let handles: Vec<_> = actors
                 .into_iter()
                 .enumerate()
                 .map(|(i, actor)| {
-                    let (cfg, board) = (&cfg, &board);
+                    let (cfg, board, halt) = (&cfg, &board, &halt);
                     scope.spawn(move || {
-                        let r = actor_loop(i, actor, cfg, board, open);
+                        let push = |events| board.push_events(events);
+                        let r = open().map_err(|e| TrainError::Queue(e.to_string())).and_then(|mut q| {
+                            actor_loop(&format!("actor {i}"), actor, cfg, board, q.as_mut(), halt, &push)
+                        });
                         if let Err(e) = &r {
                             board.fail(format!("actor {i}: {e}"));
                         }
@@ -327,8 +446,8 @@ impl Trainer {
                     })
                 })
                 .collect();
-            let out = self.learn_loop(queue.as_mut(), &board, stop, on_event);
-            board.close();
+            let out = self.learn_loop(queue.as_mut(), &board, Some(&board), stop, on_event);
+            let _ = board.close();
             for h in handles {
                 // An actor's error already reached the learner through the
                 // board; a panic is re-raised here.
@@ -338,14 +457,59 @@ impl Trainer {
         })
     }
 
-    /// The learner's side of [`Trainer::run_async`].
-    fn learn_loop(
+    /// The learner process (`r2vpo llm learn`): [`Trainer::run_async`]
+    /// without actor threads; actor processes ([`run_actor`]) elsewhere
+    /// produce into the queue and receive the weights through `weights`,
+    /// which is closed when the run finishes.
+    pub fn run_learner(
         &mut self,
-        queue: &mut dyn ExperienceQueue,
-        board: &Board,
+        open: &QueueOpener,
+        weights: &dyn WeightChannel,
         stop: &AtomicBool,
         on_event: &mut dyn FnMut(Event),
     ) -> TrainResult<Outcome> {
+        let mut queue = self.open_learner_queue(open, on_event)?;
+        weights.publish(self.progress.iteration as u64, self.progress.queue.consumed(), &self.model)?;
+        let out = self.learn_loop(queue.as_mut(), weights, None, stop, on_event);
+        if matches!(out, Ok(Outcome::Finished)) {
+            weights.close()?;
+        }
+        out
+    }
+
+    /// The start-of-run evaluation, then the learner's queue handle with
+    /// its batch counter restored from the checkpoint.
+    fn open_learner_queue(
+        &mut self,
+        open: &QueueOpener,
+        on_event: &mut dyn FnMut(Event),
+    ) -> TrainResult<Box<dyn ExperienceQueue>> {
+        if self.cfg.eval_at_start && !self.progress.evaluated_start {
+            self.evaluate(on_event)?;
+            self.progress.evaluated_start = true;
+        }
+        let queue_err = |e: QueueError| TrainError::Queue(e.to_string());
+        let mut queue = open().map_err(queue_err)?;
+        let (next, pending) = self.progress.queue.restore_plan();
+        queue.restore_batches(next, &pending).map_err(queue_err)?;
+        Ok(queue)
+    }
+
+    /// The learner's side of [`Trainer::run_async`] and
+    /// [`Trainer::run_learner`]; `board` carries the actor threads' events
+    /// and failures when there are any.
+    fn learn_loop(
+        &mut self,
+        queue: &mut dyn ExperienceQueue,
+        weights: &dyn WeightChannel,
+        board: Option<&Board>,
+        stop: &AtomicBool,
+        on_event: &mut dyn FnMut(Event),
+    ) -> TrainResult<Outcome> {
+        if self.progress.iteration >= self.cfg.iterations {
+            return Ok(Outcome::Finished);
+        }
+        let failure = || board.and_then(Board::failure);
         let need = self.cfg.prompts_per_iter;
         let g = self.cfg.group_size;
         let limits = EntryLimits {
@@ -367,7 +531,7 @@ impl Trainer {
             let mut fresh_lag = BTreeMap::<u64, usize>::new();
             let mut rejected = Vec::new();
             while taken.len() < need {
-                if let Some(why) = board.failure() {
+                if let Some(why) = failure() {
                     return Err(TrainError::Queue(why));
                 }
                 if stop.load(Ordering::SeqCst) {
@@ -380,7 +544,7 @@ impl Trainer {
                 let mut warn = |w: String| eprintln!("warning: {w}");
                 let mut alive = |d: Duration| {
                     std::thread::sleep(d);
-                    !stop.load(Ordering::SeqCst) && board.failure().is_none()
+                    !stop.load(Ordering::SeqCst) && failure().is_none()
                 };
                 let after = pos.read;
                 let Some(read) = retrying("learner", &mut warn, &mut alive, || {
@@ -410,6 +574,9 @@ impl Trainer {
                         }
                         Ok(e) => {
                             pos.mark_done(e.iteration);
+                            if qm.batches.last() != Some(&e.iteration) {
+                                qm.batches.push(e.iteration);
+                            }
                             let lag = (iter as u64).saturating_sub(e.weight_version);
                             if lag > s {
                                 qm.stale_dropped += 1;
@@ -424,7 +591,7 @@ impl Trainer {
             qm.wait_s = t_start.elapsed().as_secs_f64();
             qm.groups = taken.len();
             qm.fresh_lag = fresh_lag.into_iter().collect();
-            for e in rejected.into_iter().chain(board.take_events()) {
+            for e in rejected.into_iter().chain(board.map(Board::take_events).unwrap_or_default()) {
                 if e["event"] == "entry_rejected" {
                     eprintln!("warning: queue entry {} rejected: {}", e["id"], e["reason"]);
                 }
@@ -445,7 +612,7 @@ impl Trainer {
             self.progress.queue = pos;
             if self.progress.iteration < self.cfg.iterations {
                 // After the last iteration the actors are closed, not fed.
-                board.publish(self.progress.iteration as u64, self.progress.queue.consumed(), snapshot(&self.model)?);
+                weights.publish(self.progress.iteration as u64, self.progress.queue.consumed(), &self.model)?;
             }
             if let Some(out) = self.after_iteration(&m, stop, on_event)? {
                 return Ok(out);

@@ -72,6 +72,9 @@ pub struct QueueConfig {
     /// Seconds an actor may hold a batch before it is handed to another
     /// actor (a dead actor's batch is produced once, by someone else).
     pub lease_s: f64,
+    /// Where `llm learn` writes the weight versions actor processes load
+    /// (default `RUN/actor-weights`); every actor must be able to read it.
+    pub weights_dir: Option<String>,
 }
 
 impl Default for QueueConfig {
@@ -81,6 +84,7 @@ impl Default for QueueConfig {
             url: "redis://127.0.0.1:6379/0".into(),
             key: String::new(),
             lease_s: 600.0,
+            weights_dir: None,
         }
     }
 }

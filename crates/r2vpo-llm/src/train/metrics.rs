@@ -124,6 +124,9 @@ pub struct IterMetrics {
 pub struct QueueMetrics {
     /// Fresh groups taken.
     pub groups: usize,
+    /// The batches of the groups read (taken or dropped), in queue order:
+    /// over a run, no batch is missing or repeated.
+    pub batches: Vec<u64>,
     /// Groups dropped for a weight-version lag above `actors.max_staleness`.
     pub stale_dropped: usize,
     /// Entries rejected as malformed (each also an `events.jsonl` line).
