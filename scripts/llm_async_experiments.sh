@@ -5,9 +5,9 @@
 #
 #   scripts/llm_async_experiments.sh
 #
-# Small settings so the eight runs fit about two hours of a 2-core machine:
-# the embedded default config (configs/llm/smollm2-arith.toml) with 10
-# iterations, 64 new tokens and a 50-problem held-out evaluation. One run at
+# Small settings (about 6 minutes a run on a 2-core machine): the embedded
+# default config (configs/llm/smollm2-arith.toml) with 6 iterations, 48 new
+# tokens and a 30-problem held-out evaluation. One run at
 # a time (the learner and both actors share the cores). A run whose folder
 # has a checkpoint is resumed, a finished one (non-empty eval.jsonl) skipped;
 # a finished run's checkpoint is deleted (results/ keeps only logs).
@@ -16,8 +16,8 @@ cd "$(dirname "$0")/.."
 bin=${R2VPO:-target/release/r2vpo}
 out=${OUT:-runs/llm-async}
 config=configs/llm/smollm2-arith.toml
-small=(--set iterations=10 --set sampling.max_new_tokens=64 --set eval.sampling.max_new_tokens=64
-  --set eval.data.count=50 --set checkpoint_every=1 --set histogram_every=1)
+small=(--set iterations=6 --set sampling.max_new_tokens=48 --set eval.sampling.max_new_tokens=48
+  --set eval.data.count=30 --set checkpoint_every=1 --set histogram_every=1)
 runs=(
   "r2vpo-off-s1-seed0|--algo r2vpo-off --seed 0 --set actors.max_staleness=1"
   "grpo-off-s1-seed0|--algo grpo-off --seed 0 --set actors.max_staleness=1"
