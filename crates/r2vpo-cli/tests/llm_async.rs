@@ -111,6 +111,23 @@ fn queue_total(dir: &Path, field: &str) -> u64 {
     lines(dir, "metrics.jsonl").iter().map(|v| v["queue"][field].as_u64().unwrap()).sum()
 }
 
+/// A temporary folder with the tiny config, and the metrics of the
+/// synchronous `llm train` run every async run must match.
+fn setup() -> (tempfile::TempDir, PathBuf, Vec<serde_json::Value>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path());
+    let sync = tmp.path().join("sync");
+    ok(&mut train(&cfg, &sync, &[]));
+    let want = metrics(&sync);
+    assert_eq!(want.len(), ITERATIONS);
+    (tmp, cfg, want)
+}
+
+/// `--set`s that put the queue on the Redis at `url`.
+fn on_redis(url: &str) -> Vec<String> {
+    vec!["--set".into(), "queue.backend=\"redis\"".into(), "--set".into(), format!("queue.url=\"{url}\"")]
+}
+
 fn ok(c: &mut Command) {
     let out = c.output().unwrap();
     assert!(out.status.success(), "failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -128,12 +145,7 @@ fn wait_for_checkpoint(child: &mut Child, dir: &Path, n: usize) {
 
 #[test]
 fn async_with_max_staleness_zero_equals_the_synchronous_run_on_both_queues() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = write_config(tmp.path());
-    let sync = tmp.path().join("sync");
-    ok(&mut train(&cfg, &sync, &[]));
-    let want = metrics(&sync);
-    assert_eq!(want.len(), ITERATIONS);
+    let (tmp, cfg, want) = setup();
 
     let mem = tmp.path().join("memory");
     ok(&mut train(&cfg, &mem, &["--async"]));
@@ -142,11 +154,7 @@ fn async_with_max_staleness_zero_equals_the_synchronous_run_on_both_queues() {
     let redis = Redis::start_anywhere(tmp.path());
     let red = tmp.path().join("redis");
     let url = redis.url();
-    ok(&mut train(
-        &cfg,
-        &red,
-        &["--async", "--set", "queue.backend=\"redis\"", "--set", &format!("queue.url=\"{url}\"")],
-    ));
+    ok(train(&cfg, &red, &["--async"]).args(on_redis(&url)));
     assert_eq!(metrics(&red), want, "async (Redis queue) differs from llm train");
     // The stream keeps exactly the last K iterations' slots.
     let mut q = RedisQueue::open(&url, "r2vpo:redis").unwrap();
@@ -174,17 +182,12 @@ fn async_with_max_staleness_zero_equals_the_synchronous_run_on_both_queues() {
 
 #[test]
 fn a_killed_async_learner_resumes_exactly_and_garbage_in_the_stream_is_skipped() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = write_config(tmp.path());
-    let sync = tmp.path().join("sync");
-    ok(&mut train(&cfg, &sync, &[]));
-    let want = metrics(&sync);
+    let (tmp, cfg, want) = setup();
 
     let redis = Redis::start_anywhere(tmp.path());
     let url = redis.url();
     let run = tmp.path().join("killed");
-    let queue = ["--async", "--set", "queue.backend=\"redis\"", "--set", &format!("queue.url=\"{url}\"")];
-    let mut child = train(&cfg, &run, &queue).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = train(&cfg, &run, &["--async"]).args(on_redis(&url)).stderr(Stdio::null()).spawn().unwrap();
     wait_for_checkpoint(&mut child, &run, 3);
     child.kill().unwrap(); // SIGKILL: learner and actor threads
     child.wait().unwrap();
@@ -207,19 +210,14 @@ fn a_killed_async_learner_resumes_exactly_and_garbage_in_the_stream_is_skipped()
 
 #[test]
 fn a_redis_restart_mid_run_is_retried_and_changes_nothing() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = write_config(tmp.path());
-    let sync = tmp.path().join("sync");
-    ok(&mut train(&cfg, &sync, &[]));
-    let want = metrics(&sync);
+    let (tmp, cfg, want) = setup();
 
     let data = tmp.path().join("redis-data");
     std::fs::create_dir(&data).unwrap();
     let redis = Redis::start_anywhere(&data);
     let (port, url) = (redis.port, redis.url());
     let run = tmp.path().join("restart");
-    let queue = ["--async", "--set", "queue.backend=\"redis\"", "--set", &format!("queue.url=\"{url}\"")];
-    let mut child = train(&cfg, &run, &queue).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = train(&cfg, &run, &["--async"]).args(on_redis(&url)).stderr(Stdio::piped()).spawn().unwrap();
     wait_for_checkpoint(&mut child, &run, 2);
     redis.stop(); // SIGTERM: Redis writes its append-only file and exits
     std::thread::sleep(Duration::from_millis(1500));
@@ -247,11 +245,7 @@ impl Drop for Reaper {
 
 #[test]
 fn learn_with_actor_processes_survives_a_killed_actor_and_equals_the_synchronous_run() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = write_config(tmp.path());
-    let sync = tmp.path().join("sync");
-    ok(&mut train(&cfg, &sync, &[]));
-    let want = metrics(&sync);
+    let (tmp, cfg, want) = setup();
 
     let redis = Redis::start_anywhere(tmp.path());
     let url = redis.url();
@@ -264,7 +258,8 @@ fn learn_with_actor_processes_survives_a_killed_actor_and_equals_the_synchronous
         .arg(&cfg)
         .arg("--out")
         .arg(&run)
-        .args(["--no-export", "--quiet", "--set", "queue.backend=\"redis\"", "--set", &format!("queue.url=\"{url}\"")])
+        .args(["--no-export", "--quiet"])
+        .args(on_redis(&url))
         // A killed actor's batch goes to the other actor after 2 s.
         .args(["--set", "queue.lease_s=2"])
         .stdout(Stdio::null())
