@@ -300,11 +300,11 @@ struct Announcement {
 /// or a shared file system, as prime-rl's shared checkpoint folder. The
 /// newest three versions are kept. `<key>:closed` ends the run.
 pub struct SharedWeights {
-    client: redis::Client,
-    conn: Mutex<Option<Connection>>,
+    /// The run's queue handle, for its connection handling
+    /// ([`RedisQueue::call`]); a mutex because actors share the channel.
+    redis: Mutex<RedisQueue>,
     key: String,
     dir: PathBuf,
-    shown: String,
     poll: Duration,
 }
 
@@ -312,33 +312,16 @@ impl SharedWeights {
     /// The channel of the run whose stream is `key` on the server at
     /// `url`, with weight files under `dir`.
     pub fn open(url: &str, key: &str, dir: &Path) -> Result<Self, QueueError> {
-        let queue = RedisQueue::open(url, key)?;
         Ok(SharedWeights {
-            client: queue.client,
-            conn: Mutex::new(None),
+            redis: Mutex::new(RedisQueue::open(url, key)?),
             key: key.to_string(),
             dir: dir.to_path_buf(),
-            shown: queue.shown,
             poll: Duration::from_millis(100),
         })
     }
 
     fn call<T>(&self, f: impl FnOnce(&mut Connection, &str) -> Result<T, RedisError>) -> Result<T, QueueError> {
-        let mut guard = self.conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if guard.is_none() {
-            let c =
-                self.client.get_connection().map_err(|e| QueueError::Unavailable(format!("{}: {e}", self.shown)))?;
-            *guard = Some(c);
-        }
-        let conn = guard.as_mut().expect("connected");
-        f(conn, &self.key).map_err(|e| {
-            if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
-                *guard = None;
-                QueueError::Unavailable(format!("{}: {e}", self.shown))
-            } else {
-                QueueError::Refused(format!("{} key {}: {e}", self.shown, self.key))
-            }
-        })
+        self.redis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).call(f)
     }
 
     /// Calls `f` until Redis answers, reporting an outage once; a refused
