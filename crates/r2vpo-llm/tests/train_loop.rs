@@ -80,29 +80,33 @@ fn comparable(m: &[IterMetrics]) -> Vec<IterMetrics> {
 fn r2vpo_on_learns_a_synthetic_reward() {
     let dir = tempfile::tempdir().unwrap();
     // One optimizer step per iteration over 4 prompts × 8 samples × 8 tokens.
-    let mut cfg = tiny(20);
+    // 40 iterations at lr 2e-2: the reward rises by ≈ 0.4 here, far above
+    // the ±0.03 batch noise. (20 at 5e-3 rose by 0.06 on one machine and
+    // not at all on another: the trajectory follows the CPU's GEMM
+    // rounding, so the margin must not be thin.)
+    let mut cfg = tiny(40);
     cfg.group_size = 8;
     cfg.rollout_batch = 32;
     cfg.minibatch_size = 32;
     cfg.micro_batch_size = 16;
     cfg.sampling.max_new_tokens = 8;
-    cfg.optim.lr = 5e-3;
+    cfg.optim.lr = 2e-2;
     cfg.checkpoint_every = 0;
     if let Some(r) = cfg.model.random.as_mut() {
         r.init_std = 1.0;
     }
     let m = run(cfg, dir.path());
-    assert_eq!(m.len(), 20);
+    assert_eq!(m.len(), 40);
     let first: f64 = m[..5].iter().map(|x| x.reward_mean).sum::<f64>() / 5.0;
-    let last: f64 = m[15..].iter().map(|x| x.reward_mean).sum::<f64>() / 5.0;
-    assert!(last > first + 0.05, "reward did not rise: first {first:.3}, last {last:.3}");
+    let last: f64 = m[35..].iter().map(|x| x.reward_mean).sum::<f64>() / 5.0;
+    assert!(last > first + 0.15, "reward did not rise: first {first:.3}, last {last:.3}");
     assert!(m.iter().all(|x| x.updates == 1 && x.skipped_steps == 0));
     // Each minibatch is the fresh batch, so ρ = 1 up to the rounding
     // difference between incremental decoding and the full forward pass.
     assert!(m.iter().all(|x| (x.ratio_min - 1.0).abs() < 1e-3 && (x.ratio_max - 1.0).abs() < 1e-3), "{m:?}");
-    // Histograms were written on iterations 0, 2, …, 18.
+    // Histograms were written on iterations 0, 2, …, 38.
     let hist = std::fs::read_to_string(dir.path().join("ratio_hist.jsonl")).unwrap();
-    assert_eq!(hist.lines().count(), 10);
+    assert_eq!(hist.lines().count(), 20);
 }
 
 #[test]
