@@ -28,8 +28,9 @@ pub struct AsyncBenchArgs {
     /// rollout) and left out of the mean.
     #[arg(long, default_value_t = 4)]
     pub iterations: usize,
-    /// Extra config overrides for both modes.
-    #[arg(long = "set", value_name = "KEY=VALUE")]
+    /// Extra config overrides for both modes (as `--set` everywhere:
+    /// [`crate::args::ConfigArgs`]; here `--config` has a default).
+    #[arg(long = "set", value_name = "KEY=VALUE", allow_hyphen_values = true)]
     pub sets: Vec<String>,
     /// Redis for the queue measurement; by default a `redis-server` from
     /// PATH is started on a free loopback port in a temporary folder.
@@ -189,7 +190,7 @@ fn train_mode(a: &AsyncBenchArgs, asynchronous: bool) -> Result<ModeRow> {
     if asynchronous {
         let q = MemoryQueue::new();
         let open = move || Ok(Box::new(q.clone()) as Box<dyn ExperienceQueue>);
-        trainer.run_async(&open, &stop, &mut on_event)?;
+        trainer.run_async(&open, None, &stop, &mut on_event)?;
     } else {
         trainer.run(&stop, &mut on_event)?;
     }

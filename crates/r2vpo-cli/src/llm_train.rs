@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use r2vpo_llm::queue::{ExperienceQueue, MemoryQueue};
+use r2vpo_llm::rollout::RolloutSource;
 use r2vpo_llm::train::asynchronous::{run_actor, QueueOpener};
 use r2vpo_llm::train::{Event, Outcome, QueueBackend, RolloutBackend, TrainConfig, Trainer};
 use r2vpo_queue::{RedisQueue, SharedWeights};
@@ -21,9 +22,10 @@ pub struct TrainArgs {
     /// `--config`, `--set`, `--seed`, `--out`, `--quiet`.
     #[command(flatten)]
     pub run: RunArgs,
-    /// Algorithm preset applied before `--set`: grpo, grpo-ch, gppo, topr,
-    /// grpo-kl, r2vpo-on, r2vpo-off, grpo-off, grpo-ch-off (default: the
-    /// config's own objective and mode).
+    /// Algorithm from the one table (`r2vpo::algo::ALGORITHMS`), applied
+    /// before `--set`: r2vpo-on, r2vpo-off, r2vpo, ppo, grpo, grpo-ch, gppo,
+    /// topr, grpo-kl, is-pg, grpo-off, grpo-ch-off (default: the config's
+    /// own objective and mode).
     #[arg(long)]
     pub algo: Option<String>,
     /// Continue the run in this folder from its latest checkpoint, with its
@@ -99,6 +101,15 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
             (cfg, dir, false)
         }
     };
+    let http_actors = cfg.rollout.backend == RolloutBackend::Http && cfg.actors.asynchronous && role == Role::Train;
+    if http_actors && cfg.rollout.urls.len() < cfg.actors.count {
+        bail!(
+            "rollout.urls: {} server(s) for actors.count = {} actor threads; each actor pushes its weights to \
+             servers of its own, so give at least one URL per actor (or fewer actors)",
+            cfg.rollout.urls.len(),
+            cfg.actors.count
+        );
+    }
     let existing = if resume { Existing::Resume } else { a.run.existing() };
     let fresh_folder = !dir.exists();
     let run = open_run_folder(&dir, existing)?;
@@ -123,11 +134,19 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
             return Err(e);
         }
     };
-    if cfg.rollout.backend == RolloutBackend::Http {
-        let weights = cfg.rollout.weights_dir.as_ref().map_or_else(|| dir.join("weights"), PathBuf::from);
-        let source = r2vpo_serve::HttpRollout::new(&cfg.rollout, &weights)?;
+    let rollout_weights = cfg.rollout.weights_dir.as_ref().map_or_else(|| dir.join("weights"), PathBuf::from);
+    if cfg.rollout.backend == RolloutBackend::Http && !cfg.actors.asynchronous {
+        let source = r2vpo_serve::HttpRollout::new(&cfg.rollout, &rollout_weights)?;
         trainer.set_rollout_source(Box::new(source))?;
     }
+    // Actor threads over rollout servers: actor i owns every count-th URL
+    // and pushes its weights there, from a folder of its own.
+    let actor_sources = |i: usize| -> r2vpo_llm::train::TrainResult<Box<dyn RolloutSource>> {
+        let mut rc = cfg.rollout.clone();
+        rc.urls = cfg.rollout.urls.iter().skip(i).step_by(cfg.actors.count).cloned().collect();
+        let source = r2vpo_serve::HttpRollout::new(&rc, &rollout_weights.join(format!("actor-{i}")))?;
+        Ok(Box::new(source))
+    };
     if resume {
         run.write_config(&config::to_toml(&cfg)?)?;
     }
@@ -176,7 +195,9 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         trainer.run_learner(&*open, &weights, stop.flag(), &mut on_event)
     } else if cfg.actors.asynchronous {
         let open = open_queue(&cfg, resume)?;
-        trainer.run_async(&*open, stop.flag(), &mut on_event)
+        let sources: Option<&r2vpo_llm::train::asynchronous::SourceFactory<'_>> =
+            if http_actors { Some(&actor_sources) } else { None };
+        trainer.run_async(&*open, sources, stop.flag(), &mut on_event)
     } else {
         trainer.run(stop.flag(), &mut on_event)
     };
@@ -229,12 +250,23 @@ pub struct ActorArgs {
     #[arg(long)]
     pub config: PathBuf,
     /// Overrides (`--set queue.url='"redis://10.0.0.5:6379/0"'` on another
-    /// machine).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
+    /// machine), read as [`crate::args::ConfigArgs`] reads them; `--config`
+    /// is required here, so that group is not flattened in.
+    #[arg(long = "set", value_name = "KEY=VALUE", allow_hyphen_values = true)]
     pub sets: Vec<String>,
     /// This actor's name in leases and messages (default `actor-<pid>`).
     #[arg(long)]
     pub name: Option<String>,
+}
+
+/// The folder an actor process writes the weights it pushes to its rollout
+/// servers into: `rollout.weights_dir` when set (a folder those servers
+/// read), else `rollout-weights/<name>` beside the learner's config.toml.
+fn actor_weights_dir(cfg: &TrainConfig, config: &Path, name: &str) -> PathBuf {
+    match &cfg.rollout.weights_dir {
+        Some(d) => PathBuf::from(d),
+        None => config.parent().unwrap_or(Path::new(".")).join("rollout-weights").join(name),
+    }
 }
 
 /// `r2vpo llm actor`: produces batches for a `llm learn` run until the
@@ -255,8 +287,15 @@ pub fn actor(a: &ActorArgs) -> Result<()> {
     // The learner announces where each version lives; this folder is unused.
     let weights = SharedWeights::open(&cfg.queue.url, &cfg.queue.key, Path::new("."))?;
     let stop = Stop::install().context("installing the SIGINT/SIGTERM handlers")?;
-    eprintln!("{name}: producing for stream `{}` at {}", cfg.queue.key, cfg.queue.url);
-    run_actor(&cfg, &name, &mut queue, &weights, stop.flag()).with_context(|| format!("actor {name}"))?;
+    eprintln!("{name}: producing for stream `{}` at {}", cfg.queue.key, r2vpo_queue::hide_password(&cfg.queue.url));
+    let source: Option<Box<dyn RolloutSource>> = match cfg.rollout.backend {
+        RolloutBackend::Http => {
+            let wdir = actor_weights_dir(&cfg, &a.config, &name);
+            Some(Box::new(r2vpo_serve::HttpRollout::new(&cfg.rollout, &wdir)?))
+        }
+        RolloutBackend::Local => None,
+    };
+    run_actor(&cfg, &name, &mut queue, &weights, source, stop.flag()).with_context(|| format!("actor {name}"))?;
     eprintln!("{name}: the run has ended");
     Ok(())
 }

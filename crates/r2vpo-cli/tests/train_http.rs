@@ -204,3 +204,70 @@ fn a_server_with_the_wrong_logprob_mode_or_sampling_is_refused() {
     assert!(!o.status.success());
     assert!(err.contains("no rollout server is available"), "{err}");
 }
+
+/// `llm train --async` with actor threads over rollout servers: each actor
+/// owns one server, pushes every weight version it fetches to it, and the
+/// learner consumes every batch once within the staleness bound.
+#[test]
+fn async_actors_sample_from_their_own_servers_and_push_their_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_dir(&tmp.path().join("init"), 3);
+    let m = model.to_str().unwrap();
+    let servers = [Server::start(&["--model", m]), Server::start(&["--model", m])];
+    let urls: Vec<&str> = servers.iter().map(|s| s.url.as_str()).collect();
+    let cfg = write_config(tmp.path(), &urls, 5);
+    let out = tmp.path().join("run");
+    let args = |out: &Path, extra: &[&str]| {
+        let mut v: Vec<String> = ["--config", cfg.to_str().unwrap(), "--out", out.to_str().unwrap(), "--async"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.extend(["--set", "actors.count=2", "--set", "actors.max_staleness=1"].map(String::from));
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let a = args(&out, &[]);
+    let o = train(&a.iter().map(String::as_str).collect::<Vec<_>>()).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let ms = metrics(&out);
+    assert_eq!(ms.len(), 5);
+    let mut batches = Vec::new();
+    for (i, line) in ms.iter().enumerate() {
+        let q = &line["queue"];
+        assert_eq!(q["stale_dropped"], 0, "{line}");
+        batches.extend(q["batches"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()));
+        for pair in q["fresh_lag"].as_array().unwrap() {
+            assert!(pair[0].as_u64().unwrap() <= 1, "fresh data lags at most max_staleness: {line}");
+        }
+        // The samples carry the version their server reported, which is
+        // the version the actor pushed: within the bound of this iteration.
+        let v = line["rollout_version"].as_u64().unwrap();
+        assert!(v <= i as u64 && v + 1 >= i as u64, "iteration {i}: {line}");
+    }
+    batches.sort_unstable();
+    assert_eq!(batches, (0..5).collect::<Vec<u64>>(), "every batch consumed once");
+    // Each actor pushed to its own server from a folder of its own (the
+    // newest version kept), and each server serves a pushed version.
+    for (i, s) in servers.iter().enumerate() {
+        let pushed: Vec<_> = std::fs::read_dir(out.join(format!("weights/actor-{i}"))).unwrap().flatten().collect();
+        assert_eq!(pushed.len(), 1, "{pushed:?}");
+        let h: serde_json::Value = common::client().get(format!("{}/health", s.url)).send().unwrap().json().unwrap();
+        let v = h["weight_version"].as_str().map(|v| v.parse::<u64>().unwrap()).or(h["weight_version"].as_u64());
+        assert!(v.is_some_and(|v| v >= 1), "server {i} got the actors' pushes: {h}");
+    }
+
+    // One URL per actor is required, and pushes must follow every version:
+    // both refused before a folder is made.
+    let r = tmp.path().join("refused");
+    let a = args(&r, &["--set", "actors.count=3"]);
+    let o = train(&a.iter().map(String::as_str).collect::<Vec<_>>()).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("rollout.urls") && err.contains("actors.count"), "{err}");
+    assert!(!r.exists());
+    let a = args(&r, &["--set", "rollout.sync_every=2"]);
+    let o = train(&a.iter().map(String::as_str).collect::<Vec<_>>()).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("rollout.sync_every"), "{err}");
+    assert!(!r.exists());
+}

@@ -118,8 +118,8 @@ pub struct RedisQueue {
     shown: String,
 }
 
-/// `redis://:secret@host` → `redis://:***@host`.
-fn hide_password(url: &str) -> String {
+/// `redis://:secret@host` → `redis://***@host`: a Redis URL fit for logs.
+pub fn hide_password(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
         _ => url.to_string(),
@@ -419,5 +419,17 @@ impl WeightChannel for SharedWeights {
 
     fn closed(&self) -> bool {
         self.call(|c, key| c.exists::<_, bool>(format!("{key}:closed"))).unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hide_password;
+
+    #[test]
+    fn passwords_never_reach_the_logs() {
+        assert_eq!(hide_password("redis://:s3cret@10.0.0.5:6379/0"), "redis://***@10.0.0.5:6379/0");
+        assert_eq!(hide_password("redis://user:s3cret@host/1"), "redis://***@host/1");
+        assert_eq!(hide_password("redis://127.0.0.1:6379/0"), "redis://127.0.0.1:6379/0");
     }
 }

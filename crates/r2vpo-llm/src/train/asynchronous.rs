@@ -25,6 +25,14 @@
 //! processes of `llm learn` / `llm actor` on different machines, whose
 //! weights travel through a [`WeightChannel`] (a shared folder announced in
 //! Redis, `r2vpo_queue::SharedWeights`).
+//!
+//! Where an actor's samples come from: in-process by default, or from
+//! rollout servers (`rollout.backend = "http"`): each actor then owns its
+//! servers (actor thread `i` of `actors.count` takes every `count`-th URL
+//! of `rollout.urls`; an actor process takes all of its own
+//! `rollout.urls`) and pushes every weight version it fetches to them
+//! before sampling, so its servers never sample from weights older than
+//! the staleness bound allows and two actors never push to one server.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +46,7 @@ use super::metrics::QueueMetrics;
 use super::{load_policy, Actor, DataPosition, Event, Outcome, TrainConfig, TrainError, TrainResult, Trainer};
 use crate::model::Transformer;
 use crate::queue::{EntryId, EntryLimits, ExperienceQueue, GroupEntry, QueueError};
+use crate::rollout::RolloutSource;
 
 /// Where an asynchronous learner stands in its queue; part of every
 /// checkpoint, so a resumed learner neither re-applies nor skips a group.
@@ -81,6 +90,10 @@ impl QueuePosition {
 
 /// Opens one handle on the run's queue (each thread gets its own).
 pub type QueueOpener = dyn Fn() -> Result<Box<dyn ExperienceQueue>, QueueError> + Sync;
+
+/// Makes actor thread `i`'s rollout source (its own rollout servers); the
+/// HTTP client lives in `r2vpo-serve`, so the caller supplies it.
+pub type SourceFactory<'a> = dyn Fn(usize) -> TrainResult<Box<dyn RolloutSource>> + Sync + 'a;
 
 /// How the learner's weights reach the actors, with its progress (batches
 /// consumed) for the staleness bound. One implementation per real thing:
@@ -376,12 +389,14 @@ fn actor_loop(
 /// An actor process (`r2vpo llm actor`): produces batches for the run that
 /// `cfg` describes (its problems, model and reward) into `queue`, with the
 /// weights `weights` announces, until the learner ends the run or `stop` is
-/// raised. Warnings and events go to stderr.
+/// raised. Samples come from `source` (this actor's rollout servers) when
+/// given, else in-process. Warnings and events go to stderr.
 pub fn run_actor(
     cfg: &TrainConfig,
     name: &str,
     queue: &mut dyn ExperienceQueue,
     weights: &dyn WeightChannel,
+    source: Option<Box<dyn RolloutSource>>,
     stop: &AtomicBool,
 ) -> TrainResult<()> {
     cfg.validate()?;
@@ -393,7 +408,11 @@ pub fn run_actor(
         eprintln!("warning: {r}");
     }
     let reward = Arc::new(super::VerifierReward(cfg.verify.clone()));
-    let actor = Actor::new(cfg.clone(), tok, loaded.problems, reward, context)?;
+    let mut actor = Actor::new(cfg.clone(), tok, loaded.problems, reward, context)?;
+    if let Some(source) = source {
+        eprintln!("{name}: sampling from {}", source.describe());
+        actor.set_rollout_source(source)?;
+    }
     let print = |events: Vec<serde_json::Value>| {
         for e in events {
             eprintln!("event: {e}");
@@ -411,12 +430,14 @@ fn derived_owner_nonce() -> u128 {
 impl Trainer {
     /// Runs the remaining iterations asynchronously: `actors.count` actor
     /// threads produce batches into the queue `open` gives, while this
-    /// thread learns from them (see the module docs). Evaluations,
+    /// thread learns from them (see the module docs). Actor `i` samples
+    /// from `sources(i)` when given, else in-process. Evaluations,
     /// checkpoints, metrics and `stop` behave as in [`Trainer::run`]; each
     /// metrics line also carries the queue's side ([`QueueMetrics`]).
     pub fn run_async(
         &mut self,
         open: &QueueOpener,
+        sources: Option<&SourceFactory<'_>>,
         stop: &AtomicBool,
         on_event: &mut dyn FnMut(Event),
     ) -> TrainResult<Outcome> {
@@ -425,7 +446,15 @@ impl Trainer {
         // left by an earlier (killed) process are dead.
         queue.expire_leases().map_err(|e| TrainError::Queue(e.to_string()))?;
         let board = Board::new(self.progress.iteration as u64, self.progress.queue.consumed(), snapshot(&self.model)?);
-        let actors: Vec<Actor> = (0..self.cfg.actors.count).map(|_| self.actor.fork()).collect::<TrainResult<_>>()?;
+        let actors: Vec<Actor> = (0..self.cfg.actors.count)
+            .map(|i| {
+                let mut a = self.actor.fork()?;
+                if let Some(make) = sources {
+                    a.set_rollout_source(make(i)?)?;
+                }
+                Ok(a)
+            })
+            .collect::<TrainResult<_>>()?;
         let cfg = self.cfg.clone();
         let halt = AtomicBool::new(false);
         std::thread::scope(|scope| {
@@ -532,6 +561,10 @@ impl Trainer {
             let mut rejected = Vec::new();
             while taken.len() < need {
                 if let Some(why) = failure() {
+                    // An actor gave up (e.g. none of its rollout servers is
+                    // left): keep what was learned, so `--resume` continues.
+                    let p = self.save_checkpoint()?;
+                    on_event(Event::Checkpoint(&p));
                     return Err(TrainError::Queue(why));
                 }
                 if stop.load(Ordering::SeqCst) {

@@ -604,11 +604,17 @@ impl TrainConfig {
                      policy in an asynchronous run; use `model` or `sampled`",
                 ));
             }
-            if self.rollout.backend == RolloutBackend::Http {
+            if self.rollout.backend == RolloutBackend::Http && self.rollout.sync_every != 1 {
+                // An actor samples batch b with the newest weights it fetched
+                // (at most max_staleness versions old); a server that skipped
+                // pushes would sample older ones and break that bound.
                 return Err(bad(
-                    "rollout.backend",
-                    "asynchronous actors sample in-process in this version; HTTP rollout servers work with the \
-                     synchronous `llm train`",
+                    "rollout.sync_every",
+                    format!(
+                        "asynchronous actors push every weight version they fetch to their servers, which \
+                         keeps the actors.max_staleness bound; set it to 1 (got {})",
+                        self.rollout.sync_every
+                    ),
                 ));
             }
         }
