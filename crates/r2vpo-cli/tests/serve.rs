@@ -132,9 +132,38 @@ fn served_logprobs_equal_the_learners_and_weight_pushes_take_effect() {
     assert_eq!(v4["weight_version"], "3");
     assert_eq!(choices(&v4), cs);
 
-    // SIGTERM: a clean exit.
+    // Pause: a new request waits (reported by /health) until generation
+    // continues, then completes with the same answer.
+    let health = || -> Value { common::client().get(format!("{}/health", s.url)).send().unwrap().json().unwrap() };
+    let (code, v) = post(&format!("{}/pause_generation", s.url), &json!({}));
+    assert_eq!((code, v["weight_version"].as_str()), (200, Some("3")), "{v}");
+    let waiting = |url: String| std::thread::spawn(move || post(&url, &completion(&PROMPT, 4, 12, 1.0, 5)));
+    let pending = waiting(url.clone());
+    let t0 = std::time::Instant::now();
+    while health()["waiting"].as_u64() != Some(1) {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30), "{}", health());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(health()["paused"], true);
+    assert!(!pending.is_finished(), "a paused server admits nothing");
+    let (code, _) = post(&format!("{}/continue_generation", s.url), &json!({}));
+    assert_eq!(code, 200);
+    let (code, v5) = pending.join().unwrap();
+    assert_eq!((code, choices(&v5)), (200, cs.clone()));
+
+    // SIGTERM while paused with a request queued: the queued request is
+    // still answered and the server exits cleanly (it used to wait forever).
+    post(&format!("{}/pause_generation", s.url), &json!({}));
+    let pending = waiting(url.clone());
+    let t0 = std::time::Instant::now();
+    while health()["waiting"].as_u64() != Some(1) {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(30), "{}", health());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let st = s.signal(libc::SIGTERM);
     assert_eq!(st.code(), Some(0), "{st:?}");
+    let (code, v6) = pending.join().unwrap();
+    assert_eq!((code, choices(&v6)), (200, cs));
 }
 
 #[test]

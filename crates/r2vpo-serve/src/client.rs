@@ -169,6 +169,12 @@ impl HttpRollout {
         if status.is_server_error() {
             return Err(Failure::new("http_5xx", format!("{url}: HTTP {status}: {}", snippet(&text))));
         }
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+            // The server's queue is full (`r2vpo serve` answers 429 past
+            // --max-waiting, as vLLM and SGLang do under load): busy, not
+            // wrong, so retried with back-off like a 5xx.
+            return Err(Failure::new("http_429", format!("{url}: HTTP {status}: {}", snippet(&text))));
+        }
         if !status.is_success() {
             // A 4xx says this request is wrong; another server would say
             // the same.

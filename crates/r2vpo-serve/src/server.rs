@@ -230,6 +230,7 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let state =
         Arc::new(AppState { engine: engine.clone(), tok: Arc::new(tok), cfg: cfg.clone(), updating: Mutex::new(()) });
+    let on_signal = engine.clone();
     let result = rt.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", cfg.host, cfg.port).parse().map_err(|e| ServeError::Config {
             field: "host/port".into(),
@@ -244,7 +245,7 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
             mode_name(cfg.logprobs_mode),
             cfg.max_batch
         );
-        axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal()).await?;
+        axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal(on_signal)).await?;
         Ok::<(), ServeError>(())
     });
     engine.shutdown();
@@ -252,13 +253,18 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
     result
 }
 
-async fn shutdown_signal() {
+/// Waits for SIGINT/SIGTERM. A paused engine is resumed then: graceful
+/// shutdown waits for every request in flight, and requests queued behind
+/// `/pause_generation` would otherwise never be admitted, so the server
+/// would never stop.
+async fn shutdown_signal(engine: Engine) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {},
         _ = term.recv() => {},
     }
+    engine.pause(false);
     eprintln!("r2vpo serve: shutting down after the requests in flight");
 }
 

@@ -35,6 +35,8 @@ enum Fault {
     NotJson,
     Hang,
     WrongMode,
+    /// 429: the server's queue is full.
+    Busy,
 }
 
 struct App {
@@ -74,6 +76,7 @@ async fn completions(State(app): State<Arc<App>>, Json(req): Json<Value>) -> Res
         Fault::NotJson => return (StatusCode::OK, "<html>proxy error</html>").into_response(),
         Fault::Hang => tokio::time::sleep(Duration::from_secs(30)).await,
         Fault::WrongMode => v["logprobs_mode"] = json!("processed_logprobs"),
+        Fault::Busy => return (StatusCode::TOO_MANY_REQUESTS, "queue full").into_response(),
     }
     Json(v).into_response()
 }
@@ -138,6 +141,7 @@ fn every_permanent_fault_is_a_clear_error_and_transient_ones_are_retried() {
         (Fault::WrongCount, "protocol", "3 choices for n = 4"),
         (Fault::NotJson, "protocol", "not a completion"),
         (Fault::Hang, "timeout", "timed out"),
+        (Fault::Busy, "http_429", "429"),
     ];
     for (fault, kind, says) in cases {
         // Always faulty: the rollout fails with the last error, after retries.
