@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, Var};
-use r2vpo::stats::median;
+use r2vpo::algo::PRESETS;
+use r2vpo::stats::{mean_std, median};
 use serde::Serialize;
 
 use r2vpo::aggregate::GlobalBatch;
@@ -51,7 +52,7 @@ pub fn core(a: &CoreArgs) -> Result<()> {
     let adv = Tensor::randn(0.0f32, 1.0, (a.batch, 1), &dev)?.broadcast_as(shape)?.contiguous()?;
     let mask = Tensor::ones(shape, DType::F32, &dev)?;
     let global = GlobalBatch::from_mask(&mask)?;
-    let presets = ["grpo", "grpo-ch", "gppo", "topr", "grpo-kl", "is-pg", "r2vpo"];
+    let presets = PRESETS;
     let cfgs = presets.iter().map(|p| ObjectiveConfig::preset(p)).collect::<Result<Vec<_>, _>>()?;
     let step = |cfg: &ObjectiveConfig| -> Result<f64> {
         let t0 = Instant::now();
@@ -74,20 +75,18 @@ pub fn core(a: &CoreArgs) -> Result<()> {
     }
     let mut rows = Vec::new();
     for (name, t) in presets.iter().zip(&mut times) {
-        t.sort_by(f64::total_cmp);
-        let median = t[t.len() / 2];
-        let mean = t.iter().sum::<f64>() / t.len() as f64;
-        let std = (t.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / t.len() as f64).sqrt();
+        let (_, std) = mean_std(t);
+        let ms = median(t);
         rows.push(Row {
             preset: name.to_string(),
             batch: a.batch,
             tokens: a.tokens,
-            ms_per_step: median,
+            ms_per_step: ms,
             ms_std: std,
             relative_to_grpo: 0.0,
         });
     }
-    let base = rows[0].ms_per_step;
+    let base = rows.iter().find(|r| r.preset == "grpo").map_or(rows[0].ms_per_step, |r| r.ms_per_step);
     for r in &mut rows {
         r.relative_to_grpo = r.ms_per_step / base;
     }

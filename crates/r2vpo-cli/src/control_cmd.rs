@@ -9,13 +9,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use r2vpo::stats::mean_std;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use r2vpo_control::run::train_in_folder;
+use r2vpo_control::run::{check_same_config, sweep_state, train_in_folder, SweepRun};
 use r2vpo_control::trainer::{algo_overrides, evaluate_policy, load_policy, TrainConfig, Trainer, UpdateMetrics};
 use r2vpo_control::{VecEnv, VecEnvConfig};
 use r2vpo_report::edge::{Existing, Progress, Stop, StopSignal};
@@ -38,7 +37,9 @@ pub struct TrainArgs {
     /// Task, e.g. `cheetah-run` (overrides the config's `task`).
     #[arg(long)]
     pub task: Option<String>,
-    /// `ppo` or `r2vpo`.
+    /// Algorithm from the one table (`r2vpo::algo::ALGORITHMS`), on-policy
+    /// only here: r2vpo (= r2vpo-on), ppo, grpo, grpo-ch, gppo, topr,
+    /// grpo-kl, is-pg; an unknown or replay name is refused with the list.
     #[arg(long, default_value = "r2vpo")]
     pub algo: String,
     /// Continue the run in this folder from its newest checkpoint (its
@@ -165,10 +166,6 @@ fn train_into(cfg: TrainConfig, dir: &Path, existing: Existing, quiet: bool) -> 
     Ok(out.metrics)
 }
 
-fn read_metrics(path: &Path) -> Result<Vec<UpdateMetrics>> {
-    Ok(r2vpo_report::jsonl::read_records(path)?)
-}
-
 /// `r2vpo control train`.
 pub fn train(a: &TrainArgs) -> Result<()> {
     if let Some(dir) = &a.resume {
@@ -236,13 +233,27 @@ fn return_curve(ms: &[UpdateMetrics]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// `r2vpo control compare`.
+/// `r2vpo control compare`. Every run's config is resolved (and
+/// validated) before `--out` is touched; a run folder left by an earlier
+/// compare is reused (read back when finished, resumed otherwise) only when
+/// its `config.toml` is this compare's config, else refused naming the key.
 pub fn compare(a: &CompareArgs) -> Result<()> {
+    let mut plan = Vec::new();
+    for task in &a.tasks {
+        for algo in &a.algos {
+            for &seed in &a.seeds {
+                let cfg = resolve(a.cfg.config.as_deref(), algo, Some(task), Some(seed), &a.cfg.sets)
+                    .with_context(|| format!("resolving the config of {task}/{algo}/seed {seed}"))?;
+                check_same_config(&cfg, &a.out.join(format!("{task}/{algo}-seed{seed}")))?;
+                plan.push(((task, algo, seed), cfg));
+            }
+        }
+    }
+    let mut plan = plan.into_iter();
     let root = RunDir::create(&a.out)?;
     let total = a.tasks.len() * a.algos.len() * a.seeds.len();
-    let bar = ProgressBar::new(total as u64).with_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} runs  {msg}  [{elapsed}]").expect("static template"),
-    );
+    let mut progress = Progress::new(total as u64, "runs", false, Duration::ZERO);
+    let mut done = 0;
     let mut table = String::from(
         "| task | algorithm | seeds | env steps | final eval return | final training return |\n|---|---|---|---|---|---|\n",
     );
@@ -256,25 +267,15 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
             let mut evals = Vec::new();
             let (mut fin_eval, mut fin_train, mut steps) = (Vec::new(), Vec::new(), 0);
             for &seed in &a.seeds {
-                bar.set_message(format!("{task} {algo} seed {seed}"));
-                let cfg = resolve(a.cfg.config.as_deref(), algo, Some(task), Some(seed), &a.cfg.sets)
-                    .with_context(|| format!("resolving the config of {task}/{algo}/seed {seed}"))?;
+                let (key, cfg) = plan.next().expect("one planned config per run");
+                debug_assert_eq!(key, (task, algo, seed));
+                progress.status(done, &format!("{task} {algo} seed {seed}"));
                 let dir = root.join(format!("{task}/{algo}-seed{seed}"));
                 // Resumable: finished runs are read back, interrupted ones continue.
-                let ms = if dir.join("summary.json").exists()
-                    && read_metrics(&dir.join("metrics.jsonl"))?
-                        .last()
-                        .is_some_and(|m| m.env_steps >= cfg.total_env_steps)
-                {
-                    read_metrics(&dir.join("metrics.jsonl"))?
-                } else {
-                    let resume = dir.join("checkpoints").exists()
-                        && r2vpo_control::trainer::latest_checkpoint(&dir.join("checkpoints")).is_ok();
-                    if !resume && dir.join("metrics.jsonl").exists() {
-                        std::fs::remove_file(dir.join("metrics.jsonl"))?;
-                    }
-                    // A partial run without a checkpoint starts afresh.
-                    train_into(cfg, &dir, if resume { Existing::Resume } else { Existing::Overwrite }, true)?
+                let ms = match sweep_state(&cfg, &dir)? {
+                    SweepRun::Finished(ms) => ms,
+                    SweepRun::Resume => train_into(cfg, &dir, Existing::Resume, true)?,
+                    SweepRun::Fresh => train_into(cfg, &dir, Existing::Overwrite, true)?,
                 };
                 curves.push(return_curve(&ms));
                 evals.push(
@@ -287,7 +288,8 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
                     fin_train.push(r);
                 }
                 steps = ms.last().map_or(0, |m| m.env_steps);
-                bar.inc(1);
+                done += 1;
+                progress.update(done, &format!("{task} {algo} seed {seed} done"));
             }
             let (m, b) = mean_std_band(&curves);
             chart.push(Series::line(algo.clone(), m).with_band(b).with_color(ai));
@@ -311,7 +313,7 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
         panels.push(chart);
         eval_panels.push(echart);
     }
-    bar.finish_and_clear();
+    progress.finish();
     let cols = panels.len().min(2);
     let mut written = Grid::new(cols, panels).save(&root.join("learning_curves"))?;
     written.extend(Grid::new(cols, eval_panels).save(&root.join("eval_curves"))?);

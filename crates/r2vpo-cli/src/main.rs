@@ -257,12 +257,12 @@ fn config_show(a: &ConfigShowArgs) -> Result<()> {
     let text = match a.kind.as_str() {
         "toy" => {
             let c = config::load::<r2vpo_toy::ToyConfig>(a.cfg.config.as_deref(), &a.cfg.sets)?;
-            c.validate()?;
+            c.validate().with_context(|| config::source(a.cfg.config.as_deref(), &a.cfg.sets))?;
             config::to_toml(&c)?
         }
         "control" => {
             let c = config::load::<r2vpo_control::trainer::TrainConfig>(a.cfg.config.as_deref(), &a.cfg.sets)?;
-            c.validate()?;
+            c.validate().with_context(|| config::source(a.cfg.config.as_deref(), &a.cfg.sets))?;
             config::to_toml(&c)?
         }
         "llm-eval" => config::to_toml(&llm_eval::load_config(a.cfg.config.as_deref(), &a.cfg.sets)?)?,
@@ -388,9 +388,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// The one algorithm table ([`r2vpo::algo::ALGORITHMS`]) seen through every
-/// trainer's `--algo`: each name gives the same objective and mode in the
-/// toy, control and LLM configs, and the README lists exactly the table.
+/// Argument parsing and error printing of the binary.
 #[cfg(test)]
 mod cli_tests {
     use clap::Parser;
@@ -419,6 +417,9 @@ mod cli_tests {
     }
 }
 
+/// The one algorithm table ([`r2vpo::algo::ALGORITHMS`]) seen through every
+/// trainer's `--algo`: each name gives the same objective and mode in the
+/// toy, control and LLM configs, and the README lists exactly the table.
 #[cfg(test)]
 mod algo_table_tests {
     use r2vpo::algo::{Mode, ALGORITHMS};

@@ -2,9 +2,10 @@
 //! the [`r2vpo_toy`] trainer.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
-use r2vpo_report::edge::{open_run_folder, Existing};
+use r2vpo_report::edge::{open_run_folder, Existing, Progress};
 use r2vpo_report::RunDir;
 use r2vpo_toy::{compare_report, train, IterMetrics, ToyConfig};
 
@@ -22,8 +23,9 @@ pub struct TrainArgs {
     /// `--config`, `--set`, `--seed`, `--out`, `--quiet`.
     #[command(flatten)]
     pub run: RunArgs,
-    /// Algorithm preset applied before `--set`: grpo, grpo-ch, gppo, topr,
-    /// grpo-kl, r2vpo-on, r2vpo-off, grpo-off, grpo-ch-off.
+    /// Algorithm from the one table (`r2vpo::algo::ALGORITHMS`), applied
+    /// before `--set`: r2vpo-on, r2vpo-off, r2vpo, ppo, grpo, grpo-ch, gppo,
+    /// topr, grpo-kl, is-pg, grpo-off, grpo-ch-off.
     #[arg(long)]
     pub algo: Option<String>,
 }
@@ -73,30 +75,43 @@ pub fn cmd_train(a: &TrainArgs) -> Result<()> {
 }
 
 /// `r2vpo toy compare`: algorithms × seeds, reward curves with mean ± std
-/// bands, the λ trajectory, and a Markdown table of final values.
+/// bands, the λ trajectory, and a Markdown table of final values. Every
+/// run's config is resolved and validated before `--out` is touched, so a
+/// bad `--set` leaves no folder behind.
 pub fn cmd_compare(a: &CompareArgs) -> Result<()> {
-    let existing = if a.overwrite { Existing::Overwrite } else { Existing::Refuse };
-    let root = open_run_folder(&a.out, existing)?;
-    let bar = indicatif::ProgressBar::new((a.algos.len() * a.seeds.len()) as u64).with_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} runs  {msg}  [{elapsed}]")
-            .expect("static template"),
-    );
-    let mut curves: Vec<(String, Vec<Vec<IterMetrics>>)> = Vec::new();
+    let mut plan: Vec<(String, Vec<(u64, ToyConfig)>)> = Vec::new();
     for algo in &a.algos {
         let mut runs = Vec::new();
         for &seed in &a.seeds {
-            bar.set_message(format!("{algo} seed {seed}"));
             let mut sets = a.cfg.sets.clone();
             sets.push(format!("seed={seed}"));
             let cfg = resolve(a.cfg.config.as_deref(), Some(algo), &sets)
-                .with_context(|| format!("resolving the config of {algo}"))?;
-            let run = RunDir::create(root.join(format!("{algo}-seed{seed}")))?;
-            runs.push(train(&cfg, Some(&run), true)?.metrics);
-            bar.inc(1);
+                .and_then(|c| {
+                    c.validate()?;
+                    Ok(c)
+                })
+                .with_context(|| format!("the config of {algo} seed {seed}"))?;
+            runs.push((seed, cfg));
         }
-        curves.push((algo.clone(), runs));
+        plan.push((algo.clone(), runs));
     }
-    bar.finish_and_clear();
+    let existing = if a.overwrite { Existing::Overwrite } else { Existing::Refuse };
+    let root = open_run_folder(&a.out, existing)?;
+    let mut progress = Progress::new((a.algos.len() * a.seeds.len()) as u64, "runs", false, Duration::ZERO);
+    let mut curves: Vec<(String, Vec<Vec<IterMetrics>>)> = Vec::new();
+    let mut done = 0;
+    for (algo, runs) in plan {
+        let mut metrics = Vec::new();
+        for (seed, cfg) in runs {
+            progress.status(done, &format!("{algo} seed {seed}"));
+            let run = RunDir::create(root.join(format!("{algo}-seed{seed}")))?;
+            metrics.push(train(&cfg, Some(&run), true)?.metrics);
+            done += 1;
+            progress.update(done, &format!("{algo} seed {seed} done"));
+        }
+        curves.push((algo, metrics));
+    }
+    progress.finish();
     let (table, reward_png) = compare_report(&root, &curves)?;
     println!("{table}");
     println!("plots: {}", reward_png.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));

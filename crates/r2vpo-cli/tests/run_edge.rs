@@ -169,10 +169,45 @@ fn toy_train_refuses_a_used_folder_unless_overwrite_and_bad_configs_leave_none()
         a.extend(extra);
         bin().args(&a).output().unwrap()
     };
+    // A config that fails validation leaves no compare folder either.
+    let bad = compare(&["--set", "lr=nan"]);
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("lr"));
+    assert!(!cmp.exists(), "a rejected compare must leave no folder");
     assert!(compare(&[]).status.success());
     let again = compare(&[]);
     assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("--overwrite"));
     assert!(compare(&["--overwrite"]).status.success());
+}
+
+/// `control compare` validates every run's config before making `--out`,
+/// reads a finished run back only when it was made with the same config,
+/// and prints plain progress lines when not on a terminal.
+#[test]
+fn control_compare_validates_first_and_refuses_a_run_made_with_another_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("cmp");
+    let compare = |extra: &[&str]| {
+        let mut a = vec!["control", "compare", "--tasks", "cartpole-balance", "--algos", "ppo", "--seeds", "0"];
+        for s in ["num_envs=4", "unroll=8", "batch_size=4", "minibatches=2", "epochs=1", "total_env_steps=64"] {
+            a.extend(["--set", s]);
+        }
+        a.extend(["--set", "eval_every=0", "--set", "eval_episodes=0", "--out", out.to_str().unwrap()]);
+        a.extend(extra);
+        bin().args(&a).output().unwrap()
+    };
+    let bad = compare(&["--set", "lr=-1"]);
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("lr"));
+    assert!(!out.exists(), "a rejected compare must leave no folder");
+    let ok = compare(&[]);
+    let err = String::from_utf8_lossy(&ok.stderr);
+    assert!(ok.status.success(), "{err}");
+    assert!(err.contains("runs 1/1"), "plain progress line: {err}");
+    // The same compare again reads the finished run back...
+    assert!(compare(&[]).status.success());
+    // ...but one with another learning rate does not silently reuse it.
+    let other = compare(&["--set", "lr=0.001"]);
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success() && err.contains("`lr`") && err.contains("config.toml"), "{err}");
 }
 
 #[test]
@@ -188,6 +223,7 @@ fn validation_errors_blame_the_set_and_config_show_validates() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "{kind} --set {set} was accepted");
         assert!(err.contains(key), "{kind} --set {set}: {err}");
+        assert!(err.contains(&format!("--set {set}")), "{kind}: the --set is named: {err}");
     }
     let o = bin().args(["config", "show", "llm-train", "--set", "optim.lr=-1"]).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);

@@ -170,6 +170,76 @@ fn learning_curve(cfg: &TrainConfig, all: &[UpdateMetrics]) -> LineChart {
     chart
 }
 
+/// What a resumable sweep (`control compare`) does with one run's folder.
+#[derive(Debug)]
+pub enum SweepRun {
+    /// The run reached `total_env_steps`: its metrics, read back.
+    Finished(Vec<UpdateMetrics>),
+    /// The run stopped after a checkpoint: resume it.
+    Resume,
+    /// Nothing usable (no folder, or no checkpoint; a partial metrics log
+    /// is removed): train it afresh.
+    Fresh,
+}
+
+/// Refuses a run folder made with another config than `cfg` (naming the
+/// first differing key; `total_env_steps` may grow, which continues the
+/// run), so a sweep never reads back or resumes a run it did not ask for.
+pub fn check_same_config(cfg: &TrainConfig, dir: &Path) -> TrainResult<()> {
+    let path = dir.join("config.toml");
+    if !path.exists() {
+        return Ok(());
+    }
+    let file = |message: String| TrainError::File { path: path.clone(), message };
+    let text = std::fs::read_to_string(&path).map_err(|e| file(e.to_string()))?;
+    let was: TrainConfig = toml::from_str(&text).map_err(|e| file(e.to_string()))?;
+    let json = |c: &TrainConfig| serde_json::to_value(c).map_err(|e| file(e.to_string()));
+    match first_difference(&json(&was)?, &json(cfg)?, "") {
+        Some(key) => Err(file(format!(
+            "this run was made with a different `{key}` than asked for now; use a new --out (or delete the folder)"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The first key (dotted path) whose value differs, `total_env_steps` aside.
+fn first_difference(a: &serde_json::Value, b: &serde_json::Value, path: &str) -> Option<String> {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().filter(|k| !(path.is_empty() && k.as_str() == "total_env_steps")).find_map(|k| {
+                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                match (x.get(k), y.get(k)) {
+                    (Some(u), Some(v)) => first_difference(u, v, &p),
+                    _ => Some(p),
+                }
+            })
+        }
+        _ => (a != b).then(|| path.to_string()),
+    }
+}
+
+/// Where the run in `dir` stands for a sweep asking for `cfg` (see
+/// [`SweepRun`]); call [`check_same_config`] first.
+pub fn sweep_state(cfg: &TrainConfig, dir: &Path) -> TrainResult<SweepRun> {
+    let metrics = dir.join("metrics.jsonl");
+    if dir.join("summary.json").exists() {
+        let ms: Vec<UpdateMetrics> = r2vpo_report::jsonl::read_records(&metrics)?;
+        if ms.last().is_some_and(|m| m.env_steps >= cfg.total_env_steps) {
+            return Ok(SweepRun::Finished(ms));
+        }
+    }
+    if crate::trainer::latest_checkpoint(&dir.join("checkpoints")).is_ok() {
+        return Ok(SweepRun::Resume);
+    }
+    if metrics.exists() {
+        std::fs::remove_file(&metrics)
+            .map_err(|e| TrainError::File { path: metrics.clone(), message: e.to_string() })?;
+    }
+    Ok(SweepRun::Fresh)
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering;
