@@ -154,6 +154,11 @@ impl RedisQueue {
             if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
                 self.conn = None;
                 QueueError::Unavailable(format!("{}: {e}", self.shown))
+            } else if matches!(e.retry_method(), redis::RetryMethod::WaitAndRetry) {
+                // LOADING (a restarted server still reading its append-only
+                // file), TRYAGAIN, MASTERDOWN: the server is up but not
+                // ready; the same call succeeds later.
+                QueueError::Unavailable(format!("{}: {e}", self.shown))
             } else {
                 QueueError::Refused(format!("{} key {}: {e}", self.shown, self.key))
             }
