@@ -191,7 +191,7 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         }
         let open = open_queue(&cfg, resume)?;
         let wdir = cfg.queue.weights_dir.as_ref().map_or_else(|| dir.join("actor-weights"), PathBuf::from);
-        let weights = SharedWeights::open(&cfg.queue.url, &cfg.queue.key, &wdir)?;
+        let weights = SharedWeights::open(redis_queue(&cfg)?, &wdir)?;
         trainer.run_learner(&*open, &weights, stop.flag(), &mut on_event)
     } else if cfg.actors.asynchronous {
         let open = open_queue(&cfg, resume)?;
@@ -232,14 +232,24 @@ fn open_queue(cfg: &TrainConfig, resume: bool) -> Result<Box<QueueOpener>> {
             Box::new(move || Ok(Box::new(q.clone()) as Box<dyn ExperienceQueue>))
         }
         QueueBackend::Redis => {
-            let (url, key) = (cfg.queue.url.clone(), cfg.queue.key.clone());
-            let mut first = RedisQueue::open(&url, &key).map_err(|e| anyhow::anyhow!("queue.url: {e}"))?;
+            let key = cfg.queue.key.clone();
+            let mut first = redis_queue(cfg)?;
             if !resume {
                 first.clear().map_err(|e| anyhow::anyhow!("clearing the stream `{key}`: {e}"))?;
             }
-            Box::new(move || Ok(Box::new(RedisQueue::open(&url, &key)?) as Box<dyn ExperienceQueue>))
+            let q = cfg.queue.clone();
+            Box::new(move || {
+                Ok(Box::new(RedisQueue::open_tls(&q.url, &q.key, q.tls_ca.as_deref().map(Path::new))?)
+                    as Box<dyn ExperienceQueue>)
+            })
         }
     })
+}
+
+/// The run's Redis queue (`queue.url`, `queue.key`, `queue.tls_ca`).
+fn redis_queue(cfg: &TrainConfig) -> Result<RedisQueue> {
+    RedisQueue::open_tls(&cfg.queue.url, &cfg.queue.key, cfg.queue.tls_ca.as_deref().map(Path::new))
+        .map_err(|e| anyhow::anyhow!("queue.url: {e}"))
 }
 
 /// `r2vpo llm actor` arguments.
@@ -283,9 +293,9 @@ pub fn actor(a: &ActorArgs) -> Result<()> {
         );
     }
     let name = a.name.clone().unwrap_or_else(|| format!("actor-{}", std::process::id()));
-    let mut queue = RedisQueue::open(&cfg.queue.url, &cfg.queue.key)?;
+    let mut queue = redis_queue(&cfg)?;
     // The learner announces where each version lives; this folder is unused.
-    let weights = SharedWeights::open(&cfg.queue.url, &cfg.queue.key, Path::new("."))?;
+    let weights = SharedWeights::open(redis_queue(&cfg)?, Path::new("."))?;
     let stop = Stop::install().context("installing the SIGINT/SIGTERM handlers")?;
     eprintln!("{name}: producing for stream `{}` at {}", cfg.queue.key, r2vpo_queue::hide_password(&cfg.queue.url));
     let source: Option<Box<dyn RolloutSource>> = match cfg.rollout.backend {

@@ -200,12 +200,25 @@ fn a_killed_async_learner_resumes_exactly_and_garbage_in_the_stream_is_skipped()
     let next = held.last().unwrap().0.iteration + 1;
     q.publish_raw(next, b"not json").unwrap();
     q.publish_raw(next, br#"{"schema": 999}"#).unwrap();
+    // ...and a well-formed group claiming a batch number no actor leased.
+    let mut far = held.iter().find_map(|(_, e)| e.as_ref().ok()).expect("a valid entry").clone();
+    far.iteration = 1 << 40;
+    q.publish_raw(next, &far.encode()).unwrap();
 
     ok(&mut resume(&run));
     assert_eq!(metrics(&run), want, "the resumed async run differs from llm train");
-    assert_eq!(queue_total(&run, "rejected"), 2);
-    let rejected = lines(&run, "events.jsonl").into_iter().filter(|e| e["event"] == "entry_rejected").count();
-    assert_eq!(rejected, 2);
+    // After the kill and the resume the stream holds exactly the last K
+    // slots (the garbage's slot is one of the slots, so slots are counted
+    // and checked consecutive, not named).
+    let held = q.read_after(None, 100, &Default::default()).unwrap();
+    let mut slots: Vec<u64> = held.iter().map(|(id, _)| id.iteration).collect();
+    slots.dedup();
+    assert_eq!(slots.len() as u64, K, "{slots:?}");
+    assert!(slots.windows(2).all(|w| w[1] == w[0] + 1), "{slots:?}");
+    assert_eq!(queue_total(&run, "rejected"), 3);
+    let rejected: Vec<_> = lines(&run, "events.jsonl").into_iter().filter(|e| e["event"] == "entry_rejected").collect();
+    assert_eq!(rejected.len(), 3);
+    assert!(rejected.iter().any(|e| e["reason"].as_str().unwrap().contains("far ahead")), "{rejected:?}");
 }
 
 #[test]
@@ -226,6 +239,12 @@ fn a_redis_restart_mid_run_is_retried_and_changes_nothing() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("retrying with back-off"), "the outage was not reported: {stderr}");
+    // Reported once by each part that met it (learner, actor 0, actor 1),
+    // not once per retry.
+    for who in ["learner:", "actor 0:", "actor 1:"] {
+        let n = stderr.lines().filter(|l| l.contains(who) && l.contains("retrying with back-off")).count();
+        assert!(n <= 1, "{who} reported the outage {n} times: {stderr}");
+    }
     assert_eq!(metrics(&run), want, "a Redis restart changed what was learned");
 }
 

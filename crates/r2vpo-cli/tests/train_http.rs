@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::{root, tiny_dir, Server};
 
+#[path = "../../r2vpo-queue/tests/support/redis_server.rs"]
+mod redis_server;
+
 fn write_config(dir: &Path, urls: &[&str], iterations: usize) -> PathBuf {
     let gguf = common::gguf();
     let urls: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
@@ -270,4 +273,49 @@ fn async_actors_sample_from_their_own_servers_and_push_their_weights() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("rollout.sync_every"), "{err}");
     assert!(!r.exists());
+}
+
+/// `llm learn` with an `llm actor` process that samples from its own
+/// `r2vpo serve` (Redis queue): the actor pushes the versions it fetches to
+/// its server from `RUN/rollout-weights/<name>`, and the run finishes.
+#[test]
+fn an_actor_process_samples_from_its_own_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_dir(&tmp.path().join("init"), 3);
+    let server = Server::start(&["--model", model.to_str().unwrap()]);
+    let redis = redis_server::Redis::start_anywhere(tmp.path());
+    let cfg = write_config(tmp.path(), &[&server.url], 4);
+    let run = tmp.path().join("run");
+    let r2vpo = env!("CARGO_BIN_EXE_r2vpo");
+    let learner = Command::new(r2vpo)
+        .current_dir(root())
+        .args(["--threads", "1", "llm", "learn", "--quiet", "--no-export", "--config", cfg.to_str().unwrap()])
+        .args(["--out", run.to_str().unwrap(), "--set", "queue.backend=\"redis\""])
+        .args(["--set", &format!("queue.url=\"{}\"", redis.url()), "--set", "actors.max_staleness=1"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let resolved = run.join("config.toml");
+    let t0 = Instant::now();
+    while !resolved.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the learner wrote no config.toml");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let actor = Command::new(r2vpo)
+        .current_dir(root())
+        .args(["--threads", "1", "llm", "actor", "--config", resolved.to_str().unwrap(), "--name", "a0"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = learner.wait_with_output().unwrap();
+    assert!(o.status.success(), "learner: {}", String::from_utf8_lossy(&o.stderr));
+    let o = actor.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.contains("sampling from http"), "actor: {err}");
+    assert_eq!(metrics(&run).len(), 4);
+    let pushed: Vec<_> = std::fs::read_dir(run.join("rollout-weights/a0")).unwrap().flatten().collect();
+    assert_eq!(pushed.len(), 1, "{pushed:?}");
+    let h: serde_json::Value = common::client().get(format!("{}/health", server.url)).send().unwrap().json().unwrap();
+    let v = h["weight_version"].as_str().map(|v| v.parse::<u64>().unwrap()).or(h["weight_version"].as_u64());
+    assert!(v.is_some_and(|v| v >= 1), "the actor pushed to its server: {h}");
 }

@@ -25,6 +25,7 @@
 use r2vpo_llm::queue::{EntryId, EntryLimits, ExperienceQueue, GroupEntry, QueueError, ReadBatch};
 use redis::streams::StreamRangeReply;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -126,17 +127,58 @@ pub fn hide_password(url: &str) -> String {
     }
 }
 
+/// The TLS handshake failure behind `e`, if the connection failed on a
+/// certificate or protocol error (which no retry can fix) rather than on
+/// the network.
+fn tls_refusal(e: &RedisError) -> Option<String> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let tls = c.downcast_ref::<rustls::Error>().or_else(|| {
+            c.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|i| i.downcast_ref::<rustls::Error>())
+        });
+        if let Some(t) = tls {
+            return Some(t.to_string());
+        }
+        cause = c.source();
+    }
+    // The redis crate may keep only the text of the I/O error.
+    let text = e.to_string();
+    (text.contains("invalid peer certificate") || text.contains("InvalidCertificate")).then_some(text)
+}
+
 impl RedisQueue {
     /// A queue at `key` on the server at `url`. Nothing is contacted until
-    /// the first call.
+    /// the first call. `rediss://` connects over TLS and checks the
+    /// server's certificate against the system's roots (see
+    /// [`RedisQueue::open_tls`] for a CA of your own; `rediss://…/#insecure`
+    /// skips the check).
     pub fn open(url: &str, key: &str) -> Result<Self, QueueError> {
+        Self::open_tls(url, key, None)
+    }
+
+    /// [`RedisQueue::open`], with the server's certificate checked against
+    /// the CA certificates (PEM) in `ca_file` instead of the system's roots
+    /// (a self-signed Redis); `ca_file` needs a `rediss://` URL.
+    pub fn open_tls(url: &str, key: &str, ca_file: Option<&Path>) -> Result<Self, QueueError> {
         let shown = hide_password(url);
-        if url.starts_with("rediss://") {
-            return Err(QueueError::Refused(format!(
-                "{shown}: TLS (rediss://) is not built into r2vpo; reach Redis through a tunnel or a private network"
-            )));
-        }
-        let client = redis::Client::open(url).map_err(|e| QueueError::Refused(format!("{shown}: {e}")))?;
+        let refused = |m: String| QueueError::Refused(format!("{shown}: {m}"));
+        let client = match ca_file {
+            None => redis::Client::open(url).map_err(|e| refused(e.to_string()))?,
+            Some(ca) => {
+                if !url.starts_with("rediss://") {
+                    return Err(refused(format!(
+                        "a CA file ({}) was given for a URL without TLS; use rediss://",
+                        ca.display()
+                    )));
+                }
+                let pem = std::fs::read(ca).map_err(|e| refused(format!("the CA file {}: {e}", ca.display())))?;
+                let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(pem) };
+                redis::Client::build_with_tls(url, certs)
+                    .map_err(|e| refused(format!("the CA file {}: {e}", ca.display())))?
+            }
+        };
         Ok(RedisQueue { client, conn: None, key: key.to_string(), shown })
     }
 
@@ -145,13 +187,23 @@ impl RedisQueue {
     /// [`QueueError::Unavailable`].
     fn call<T>(&mut self, f: impl FnOnce(&mut Connection, &str) -> Result<T, RedisError>) -> Result<T, QueueError> {
         if self.conn.is_none() {
-            let c =
-                self.client.get_connection().map_err(|e| QueueError::Unavailable(format!("{}: {e}", self.shown)))?;
+            let c = self.client.get_connection().map_err(|e| {
+                if let Some(why) = tls_refusal(&e) {
+                    // A certificate the client does not trust stays
+                    // untrusted: said once, not retried forever.
+                    QueueError::Refused(format!("{}: TLS: {why} (queue.tls_ca names a CA file)", self.shown))
+                } else {
+                    QueueError::Unavailable(format!("{}: {e}", self.shown))
+                }
+            })?;
             self.conn = Some(c);
         }
         let conn = self.conn.as_mut().expect("connected");
         f(conn, &self.key).map_err(|e| {
-            if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
+            if let Some(why) = tls_refusal(&e) {
+                self.conn = None;
+                QueueError::Refused(format!("{}: TLS: {why} (queue.tls_ca names a CA file)", self.shown))
+            } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
                 self.conn = None;
                 QueueError::Unavailable(format!("{}: {e}", self.shown))
             } else if matches!(e.retry_method(), redis::RetryMethod::WaitAndRetry) {
@@ -311,17 +363,20 @@ pub struct SharedWeights {
     key: String,
     dir: PathBuf,
     poll: Duration,
+    /// An outage seen by [`WeightChannel::fetch`] was reported (once).
+    outage: AtomicBool,
 }
 
 impl SharedWeights {
-    /// The channel of the run whose stream is `key` on the server at
-    /// `url`, with weight files under `dir`.
-    pub fn open(url: &str, key: &str, dir: &Path) -> Result<Self, QueueError> {
+    /// The channel of the run whose queue is `queue` (its server, TLS
+    /// settings and stream key), with weight files under `dir`.
+    pub fn open(queue: RedisQueue, dir: &Path) -> Result<Self, QueueError> {
         Ok(SharedWeights {
-            redis: Mutex::new(RedisQueue::open(url, key)?),
-            key: key.to_string(),
+            key: queue.key.clone(),
+            redis: Mutex::new(queue),
             dir: dir.to_path_buf(),
             poll: Duration::from_millis(100),
+            outage: AtomicBool::new(false),
         })
     }
 
@@ -333,15 +388,17 @@ impl SharedWeights {
     /// call is an error.
     fn patiently<T>(&self, what: &str, mut f: impl FnMut() -> Result<T, QueueError>) -> TrainResult<T> {
         let mut reported = false;
+        let mut backoff = self.poll;
         loop {
             match f() {
                 Ok(v) => return Ok(v),
                 Err(QueueError::Unavailable(e)) => {
                     if !reported {
-                        eprintln!("warning: {what}: {e}; retrying");
+                        eprintln!("warning: {what}: {e}; retrying with back-off");
                         reported = true;
                     }
-                    std::thread::sleep(self.poll * 5);
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 Err(e) => return Err(TrainError::Queue(e.to_string())),
             }
@@ -392,9 +449,24 @@ impl WeightChannel for SharedWeights {
             if self.closed() {
                 return Ok(Fetched::Closed);
             }
-            let text: Option<String> = self.patiently("reading the weights announcement", || {
-                self.call(|c, key| c.get(format!("{key}:weights")))
-            })?;
+            // An outage is not waited out here: the fetch reports it once and
+            // answers Pending at its deadline, so the actor's own loop (which
+            // backs off and watches its stop flag) decides what happens next.
+            let text: Option<String> = match self.call(|c, key| c.get(format!("{key}:weights"))) {
+                Ok(t) => {
+                    if self.outage.swap(false, Ordering::SeqCst) {
+                        eprintln!("warning: reading the weights announcement: Redis is back");
+                    }
+                    t
+                }
+                Err(QueueError::Unavailable(e)) => {
+                    if !self.outage.swap(true, Ordering::SeqCst) {
+                        eprintln!("warning: reading the weights announcement: {e}; retrying with back-off");
+                    }
+                    None
+                }
+                Err(e) => return Err(TrainError::Queue(e.to_string())),
+            };
             if let Some(text) = text {
                 let a: Announcement = serde_json::from_str(&text).map_err(|e| {
                     TrainError::Queue(format!("{}:weights is not an announcement ({e}): {text}", self.key))

@@ -593,6 +593,13 @@ where
         let style = col.stroke_width(width);
         let pts: Vec<(f64, f64)> = s.points.iter().copied().filter(|&p| visible(c, p)).collect();
         let r = px(3.0).max(2);
+        // A line through one point draws nothing (a run evaluated once, at
+        // its end): mark the point so the series is seen.
+        if let [only] = pts[..] {
+            if s.style != LineStyle::Points {
+                chart.draw_series(std::iter::once(Circle::new(only, r, col.filled()))).map_err(err)?;
+            }
+        }
         let anno = match s.style {
             LineStyle::Solid => chart.draw_series(LineSeries::new(pts, style)).map_err(err)?,
             LineStyle::Dashed => chart.draw_series(DashedLineSeries::new(pts, px(8.0), px(5.0), style)).map_err(err)?,
@@ -791,5 +798,16 @@ mod tests {
         let ratio_ticks: Vec<String> = texts.iter().filter(|t| t.starts_with("1.000")).map(|t| t.to_string()).collect();
         assert!(ratio_ticks.len() >= 4, "{texts:?}");
         assert_distinct(&ratio_ticks);
+    }
+
+    #[test]
+    fn a_single_point_line_is_drawn_as_a_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = LineChart::new("held-out", "iteration", "avg@k");
+        c.push(Series::line("one eval", vec![(6.0, 0.2)]).with_color(0));
+        let files = Grid::new(1, vec![c]).save(&dir.path().join("one")).unwrap();
+        let svg = files.iter().find(|f| f.extension().is_some_and(|e| e == "svg")).unwrap();
+        let svg = std::fs::read_to_string(svg).unwrap();
+        assert!(svg.contains("<circle"), "the lone point is not drawn: {svg}");
     }
 }

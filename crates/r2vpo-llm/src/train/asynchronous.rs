@@ -88,6 +88,11 @@ impl QueuePosition {
     }
 }
 
+/// How many batches beyond the staleness bound an entry's batch number may
+/// be before the learner rejects it as foreign (actors re-issue expired
+/// leases, so a few batches ahead are legitimate; billions are not).
+const MAX_BATCHES_AHEAD: u64 = 1024;
+
 /// Opens one handle on the run's queue (each thread gets its own).
 pub type QueueOpener = dyn Fn() -> Result<Box<dyn ExperienceQueue>, QueueError> + Sync;
 
@@ -592,9 +597,20 @@ impl Trainer {
                 }
                 for (id, entry) in read {
                     pos.read = Some(id);
-                    match entry.and_then(|e| match e.responses.len() == g {
-                        true => Ok(e),
-                        false => Err(format!("{} responses; this run's group_size is {g}", e.responses.len())),
+                    // A batch number far beyond anything leased (the learner
+                    // has consumed `consumed`; actors lease at most
+                    // max_staleness + a few ahead) is a foreign or corrupt
+                    // entry: taking it would make the checkpoint's queue
+                    // position span billions of batches.
+                    let horizon = pos.consumed() + s + self.cfg.actors.count as u64 + MAX_BATCHES_AHEAD;
+                    match entry.and_then(|e| {
+                        if e.responses.len() != g {
+                            Err(format!("{} responses; this run's group_size is {g}", e.responses.len()))
+                        } else if e.iteration > horizon {
+                            Err(format!("batch {} is far ahead of the learner (at most {horizon})", e.iteration))
+                        } else {
+                            Ok(e)
+                        }
                     }) {
                         Err(why) => {
                             qm.rejected += 1;

@@ -65,8 +65,13 @@ pub enum QueueBackend {
 pub struct QueueConfig {
     /// `memory` or `redis`.
     pub backend: QueueBackend,
-    /// Redis URL (`redis://[:password@]host:port/db`).
+    /// Redis URL (`redis://[:password@]host:port/db`; `rediss://` for TLS,
+    /// with `#insecure` at the end to skip the certificate check).
     pub url: String,
+    /// CA certificates (PEM) that sign the server's TLS certificate, for a
+    /// `rediss://` Redis whose certificate the system's roots do not know
+    /// (a self-signed one); none means the system's roots.
+    pub tls_ca: Option<String>,
     /// Stream key; empty means `r2vpo:<run folder name>`.
     pub key: String,
     /// Seconds an actor may hold a batch before it is handed to another
@@ -82,6 +87,7 @@ impl Default for QueueConfig {
         Self {
             backend: QueueBackend::Memory,
             url: "redis://127.0.0.1:6379/0".into(),
+            tls_ca: None,
             key: String::new(),
             lease_s: 600.0,
             weights_dir: None,
@@ -595,6 +601,9 @@ impl TrainConfig {
             && !(self.queue.url.starts_with("redis://") || self.queue.url.starts_with("rediss://"))
         {
             return Err(bad("queue.url", "must be a redis:// URL"));
+        }
+        if self.queue.tls_ca.is_some() && !self.queue.url.starts_with("rediss://") {
+            return Err(bad("queue.tls_ca", "a CA file needs a TLS URL: queue.url = \"rediss://…\""));
         }
         if self.actors.asynchronous {
             if self.behaviour_logprobs == BehaviourLogprobs::Recompute {

@@ -55,6 +55,51 @@ impl Redis {
         (0..20).find_map(|_| Self::try_start(dir, free_port())).expect("no free port for redis-server")
     }
 
+    /// A TLS-only server (`--port 0 --tls-port P`) on some free port, with
+    /// a certificate for 127.0.0.1 signed by a CA made here; returns the
+    /// server and the CA's PEM file (in `dir`).
+    pub fn start_tls(dir: &Path) -> (Redis, std::path::PathBuf) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "r2vpo test CA");
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+        let (ca_pem, cert_pem, key_pem) = (dir.join("ca.pem"), dir.join("server.pem"), dir.join("server.key"));
+        std::fs::write(&ca_pem, ca.pem()).unwrap();
+        std::fs::write(&cert_pem, cert.pem()).unwrap();
+        std::fs::write(&key_pem, key.serialize_pem()).unwrap();
+        let start = |port: u16| {
+            let mut child = Command::new("redis-server")
+                .args(["--bind", "127.0.0.1", "--port", "0", "--tls-port", &port.to_string(), "--save", ""])
+                .args(["--tls-auth-clients", "no"])
+                .arg("--tls-cert-file")
+                .arg(&cert_pem)
+                .arg("--tls-key-file")
+                .arg(&key_pem)
+                .arg("--tls-ca-cert-file")
+                .arg(&ca_pem)
+                .arg("--dir")
+                .arg(dir)
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("redis-server not found: run `make deps` (it installs Debian's redis-server)");
+            let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+            let ready = lines.by_ref().map_while(Result::ok).any(|l| l.contains("Ready to accept connections"));
+            std::thread::spawn(move || lines.for_each(drop));
+            if ready {
+                Some(Redis { child, port })
+            } else {
+                let _ = child.wait();
+                None
+            }
+        };
+        let r = (0..20).find_map(|_| start(free_port())).expect("redis-server with TLS did not start");
+        (r, ca_pem)
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
