@@ -208,6 +208,19 @@ impl HttpRollout {
                 if ok.get("success").and_then(|v| v.as_bool()) == Some(false) {
                     return Err(Failure::new("push", format!("{url}: weight update refused: {}", snippet(&text))));
                 }
+                // Where the server says which version it now serves (`r2vpo
+                // serve` does; SGLang's answer may not), it must be this one:
+                // samples are attributed to the version their server reports.
+                let acked = ok.get("weight_version").map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string));
+                if acked.as_ref().is_some_and(|v| *v != version.to_string()) {
+                    return Err(Failure::new(
+                        "push",
+                        format!(
+                            "{url}: pushed weight version {version}, the server reports {}",
+                            acked.unwrap_or_default()
+                        ),
+                    ));
+                }
             }
             WeightPush::VllmReload => {
                 let body = serde_json::json!({

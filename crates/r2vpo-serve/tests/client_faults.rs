@@ -81,6 +81,11 @@ async fn completions(State(app): State<Arc<App>>, Json(req): Json<Value>) -> Res
     Json(v).into_response()
 }
 
+/// Acknowledges every push, claiming version 999 whatever was pushed.
+async fn update_weights(Json(_): Json<Value>) -> Json<Value> {
+    Json(json!({"success": true, "message": "ok", "weight_version": "999"}))
+}
+
 /// Starts a faulty server on a free loopback port (its runtime lives on a
 /// thread of its own until the test process ends).
 fn start(fault: Fault, faulty_first: usize) -> String {
@@ -91,7 +96,10 @@ fn start(fault: Fault, faulty_first: usize) -> String {
         rt.block_on(async move {
             let l = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
             tx.send(l.local_addr().unwrap()).unwrap();
-            let r = Router::new().route("/v1/completions", post(completions)).with_state(app);
+            let r = Router::new()
+                .route("/v1/completions", post(completions))
+                .route("/update_weights_from_disk", post(update_weights))
+                .with_state(app);
             axum::serve(l, r).await.unwrap();
         });
     });
@@ -176,4 +184,24 @@ fn a_dead_or_faulty_server_is_failed_over_and_a_contract_mismatch_stops_at_once(
     let mut c = client(vec![start(Fault::WrongMode, usize::MAX), start(Fault::None, 0)]);
     let e = c.generate(&pol, &tok, &groups(), &sampling()).unwrap_err().to_string();
     assert!(e.contains("--logprobs-mode raw_logprobs"), "{e}");
+}
+
+#[test]
+fn a_push_acknowledged_with_another_version_is_a_failure() {
+    let tok = tok();
+    let pol = policy(tok.vocab_size());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = RolloutConfig {
+        backend: RolloutBackend::Http,
+        urls: vec![start(Fault::None, 0)],
+        timeout_s: 5.0,
+        connect_timeout_s: 0.5,
+        retries: 1,
+        backoff_s: 0.01,
+        ..RolloutConfig::default()
+    };
+    let mut c = HttpRollout::new(&cfg, dir.path()).unwrap();
+    let e = c.sync_weights(&pol, &tok, 3).unwrap_err().to_string();
+    assert!(e.contains("pushed weight version 3, the server reports 999"), "{e}");
+    assert!(c.counters().failures.get("push").copied().unwrap_or(0) >= 1, "{:?}", c.counters());
 }
