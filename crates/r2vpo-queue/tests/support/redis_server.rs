@@ -20,10 +20,15 @@ impl Redis {
     /// a port another test's server holds is noticed (the process exits)
     /// instead of connecting to the wrong server.
     pub fn try_start(dir: &Path, port: u16) -> Option<Redis> {
-        let mut child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "yes"])
-            .arg("--dir")
-            .arg(dir)
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "yes"]);
+        Self::launch(cmd.arg("--dir").arg(dir), port)
+    }
+
+    /// Spawns `cmd` (a redis-server listening on `port`) and waits for its
+    /// "Ready" line; `None` when it exited instead (the port was taken).
+    fn launch(cmd: &mut Command, port: u16) -> Option<Redis> {
+        let mut child = cmd
             .stdout(Stdio::piped())
             .spawn()
             .expect("redis-server not found: run `make deps` (it installs Debian's redis-server)");
@@ -72,29 +77,17 @@ impl Redis {
         std::fs::write(&cert_pem, cert.pem()).unwrap();
         std::fs::write(&key_pem, key.serialize_pem()).unwrap();
         let start = |port: u16| {
-            let mut child = Command::new("redis-server")
-                .args(["--bind", "127.0.0.1", "--port", "0", "--tls-port", &port.to_string(), "--save", ""])
-                .args(["--tls-auth-clients", "no"])
-                .arg("--tls-cert-file")
+            let mut cmd = Command::new("redis-server");
+            cmd.args(["--bind", "127.0.0.1", "--port", "0", "--tls-port", &port.to_string(), "--save", ""])
+                .args(["--tls-auth-clients", "no", "--tls-cert-file"])
                 .arg(&cert_pem)
                 .arg("--tls-key-file")
                 .arg(&key_pem)
                 .arg("--tls-ca-cert-file")
                 .arg(&ca_pem)
                 .arg("--dir")
-                .arg(dir)
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("redis-server not found: run `make deps` (it installs Debian's redis-server)");
-            let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-            let ready = lines.by_ref().map_while(Result::ok).any(|l| l.contains("Ready to accept connections"));
-            std::thread::spawn(move || lines.for_each(drop));
-            if ready {
-                Some(Redis { child, port })
-            } else {
-                let _ = child.wait();
-                None
-            }
+                .arg(dir);
+            Self::launch(&mut cmd, port)
         };
         let r = (0..20).find_map(|_| start(free_port())).expect("redis-server with TLS did not start");
         (r, ca_pem)
