@@ -245,7 +245,7 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
                 let cfg = resolve(a.cfg.config.as_deref(), algo, Some(task), Some(seed), &a.cfg.sets)
                     .with_context(|| format!("resolving the config of {task}/{algo}/seed {seed}"))?;
                 check_same_config(&cfg, &a.out.join(format!("{task}/{algo}-seed{seed}")))?;
-                plan.push(((task, algo, seed), cfg));
+                plan.push(cfg);
             }
         }
     }
@@ -267,8 +267,8 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
             let mut evals = Vec::new();
             let (mut fin_eval, mut fin_train, mut steps) = (Vec::new(), Vec::new(), 0);
             for &seed in &a.seeds {
-                let (key, cfg) = plan.next().expect("one planned config per run");
-                debug_assert_eq!(key, (task, algo, seed));
+                // The plan was made in this loop's order.
+                let cfg = plan.next().expect("one planned config per run");
                 progress.status(done, &format!("{task} {algo} seed {seed}"));
                 let dir = root.join(format!("{task}/{algo}-seed{seed}"));
                 // Resumable: finished runs are read back, interrupted ones continue.

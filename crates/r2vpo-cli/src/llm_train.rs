@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use r2vpo_llm::queue::{ExperienceQueue, MemoryQueue};
+use r2vpo_llm::queue::{ExperienceQueue, MemoryQueue, QueueError};
 use r2vpo_llm::rollout::RolloutSource;
 use r2vpo_llm::train::asynchronous::{run_actor, QueueOpener};
-use r2vpo_llm::train::{Event, Outcome, QueueBackend, RolloutBackend, TrainConfig, Trainer};
+use r2vpo_llm::train::{Event, Outcome, QueueBackend, QueueConfig, RolloutBackend, TrainConfig, Trainer};
 use r2vpo_queue::{RedisQueue, SharedWeights};
 use r2vpo_report::edge::{open_run_folder, Existing, Progress, Stop, StopSignal};
 
@@ -139,14 +139,6 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         let source = r2vpo_serve::HttpRollout::new(&cfg.rollout, &rollout_weights)?;
         trainer.set_rollout_source(Box::new(source))?;
     }
-    // Actor threads over rollout servers: actor i owns every count-th URL
-    // and pushes its weights there, from a folder of its own.
-    let actor_sources = |i: usize| -> r2vpo_llm::train::TrainResult<Box<dyn RolloutSource>> {
-        let mut rc = cfg.rollout.clone();
-        rc.urls = cfg.rollout.urls.iter().skip(i).step_by(cfg.actors.count).cloned().collect();
-        let source = r2vpo_serve::HttpRollout::new(&rc, &rollout_weights.join(format!("actor-{i}")))?;
-        Ok(Box::new(source))
-    };
     if resume {
         run.write_config(&config::to_toml(&cfg)?)?;
     }
@@ -195,6 +187,14 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         trainer.run_learner(&*open, &weights, stop.flag(), &mut on_event)
     } else if cfg.actors.asynchronous {
         let open = open_queue(&cfg, resume)?;
+        // Actor threads over rollout servers: actor i owns every count-th
+        // URL and pushes its weights there, from a folder of its own.
+        let actor_sources = |i: usize| -> r2vpo_llm::train::TrainResult<Box<dyn RolloutSource>> {
+            let mut rc = cfg.rollout.clone();
+            rc.urls = cfg.rollout.urls.iter().skip(i).step_by(cfg.actors.count).cloned().collect();
+            let source = r2vpo_serve::HttpRollout::new(&rc, &rollout_weights.join(format!("actor-{i}")))?;
+            Ok(Box::new(source))
+        };
         let sources: Option<&r2vpo_llm::train::asynchronous::SourceFactory<'_>> =
             if http_actors { Some(&actor_sources) } else { None };
         trainer.run_async(&*open, sources, stop.flag(), &mut on_event)
@@ -238,18 +238,19 @@ fn open_queue(cfg: &TrainConfig, resume: bool) -> Result<Box<QueueOpener>> {
                 first.clear().map_err(|e| anyhow::anyhow!("clearing the stream `{key}`: {e}"))?;
             }
             let q = cfg.queue.clone();
-            Box::new(move || {
-                Ok(Box::new(RedisQueue::open_tls(&q.url, &q.key, q.tls_ca.as_deref().map(Path::new))?)
-                    as Box<dyn ExperienceQueue>)
-            })
+            Box::new(move || Ok(Box::new(open_redis(&q)?) as Box<dyn ExperienceQueue>))
         }
     })
 }
 
-/// The run's Redis queue (`queue.url`, `queue.key`, `queue.tls_ca`).
+/// A handle on the Redis queue `q` names (`url`, `key`, `tls_ca`).
+fn open_redis(q: &QueueConfig) -> Result<RedisQueue, QueueError> {
+    RedisQueue::open_tls(&q.url, &q.key, q.tls_ca.as_deref().map(Path::new))
+}
+
+/// The run's Redis queue, its errors blamed on `queue.url`.
 fn redis_queue(cfg: &TrainConfig) -> Result<RedisQueue> {
-    RedisQueue::open_tls(&cfg.queue.url, &cfg.queue.key, cfg.queue.tls_ca.as_deref().map(Path::new))
-        .map_err(|e| anyhow::anyhow!("queue.url: {e}"))
+    open_redis(&cfg.queue).map_err(|e| anyhow::anyhow!("queue.url: {e}"))
 }
 
 /// `r2vpo llm actor` arguments.
