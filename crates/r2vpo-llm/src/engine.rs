@@ -9,6 +9,9 @@
 //! step. A row leaves the batch the step it finishes, and its job is
 //! answered when its last sample is done — a long generation never holds
 //! back a short one, and new requests do not wait for the batch to drain.
+//! Admission is first come, first served with backfilling
+//! ([`Loop::admit`]): a job too large for the free rows reserves them, and
+//! smaller jobs behind it start meanwhile when they cannot delay it.
 //! Prompts longer than [`EngineConfig::prefill_chunk`] are prefilled in
 //! chunks, one per loop step, with a decode step of the running rows in
 //! between, so a huge prompt slows the others down but does not stall them.
@@ -89,7 +92,8 @@ pub struct Job {
     /// learner's `score_logprobs` computes), instead of the values recorded
     /// while decoding token by token. The two differ by f32 rounding of
     /// differently shaped matrix products (≈ 1e-4 on SmolLM2); rescoring
-    /// costs one prefill-sized pass per job.
+    /// costs one prefill-sized pass per job, run on a scoring thread of its
+    /// own so the decode loop is not held up by it.
     pub rescore: bool,
 }
 
@@ -172,7 +176,7 @@ impl Engine {
             .name("r2vpo-engine".into())
             .spawn(move || {
                 let mut lp = Loop {
-                    model,
+                    model: Arc::new(model),
                     version,
                     cfg,
                     eos,
@@ -187,6 +191,7 @@ impl Engine {
                     prefills: Vec::new(),
                     paused: false,
                     pending: VecDeque::new(),
+                    scorer: None,
                 };
                 lp.run(rx);
             })
@@ -291,6 +296,18 @@ struct Row {
     done: bool,
 }
 
+/// A finished job whose log-probs are rescored ([`Job::rescore`]) on the
+/// scoring thread, so the decode loop goes on meanwhile. It holds the model
+/// that generated it (a clone shares the weights' storage), which keeps the
+/// scores right when new weights arrive before it is scored.
+struct ScoreJob {
+    model: Arc<Transformer>,
+    prompt: Vec<u32>,
+    generations: Vec<Generation>,
+    version: String,
+    reply: Reply,
+}
+
 struct JobState {
     outputs: Vec<Option<Generation>>,
     left: usize,
@@ -314,7 +331,7 @@ struct Prefill {
 }
 
 struct Loop {
-    model: Transformer,
+    model: Arc<Transformer>,
     version: String,
     cfg: EngineConfig,
     eos: Option<u32>,
@@ -332,6 +349,8 @@ struct Loop {
     prefills: Vec<Prefill>,
     paused: bool,
     pending: VecDeque<PendingWeights>,
+    /// The scoring thread, started by the first [`Job::rescore`] job.
+    scorer: Option<(Sender<ScoreJob>, JoinHandle<()>)>,
 }
 
 impl Loop {
@@ -369,7 +388,7 @@ impl Loop {
             }
             if self.rows.is_empty() && self.prefills.is_empty() {
                 if let Some((model, version, done)) = self.pending.pop_front() {
-                    self.model = *model;
+                    self.model = Arc::from(model);
                     self.version = version;
                     self.stats.lock().expect("stats").weight_version = self.version.clone();
                     done();
@@ -381,11 +400,43 @@ impl Loop {
             }
             self.publish();
         }
-        // Shut down: whatever still waits is refused.
+        // Shut down: whatever still waits is refused; jobs being rescored
+        // are answered first.
         for (_, reply) in self.waiting.drain(..) {
             reply(Err(EngineError::Stopped("the server is shutting down".into())));
         }
+        if let Some((tx, handle)) = self.scorer.take() {
+            drop(tx);
+            let _ = handle.join();
+        }
         self.publish();
+    }
+
+    /// Hands a finished job to the scoring thread, starting it if needed.
+    fn score(&mut self, job: ScoreJob) {
+        let (tx, _) = self.scorer.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::channel::<ScoreJob>();
+            let stats = self.stats.clone();
+            let pad_id = self.pad_id;
+            let handle = std::thread::Builder::new()
+                .name("r2vpo-scorer".into())
+                .spawn(move || {
+                    for mut j in rx {
+                        match rescore(&j.model, &j.prompt, &mut j.generations, pad_id) {
+                            Ok(()) => {
+                                (j.reply)(Ok(JobOutput { generations: j.generations, weight_version: j.version }));
+                                stats.lock().expect("stats").completed += 1;
+                            }
+                            Err(e) => (j.reply)(Err(EngineError::Invalid(e))),
+                        }
+                    }
+                })
+                .expect("spawning the scoring thread");
+            (tx, handle)
+        });
+        if let Err(mpsc::SendError(j)) = tx.send(job) {
+            (j.reply)(Err(EngineError::Stopped("the scoring thread has stopped".into())));
+        }
     }
 
     fn publish(&self) {
@@ -483,13 +534,13 @@ impl Loop {
         st.left -= 1;
         if st.left == 0 {
             let st = self.jobs.remove(&row.job).expect("job");
-            let mut generations: Vec<Generation> =
+            let generations: Vec<Generation> =
                 st.outputs.into_iter().map(|g| g.expect("every sample finished")).collect();
-            if let Some(prompt) = &st.rescore {
-                if let Err(e) = rescore(&self.model, prompt, &mut generations, self.pad_id) {
-                    (st.reply)(Err(EngineError::Invalid(e)));
-                    return;
-                }
+            if let Some(prompt) = st.rescore {
+                let model = self.model.clone();
+                let version = self.version.clone();
+                self.score(ScoreJob { model, prompt, generations, version, reply: st.reply });
+                return;
             }
             (st.reply)(Ok(JobOutput { generations, weight_version: self.version.clone() }));
             self.stats.lock().expect("stats").completed += 1;
@@ -497,27 +548,72 @@ impl Loop {
     }
 
     /// Moves waiting jobs into the prefill queue while rows are free.
+    ///
+    /// First come, first served, with backfilling (EASY backfilling, as
+    /// batch schedulers of clusters do it): the first job that does not fit
+    /// holds a reservation — the step by which enough running rows are sure
+    /// to have finished, from their `max_new_tokens` budgets — and a later
+    /// job may start before it only if it fits now and cannot delay that
+    /// reservation: it is sure to finish by then, or it uses rows the
+    /// reserved job will not need. So one job with a large `n` neither
+    /// blocks the small ones behind it nor is starved by them.
     fn admit(&mut self) -> Result<(), EngineError> {
+        let chunk = self.cfg.prefill_chunk.max(1);
         let mut admitted: Vec<(u64, Job)> = Vec::new();
-        let prefilling: usize = self.prefills.iter().map(|p| p.rows.len()).sum();
-        let mut free = self.cfg.max_batch.saturating_sub(self.rows.len() + prefilling);
-        while let Some((job, _)) = self.waiting.front() {
-            if job.seeds.len() > free {
-                break;
+        // Upper bounds on the steps until each busy row is free.
+        let mut busy: Vec<usize> =
+            self.rows.iter().map(|r| r.sampling.max_new_tokens.saturating_sub(r.gen.token_ids.len())).collect();
+        for p in &self.prefills {
+            let width = p.ids.dim(1).map_err(SampleError::from)?;
+            let chunks = (width - p.done).div_ceil(chunk);
+            busy.extend(p.rows.iter().map(|r| chunks + r.sampling.max_new_tokens));
+        }
+        let mut free = self.cfg.max_batch.saturating_sub(busy.len());
+        // (steps until the reserved job can start, rows to spare then)
+        let mut reservation: Option<(usize, usize)> = None;
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let job = &self.waiting[i].0;
+            let n = job.seeds.len();
+            let steps = job.prompt_ids.len().div_ceil(chunk) + job.sampling.max_new_tokens;
+            let start = n <= free
+                && match reservation {
+                    None => true,
+                    Some((shadow, spare)) => steps <= shadow || n <= spare,
+                };
+            if !start {
+                if reservation.is_none() {
+                    busy.sort_unstable();
+                    let (mut avail, mut shadow) = (free, 0);
+                    for &b in &busy {
+                        if avail >= n {
+                            break;
+                        }
+                        avail += 1;
+                        shadow = b;
+                    }
+                    reservation = Some((shadow, avail.saturating_sub(n)));
+                }
+                i += 1;
+                continue;
             }
-            let (job, reply) = self.waiting.pop_front().expect("front");
-            free -= job.seeds.len();
+            if let Some((shadow, spare)) = reservation.as_mut() {
+                if steps > *shadow {
+                    *spare -= n;
+                }
+            }
+            let (job, reply) = self.waiting.remove(i).expect("index in range");
+            free -= n;
+            busy.extend(std::iter::repeat_n(steps, n));
             let id = self.next_job;
             self.next_job += 1;
             let rescore = job.rescore.then(|| job.prompt_ids.clone());
-            self.jobs
-                .insert(id, JobState { outputs: vec![None; job.seeds.len()], left: job.seeds.len(), reply, rescore });
+            self.jobs.insert(id, JobState { outputs: vec![None; n], left: n, reply, rescore });
             admitted.push((id, job));
         }
         // Prompts that fit one chunk are prefilled together; each longer
         // one on its own, so a short prompt never waits for a long one's
         // chunks.
-        let chunk = self.cfg.prefill_chunk.max(1);
         let (short, long): (Vec<_>, Vec<_>) = admitted.into_iter().partition(|(_, j)| j.prompt_ids.len() <= chunk);
         if !short.is_empty() {
             self.start_prefill(short)?;
