@@ -22,7 +22,8 @@
 //!
 //! Weights are written once per push as a Hugging Face folder
 //! (`weights_dir/vNNNNNN`, renamed into place so a server never reads half
-//! a folder), then announced per `rollout.weight_push`: SGLang's
+//! a folder), then announced per `rollout.weight_push` by the engine's
+//! `WeightLoader` (the one part of the contract where engines differ): SGLang's
 //! `POST /update_weights_from_disk {model_path, weight_version}` (also
 //! `r2vpo serve`'s), vLLM's development-mode
 //! `POST /collective_rpc {"method": "reload_weights", …}` followed by
@@ -64,6 +65,67 @@ pub struct HttpRollout {
     /// The newest pushed version and its folder.
     current: Option<(u64, PathBuf)>,
     counters: Mutex<RolloutCounters>,
+    /// How the servers take new weights (`rollout.weight_push`); `None`
+    /// for servers that keep their weights.
+    loader: Option<Box<dyn WeightLoader>>,
+}
+
+/// Sends one JSON `POST` to a server, with the client's key, time-outs and
+/// failure classes.
+type Post<'a> = &'a dyn Fn(&str, &serde_json::Value) -> Result<String, Failure>;
+
+/// The part of the rollout contract where engines differ: telling a server
+/// to serve the weights the learner wrote to a folder. Completions, log-probs
+/// and failures are the same for every engine; one implementation per
+/// engine's weight-update endpoint.
+trait WeightLoader: Send + Sync {
+    /// Makes the server at `url` serve the Hugging Face folder `dir` as
+    /// weight version `version`, or fails without changing what it serves.
+    fn load(&self, post: Post<'_>, url: &str, dir: &str, version: u64) -> Result<(), Failure>;
+}
+
+/// SGLang's `POST /update_weights_from_disk {model_path, weight_version}`,
+/// which `r2vpo serve` implements too.
+struct UpdateWeightsFromDisk;
+
+impl WeightLoader for UpdateWeightsFromDisk {
+    fn load(&self, post: Post<'_>, url: &str, dir: &str, version: u64) -> Result<(), Failure> {
+        let body = serde_json::json!({"model_path": dir, "weight_version": version.to_string()});
+        let text = post(&format!("{url}/update_weights_from_disk"), &body)?;
+        let ok: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Failure::new("protocol", format!("{url}: weight update answer is not JSON: {e}")))?;
+        if ok.get("success").and_then(|v| v.as_bool()) == Some(false) {
+            return Err(Failure::new("push", format!("{url}: weight update refused: {}", snippet(&text))));
+        }
+        // Where the server says which version it now serves (`r2vpo serve`
+        // does; SGLang's answer may not), it must be this one: samples are
+        // attributed to the version their server reports.
+        let acked = ok.get("weight_version").map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string));
+        match acked {
+            Some(v) if v != version.to_string() => {
+                Err(Failure::new("push", format!("{url}: pushed weight version {version}, the server reports {v}")))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// vLLM's development-mode reload (`VLLM_SERVER_DEV_MODE=1`): the workers
+/// re-read the checkpoint folder in place, then the prefix cache, computed
+/// by the old weights, is dropped. vLLM does not take a version: samples
+/// are attributed to the version last pushed.
+struct VllmReload;
+
+impl WeightLoader for VllmReload {
+    fn load(&self, post: Post<'_>, url: &str, dir: &str, _version: u64) -> Result<(), Failure> {
+        let body = serde_json::json!({
+            "method": "reload_weights",
+            "kwargs": {"weights_path": dir, "is_checkpoint_format": true},
+        });
+        post(&format!("{url}/collective_rpc"), &body)?;
+        post(&format!("{url}/reset_prefix_cache"), &serde_json::json!({}))?;
+        Ok(())
+    }
 }
 
 /// Why one request failed (the key of [`RolloutCounters::failures`]).
@@ -138,6 +200,11 @@ impl HttpRollout {
                 .collect(),
             current: None,
             counters: Mutex::new(RolloutCounters::default()),
+            loader: match cfg.weight_push {
+                WeightPush::UpdateWeightsFromDisk => Some(Box::new(UpdateWeightsFromDisk)),
+                WeightPush::VllmReload => Some(Box::new(VllmReload)),
+                WeightPush::None => None,
+            },
         })
     }
 
@@ -197,40 +264,8 @@ impl HttpRollout {
             }
             s.url.clone()
         };
-        let path = dir.to_string_lossy();
-        match self.cfg.weight_push {
-            WeightPush::None => {}
-            WeightPush::UpdateWeightsFromDisk => {
-                let body = serde_json::json!({"model_path": path, "weight_version": version.to_string()});
-                let text = self.post(&format!("{url}/update_weights_from_disk"), &body)?;
-                let ok: serde_json::Value = serde_json::from_str(&text)
-                    .map_err(|e| Failure::new("protocol", format!("{url}: weight update answer is not JSON: {e}")))?;
-                if ok.get("success").and_then(|v| v.as_bool()) == Some(false) {
-                    return Err(Failure::new("push", format!("{url}: weight update refused: {}", snippet(&text))));
-                }
-                // Where the server says which version it now serves (`r2vpo
-                // serve` does; SGLang's answer may not), it must be this one:
-                // samples are attributed to the version their server reports.
-                let acked = ok.get("weight_version").map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string));
-                if acked.as_ref().is_some_and(|v| *v != version.to_string()) {
-                    return Err(Failure::new(
-                        "push",
-                        format!(
-                            "{url}: pushed weight version {version}, the server reports {}",
-                            acked.unwrap_or_default()
-                        ),
-                    ));
-                }
-            }
-            WeightPush::VllmReload => {
-                let body = serde_json::json!({
-                    "method": "reload_weights",
-                    "kwargs": {"weights_path": path, "is_checkpoint_format": true},
-                });
-                self.post(&format!("{url}/collective_rpc"), &body)?;
-                // Cached prefixes were computed by the old weights.
-                self.post(&format!("{url}/reset_prefix_cache"), &serde_json::json!({}))?;
-            }
+        if let Some(loader) = &self.loader {
+            loader.load(&|u, body| self.post(u, body), &url, &dir.to_string_lossy(), *version)?;
         }
         server.lock().expect("server").pushed = Some(*version);
         Ok(())
@@ -476,7 +511,7 @@ impl RolloutSource for HttpRollout {
     }
 
     fn sync_weights(&mut self, policy: &Transformer, tok: &Tokenizer, version: u64) -> Result<(), RolloutError> {
-        if self.cfg.weight_push == WeightPush::None {
+        if self.loader.is_none() {
             return Ok(());
         }
         let t0 = Instant::now();
