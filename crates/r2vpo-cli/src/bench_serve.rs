@@ -30,6 +30,10 @@ pub struct ServeBenchArgs {
     /// sampler decodes the whole batch at once.
     #[arg(long, default_value_t = 256)]
     pub max_batch: usize,
+    /// Start the server with `--rescore-logprobs` (exact behaviour log-probs
+    /// from one scoring pass per request), to measure what it costs.
+    #[arg(long)]
+    pub rescore_logprobs: bool,
     /// Where the JSON results go.
     #[arg(long, default_value = "runs/bench/serve.json")]
     pub out: PathBuf,
@@ -55,6 +59,7 @@ pub fn serve(a: &ServeBenchArgs) -> Result<()> {
     let mut child = Command::new(std::env::current_exe()?)
         .args(["--threads", &threads, "serve", "--port", "0", "--max-batch", &a.max_batch.to_string(), "--model"])
         .arg(&a.model)
+        .args(a.rescore_logprobs.then_some("--rescore-logprobs"))
         .stdout(Stdio::piped())
         .spawn()
         .context("starting r2vpo serve")?;
@@ -123,7 +128,8 @@ pub fn serve(a: &ServeBenchArgs) -> Result<()> {
     let _ = child.wait();
     result?;
     println!(
-        "r2vpo serve vs the in-process sampler, {} ({} threads), {}-token prompt, n = {}, {} new tokens, T = 1",
+        "r2vpo serve{} vs the in-process sampler, {} ({} threads), {}-token prompt, n = {}, {} new tokens, T = 1",
+        if a.rescore_logprobs { " --rescore-logprobs" } else { "" },
         a.model.display(),
         threads,
         ids.len(),
