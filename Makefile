@@ -10,7 +10,7 @@ export RAYON_NUM_THREADS ?= $(shell nproc 2>/dev/null || echo 2)
 export CARGO_BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BIN := target/release/r2vpo
 
-.PHONY: deps build demo test test-conformance bench lint clippy fmt fmt-check clean-deps
+.PHONY: deps build build-gpu demo test test-conformance bench lint clippy fmt fmt-check clean-deps
 
 deps:
 	@command -v $(PYTHON) >/dev/null || { echo "deps: error: $(PYTHON) not found; install Python 3 with pip" >&2; exit 1; }
@@ -19,6 +19,26 @@ deps:
 
 build: deps
 	$(CARGO) build --release -p r2vpo-cli
+
+# The CUDA build for a GPU machine (not needed by demo/test/CI): fetches the
+# pinned CUDA 13.0 toolchain and libraries from PyPI into .deps/cuda, builds
+# with candle's CUDA backend for sm_$(CUDA_COMPUTE_CAP), and leaves in
+# dist/gpu/ what to carry there (README "GPU learner"): the stripped binary
+# xz-compressed (78 MiB raw, 32 MiB of it candle's prebuilt GGUF/MoE kernels;
+# ~12 MB packed) and libmujoco, which it finds beside itself ($$ORIGIN).
+CUDA_COMPUTE_CAP ?= 90
+CUDA_DEPS := $(CURDIR)/.deps/cuda
+build-gpu:
+	@$(PYTHON) scripts/deps.py --manifest deps-gpu.toml
+	@bash scripts/gpu/cuda_stub.sh $(CUDA_DEPS)
+	PATH="$(CUDA_DEPS)/bin:$$PATH" CUDA_ROOT="$(CUDA_DEPS)" CUDARC_CUDA_VERSION=13000 \
+	  CUDA_COMPUTE_CAP=$(CUDA_COMPUTE_CAP) LIBRARY_PATH="$(CUDA_DEPS)/lib:$(CUDA_DEPS)/lib/stubs" \
+	  $(CARGO) build --release -p r2vpo-cli --features cuda --target-dir target/gpu
+	@rm -rf dist/gpu && mkdir -p dist/gpu
+	strip -o target/gpu/r2vpo-stripped target/gpu/release/r2vpo
+	xz -T2 -6 -c target/gpu/r2vpo-stripped > dist/gpu/r2vpo.xz
+	cp -L .deps/mujoco/lib/libmujoco.so.3.17.0 dist/gpu/
+	@ls -l target/gpu/r2vpo-stripped dist/gpu
 
 demo: build
 	@bash scripts/demo.sh $(BIN)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fetch, verify and unpack the pinned third-party artefacts listed in deps.toml.
 
-Run by `make deps`. Idempotent: a wheel whose extracted files and stamp are in
+Run by `make deps`; `make build-gpu` runs it with `--manifest deps-gpu.toml`. Idempotent: a wheel whose extracted files and stamp are in
 place is skipped without touching the network. Every wheel is checked against
 its pinned sha256 before anything is extracted; a mismatch deletes the download
 and fails. Nothing else in r2vpo downloads anything.
@@ -67,7 +67,8 @@ def download(w: dict) -> Path:
         cmd = [
             sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
             "--only-binary=:all:", "--python-version", "3.11",
-            "--platform", "manylinux_2_28_x86_64", "-d", tmp, spec,
+            *[a for p in w.get("platforms", ["manylinux_2_28_x86_64"]) for a in ("--platform", p)],
+            "-d", tmp, spec,
         ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
@@ -102,6 +103,10 @@ def extract(w: dict, wheel: Path) -> None:
             tmp = out.with_name(out.name + ".tmp")
             with zf.open(m) as src, tmp.open("wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
+            # Keep the wheel's executable bits (nvcc, ptxas, cicc).
+            mode = (m.external_attr >> 16) & 0o777
+            if mode & 0o111:
+                tmp.chmod(mode | 0o700)
             os.replace(tmp, out)
             written.append(str(out.relative_to(DEPS)))
     for link, target in w.get("symlinks", {}).items():
@@ -118,13 +123,18 @@ def extract(w: dict, wheel: Path) -> None:
 
 
 def main() -> None:
-    cfg = tomllib.loads((ROOT / "deps.toml").read_text())
+    manifest = ROOT / "deps.toml"
+    if len(sys.argv) == 3 and sys.argv[1] == "--manifest":
+        manifest = ROOT / sys.argv[2]
+    elif len(sys.argv) != 1:
+        die("usage: deps.py [--manifest FILE]")
+    cfg = tomllib.loads(manifest.read_text())
     DEPS.mkdir(exist_ok=True)
     for w in cfg["wheel"]:
         if expected_outputs(w):
             continue
         extract(w, download(w))
-    print("deps: all pinned artefacts present and verified (.deps/)")
+    print(f"deps: all pinned artefacts of {manifest.name} present and verified (.deps/)")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ mod args;
 mod bench;
 mod bench_async;
 mod bench_serve;
+mod bench_step;
 mod config;
 mod control_cmd;
 mod llm_eval;
@@ -187,6 +188,10 @@ enum BenchCmd {
     /// Iteration time of `llm train` in turn vs `--async` (one actor
     /// thread), and the experience queue's throughput in memory and on Redis.
     Async(bench_async::AsyncBenchArgs),
+    /// One training step (forward + R²VPO + backward + AdamW) of a random
+    /// model of any Hugging Face shape on cpu or cuda, or `--check` its
+    /// log-probs and gradients against the CPU's.
+    Step(bench_step::StepBenchArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -247,6 +252,7 @@ fn run(cli: Cli) -> Result<()> {
             BenchCmd::Llm(a) => bench::llm(&a),
             BenchCmd::Serve(a) => bench_serve::serve(&a),
             BenchCmd::Async(a) => bench_async::bench(&a),
+            BenchCmd::Step(a) => bench_step::step(&a),
         },
         Command::Serve(a) => serve::serve(&a),
         Command::Config(ConfigCmd::Show(a)) => config_show(&a),

@@ -157,3 +157,44 @@ fn fused_ops_record_a_backward() {
     let g = y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
     assert!(g.get(x.as_tensor()).is_some() && g.get(w.as_tensor()).is_some());
 }
+
+/// The whole model on the composites (what a CUDA device runs: the fused
+/// kernels are CPU-only) against the fused CPU path: Qwen3's layout (q/k
+/// norms, GQA, tied embeddings), log-probs and every parameter's gradient.
+#[test]
+fn the_composite_path_of_the_whole_model_matches_the_fused_one() {
+    use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
+    let cfg = ModelConfig::tiny(Architecture::Qwen3, 96, 64, 128, 2, 4, 2, true);
+    let m = Transformer::new_random_with_std(cfg, 3, 0.3, DType::F32, &Device::Cpu).unwrap();
+    let (b, w, r) = (2, 12, 7);
+    let ids: Vec<u32> = (0..b * w).map(|i| ((i * 37 + 11) % 96) as u32).collect();
+    let ids = Tensor::from_vec(ids, (b, w), &Device::Cpu).unwrap();
+    // Left padding on the second row, as the trainer packs groups.
+    let att = Tensor::from_vec(
+        vec![1u32; w].into_iter().chain((0..w).map(|j| u32::from(j >= 3))).collect(),
+        (b, w),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let run = || {
+        let lp = m.tail_logprobs(&ids, &att, r).unwrap();
+        let g = lp.sum_all().unwrap().backward().unwrap();
+        let grads: Vec<(String, Tensor)> =
+            m.named_vars().into_iter().map(|(n, v)| (n, g.get(v.as_tensor()).unwrap().clone())).collect();
+        (lp, grads)
+    };
+    let (lp, grads) = run();
+    let (lp_c, grads_c) = ops::with_composites(run);
+    let rel = |a: &Tensor, b: &Tensor| max_abs_diff(a, b) / scalar(&b.abs().unwrap().max_all().unwrap()).max(1e-12);
+    assert!(rel(&lp_c, &lp) < 1e-5, "log-probs differ by {:e}", rel(&lp_c, &lp));
+    assert_eq!(grads.len(), grads_c.len());
+    for ((n, g), (_, gc)) in grads.iter().zip(&grads_c) {
+        assert!(rel(gc, g) < 1e-4, "{n}: gradients differ by {:e}", rel(gc, g));
+    }
+    // The composites did run: float rounding tells the two paths apart.
+    let bitwise_equal = max_abs_diff(&lp_c, &lp) == 0.0
+        && grads.iter().zip(&grads_c).all(|((_, g), (_, gc))| max_abs_diff(g, gc) == 0.0);
+    assert!(!bitwise_equal, "with_composites changed nothing");
+    // Outside the closure the fused kernels are back.
+    assert_eq!(max_abs_diff(&m.tail_logprobs(&ids, &att, r).unwrap(), &lp), 0.0);
+}

@@ -24,6 +24,30 @@ use std::path::PathBuf;
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use transformer::{KvCache, PrefixedRows, Transformer};
 
+/// The syntax of a device name alone: `cpu` → `None`, `cuda` → device 0,
+/// `cuda:N` → device N; anything else is refused with what was expected.
+pub fn cuda_ordinal(name: &str) -> std::result::Result<Option<usize>, String> {
+    match name.split_once(':') {
+        None if name == "cpu" => Ok(None),
+        None if name == "cuda" => Ok(Some(0)),
+        Some(("cuda", n)) => {
+            n.parse::<usize>().map(Some).map_err(|_| format!("`{name}`: `{n}` is not a device number"))
+        }
+        _ => Err(format!("`{name}`: expected cpu, cuda or cuda:N")),
+    }
+}
+
+/// Opens the device `name` names ([`cuda_ordinal`]). CUDA needs a binary
+/// built with the `cuda` feature (`make build-gpu`) and a GPU; the error
+/// says which is missing.
+pub fn open_device(name: &str) -> std::result::Result<candle_core::Device, String> {
+    let Some(ordinal) = cuda_ordinal(name)? else { return Ok(candle_core::Device::Cpu) };
+    if !cfg!(feature = "cuda") {
+        return Err(format!("`{name}`: this binary was built without CUDA; build one with `make build-gpu`"));
+    }
+    candle_core::Device::new_cuda(ordinal).map_err(|e| format!("`{name}`: {e}"))
+}
+
 /// Errors from building, loading or saving a model; each names the file and
 /// the field or tensor concerned where there is one.
 #[derive(Debug, thiserror::Error)]

@@ -256,11 +256,24 @@ pub struct ModelSource {
     /// Testing only: ignore `path`'s weights and build a random model of
     /// this shape with the tokenizer's vocabulary (Llama layout).
     pub random: Option<RandomModel>,
+    /// Where the policy (and the reference) lives, samples and trains:
+    /// `cpu`, `cuda` or `cuda:N`. CUDA needs a binary built by `make
+    /// build-gpu`; the model's fused CPU kernels give way to their
+    /// differentiable composites there (`model::ops`).
+    pub device: String,
 }
 
 impl Default for ModelSource {
     fn default() -> Self {
-        Self { path: EMBEDDED_MODEL.into(), tokenizer: None, random: None }
+        Self { path: EMBEDDED_MODEL.into(), tokenizer: None, random: None, device: "cpu".into() }
+    }
+}
+
+impl ModelSource {
+    /// The device `model.device` names, refused (naming the key) when it is
+    /// malformed, or CUDA in a binary built without it.
+    pub fn device(&self) -> TrainResult<candle_core::Device> {
+        crate::model::open_device(&self.device).map_err(|m| bad("model.device", m))
     }
 }
 
@@ -307,6 +320,7 @@ impl ModelSource {
                 seed,
                 init_std: 0.5,
             }),
+            device: "cpu".into(),
         }
     }
 }
@@ -551,6 +565,7 @@ impl TrainConfig {
             return Err(bad("sampling.temperature", "training rollouts must sample (temperature > 0)"));
         }
         self.sampling.validate().map_err(|e| bad("sampling", e.to_string()))?;
+        crate::model::cuda_ordinal(&self.model.device).map_err(|m| bad("model.device", m))?;
         self.rollout.validate()?;
         if self.rollout.backend == RolloutBackend::Http {
             self.check_logprobs(self.rollout.logprobs_mode)?;
@@ -677,5 +692,37 @@ impl TrainConfig {
     /// overrides applied before the user's own ([`r2vpo::algo::algo_overrides`]).
     pub fn algo_overrides(name: &str) -> TrainResult<Vec<String>> {
         Ok(r2vpo::algo::algo_overrides(name)?)
+    }
+}
+
+#[cfg(test)]
+mod device_tests {
+    use super::*;
+
+    fn field_of(e: &TrainError) -> &str {
+        match e {
+            TrainError::Config { field, .. } => field,
+            _ => "",
+        }
+    }
+
+    #[test]
+    fn model_device_is_checked_and_cuda_needs_a_cuda_build() {
+        let mut m = ModelSource::default();
+        assert!(matches!(m.device(), Ok(candle_core::Device::Cpu)));
+        for d in ["gpu", "cuda:x", "cuda:", "CPU"] {
+            m.device = d.into();
+            let e = m.device().unwrap_err();
+            assert_eq!(field_of(&e), "model.device", "{e}");
+            assert!(e.to_string().contains(d), "{e}");
+            let cfg = TrainConfig { model: m.clone(), ..TrainConfig::default() };
+            assert_eq!(field_of(&cfg.validate().unwrap_err()), "model.device");
+        }
+        m.device = "cuda".into();
+        let e = m.device().unwrap_err();
+        assert_eq!(field_of(&e), "model.device", "{e}");
+        if !cfg!(feature = "cuda") {
+            assert!(e.to_string().contains("make build-gpu"), "{e}");
+        }
     }
 }

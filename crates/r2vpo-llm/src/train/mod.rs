@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -233,6 +233,7 @@ const STREAM_REPLAY: u64 = 4;
 
 /// Builds the policy described by `src` (and the tokenizer it uses).
 pub fn load_policy(src: &ModelSource) -> TrainResult<(Transformer, Tokenizer)> {
+    let device = src.device()?;
     let tok_path = src.tokenizer.as_deref().unwrap_or(&src.path);
     let tok = Tokenizer::load(Path::new(tok_path))?;
     let model = match &src.random {
@@ -247,9 +248,9 @@ pub fn load_policy(src: &ModelSource) -> TrainResult<(Transformer, Tokenizer)> {
                 r.kv_heads,
                 true,
             );
-            Transformer::new_random_with_std(cfg, r.seed, r.init_std, DType::F32, &Device::Cpu)?
+            Transformer::new_random_with_std(cfg, r.seed, r.init_std, DType::F32, &device)?
         }
-        None => load_model(Path::new(&src.path), DType::F32, &Device::Cpu)?,
+        None => load_model(Path::new(&src.path), DType::F32, &device)?,
     };
     Ok((model, tok))
 }

@@ -1,0 +1,276 @@
+//! `r2vpo bench step`: one R²VPO training step of a model of any Hugging
+//! Face shape (random weights from its `config.json`, so no weights travel
+//! to a GPU machine) on any device, and the check that a device's log-probs
+//! and gradients match the CPU's. `scripts/gpu/check.sh` runs it beside
+//! PyTorch's step on the same shape and batch (`scripts/gpu/torch_step.py`).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use candle_core::{DType, Device, Tensor};
+use serde::Serialize;
+
+use r2vpo::aggregate::GlobalBatch;
+use r2vpo::objective::{ObjectiveConfig, PolicyBatch};
+use r2vpo::stats::median;
+use r2vpo_llm::model::{ModelConfig, Transformer};
+use r2vpo_llm::train::config::OptimConfig;
+use r2vpo_llm::train::optim::{global_norm, AdamW};
+
+/// `r2vpo bench step` arguments.
+#[derive(clap::Args, Debug)]
+pub struct StepBenchArgs {
+    /// The model's shape: a Hugging Face `config.json` (weights are random).
+    #[arg(long)]
+    pub shape: PathBuf,
+    /// `cpu` or `cuda` (`cuda:N` for device N; needs a `make build-gpu` binary).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Weights, optimizer moments and compute: `f32` or `bf16`.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Prompt tokens per sequence.
+    #[arg(long, default_value_t = 44)]
+    pub prompt: usize,
+    /// Response tokens per sequence (the tokens the objective scores).
+    #[arg(long, default_value_t = 256)]
+    pub response: usize,
+    /// Timed steps (after one untimed warm-up step); the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Instead of timing: compare this device's log-probs and gradients
+    /// with the CPU's (f32) on the same weights and batch, and fail beyond
+    /// `--tolerance`.
+    #[arg(long)]
+    pub check: bool,
+    /// Run this device's side with the fused CPU kernels off: on `cpu`,
+    /// the ops a CUDA device runs (their differentiable composites), so
+    /// `--check --composite` checks the GPU path's math without a GPU.
+    #[arg(long)]
+    pub composite: bool,
+    /// Largest relative difference `--check` accepts (max |a − b| / max |b|
+    /// per tensor).
+    #[arg(long, default_value_t = 1e-4)]
+    pub tolerance: f64,
+    /// Weight seed.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Where the JSON result goes.
+    #[arg(long, default_value = "runs/bench/step.json")]
+    pub out: PathBuf,
+}
+
+/// What one timed step measured.
+#[derive(Serialize)]
+struct StepResult {
+    shape: String,
+    parameters: usize,
+    device: String,
+    dtype: String,
+    batch: usize,
+    prompt: usize,
+    response: usize,
+    step_s: f64,
+    tokens_per_s: f64,
+    loss: f64,
+}
+
+/// What `--check` measured.
+#[derive(Serialize)]
+struct CheckResult {
+    shape: String,
+    device: String,
+    composite: bool,
+    dtype: String,
+    logprobs_rel: f64,
+    grads_rel_max: f64,
+    worst_grad: String,
+    tolerance: f64,
+    pass: bool,
+}
+
+fn parse_dtype(s: &str) -> Result<DType> {
+    match s {
+        "f32" => Ok(DType::F32),
+        "bf16" => Ok(DType::BF16),
+        _ => bail!("--dtype `{s}`: expected f32 or bf16"),
+    }
+}
+
+/// The step's inputs: token ids (deterministic, in the vocabulary),
+/// behaviour log-probs a little off the current ones (so ρ ≠ 1 and the
+/// penalty's branch is taken) and ±1 advantages.
+struct Batch {
+    ids: Tensor,
+    att: Tensor,
+    mask: Tensor,
+    adv: Tensor,
+    wobble: Tensor,
+}
+
+fn batch(a: &StepBenchArgs, vocab: usize, dev: &Device) -> Result<Batch> {
+    let (b, w, r) = (a.batch, a.prompt + a.response, a.response);
+    let ids: Vec<u32> = (0..b * w).map(|i| (r2vpo::seed::splitmix64(i as u64) % vocab as u64) as u32).collect();
+    let wobble: Vec<f32> = (0..b * r).map(|i| 0.15 * ((i as f32) * 0.7).sin()).collect();
+    let adv: Vec<f32> = (0..b * r).map(|i| if (i / r) % 2 == 0 { 1.0 } else { -1.0 }).collect();
+    Ok(Batch {
+        ids: Tensor::from_vec(ids, (b, w), dev)?,
+        att: Tensor::ones((b, w), DType::U32, dev)?,
+        mask: Tensor::ones((b, r), DType::F32, dev)?,
+        adv: Tensor::from_vec(adv, (b, r), dev)?,
+        wobble: Tensor::from_vec(wobble, (b, r), dev)?,
+    })
+}
+
+/// Forward + R²VPO objective (λ = 0.05) + backward: the log-probs, the loss
+/// and the gradients in `opt.vars()` order.
+fn forward_backward(
+    model: &Transformer,
+    opt: &AdamW,
+    x: &Batch,
+    r: usize,
+) -> Result<(Tensor, f64, Vec<Option<Tensor>>)> {
+    let logp = model.tail_logprobs(&x.ids, &x.att, r)?.to_dtype(DType::F32)?;
+    let old = (logp.detach() + &x.wobble)?;
+    let global = GlobalBatch::from_mask(&x.mask)?;
+    let cfg = ObjectiveConfig::preset("r2vpo")?;
+    let out =
+        cfg.loss(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &x.adv, mask: &x.mask }, 0.05, &global)?;
+    let grads = out.loss.backward()?;
+    let loss = out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+    let g = opt.vars().iter().map(|v| grads.get(v.as_tensor()).cloned()).collect();
+    Ok((logp, loss, g))
+}
+
+/// `r2vpo bench step`.
+pub fn step(a: &StepBenchArgs) -> Result<()> {
+    let cfg = ModelConfig::from_file(&a.shape)?;
+    let dev = r2vpo_llm::model::open_device(&a.device).map_err(|m| anyhow::anyhow!("--device {m}"))?;
+    let dtype = parse_dtype(&a.dtype)?;
+    if a.batch == 0 || a.response == 0 || a.prompt == 0 {
+        bail!("--batch, --prompt and --response must be at least 1");
+    }
+    let model = Transformer::new_random_with_std(cfg.clone(), a.seed, 0.02, dtype, &dev)?;
+    let optim = OptimConfig { lr: 1e-6, ..OptimConfig::default() };
+    let mut opt = AdamW::new(model.named_vars(), optim)?;
+    let x = batch(a, cfg.vocab_size, &dev)?;
+    let shape = a.shape.display().to_string();
+    if a.check {
+        return check(a, &cfg, &model, &opt, &x, shape);
+    }
+    let mut times = Vec::new();
+    let mut loss = 0.0;
+    for rep in 0..=a.reps.max(1) {
+        dev.synchronize()?;
+        let t0 = Instant::now();
+        let (_, l, grads) = if a.composite {
+            r2vpo_llm::model::ops::with_composites(|| forward_backward(&model, &opt, &x, a.response))?
+        } else {
+            forward_backward(&model, &opt, &x, a.response)?
+        };
+        let norm = global_norm(&grads)?;
+        let scale = if norm > optim.grad_clip { optim.grad_clip / norm } else { 1.0 };
+        opt.step(&grads, scale)?;
+        dev.synchronize()?;
+        if rep > 0 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+        loss = l;
+    }
+    let step_s = median(&mut times);
+    let tokens = a.batch * (a.prompt + a.response);
+    let res = StepResult {
+        shape,
+        parameters: model.num_parameters(),
+        device: a.device.clone(),
+        dtype: a.dtype.clone(),
+        batch: a.batch,
+        prompt: a.prompt,
+        response: a.response,
+        step_s,
+        tokens_per_s: tokens as f64 / step_s,
+        loss,
+    };
+    println!(
+        "r2vpo training step (forward + R²VPO objective + backward + AdamW), {} ({} parameters), {} {}, {} × ({} + {}) tokens, median of {}",
+        res.shape, res.parameters, res.device, res.dtype, res.batch, res.prompt, res.response, times.len()
+    );
+    println!("| step s | tokens/s |\n|---|---|\n| {:.3} | {:.1} |", res.step_s, res.tokens_per_s);
+    r2vpo_report::atomic_write_json(&a.out, &res)?;
+    println!("written: {}", a.out.display());
+    Ok(())
+}
+
+/// Largest |a − b| over largest |b|, in f64.
+fn rel_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
+    let a = a.to_device(&Device::Cpu)?.to_dtype(DType::F64)?;
+    let b = b.to_device(&Device::Cpu)?.to_dtype(DType::F64)?;
+    let diff = (a - &b)?.abs()?.max_all()?.to_scalar::<f64>()?;
+    let scale = b.abs()?.max_all()?.to_scalar::<f64>()?;
+    Ok(if scale > 0.0 { diff / scale } else { diff })
+}
+
+fn check(
+    a: &StepBenchArgs,
+    cfg: &ModelConfig,
+    model: &Transformer,
+    opt: &AdamW,
+    x: &Batch,
+    shape: String,
+) -> Result<()> {
+    // The reference: the same weights and batch in f32 on the CPU.
+    let cpu = Transformer::new_random_with_std(cfg.clone(), a.seed, 0.02, DType::F32, &Device::Cpu)?;
+    let cpu_opt = AdamW::new(cpu.named_vars(), OptimConfig::default())?;
+    let cpu_x = batch(a, cfg.vocab_size, &Device::Cpu)?;
+    let (lp, _, g) = if a.composite {
+        r2vpo_llm::model::ops::with_composites(|| forward_backward(model, opt, x, a.response))?
+    } else {
+        forward_backward(model, opt, x, a.response)?
+    };
+    let (cpu_lp, _, cpu_g) = forward_backward(&cpu, &cpu_opt, &cpu_x, a.response)?;
+    let logprobs_rel = rel_diff(&lp, &cpu_lp)?;
+    let (mut grads_rel_max, mut worst_grad) = (0.0f64, String::new());
+    for ((name, g), cg) in opt.names().iter().zip(&g).zip(&cpu_g) {
+        let d = match (g, cg) {
+            (Some(g), Some(cg)) => rel_diff(g, cg)?,
+            (None, None) => 0.0,
+            _ => bail!("`{name}` has a gradient on one device only"),
+        };
+        if d > grads_rel_max || worst_grad.is_empty() {
+            (grads_rel_max, worst_grad) = (d.max(grads_rel_max), name.clone());
+        }
+    }
+    let pass = logprobs_rel <= a.tolerance && grads_rel_max <= a.tolerance;
+    let res = CheckResult {
+        shape,
+        device: a.device.clone(),
+        composite: a.composite,
+        dtype: a.dtype.clone(),
+        logprobs_rel,
+        grads_rel_max,
+        worst_grad,
+        tolerance: a.tolerance,
+        pass,
+    };
+    println!(
+        "{}{} {} vs cpu f32, {}: log-probs {:.2e}, gradients {:.2e} (worst: {}), tolerance {:.0e}: {}",
+        res.device,
+        if res.composite { " (composites)" } else { "" },
+        res.dtype,
+        res.shape,
+        res.logprobs_rel,
+        res.grads_rel_max,
+        res.worst_grad,
+        res.tolerance,
+        if pass { "pass" } else { "FAIL" }
+    );
+    r2vpo_report::atomic_write_json(&a.out, &res)?;
+    if !pass {
+        bail!("{} differs from the CPU beyond {:.0e} (written: {})", res.device, a.tolerance, a.out.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""PyTorch + transformers' side of `scripts/gpu/check.sh`: the training step
+`r2vpo bench step` times, on the same shape, batch and objective.
+
+One step = forward (SDPA attention, logits for the response positions only)
++ R²VPO's per-token objective, token-mean (Eq. primal–dual objective,
+λ = 0.05) + backward + gradient-norm clipping at 1.0 + AdamW (fused). The
+model is random-initialised from the `config.json` shape (no weights travel).
+Token ids and behaviour log-probs are made exactly as `bench step` makes
+them (SplitMix64 ids, a 0.15·sin wobble), so both stacks see the same batch.
+
+Runs with the GPU machine's own torch/transformers (the README names the
+venv); nothing here is installed by `make`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", required=True, help="a Hugging Face config.json")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bf16", choices=["f32", "bf16"])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=44)
+    ap.add_argument("--response", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default="runs/bench/torch-step.json")
+    a = ap.parse_args()
+
+    import torch
+    import transformers
+
+    with open(a.shape) as f:
+        shape = json.load(f)
+    cfg = transformers.AutoConfig.for_model(**shape)
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
+    dev = torch.device(a.device)
+    torch.manual_seed(7)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation="sdpa").to(dev)
+    model.train()
+    params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                            fused=dev.type == "cuda")
+
+    b, p, r = a.batch, a.prompt, a.response
+    w = p + r
+    vocab = cfg.vocab_size
+    ids = torch.tensor([splitmix64(i) % vocab for i in range(b * w)], dtype=torch.long).view(b, w).to(dev)
+    att = torch.ones(b, w, dtype=torch.long, device=dev)
+    wobble = torch.tensor([0.15 * math.sin(i * 0.7) for i in range(b * r)], dtype=torch.float32).view(b, r).to(dev)
+    adv = torch.tensor([1.0 if (i // r) % 2 == 0 else -1.0 for i in range(b * r)]).view(b, r).to(dev)
+    mask = torch.ones(b, r, device=dev)
+    lam, delta = 0.05, 1e-3
+
+    def step() -> float:
+        # Logits of the positions that predict the response tokens only
+        # (r2vpo's tail_logprobs does the same).
+        out = model(input_ids=ids, attention_mask=att, logits_to_keep=r + 1)
+        logits = out.logits[:, :-1].float()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, p:].unsqueeze(-1)).squeeze(-1)
+        old = logp.detach() + wobble
+        rho = torch.exp(torch.clamp(logp - old, -20.0, 20.0))
+        per_token = -(rho * adv - lam * ((rho - 1.0) ** 2 - delta))
+        loss = (per_token * mask).sum() / mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    step()  # warm-up: kernels, allocator, optimizer state
+    sync()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times, loss = [], 0.0
+    for _ in range(max(a.reps, 1)):
+        sync()
+        t0 = time.perf_counter()
+        loss = step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    res = {
+        "shape": a.shape,
+        "parameters": params,
+        "device": a.device,
+        "dtype": a.dtype,
+        "batch": b,
+        "prompt": p,
+        "response": r,
+        "step_s": step_s,
+        "tokens_per_s": b * w / step_s,
+        "loss": loss,
+        "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    print(f"torch {torch.__version__} + transformers {transformers.__version__}, {a.shape} ({params} parameters), "
+          f"{a.device} {a.dtype}, {b} × ({p} + {r}) tokens, median of {len(times)}")
+    print(f"| step s | tokens/s |\n|---|---|\n| {step_s:.3f} | {b * w / step_s:.1f} |")
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    tmp = a.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(res, f, indent=2)
+    os.replace(tmp, a.out)
+    print(f"written: {a.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
