@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
@@ -19,7 +19,7 @@ use r2vpo_llm::train::config::OptimConfig;
 use r2vpo_llm::train::optim::{global_norm, AdamW};
 
 /// `r2vpo bench step` arguments.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct StepBenchArgs {
     /// The model's shape: a Hugging Face `config.json` (weights are random).
     #[arg(long)]
@@ -47,6 +47,10 @@ pub struct StepBenchArgs {
     /// `--tolerance`.
     #[arg(long)]
     pub check: bool,
+    /// Gradient checkpointing: keep only each decoder layer's input in the
+    /// forward and recompute one layer at a time in the backward.
+    #[arg(long)]
+    pub checkpoint: bool,
     /// Run this device's side with the fused CPU kernels off: on `cpu`,
     /// the ops a CUDA device runs (their differentiable composites), so
     /// `--check --composite` checks the GPU path's math without a GPU.
@@ -56,6 +60,12 @@ pub struct StepBenchArgs {
     /// per tensor).
     #[arg(long, default_value_t = 1e-4)]
     pub tolerance: f64,
+    /// Before timing, one step (instead of the warm-up) with this process's
+    /// resident memory read per phase (peak and after; Linux /proc), and the
+    /// analytic sizes of weights, moments and logits: where a step's memory
+    /// goes.
+    #[arg(long)]
+    pub memory: bool,
     /// Weight seed.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
@@ -126,24 +136,33 @@ fn batch(a: &StepBenchArgs, vocab: usize, dev: &Device) -> Result<Batch> {
     })
 }
 
-/// Forward + R²VPO objective (λ = 0.05) + backward: the log-probs, the loss
-/// and the gradients in `opt.vars()` order.
+/// Forward + R²VPO objective (λ = 0.05) + backward, through the whole
+/// graph or with gradient checkpointing (`--checkpoint`): the log-probs, the
+/// loss and the gradients in `opt.vars()` order.
 fn forward_backward(
     model: &Transformer,
     opt: &AdamW,
     x: &Batch,
-    r: usize,
+    a: &StepBenchArgs,
 ) -> Result<(Tensor, f64, Vec<Option<Tensor>>)> {
-    let logp = model.tail_logprobs(&x.ids, &x.att, r)?.to_dtype(DType::F32)?;
-    let old = (logp.detach() + &x.wobble)?;
     let global = GlobalBatch::from_mask(&x.mask)?;
     let cfg = ObjectiveConfig::preset("r2vpo")?;
-    let out =
-        cfg.loss(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &x.adv, mask: &x.mask }, 0.05, &global)?;
-    let grads = out.loss.backward()?;
-    let loss = out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+    let loss_of = |logp: &Tensor| -> candle_core::Result<Tensor> {
+        let logp = logp.to_dtype(DType::F32)?;
+        let old = (logp.detach() + &x.wobble)?;
+        let batch = PolicyBatch { logp: &logp, old_logp: &old, advantages: &x.adv, mask: &x.mask };
+        Ok(cfg.loss(&batch, 0.05, &global).map_err(|e| candle_core::Error::Msg(e.to_string()))?.loss)
+    };
+    let (logp, loss, grads) = if a.checkpoint {
+        model.tail_grads_checkpointed(&x.ids, &x.att, a.response, loss_of)?
+    } else {
+        let logp = model.tail_logprobs(&x.ids, &x.att, a.response)?;
+        let loss = loss_of(&logp)?;
+        let grads = loss.backward()?;
+        (logp, loss, grads)
+    };
     let g = opt.vars().iter().map(|v| grads.get(v.as_tensor()).cloned()).collect();
-    Ok((logp, loss, g))
+    Ok((logp.to_dtype(DType::F32)?, loss.to_dtype(DType::F64)?.to_scalar::<f64>()?, g))
 }
 
 /// `r2vpo bench step`.
@@ -162,15 +181,19 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     if a.check {
         return check(a, &cfg, &model, &opt, &x, shape);
     }
+    // Memory first, in a fresh process: an allocator keeps what it freed
+    // (RSS never falls back), so only the first step shows what each phase
+    // adds. It also serves as the warm-up.
+    let memory = if a.memory { Some(memory_phases(a, &model, &mut opt, &x, optim.grad_clip)?) } else { None };
     let mut times = Vec::new();
     let mut loss = 0.0;
-    for rep in 0..=a.reps.max(1) {
+    for rep in usize::from(a.memory)..=a.reps.max(1) {
         dev.synchronize()?;
         let t0 = Instant::now();
         let (_, l, grads) = if a.composite {
-            r2vpo_llm::model::ops::with_composites(|| forward_backward(&model, &opt, &x, a.response))?
+            r2vpo_llm::model::ops::with_composites(|| forward_backward(&model, &opt, &x, a))?
         } else {
-            forward_backward(&model, &opt, &x, a.response)?
+            forward_backward(&model, &opt, &x, a)?
         };
         let norm = global_norm(&grads)?;
         let scale = if norm > optim.grad_clip { optim.grad_clip / norm } else { 1.0 };
@@ -200,9 +223,101 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         res.shape, res.parameters, res.device, res.dtype, res.batch, res.prompt, res.response, times.len()
     );
     println!("| step s | tokens/s |\n|---|---|\n| {:.3} | {:.1} |", res.step_s, res.tokens_per_s);
-    r2vpo_report::atomic_write_json(&a.out, &res)?;
+    #[derive(Serialize)]
+    struct Out<'a> {
+        #[serde(flatten)]
+        step: &'a StepResult,
+        memory: Option<Memory>,
+    }
+    r2vpo_report::atomic_write_json(&a.out, &Out { step: &res, memory })?;
     println!("written: {}", a.out.display());
     Ok(())
+}
+
+/// This process's resident set now and its peak since the last
+/// [`reset_peak`], in GiB (`VmRSS`, `VmHWM` of /proc/self/status).
+fn rss() -> Result<(f64, f64)> {
+    let status = std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    let kib = |key: &str| -> Result<f64> {
+        let line =
+            status.lines().find(|l| l.starts_with(key)).with_context(|| format!("no {key} in /proc/self/status"))?;
+        let v: f64 =
+            line.split_whitespace().nth(1).unwrap_or("").parse().with_context(|| format!("parsing `{line}`"))?;
+        Ok(v / (1024.0 * 1024.0))
+    };
+    Ok((kib("VmRSS:")?, kib("VmHWM:")?))
+}
+
+/// Resets `VmHWM` to the current resident set (Linux ≥ 4.0).
+fn reset_peak() -> Result<()> {
+    std::fs::write("/proc/self/clear_refs", "5").context("resetting the peak (/proc/self/clear_refs)")
+}
+
+/// Where one step's memory goes, phase by phase.
+#[derive(Serialize)]
+struct Memory {
+    /// Analytic sizes (GiB): parameters, the two AdamW moments, and one
+    /// copy of the response positions' logits (batch × response × vocab).
+    weights_gib: f64,
+    moments_gib: f64,
+    logits_gib: f64,
+    /// Resident set before the step (weights, moments, batch, allocator).
+    before_gib: f64,
+    /// (phase, peak during it, resident after it), GiB.
+    phases: Vec<(String, f64, f64)>,
+}
+
+fn memory_phases(a: &StepBenchArgs, model: &Transformer, opt: &mut AdamW, x: &Batch, clip: f64) -> Result<Memory> {
+    let gib = |bytes: usize| bytes as f64 / (1u64 << 30) as f64;
+    let el = model.dtype().size_in_bytes();
+    let cfg = model.config();
+    let mut phases = Vec::new();
+    let (before, _) = rss()?;
+    let phase = |name: &str, phases: &mut Vec<(String, f64, f64)>| -> Result<()> {
+        let (now, peak) = rss()?;
+        phases.push((name.to_string(), peak, now));
+        reset_peak()
+    };
+    reset_peak()?;
+    let g = if a.checkpoint {
+        let (_, _, g) = forward_backward(model, opt, x, a)?;
+        phase("forward + objective + backward, checkpointed (gradients kept)", &mut phases)?;
+        g
+    } else {
+        let logp = model.tail_logprobs(&x.ids, &x.att, a.response)?.to_dtype(DType::F32)?;
+        let old = (logp.detach() + &x.wobble)?;
+        let global = GlobalBatch::from_mask(&x.mask)?;
+        let obj = ObjectiveConfig::preset("r2vpo")?;
+        let out =
+            obj.loss(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &x.adv, mask: &x.mask }, 0.05, &global)?;
+        phase("forward + objective (graph kept for backward)", &mut phases)?;
+        let grads = out.loss.backward()?;
+        phase("backward", &mut phases)?;
+        let g: Vec<Option<Tensor>> = opt.vars().iter().map(|v| grads.get(v.as_tensor()).cloned()).collect();
+        drop((grads, out, old, logp));
+        phase("graph dropped (gradients kept)", &mut phases)?;
+        g
+    };
+    let norm = global_norm(&g)?;
+    opt.step(&g, if norm > clip { clip / norm } else { 1.0 })?;
+    drop(g);
+    phase("AdamW step, gradients dropped", &mut phases)?;
+    let mem = Memory {
+        weights_gib: gib(model.num_parameters() * el),
+        moments_gib: gib(2 * model.num_parameters() * el),
+        logits_gib: gib(a.batch * a.response * cfg.vocab_size * el),
+        before_gib: before,
+        phases,
+    };
+    println!(
+        "\nmemory (resident set, GiB): weights {:.2}, AdamW moments {:.2}, one copy of the response logits {:.2}; before the step {:.2}",
+        mem.weights_gib, mem.moments_gib, mem.logits_gib, mem.before_gib
+    );
+    println!("| phase | peak | after |\n|---|---|---|");
+    for (name, peak, after) in &mem.phases {
+        println!("| {name} | {peak:.2} | {after:.2} |");
+    }
+    Ok(mem)
 }
 
 /// Largest |a − b| over largest |b|, in f64.
@@ -227,11 +342,12 @@ fn check(
     let cpu_opt = AdamW::new(cpu.named_vars(), OptimConfig::default())?;
     let cpu_x = batch(a, cfg.vocab_size, &Device::Cpu)?;
     let (lp, _, g) = if a.composite {
-        r2vpo_llm::model::ops::with_composites(|| forward_backward(model, opt, x, a.response))?
+        r2vpo_llm::model::ops::with_composites(|| forward_backward(model, opt, x, a))?
     } else {
-        forward_backward(model, opt, x, a.response)?
+        forward_backward(model, opt, x, a)?
     };
-    let (cpu_lp, _, cpu_g) = forward_backward(&cpu, &cpu_opt, &cpu_x, a.response)?;
+    let (cpu_lp, _, cpu_g) =
+        forward_backward(&cpu, &cpu_opt, &cpu_x, &StepBenchArgs { checkpoint: false, ..a.clone() })?;
     let logprobs_rel = rel_diff(&lp, &cpu_lp)?;
     let (mut grads_rel_max, mut worst_grad) = (0.0f64, String::new());
     for ((name, g), cg) in opt.names().iter().zip(&g).zip(&cpu_g) {

@@ -235,3 +235,35 @@ fn only_the_newest_checkpoints_are_kept() {
     assert_eq!(names, ["iter-000003", "iter-000004"]);
     assert_eq!(std::fs::read_to_string(dir.path().join("checkpoints/latest")).unwrap(), "iter-000004");
 }
+
+#[test]
+fn activation_checkpointing_trains_like_the_full_graph_and_refuses_what_it_cannot_do() {
+    // One optimizer step per iteration (4 micro-batches accumulated), so
+    // iteration 0 is one step from the same weights on the same samples.
+    // Later iterations may sample differently: Adam divides by √v, which
+    // turns float rounding in near-zero gradients into visible steps.
+    let base = TrainConfig { share_prompt_prefix: false, minibatch_size: 16, ..tiny(3) };
+    let dir = tempfile::tempdir().unwrap();
+    let plain = run(base.clone(), &dir.path().join("plain"));
+    let ck = run(TrainConfig { activation_checkpointing: true, ..base.clone() }, &dir.path().join("ck"));
+    assert_eq!(plain.len(), ck.len());
+    let (a, b) = (&plain[0], &ck[0]);
+    assert_eq!((a.reward_mean, a.response_len_mean, a.updates), (b.reward_mean, b.response_len_mean, b.updates));
+    for (x, y, what) in
+        [(a.loss, b.loss, "loss"), (a.grad_norm, b.grad_norm, "grad_norm"), (a.sq_dev, b.sq_dev, "sq_dev")]
+    {
+        assert!((x - y).abs() <= 1e-5 * x.abs().max(1e-3), "{what}: {x} vs {y}");
+    }
+    assert!(ck.iter().all(|m| m.loss.is_finite() && m.grad_norm.is_finite() && m.skipped_steps == 0));
+    for (cfg, why) in [
+        (TrainConfig { activation_checkpointing: true, ..tiny(1) }, "share_prompt_prefix"),
+        (TrainConfig { activation_checkpointing: true, entropy_coef: 0.01, ..base }, "entropy_coef"),
+    ] {
+        let err = cfg.validate().unwrap_err();
+        assert!(
+            matches!(&err, r2vpo_llm::train::TrainError::Config { field, .. } if field == "activation_checkpointing"),
+            "{err}"
+        );
+        assert!(err.to_string().contains(why), "{err}");
+    }
+}

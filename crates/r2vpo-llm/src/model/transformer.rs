@@ -39,6 +39,17 @@ struct Layer {
     down: Tensor,
 }
 
+impl Layer {
+    /// Every weight of the layer.
+    fn tensors(&self) -> Vec<&Tensor> {
+        let opt = [&self.q_b, &self.k_b, &self.v_b, &self.o_b, &self.q_norm, &self.k_norm];
+        [&self.q, &self.k, &self.v, &self.o, &self.in_norm, &self.post_norm, &self.gate, &self.up, &self.down]
+            .into_iter()
+            .chain(opt.into_iter().flatten())
+            .collect()
+    }
+}
+
 /// All weights, either the `Var`s themselves (training) or detached handles
 /// sharing their storage (inference: no graph is recorded).
 #[derive(Clone)]
@@ -624,14 +635,33 @@ impl Transformer {
         new_mask: &[Vec<u8>],
         mut cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
-        let cfg = &self.config;
+        let c = self.stack_ctx(ids, new_mask, cache.as_deref_mut())?;
+        let mut x = self.embed(p, ids)?;
+        for (li, l) in p.layers.iter().enumerate() {
+            x = self.layer(l, li, &x, &c, cache.as_deref_mut())?;
+        }
+        self.final_norm(p, &x, &c)
+    }
+
+    /// Token embeddings, `(B·T, hidden)`.
+    fn embed(&self, p: &Params, ids: &Tensor) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
-        let (nh, nkv, hd, hs) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim(), cfg.hidden_size);
-        let g = nh / nkv;
+        let ids = ids.to_dtype(DType::U32)?.flatten_all()?;
+        Ok(p.embed.index_select(&ids, 0)?.reshape((b * t, self.config.hidden_size))?)
+    }
+
+    /// The final RMSNorm, reshaped to `(B, T, hidden)`.
+    fn final_norm(&self, p: &Params, x: &Tensor, c: &StackCtx) -> Result<Tensor> {
+        Ok(ops::rms_norm(x, &p.norm, self.config.rms_norm_eps)?.reshape((c.b, c.t, self.config.hidden_size))?)
+    }
+
+    /// Positions, RoPE tables and the additive mask over all keys for `T`
+    /// new tokens of `B` rows; with a cache, its rows' masks extend on the
+    /// left and take the new tokens' masks.
+    fn stack_ctx(&self, ids: &Tensor, new_mask: &[Vec<u8>], cache: Option<&mut KvCache>) -> Result<StackCtx> {
+        let (b, t) = ids.dims2()?;
         let past = cache.as_ref().map_or(0, |c| c.len());
         let tk = past + t;
-
-        // Per-row positions and the additive mask over all keys.
         let mut pos = vec![vec![0usize; t]; b];
         let mut add = vec![0f64; b * t * tk];
         for r in 0..b {
@@ -650,65 +680,171 @@ impl Transformer {
                 }
             }
         }
-        if let Some(c) = cache.as_deref_mut() {
+        if let Some(c) = cache {
             for (r, m) in new_mask.iter().enumerate() {
                 c.mask[r].extend_from_slice(m);
             }
         }
         let mask = Tensor::from_vec(add, (b, 1, 1, t, tk), &self.device)?.to_dtype(self.dtype)?;
         let (cos, sin) = self.rope_tables(&pos)?;
-        let scale = 1.0 / (hd as f64).sqrt();
-
-        let ids = ids.to_dtype(DType::U32)?.flatten_all()?;
-        let mut x = p.embed.index_select(&ids, 0)?.reshape((b * t, hs))?;
-        for (li, l) in p.layers.iter().enumerate() {
-            let h = ops::rms_norm(&x, &l.in_norm, cfg.rms_norm_eps)?;
-            let proj = |w: &Tensor, bias: &Option<Tensor>, heads: usize| -> Result<Tensor> {
-                let mut y = h.matmul(&w.t()?)?;
-                if let Some(bb) = bias {
-                    y = y.broadcast_add(bb)?;
-                }
-                Ok(y.reshape((b, t, heads, hd))?)
-            };
-            let mut q = proj(&l.q, &l.q_b, nh)?;
-            let mut k = proj(&l.k, &l.k_b, nkv)?;
-            let v = proj(&l.v, &l.v_b, nkv)?.transpose(1, 2)?.contiguous()?;
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                q = ops::rms_norm(&q, qn, cfg.rms_norm_eps)?;
-                k = ops::rms_norm(&k, kn, cfg.rms_norm_eps)?;
-            }
-            let q = ops::rope(&q.transpose(1, 2)?.contiguous()?, &cos, &sin)?;
-            let k = ops::rope(&k.transpose(1, 2)?.contiguous()?, &cos, &sin)?;
-            let (k, v) = match cache.as_deref_mut() {
-                Some(c) => {
-                    let kv = match &c.layers[li] {
-                        Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
-                        None => (k, v),
-                    };
-                    c.layers[li] = Some(kv.clone());
-                    kv
-                }
-                None => (k, v),
-            };
-            // GQA without repeat_kv: the g query heads sharing a kv head are
-            // stacked along the sequence axis of one matmul.
-            let q = (q * scale)?.reshape((b, nkv, g * t, hd))?;
-            let scores = q.matmul(&k.t()?)?.reshape((b, nkv, g, t, tk))?.broadcast_add(&mask)?;
-            let probs = ops::softmax_last_dim(&scores)?.reshape((b, nkv, g * t, tk))?;
-            let attn =
-                probs.matmul(&v)?.reshape((b, nh, t, hd))?.transpose(1, 2)?.contiguous()?.reshape((b * t, nh * hd))?;
-            let mut o = attn.matmul(&l.o.t()?)?;
-            if let Some(ob) = &l.o_b {
-                o = o.broadcast_add(ob)?;
-            }
-            x = (x + o)?;
-            let h2 = ops::rms_norm(&x, &l.post_norm, cfg.rms_norm_eps)?;
-            let gate = h2.matmul(&l.gate.t()?)?.silu()?;
-            let up = h2.matmul(&l.up.t()?)?;
-            x = (x + (gate * up)?.matmul(&l.down.t()?)?)?;
-        }
-        Ok(ops::rms_norm(&x, &p.norm, cfg.rms_norm_eps)?.reshape((b, t, hs))?)
+        Ok(StackCtx { b, t, tk, mask, cos, sin })
     }
+
+    /// Decoder layer `li` on `x (B·T, hidden)`, appending its keys and
+    /// values to `cache` when there is one.
+    fn layer(&self, l: &Layer, li: usize, x: &Tensor, c: &StackCtx, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let cfg = &self.config;
+        let (b, t, tk) = (c.b, c.t, c.tk);
+        let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
+        let g = nh / nkv;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let h = ops::rms_norm(x, &l.in_norm, cfg.rms_norm_eps)?;
+        let proj = |w: &Tensor, bias: &Option<Tensor>, heads: usize| -> Result<Tensor> {
+            let mut y = h.matmul(&w.t()?)?;
+            if let Some(bb) = bias {
+                y = y.broadcast_add(bb)?;
+            }
+            Ok(y.reshape((b, t, heads, hd))?)
+        };
+        let mut q = proj(&l.q, &l.q_b, nh)?;
+        let mut k = proj(&l.k, &l.k_b, nkv)?;
+        let v = proj(&l.v, &l.v_b, nkv)?.transpose(1, 2)?.contiguous()?;
+        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+            q = ops::rms_norm(&q, qn, cfg.rms_norm_eps)?;
+            k = ops::rms_norm(&k, kn, cfg.rms_norm_eps)?;
+        }
+        let q = ops::rope(&q.transpose(1, 2)?.contiguous()?, &c.cos, &c.sin)?;
+        let k = ops::rope(&k.transpose(1, 2)?.contiguous()?, &c.cos, &c.sin)?;
+        let (k, v) = match cache {
+            Some(cache) => {
+                let kv = match &cache.layers[li] {
+                    Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
+                    None => (k, v),
+                };
+                cache.layers[li] = Some(kv.clone());
+                kv
+            }
+            None => (k, v),
+        };
+        // GQA without repeat_kv: the g query heads sharing a kv head are
+        // stacked along the sequence axis of one matmul.
+        let q = (q * scale)?.reshape((b, nkv, g * t, hd))?;
+        let scores = q.matmul(&k.t()?)?.reshape((b, nkv, g, t, tk))?.broadcast_add(&c.mask)?;
+        let probs = ops::softmax_last_dim(&scores)?.reshape((b, nkv, g * t, tk))?;
+        let attn =
+            probs.matmul(&v)?.reshape((b, nh, t, hd))?.transpose(1, 2)?.contiguous()?.reshape((b * t, nh * hd))?;
+        let mut o = attn.matmul(&l.o.t()?)?;
+        if let Some(ob) = &l.o_b {
+            o = o.broadcast_add(ob)?;
+        }
+        let x = (x + o)?;
+        let h2 = ops::rms_norm(&x, &l.post_norm, cfg.rms_norm_eps)?;
+        let gate = h2.matmul(&l.gate.t()?)?.silu()?;
+        let up = h2.matmul(&l.up.t()?)?;
+        Ok((x + (gate * up)?.matmul(&l.down.t()?)?)?)
+    }
+
+    /// The gradients of `loss_of(tail_logprobs(ids, mask, r))` with respect
+    /// to every weight, by gradient checkpointing (Chen et al. 2016, "Training
+    /// Deep Nets with Sublinear Memory Cost"; PyTorch's
+    /// `torch.utils.checkpoint` per decoder layer): the forward keeps only
+    /// each layer's input, then the backward recomputes one layer at a time
+    /// and backpropagates the incoming gradient through it. It costs one
+    /// more forward of the stack; the activations alive at once fall from
+    /// every layer's to one layer's (measured in README "GPU learner").
+    /// Returns the log-probs `(B, r)` and the loss (both without a graph)
+    /// and the gradients, keyed like `loss.backward()`'s.
+    pub fn tail_grads_checkpointed(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        r: usize,
+        loss_of: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> Result<(Tensor, Tensor, candle_core::backprop::GradStore)> {
+        let (b, w) = input_ids.dims2()?;
+        if r == 0 || r >= w {
+            return Err(candle_core::Error::Msg(format!("tail length {r} must be in 1..{w} for width {w}")).into());
+        }
+        // The layers' gradients land in buffers allocated before any
+        // activation: kept as the backward's own tensors, each would pin
+        // the allocator pages around it, and the resident set grew by a
+        // whole layer's activations per layer (measured: +280 MB per
+        // SmolLM2 layer, ending above the full graph's peak).
+        let bufs: Vec<Vec<(Tensor, Tensor)>> = self
+            .params
+            .layers
+            .iter()
+            .map(|l| l.tensors().into_iter().map(|v| Ok((v.clone(), v.zeros_like()?))).collect::<Result<Vec<_>>>())
+            .collect::<Result<_>>()?;
+        let rows = mask_rows(attention_mask, b, w)?;
+        let c = self.stack_ctx(input_ids, &rows, None)?;
+        let (det, p) = (self.detached(), &self.params);
+        // Forward without a graph, keeping each layer's input.
+        let mut inputs = vec![self.embed(&det, input_ids)?];
+        for (li, l) in det.layers.iter().enumerate() {
+            let x = self.layer(l, li, &inputs[li], &c, None)?;
+            inputs.push(x);
+        }
+        // The head with a graph, from the last layer's output as a leaf.
+        let top = Var::from_tensor(&inputs.pop().expect("the embedding at least"))?;
+        let h = self.final_norm(p, top.as_tensor(), &c)?;
+        let hs = h.narrow(1, w - r - 1, r)?.contiguous()?.reshape((b * r, self.config.hidden_size))?;
+        let targets = input_ids.narrow(1, w - r, r)?.to_dtype(DType::U32)?.flatten_all()?;
+        let logp = ops::log_prob_gather(&self.head(p, &hs)?, &targets)?.reshape((b, r))?;
+        let loss = loss_of(&logp)?;
+        let mut head_grads = loss.backward()?;
+        let mut g = head_grads
+            .remove(top.as_tensor())
+            .ok_or_else(|| candle_core::Error::Msg("the loss does not depend on the log-probs it was given".into()))?;
+        // Only the weights' gradients are kept: candle's store also holds
+        // gradients of constant inputs (masks, tables), never read.
+        let mut grads = candle_core::backprop::GradStore::default();
+        for t in [Some(&p.norm), p.lm_head.as_ref(), Some(&p.embed)].into_iter().flatten() {
+            if let Some(gt) = head_grads.remove(t) {
+                grads.insert(t, gt);
+            }
+        }
+        drop((head_grads, h, hs, top));
+        let (logp, loss) = (logp.detach(), loss.detach());
+        // Back through the layers, one recomputed at a time.
+        for (li, l) in p.layers.iter().enumerate().rev() {
+            let x = Var::from_tensor(&inputs.pop().expect("one input per layer"))?;
+            let y = self.layer(l, li, x.as_tensor(), &c, None)?;
+            let mut gl = (y * &g)?.sum_all()?.backward()?;
+            g = gl
+                .remove(x.as_tensor())
+                .ok_or_else(|| candle_core::Error::Msg(format!("layer {li}: no input gradient")))?;
+            for (v, buf) in &bufs[li] {
+                if let Some(gv) = gl.get(v) {
+                    buf.slice_set(&gv.contiguous()?, 0, 0)?;
+                    grads.insert(v, buf.clone());
+                }
+            }
+        }
+        // The embedding (tied: its gradient from the head adds up).
+        let x0 = self.embed(p, input_ids)?;
+        let mut ge = (x0 * &g)?.sum_all()?.backward()?;
+        if let Some(gt) = ge.remove(&p.embed) {
+            let sum = match grads.remove(&p.embed) {
+                Some(prev) => (prev + gt)?,
+                None => gt,
+            };
+            grads.insert(&p.embed, sum);
+        }
+        Ok((logp, loss, grads))
+    }
+}
+
+/// What every layer of one stack pass shares.
+struct StackCtx {
+    b: usize,
+    t: usize,
+    /// Keys: cached + new.
+    tk: usize,
+    /// Additive mask `(B, 1, 1, T, TK)`.
+    mask: Tensor,
+    cos: Tensor,
+    sin: Tensor,
 }
 
 /// A `(B, T)` mask tensor as rows of 0/1 bytes.

@@ -434,6 +434,15 @@ pub struct TrainConfig {
     /// micro-batches so that groups stay together; this only changes the
     /// order of a sum.
     pub share_prompt_prefix: bool,
+    /// Gradient checkpointing per decoder layer: the forward keeps only each
+    /// layer's input, the backward recomputes one layer at a time
+    /// ([`crate::model::Transformer::tail_grads_checkpointed`]). The same
+    /// gradients up to float rounding (tested) for one more forward pass;
+    /// on SmolLM2 at 8 × (44 + 256) tokens the step's peak resident memory
+    /// falls from 10.1 to 3.9 GiB and its time rises 1.28× (README). Needs
+    /// `share_prompt_prefix = false` (the shared prompt's keys and values
+    /// cross every layer) and `entropy_coef = 0`; both are refused otherwise.
+    pub activation_checkpointing: bool,
     /// The policy objective (R²VPO or a baseline).
     pub objective: ObjectiveConfig,
     /// λ: fixed or adaptive (Appendix C: adaptive, λ₀ 0, η 5e-3, δ 1e-3).
@@ -506,6 +515,7 @@ impl Default for TrainConfig {
             minibatch_size: 32,
             micro_batch_size: 8,
             share_prompt_prefix: true,
+            activation_checkpointing: false,
             objective: ObjectiveConfig::default(),
             dual: DualConfig::llm_default(),
             replay: ReplayConfig { minibatch_size: 32, ..ReplayConfig::default() },
@@ -588,6 +598,19 @@ impl TrainConfig {
         }
         if self.ref_kl.coef.is_nan() || self.ref_kl.coef < 0.0 {
             return Err(bad("ref_kl.coef", "must be non-negative"));
+        }
+        if self.activation_checkpointing && self.share_prompt_prefix {
+            return Err(bad(
+                "activation_checkpointing",
+                "needs share_prompt_prefix = false: a shared prompt's keys and values feed every layer of every \
+                 row, which per-layer recomputation cannot split",
+            ));
+        }
+        if self.activation_checkpointing && self.entropy_coef != 0.0 {
+            return Err(bad(
+                "activation_checkpointing",
+                "needs entropy_coef = 0 (the entropy bonus is not checkpointed)",
+            ));
         }
         if !self.entropy_coef.is_finite() {
             return Err(bad("entropy_coef", "must be finite"));

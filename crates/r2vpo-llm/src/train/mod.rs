@@ -732,27 +732,51 @@ impl Trainer {
         let mut ref_kl = 0.0f64;
         let mut tokens = 0usize;
         for (part, t) in parts.iter().zip(&packed) {
-            let logp = t.logprobs(&self.model)?;
-            let out = self.learner.loss(
-                &PolicyBatch { logp: &logp, old_logp: &t.old_logp, advantages: &t.advantages, mask: &t.mask },
-                &global,
-            )?;
-            let mut loss = out.loss;
-            if let (Some(rf), true) = (&t.ref_logp, self.cfg.ref_kl.coef > 0.0) {
-                // KL(π_θ‖π_ref) with x = log π_ref − log π_θ (verl's kl_penalty).
-                let x = rf.sub(&logp)?;
-                let kl = kl_estimate(self.cfg.ref_kl.estimator, &x)?;
-                let term = aggregate(&kl, &t.mask, agg, &global)?;
-                ref_kl += term.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-                loss = loss.add(&term.affine(self.cfg.ref_kl.coef, 0.0)?)?;
-            }
-            if self.cfg.entropy_coef != 0.0 {
-                let ent = t.entropy(&self.model)?;
-                let term = aggregate(&ent, &t.mask, agg, &global)?;
-                loss = loss.sub(&term.affine(self.cfg.entropy_coef, 0.0)?)?;
-            }
+            // The loss of a micro-batch given its log-probs: the objective,
+            // then the KL to the reference and the entropy bonus when on.
+            let entropy_coef = self.cfg.entropy_coef;
+            let (learner, model, ref_cfg) = (&self.learner, &self.model, self.cfg.ref_kl);
+            let loss_of = |logp: &Tensor| -> TrainResult<(Tensor, RatioStats, f64)> {
+                let out = learner.loss(
+                    &PolicyBatch { logp, old_logp: &t.old_logp, advantages: &t.advantages, mask: &t.mask },
+                    &global,
+                )?;
+                let (mut loss, mut kl_part) = (out.loss, 0.0);
+                if let (Some(rf), true) = (&t.ref_logp, ref_cfg.coef > 0.0) {
+                    // KL(π_θ‖π_ref) with x = log π_ref − log π_θ (verl's kl_penalty).
+                    let x = rf.sub(logp)?;
+                    let kl = kl_estimate(ref_cfg.estimator, &x)?;
+                    let term = aggregate(&kl, &t.mask, agg, &global)?;
+                    kl_part = term.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                    loss = loss.add(&term.affine(ref_cfg.coef, 0.0)?)?;
+                }
+                if entropy_coef != 0.0 {
+                    let ent = t.entropy(model)?;
+                    let term = aggregate(&ent, &t.mask, agg, &global)?;
+                    loss = loss.sub(&term.affine(entropy_coef, 0.0)?)?;
+                }
+                Ok((loss, out.stats, kl_part))
+            };
+            let (logp, loss, gs, step_stats, kl_part) = match (&t.inputs, self.cfg.activation_checkpointing) {
+                (batch::Inputs::Padded { ids, attention }, true) => {
+                    let mut extra = None;
+                    let (logp, loss, gs) = self.model.tail_grads_checkpointed(ids, attention, t.tail, |lp| {
+                        let (loss, st, kl) = loss_of(lp).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+                        extra = Some((st, kl));
+                        Ok(loss)
+                    })?;
+                    let (st, kl) = extra.expect("the loss was computed");
+                    (logp, loss, gs, st, kl)
+                }
+                _ => {
+                    let logp = t.logprobs(&self.model)?;
+                    let (loss, st, kl) = loss_of(&logp)?;
+                    let gs = loss.backward()?;
+                    (logp, loss, gs, st, kl)
+                }
+            };
+            ref_kl += kl_part;
             loss_total += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            let gs = loss.backward()?;
             for (i, v) in vars.iter().enumerate() {
                 if let Some(gv) = gs.get(v.as_tensor()) {
                     grads[i] = Some(match grads[i].take() {
@@ -770,7 +794,7 @@ impl Trainer {
                 }
             }
             tokens += t.mask.sum_all()?.to_scalar::<f32>()? as usize;
-            stats.push(out.stats);
+            stats.push(step_stats);
         }
         let norm = optim::global_norm(&grads)?;
         if !loss_total.is_finite() || !norm.is_finite() {
