@@ -28,7 +28,7 @@ REPS=${REPS:-3}
 if [ $dry = 1 ]; then
     BIN=${R2VPO_BIN:-target/release/r2vpo}
     DEV=cpu
-    SHAPE=${SHAPE:-configs/gpu/qwen3-tiny.json}
+    SHAPE=${SHAPE:-configs/shapes/qwen3-tiny.json}
     BATCH=${BATCH:-2} PROMPT=${PROMPT:-16} RESPONSE=${RESPONSE:-48}
     OUT=${OUT_DRY:-runs/gpu-dry-run}
     TORCH_PY=${TORCH_PY:-python3}
@@ -43,7 +43,7 @@ else
         chmod +x "$BIN.tmp" && mv "$BIN.tmp" "$BIN"
     fi
     DEV=cuda
-    SHAPE=${SHAPE:-configs/gpu/qwen3-1.7b.json}
+    SHAPE=${SHAPE:-configs/shapes/qwen3-1.7b.json}
     # 4 × 1024 tokens: fits both stacks without gradient checkpointing.
     BATCH=${BATCH:-4} PROMPT=${PROMPT:-256} RESPONSE=${RESPONSE:-768}
     TORCH_PY=${TORCH_PY:-/opt/torch/.venv/bin/python}
@@ -82,12 +82,12 @@ with_peak() {
     wait $pid
 }
 
-echo "== 1. correctness: $DEV vs cpu on configs/gpu/qwen3-tiny.json"
-"$BIN" bench step --shape configs/gpu/qwen3-tiny.json --device $DEV $COMPOSITE --dtype f32 --check --tolerance 1e-4 \
+echo "== 1. correctness: $DEV vs cpu on configs/shapes/qwen3-tiny.json"
+"$BIN" bench step --shape configs/shapes/qwen3-tiny.json --device $DEV $COMPOSITE --dtype f32 --check --tolerance 1e-4 \
     --batch 2 --prompt 16 --response 48 --out "$OUT/check-f32.json"
 # Pure bf16 (weights, moments and every op in bf16, no f32 master copy yet):
 # reported, not gated (--tolerance inf).
-"$BIN" bench step --shape configs/gpu/qwen3-tiny.json --device $DEV $COMPOSITE --dtype bf16 --check --tolerance inf \
+"$BIN" bench step --shape configs/shapes/qwen3-tiny.json --device $DEV $COMPOSITE --dtype bf16 --check --tolerance inf \
     --batch 2 --prompt 16 --response 48 --out "$OUT/check-bf16.json"
 
 dtype=bf16
