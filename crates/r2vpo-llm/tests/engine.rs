@@ -24,6 +24,11 @@ fn rescored(m: &Transformer, prompt: &[u32], gens: &[Generation]) -> Vec<Vec<f32
     common::rescored(m, &reqs, gens)
 }
 
+/// An engine on `model(11)` at weight version "0", without EOS.
+fn engine(max_batch: usize, max_waiting: usize, prefill_chunk: usize) -> Engine {
+    Engine::start(model(11), "0".into(), EngineConfig { max_batch, max_waiting, prefill_chunk }, None, 0)
+}
+
 fn job(prompt: &[u32], seeds: &[u64], max_new: usize, temperature: f64) -> Job {
     Job {
         prompt_ids: prompt.to_vec(),
@@ -89,8 +94,7 @@ fn jobs_joining_a_running_batch_sample_what_generate_samples() {
 
 #[test]
 fn a_huge_prompt_does_not_hold_up_a_short_one() {
-    let engine =
-        Engine::start(model(11), "0".into(), EngineConfig { max_batch: 8, max_waiting: 8, prefill_chunk: 16 }, None, 0);
+    let engine = engine(8, 8, 16);
     let (tx, rx) = mpsc::channel();
     let long: Vec<u32> = (0..480).map(|i| (i % 60 + 1) as u32).collect();
     let t1 = tx.clone();
@@ -118,13 +122,7 @@ fn a_huge_prompt_does_not_hold_up_a_short_one() {
 
 #[test]
 fn a_weight_update_waits_for_running_rows_and_changes_the_version() {
-    let engine = Engine::start(
-        model(11),
-        "0".into(),
-        EngineConfig { max_batch: 4, max_waiting: 8, prefill_chunk: 512 },
-        None,
-        0,
-    );
+    let engine = engine(4, 8, 512);
     let (tx, rx) = mpsc::channel();
     let tx1 = tx.clone();
     engine.submit(job(&[1, 2, 3], &[5, 6], 40, 1.0), move |r| tx1.send(("before", r)).unwrap());
@@ -152,13 +150,7 @@ fn a_weight_update_waits_for_running_rows_and_changes_the_version() {
 
 #[test]
 fn invalid_jobs_are_refused_and_the_engine_keeps_serving() {
-    let engine = Engine::start(
-        model(11),
-        "0".into(),
-        EngineConfig { max_batch: 4, max_waiting: 8, prefill_chunk: 512 },
-        None,
-        0,
-    );
+    let engine = engine(4, 8, 512);
     let bad = [
         job(&[], &[1], 4, 1.0),
         job(&[1, VOCAB as u32], &[1], 4, 1.0),
@@ -176,13 +168,7 @@ fn invalid_jobs_are_refused_and_the_engine_keeps_serving() {
 
 #[test]
 fn a_large_job_neither_blocks_smaller_ones_nor_is_starved_by_them() {
-    let engine = Engine::start(
-        model(11),
-        "0".into(),
-        EngineConfig { max_batch: 8, max_waiting: 16, prefill_chunk: 512 },
-        None,
-        0,
-    );
+    let engine = engine(8, 16, 512);
     // All five are waiting when admission starts, so the order below is
     // decided by the scheduler alone (steps, not timing).
     engine.pause(true);
@@ -213,13 +199,7 @@ fn a_large_job_neither_blocks_smaller_ones_nor_is_starved_by_them() {
 
 #[test]
 fn rescored_jobs_equal_the_learners_pass_for_the_weights_that_sampled_them() {
-    let engine = Engine::start(
-        model(11),
-        "0".into(),
-        EngineConfig { max_batch: 8, max_waiting: 8, prefill_chunk: 512 },
-        None,
-        0,
-    );
+    let engine = engine(8, 8, 512);
     let (tx, rx) = mpsc::channel();
     let mut j = job(&[4, 9, 2, 7], &[1, 2, 3], 30, 1.0);
     j.rescore = true;
