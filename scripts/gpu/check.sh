@@ -104,5 +104,19 @@ else
     rm -f "$OUT/torch-step.json" "$OUT/torch-peak-mib"
 fi
 
+# Long rows with gradient checkpointing on both sides (what fits 8k-token
+# sequences at all): r2vpo's `--checkpoint`, transformers'
+# gradient_checkpointing_enable.
+LONG_BATCH=${LONG_BATCH:-2} LONG_RESPONSE=${LONG_RESPONSE:-3840}
+[ $dry = 1 ] && LONG_BATCH=2 LONG_RESPONSE=112
+echo "== 2b. checkpointed step: $SHAPE, $DEV $dtype, $LONG_BATCH × ($PROMPT + $LONG_RESPONSE) tokens"
+with_peak "$OUT/r2vpo-ck-peak-mib" "$BIN" bench step --shape "$SHAPE" --device $DEV --dtype $dtype --checkpoint \
+    --batch "$LONG_BATCH" --prompt "$PROMPT" --response "$LONG_RESPONSE" --reps "$REPS" --out "$OUT/r2vpo-ck-step.json"
+if "$TORCH_PY" -c 'import torch, transformers' 2>/dev/null; then
+    with_peak "$OUT/torch-ck-peak-mib" "$TORCH_PY" scripts/gpu/torch_step.py --shape "$SHAPE" --device $DEV \
+        --dtype $dtype --checkpoint --batch "$LONG_BATCH" --prompt "$PROMPT" --response "$LONG_RESPONSE" \
+        --reps "$REPS" --out "$OUT/torch-ck-step.json"
+fi
+
 echo "== 3. summary"
 python3 scripts/gpu/summary.py "$OUT"

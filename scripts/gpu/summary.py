@@ -23,20 +23,7 @@ def peak(p: Path):
 def main() -> None:
     d = Path(sys.argv[1])
     checks = [c for c in (load(d / "check-f32.json"), load(d / "check-bf16.json")) if c]
-    ours, theirs = load(d / "r2vpo-step.json"), load(d / "torch-step.json")
-    if ours is None:
-        sys.exit(f"summary: {d}/r2vpo-step.json is missing")
-    ours["peak_mib"] = peak(d / "r2vpo-peak-mib")
-    if theirs:
-        theirs["peak_mib"] = peak(d / "torch-peak-mib")
-    ratios = {}
-    if theirs:
-        ratios["tokens_per_s"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
-        if ours["peak_mib"] and theirs["peak_mib"]:
-            ratios["peak_memory"] = ours["peak_mib"] / theirs["peak_mib"]
     device = (d / "device.txt").read_text().strip() if (d / "device.txt").exists() else "cpu (dry run)"
-    summary = {"device": device, "checks": checks, "r2vpo": ours, "torch": theirs, "r2vpo_over_torch": ratios}
-
     md = [f"# GPU learner check\n\nDevice: {device}\n", "## Correctness (tiny Qwen3 shape, against the CPU in f32)\n",
           "| device | dtype | log-probs (max rel.) | gradients (max rel.) | worst tensor | tolerance | result |",
           "|---|---|---|---|---|---|---|"]
@@ -47,16 +34,33 @@ def main() -> None:
         dev = c["device"] + (" (composites)" if c.get("composite") else "")
         md.append(f"| {dev} | {c['dtype']} | {c['logprobs_rel']:.2e} | {c['grads_rel_max']:.2e} | "
                   f"`{c['worst_grad']}` | {tol} | {result} |")
-    md += ["", f"## Training step: {ours['shape']} ({ours['parameters']:,} parameters), {ours['device']} "
-           f"{ours['dtype']}, {ours['batch']} × ({ours['prompt']} + {ours['response']}) tokens\n",
-           "| stack | step s | tokens/s | peak GPU MiB |", "|---|---|---|---|"]
-    for name, r in [("r2vpo (candle)", ours), ("PyTorch + transformers (SDPA)", theirs)]:
-        if r:
-            md.append(f"| {name} | {r['step_s']:.3f} | {r['tokens_per_s']:.1f} | {r['peak_mib'] or '–'} |")
-    if ratios:
-        md.append("")
-        md.append(f"r2vpo / PyTorch: tokens/s {ratios['tokens_per_s']:.2f}× (goal ≥ 0.5×)"
-                  + (f", peak memory {ratios['peak_memory']:.2f}× (goal ≤ 1.5×)" if "peak_memory" in ratios else ""))
+    steps = {}
+    for tag, title in [("", "Training step"), ("-ck", "Training step with gradient checkpointing, long rows")]:
+        ours, theirs = load(d / f"r2vpo{tag}-step.json"), load(d / f"torch{tag}-step.json")
+        if ours is None:
+            if tag == "":
+                sys.exit(f"summary: {d}/r2vpo-step.json is missing")
+            continue
+        ours["peak_mib"] = peak(d / f"r2vpo{tag}-peak-mib")
+        if theirs:
+            theirs["peak_mib"] = peak(d / f"torch{tag}-peak-mib")
+        ratios = {}
+        if theirs:
+            ratios["tokens_per_s"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
+            if ours["peak_mib"] and theirs["peak_mib"]:
+                ratios["peak_memory"] = ours["peak_mib"] / theirs["peak_mib"]
+        steps[tag or "plain"] = {"r2vpo": ours, "torch": theirs, "r2vpo_over_torch": ratios}
+        md += ["", f"## {title}: {ours['shape']} ({ours['parameters']:,} parameters), {ours['device']} "
+               f"{ours['dtype']}, {ours['batch']} × ({ours['prompt']} + {ours['response']}) tokens\n",
+               "| stack | step s | tokens/s | peak GPU MiB |", "|---|---|---|---|"]
+        for name, r in [("r2vpo (candle)", ours), ("PyTorch + transformers (SDPA)", theirs)]:
+            if r:
+                md.append(f"| {name} | {r['step_s']:.3f} | {r['tokens_per_s']:.1f} | {r['peak_mib'] or '–'} |")
+        if ratios:
+            md.append("")
+            md.append(f"r2vpo / PyTorch: tokens/s {ratios['tokens_per_s']:.2f}× (goal ≥ 0.5×)"
+                      + (f", peak memory {ratios['peak_memory']:.2f}× (goal ≤ 1.5×)" if "peak_memory" in ratios else ""))
+    summary = {"device": device, "checks": checks, "steps": steps}
     for name, text in [("summary.json", json.dumps(summary, indent=2)), ("summary.md", "\n".join(md) + "\n")]:
         tmp = d / (name + ".tmp")
         tmp.write_text(text)

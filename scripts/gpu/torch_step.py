@@ -41,6 +41,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=44)
     ap.add_argument("--response", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="gradient checkpointing per decoder layer (transformers' gradient_checkpointing_enable)")
     ap.add_argument("--out", default="runs/bench/torch-step.json")
     a = ap.parse_args()
 
@@ -55,6 +57,9 @@ def main() -> None:
     torch.manual_seed(7)
     model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation="sdpa").to(dev)
     model.train()
+    if a.checkpoint:
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                             fused=dev.type == "cuda")
@@ -103,6 +108,7 @@ def main() -> None:
         "parameters": params,
         "device": a.device,
         "dtype": a.dtype,
+        "checkpoint": a.checkpoint,
         "batch": b,
         "prompt": p,
         "response": r,
