@@ -27,7 +27,9 @@ pub struct StepBenchArgs {
     /// `cpu` or `cuda` (`cuda:N` for device N; needs a `make build-gpu` binary).
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Weights, optimizer moments and compute: `f32` or `bf16`.
+    /// Compute dtype: `f32`, or `bf16` (mixed precision: f32 master
+    /// weights, gradients and AdamW moments, bf16 forward and backward,
+    /// f32 logits).
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// Sequences per step.
@@ -173,7 +175,8 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     if a.batch == 0 || a.response == 0 || a.prompt == 0 {
         bail!("--batch, --prompt and --response must be at least 1");
     }
-    let model = Transformer::new_random_with_std(cfg.clone(), a.seed, 0.02, dtype, &dev)?;
+    let mut model = Transformer::new_random_with_std(cfg.clone(), a.seed, 0.02, DType::F32, &dev)?;
+    model.set_compute_dtype(dtype);
     let optim = OptimConfig { lr: 1e-6, ..OptimConfig::default() };
     let mut opt = AdamW::new(model.named_vars(), optim)?;
     let x = batch(a, cfg.vocab_size, &dev)?;

@@ -62,34 +62,36 @@ struct Params {
 }
 
 impl Params {
-    fn map(&self, f: &impl Fn(&Tensor) -> Tensor) -> Params {
-        let o = |t: &Option<Tensor>| t.as_ref().map(f);
-        Params {
-            embed: f(&self.embed),
+    fn map(&self, f: &impl Fn(&Tensor) -> candle_core::Result<Tensor>) -> candle_core::Result<Params> {
+        let o = |t: &Option<Tensor>| t.as_ref().map(f).transpose();
+        Ok(Params {
+            embed: f(&self.embed)?,
             layers: self
                 .layers
                 .iter()
-                .map(|l| Layer {
-                    q: f(&l.q),
-                    k: f(&l.k),
-                    v: f(&l.v),
-                    o: f(&l.o),
-                    q_b: o(&l.q_b),
-                    k_b: o(&l.k_b),
-                    v_b: o(&l.v_b),
-                    o_b: o(&l.o_b),
-                    q_norm: o(&l.q_norm),
-                    k_norm: o(&l.k_norm),
-                    in_norm: f(&l.in_norm),
-                    post_norm: f(&l.post_norm),
-                    gate: f(&l.gate),
-                    up: f(&l.up),
-                    down: f(&l.down),
+                .map(|l| {
+                    Ok(Layer {
+                        q: f(&l.q)?,
+                        k: f(&l.k)?,
+                        v: f(&l.v)?,
+                        o: f(&l.o)?,
+                        q_b: o(&l.q_b)?,
+                        k_b: o(&l.k_b)?,
+                        v_b: o(&l.v_b)?,
+                        o_b: o(&l.o_b)?,
+                        q_norm: o(&l.q_norm)?,
+                        k_norm: o(&l.k_norm)?,
+                        in_norm: f(&l.in_norm)?,
+                        post_norm: f(&l.post_norm)?,
+                        gate: f(&l.gate)?,
+                        up: f(&l.up)?,
+                        down: f(&l.down)?,
+                    })
                 })
-                .collect(),
-            norm: f(&self.norm),
-            lm_head: o(&self.lm_head),
-        }
+                .collect::<candle_core::Result<_>>()?,
+            norm: f(&self.norm)?,
+            lm_head: o(&self.lm_head)?,
+        })
     }
 }
 
@@ -276,6 +278,8 @@ pub struct Transformer {
     params: Params,
     inv_freq: Vec<f32>,
     dtype: DType,
+    /// The dtype forwards compute in ([`Transformer::set_compute_dtype`]).
+    compute: DType,
     device: Device,
 }
 
@@ -334,7 +338,7 @@ impl Transformer {
         }
         let params = Self::params_from(&config, &vars);
         let inv_freq = config.inv_freq().into_iter().map(|f| f as f32).collect();
-        Ok(Transformer { config, varmap, params, inv_freq, dtype, device: device.clone() })
+        Ok(Transformer { config, varmap, params, inv_freq, dtype, compute: dtype, device: device.clone() })
     }
 
     /// A randomly initialised model (uniform weights of std 0.02, norms at
@@ -438,8 +442,35 @@ impl Transformer {
         &self.device
     }
 
-    fn detached(&self) -> Params {
-        self.params.map(&|t: &Tensor| t.detach())
+    /// Mixed precision: forwards compute in `dtype` (e.g. bf16) while the
+    /// weights, their gradients and the optimizer state stay in the storage
+    /// dtype (f32 master weights, as PyTorch's autocast). Each forward casts
+    /// the weights; the cast is differentiable, so gradients reach the
+    /// master weights in their dtype. Logits are cast back to f32 before
+    /// the log-softmax. The storage dtype is the default.
+    pub fn set_compute_dtype(&mut self, dtype: DType) {
+        self.compute = dtype;
+    }
+
+    /// The dtype forwards compute in.
+    pub fn compute_dtype(&self) -> DType {
+        self.compute
+    }
+
+    /// The weights a forward uses: the `Var`s themselves (`train`: a graph
+    /// is recorded) or detached handles, cast to the compute dtype.
+    fn weights(&self, train: bool) -> Result<Params> {
+        let (to, same) = (self.compute, self.compute == self.dtype);
+        Ok(match (train, same) {
+            (true, true) => self.params.clone(),
+            (true, false) => self.params.map(&|t: &Tensor| t.to_dtype(to))?,
+            (false, true) => self.params.map(&|t: &Tensor| Ok(t.detach()))?,
+            (false, false) => self.params.map(&|t: &Tensor| t.detach().to_dtype(to))?,
+        })
+    }
+
+    fn detached(&self) -> Result<Params> {
+        self.weights(false)
     }
 
     /// Differentiable per-token log-probabilities of `targets (B, T)` given
@@ -448,14 +479,14 @@ impl Transformer {
     /// `input_ids` shifted left by one; values at padded positions are
     /// meaningless and must be masked by the caller. Returns `(B, T)`.
     pub fn forward_logprobs(&self, input_ids: &Tensor, attention_mask: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        self.logprobs_with(&self.params, input_ids, attention_mask, targets)
+        self.logprobs_with(&self.weights(true)?, input_ids, attention_mask, targets)
     }
 
     /// [`Transformer::forward_logprobs`] on detached weights: the same
     /// kernels (so old/reference log-probs equal the training path's
     /// exactly at step 0) but no graph is kept.
     pub fn score_logprobs(&self, input_ids: &Tensor, attention_mask: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        self.logprobs_with(&self.detached(), input_ids, attention_mask, targets)
+        self.logprobs_with(&self.detached()?, input_ids, attention_mask, targets)
     }
 
     fn logprobs_with(&self, p: &Params, ids: &Tensor, mask: &Tensor, targets: &Tensor) -> Result<Tensor> {
@@ -477,13 +508,13 @@ impl Transformer {
     /// right edge of a left-padded batch) and saves the vocabulary-sized
     /// matmul over the prompt.
     pub fn tail_logprobs(&self, input_ids: &Tensor, attention_mask: &Tensor, r: usize) -> Result<Tensor> {
-        let (logits, targets) = self.tail_logits(&self.params, input_ids, attention_mask, r)?;
+        let (logits, targets) = self.tail_logits(&self.weights(true)?, input_ids, attention_mask, r)?;
         Ok(ops::log_prob_gather(&logits, &targets)?.reshape((input_ids.dim(0)?, r))?)
     }
 
     /// [`Transformer::tail_logprobs`] on detached weights (no graph).
     pub fn score_tail_logprobs(&self, input_ids: &Tensor, attention_mask: &Tensor, r: usize) -> Result<Tensor> {
-        let (logits, targets) = self.tail_logits(&self.detached(), input_ids, attention_mask, r)?;
+        let (logits, targets) = self.tail_logits(&self.detached()?, input_ids, attention_mask, r)?;
         Ok(ops::log_prob_gather(&logits, &targets)?.reshape((input_ids.dim(0)?, r))?)
     }
 
@@ -492,7 +523,7 @@ impl Transformer {
     /// entropy bonus. It materialises the `(B·r, V)` log-softmax, several
     /// times the memory of the log-prob path; use it only when the bonus is on.
     pub fn tail_entropy(&self, input_ids: &Tensor, attention_mask: &Tensor, r: usize) -> Result<Tensor> {
-        let (logits, _) = self.tail_logits(&self.params, input_ids, attention_mask, r)?;
+        let (logits, _) = self.tail_logits(&self.weights(true)?, input_ids, attention_mask, r)?;
         let lsm = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
         let ent = lsm.exp()?.mul(&lsm)?.sum(candle_core::D::Minus1)?.neg()?;
         Ok(ent.reshape((input_ids.dim(0)?, r))?)
@@ -521,20 +552,20 @@ impl Transformer {
     /// costs one prompt forward/backward instead of G: the RL trainer's
     /// micro-batches are mostly prompt tokens.
     pub fn prefixed_tail_logprobs(&self, batch: &PrefixedRows) -> Result<Tensor> {
-        let (logits, targets) = self.prefixed_tail_logits(&self.params, batch)?;
+        let (logits, targets) = self.prefixed_tail_logits(&self.weights(true)?, batch)?;
         Ok(ops::log_prob_gather(&logits, &targets)?.reshape((batch.rows.len(), batch.suffix_ids.dim(1)? - 1))?)
     }
 
     /// [`Transformer::prefixed_tail_logprobs`] on detached weights (no graph).
     pub fn score_prefixed_tail_logprobs(&self, batch: &PrefixedRows) -> Result<Tensor> {
-        let (logits, targets) = self.prefixed_tail_logits(&self.detached(), batch)?;
+        let (logits, targets) = self.prefixed_tail_logits(&self.detached()?, batch)?;
         Ok(ops::log_prob_gather(&logits, &targets)?.reshape((batch.rows.len(), batch.suffix_ids.dim(1)? - 1))?)
     }
 
     /// [`Transformer::tail_entropy`] at the positions
     /// [`Transformer::prefixed_tail_logprobs`] scores, `(B, S − 1)`.
     pub fn prefixed_tail_entropy(&self, batch: &PrefixedRows) -> Result<Tensor> {
-        let (logits, _) = self.prefixed_tail_logits(&self.params, batch)?;
+        let (logits, _) = self.prefixed_tail_logits(&self.weights(true)?, batch)?;
         let lsm = candle_nn::ops::log_softmax(&logits, candle_core::D::Minus1)?;
         let ent = lsm.exp()?.mul(&lsm)?.sum(candle_core::D::Minus1)?.neg()?;
         Ok(ent.reshape((batch.rows.len(), batch.suffix_ids.dim(1)? - 1))?)
@@ -574,7 +605,7 @@ impl Transformer {
     pub fn forward_logits(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
         let rows = mask_rows(attention_mask, b, t)?;
-        let p = self.detached();
+        let p = self.detached()?;
         let h = self.hidden(&p, input_ids, &rows, None)?;
         Ok(self.head(&p, &h.reshape((b * t, self.config.hidden_size))?)?.reshape((b, t, self.config.vocab_size))?)
     }
@@ -592,7 +623,7 @@ impl Transformer {
             return Err(candle_core::Error::Msg(format!("cache has {} rows, input has {b}", cache.batch())).into());
         }
         let new_rows = mask_rows(attention_mask, b, t)?;
-        let p = self.detached();
+        let p = self.detached()?;
         let h = self.hidden(&p, input_ids, &new_rows, Some(cache))?;
         let last = h.narrow(1, t - 1, 1)?.reshape((b, self.config.hidden_size))?;
         self.head(&p, &last)
@@ -600,7 +631,10 @@ impl Transformer {
 
     fn head(&self, p: &Params, h: &Tensor) -> Result<Tensor> {
         let w = p.lm_head.as_ref().unwrap_or(&p.embed);
-        Ok(h.matmul(&w.t()?)?)
+        // Logits in f32 whatever the compute dtype: the log-softmax over a
+        // large vocabulary is where bf16 loses most (no-op for f32).
+        let logits = h.matmul(&w.t()?)?;
+        Ok(if matches!(logits.dtype(), DType::BF16 | DType::F16) { logits.to_dtype(DType::F32)? } else { logits })
     }
 
     /// RoPE tables `(B, T, D/2)` for per-row positions. Angles and their
@@ -620,8 +654,8 @@ impl Transformer {
                 }
             }
         }
-        let c = Tensor::from_vec(c, (b, t, half), &self.device)?.to_dtype(self.dtype)?;
-        let s = Tensor::from_vec(s, (b, t, half), &self.device)?.to_dtype(self.dtype)?;
+        let c = Tensor::from_vec(c, (b, t, half), &self.device)?.to_dtype(self.compute)?;
+        let s = Tensor::from_vec(s, (b, t, half), &self.device)?.to_dtype(self.compute)?;
         Ok((c, s))
     }
 
@@ -685,7 +719,7 @@ impl Transformer {
                 c.mask[r].extend_from_slice(m);
             }
         }
-        let mask = Tensor::from_vec(add, (b, 1, 1, t, tk), &self.device)?.to_dtype(self.dtype)?;
+        let mask = Tensor::from_vec(add, (b, 1, 1, t, tk), &self.device)?.to_dtype(self.compute)?;
         let (cos, sin) = self.rope_tables(&pos)?;
         Ok(StackCtx { b, t, tk, mask, cos, sin })
     }
@@ -778,7 +812,9 @@ impl Transformer {
             .collect::<Result<_>>()?;
         let rows = mask_rows(attention_mask, b, w)?;
         let c = self.stack_ctx(input_ids, &rows, None)?;
-        let (det, p) = (self.detached(), &self.params);
+        // `p` computes (cast to the compute dtype); `vars` are the `Var`s the
+        // gradients are keyed by (the same tensors when nothing is cast).
+        let (det, p, vars) = (self.detached()?, &self.weights(true)?, &self.params);
         // Forward without a graph, keeping each layer's input.
         let mut inputs = vec![self.embed(&det, input_ids)?];
         for (li, l) in det.layers.iter().enumerate() {
@@ -799,7 +835,7 @@ impl Transformer {
         // Only the weights' gradients are kept: candle's store also holds
         // gradients of constant inputs (masks, tables), never read.
         let mut grads = candle_core::backprop::GradStore::default();
-        for t in [Some(&p.norm), p.lm_head.as_ref(), Some(&p.embed)].into_iter().flatten() {
+        for t in [Some(&vars.norm), vars.lm_head.as_ref(), Some(&vars.embed)].into_iter().flatten() {
             if let Some(gt) = head_grads.remove(t) {
                 grads.insert(t, gt);
             }
@@ -824,12 +860,12 @@ impl Transformer {
         // The embedding (tied: its gradient from the head adds up).
         let x0 = self.embed(p, input_ids)?;
         let mut ge = (x0 * &g)?.sum_all()?.backward()?;
-        if let Some(gt) = ge.remove(&p.embed) {
-            let sum = match grads.remove(&p.embed) {
+        if let Some(gt) = ge.remove(&vars.embed) {
+            let sum = match grads.remove(&vars.embed) {
                 Some(prev) => (prev + gt)?,
                 None => gt,
             };
-            grads.insert(&p.embed, sum);
+            grads.insert(&vars.embed, sum);
         }
         Ok((logp, loss, grads))
     }

@@ -261,11 +261,44 @@ pub struct ModelSource {
     /// build-gpu`; the model's fused CPU kernels give way to their
     /// differentiable composites there (`model::ops`).
     pub device: String,
+    /// The dtype forwards and backwards compute in: `f32`, or `bf16` for
+    /// mixed precision (weights, gradients and AdamW moments stay f32; each
+    /// forward casts the weights, logits are cast back to f32;
+    /// [`crate::model::Transformer::set_compute_dtype`]). Sampling and
+    /// scoring compute in it too, so behaviour and learner log-probs agree.
+    pub compute_dtype: ComputeDtype,
+}
+
+/// `model.compute_dtype`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeDtype {
+    /// Full precision (the default).
+    #[default]
+    F32,
+    /// bf16 compute with f32 master weights.
+    Bf16,
+}
+
+impl ComputeDtype {
+    /// The candle dtype.
+    pub fn dtype(self) -> candle_core::DType {
+        match self {
+            ComputeDtype::F32 => candle_core::DType::F32,
+            ComputeDtype::Bf16 => candle_core::DType::BF16,
+        }
+    }
 }
 
 impl Default for ModelSource {
     fn default() -> Self {
-        Self { path: EMBEDDED_MODEL.into(), tokenizer: None, random: None, device: "cpu".into() }
+        Self {
+            path: EMBEDDED_MODEL.into(),
+            tokenizer: None,
+            random: None,
+            device: "cpu".into(),
+            compute_dtype: ComputeDtype::F32,
+        }
     }
 }
 
@@ -321,6 +354,7 @@ impl ModelSource {
                 init_std: 0.5,
             }),
             device: "cpu".into(),
+            compute_dtype: ComputeDtype::F32,
         }
     }
 }

@@ -51,8 +51,8 @@ use crate::tokenizer::Tokenizer;
 pub use actor::{Actor, Produced};
 pub use batch::Sample;
 pub use config::{
-    ActorsConfig, BehaviourLogprobs, Mode, ModelSource, OptimConfig, QueueBackend, QueueConfig, RandomModel,
-    RefKlConfig, RolloutBackend, RolloutConfig, TrainConfig, WeightPush,
+    ActorsConfig, BehaviourLogprobs, ComputeDtype, Mode, ModelSource, OptimConfig, QueueBackend, QueueConfig,
+    RandomModel, RefKlConfig, RolloutBackend, RolloutConfig, TrainConfig, WeightPush,
 };
 pub use metrics::{IterMetrics, RatioHistogram, Timing};
 pub use optim::AdamW;
@@ -252,6 +252,8 @@ pub fn load_policy(src: &ModelSource) -> TrainResult<(Transformer, Tokenizer)> {
         }
         None => load_model(Path::new(&src.path), DType::F32, &device)?,
     };
+    let mut model = model;
+    model.set_compute_dtype(src.compute_dtype.dtype());
     Ok((model, tok))
 }
 
