@@ -199,15 +199,21 @@ fn the_composite_path_of_the_whole_model_matches_the_fused_one() {
     assert_eq!(max_abs_diff(&m.tail_logprobs(&ids, &att, r).unwrap(), &lp), 0.0);
 }
 
-/// Gradient checkpointing recomputes each layer in the backward: the same
-/// log-probs, loss and gradients as one backward through the whole graph,
-/// for tied (Qwen3) and untied (Llama) heads, with left padding.
+/// Gradient checkpointing recomputes each layer in the backward and runs the
+/// head a chunk of rows at a time: the same log-probs, loss and gradients as
+/// one backward through the whole graph, for tied (Qwen3) and untied (Llama)
+/// heads, with left padding, in one chunk or several.
 #[test]
 fn checkpointed_gradients_equal_the_full_graphs() {
     use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
-    for (arch, tied) in [(Architecture::Qwen3, true), (Architecture::Llama, false)] {
+    for (arch, tied, chunk_rows) in [
+        (Architecture::Qwen3, true, usize::MAX),
+        (Architecture::Llama, false, usize::MAX),
+        (Architecture::Qwen3, true, 5),
+    ] {
         let cfg = ModelConfig::tiny(arch, 96, 64, 128, 3, 4, 2, tied);
-        let m = Transformer::new_random_with_std(cfg, 5, 0.3, DType::F32, &Device::Cpu).unwrap();
+        let mut m = Transformer::new_random_with_std(cfg, 5, 0.3, DType::F32, &Device::Cpu).unwrap();
+        m.set_logits_chunk(chunk_rows.saturating_mul(96));
         let (b, w, r) = (3, 14, 6);
         let ids: Vec<u32> = (0..b * w).map(|i| ((i * 53 + 7) % 96) as u32).collect();
         let ids = Tensor::from_vec(ids, (b, w), &Device::Cpu).unwrap();
@@ -220,13 +226,15 @@ fn checkpointed_gradients_equal_the_full_graphs() {
         let loss = loss_of(&lp).unwrap();
         let full = loss.backward().unwrap();
         let (lp_c, loss_c, ck) = m.tail_grads_checkpointed(&ids, &att, r, loss_of).unwrap();
-        assert_eq!(max_abs_diff(&lp_c, &lp), 0.0, "{arch:?}: the recomputed forward is the same forward");
-        assert_eq!(scalar(&loss_c), scalar(&loss));
+        let what = format!("{arch:?}, {chunk_rows} rows a chunk");
+        let scale = scalar(&lp.abs().unwrap().max_all().unwrap());
+        assert!(max_abs_diff(&lp_c, &lp) / scale < 1e-6, "{what}: log-probs");
+        assert!((scalar(&loss_c) - scalar(&loss)).abs() <= 1e-6 * scalar(&loss).abs(), "{what}: loss");
         for (n, v) in m.named_vars() {
             let (g, gc) =
                 (full.get(v.as_tensor()).unwrap(), ck.get(v.as_tensor()).unwrap_or_else(|| panic!("{n}: no gradient")));
             let scale = scalar(&g.abs().unwrap().max_all().unwrap()).max(1e-12);
-            assert!(max_abs_diff(gc, g) / scale < 1e-5, "{arch:?} {n}: {:e}", max_abs_diff(gc, g) / scale);
+            assert!(max_abs_diff(gc, g) / scale < 1e-5, "{what} {n}: {:e}", max_abs_diff(gc, g) / scale);
         }
     }
 }

@@ -16,6 +16,10 @@ use super::config::ModelConfig;
 use super::ops;
 use super::{ModelError, Result};
 
+/// Logit elements per chunk of the checkpointed head: 64 MiB of f32, ≈ 340
+/// rows of SmolLM2's 49 152-token vocabulary, 110 of Qwen3's 151 936.
+const DEFAULT_LOGITS_CHUNK: usize = 16 << 20;
+
 /// Additive mask value for keys a query must not see.
 const MASKED: f64 = -1e9;
 
@@ -280,6 +284,9 @@ pub struct Transformer {
     dtype: DType,
     /// The dtype forwards compute in ([`Transformer::set_compute_dtype`]).
     compute: DType,
+    /// Logit elements per chunk of the checkpointed head
+    /// ([`Transformer::set_logits_chunk`]).
+    logits_chunk: usize,
     device: Device,
 }
 
@@ -338,7 +345,16 @@ impl Transformer {
         }
         let params = Self::params_from(&config, &vars);
         let inv_freq = config.inv_freq().into_iter().map(|f| f as f32).collect();
-        Ok(Transformer { config, varmap, params, inv_freq, dtype, compute: dtype, device: device.clone() })
+        Ok(Transformer {
+            config,
+            varmap,
+            params,
+            inv_freq,
+            dtype,
+            compute: dtype,
+            logits_chunk: DEFAULT_LOGITS_CHUNK,
+            device: device.clone(),
+        })
     }
 
     /// A randomly initialised model (uniform weights of std 0.02, norms at
@@ -450,6 +466,13 @@ impl Transformer {
     /// the log-softmax. The storage dtype is the default.
     pub fn set_compute_dtype(&mut self, dtype: DType) {
         self.compute = dtype;
+    }
+
+    /// How many logit elements (rows × vocabulary) one chunk of
+    /// [`Transformer::tail_grads_checkpointed`]'s head holds (default 16 Mi,
+    /// 64 MiB in f32; at least one row).
+    pub fn set_logits_chunk(&mut self, elements: usize) {
+        self.logits_chunk = elements.max(1);
     }
 
     /// The dtype forwards compute in.
@@ -785,7 +808,10 @@ impl Transformer {
     /// each layer's input, then the backward recomputes one layer at a time
     /// and backpropagates the incoming gradient through it. It costs one
     /// more forward of the stack; the activations alive at once fall from
-    /// every layer's to one layer's (measured in README "GPU learner").
+    /// every layer's to one layer's (measured in README "GPU learner"). The
+    /// LM head runs a chunk of rows at a time, twice (log-probs first, then
+    /// their gradient), so the (rows × vocabulary) logits are never whole
+    /// ([`Transformer::set_logits_chunk`]).
     /// Returns the log-probs `(B, r)` and the loss (both without a graph)
     /// and the gradients, keyed like `loss.backward()`'s.
     pub fn tail_grads_checkpointed(
@@ -821,27 +847,60 @@ impl Transformer {
             let x = self.layer(l, li, &inputs[li], &c, None)?;
             inputs.push(x);
         }
-        // The head with a graph, from the last layer's output as a leaf.
+        // The head, from the last layer's output as a leaf, a chunk of rows
+        // at a time so the (rows × vocabulary) logits are never whole: first
+        // the log-probs without a graph, then the loss and its gradient with
+        // respect to them, then each chunk again with a graph, weighted by
+        // that gradient.
         let top = Var::from_tensor(&inputs.pop().expect("the embedding at least"))?;
         let h = self.final_norm(p, top.as_tensor(), &c)?;
-        let hs = h.narrow(1, w - r - 1, r)?.contiguous()?.reshape((b * r, self.config.hidden_size))?;
+        let n_rows = b * r;
+        let hs = h.narrow(1, w - r - 1, r)?.contiguous()?.reshape((n_rows, self.config.hidden_size))?;
         let targets = input_ids.narrow(1, w - r, r)?.to_dtype(DType::U32)?.flatten_all()?;
-        let logp = ops::log_prob_gather(&self.head(p, &hs)?, &targets)?.reshape((b, r))?;
-        let loss = loss_of(&logp)?;
-        let mut head_grads = loss.backward()?;
-        let mut g = head_grads
-            .remove(top.as_tensor())
-            .ok_or_else(|| candle_core::Error::Msg("the loss does not depend on the log-probs it was given".into()))?;
+        let chunk = (self.logits_chunk / self.config.vocab_size).max(1);
+        let starts: Vec<usize> = (0..n_rows).step_by(chunk).collect();
+        let hs_det = hs.detach();
+        let mut parts = Vec::with_capacity(starts.len());
+        for &s0 in &starts {
+            let n = chunk.min(n_rows - s0);
+            let logits = self.head(&det, &hs_det.narrow(0, s0, n)?)?;
+            parts.push(ops::log_prob_gather(&logits, &targets.narrow(0, s0, n)?)?);
+        }
+        let leaf = Var::from_tensor(&Tensor::cat(&parts, 0)?.reshape((b, r))?)?;
+        let loss = loss_of(leaf.as_tensor())?;
+        let dlogp = loss
+            .backward()?
+            .remove(leaf.as_tensor())
+            .ok_or_else(|| candle_core::Error::Msg("the loss does not depend on the log-probs it was given".into()))?
+            .flatten_all()?;
+        let mut g: Option<Tensor> = None;
         // Only the weights' gradients are kept: candle's store also holds
         // gradients of constant inputs (masks, tables), never read.
         let mut grads = candle_core::backprop::GradStore::default();
-        for t in [Some(&vars.norm), vars.lm_head.as_ref(), Some(&vars.embed)].into_iter().flatten() {
-            if let Some(gt) = head_grads.remove(t) {
-                grads.insert(t, gt);
+        for &s0 in &starts {
+            let n = chunk.min(n_rows - s0);
+            let lp = ops::log_prob_gather(&self.head(p, &hs.narrow(0, s0, n)?)?, &targets.narrow(0, s0, n)?)?;
+            let mut gs = (lp * dlogp.narrow(0, s0, n)?)?.sum_all()?.backward()?;
+            let gt = gs
+                .remove(top.as_tensor())
+                .ok_or_else(|| candle_core::Error::Msg("the head has no input gradient".into()))?;
+            g = Some(match g.take() {
+                Some(prev) => (prev + gt)?,
+                None => gt,
+            });
+            for t in [Some(&vars.norm), vars.lm_head.as_ref(), Some(&vars.embed)].into_iter().flatten() {
+                if let Some(gv) = gs.remove(t) {
+                    let sum = match grads.remove(t) {
+                        Some(prev) => (prev + gv)?,
+                        None => gv,
+                    };
+                    grads.insert(t, sum);
+                }
             }
         }
-        drop((head_grads, h, hs, top));
-        let (logp, loss) = (logp.detach(), loss.detach());
+        let mut g = g.expect("at least one row");
+        drop((h, hs, hs_det, top));
+        let (logp, loss) = (leaf.as_tensor().detach(), loss.detach());
         // Back through the layers, one recomputed at a time.
         for (li, l) in p.layers.iter().enumerate().rev() {
             let x = Var::from_tensor(&inputs.pop().expect("one input per layer"))?;

@@ -469,11 +469,12 @@ pub struct TrainConfig {
     /// order of a sum.
     pub share_prompt_prefix: bool,
     /// Gradient checkpointing per decoder layer: the forward keeps only each
-    /// layer's input, the backward recomputes one layer at a time
+    /// layer's input, the backward recomputes one layer at a time, and the
+    /// LM head runs in chunks of rows
     /// ([`crate::model::Transformer::tail_grads_checkpointed`]). The same
     /// gradients up to float rounding (tested) for one more forward pass;
     /// on SmolLM2 at 8 × (44 + 256) tokens the step's peak resident memory
-    /// falls from 10.1 to 3.9 GiB and its time rises 1.28× (README). Needs
+    /// falls from 10.1 to 3.4 GiB and its time rises 1.37× (README). Needs
     /// `share_prompt_prefix = false` (the shared prompt's keys and values
     /// cross every layer) and `entropy_coef = 0`; both are refused otherwise.
     pub activation_checkpointing: bool,
