@@ -10,7 +10,7 @@ export RAYON_NUM_THREADS ?= $(shell nproc 2>/dev/null || echo 2)
 export CARGO_BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BIN := target/release/r2vpo
 
-.PHONY: deps build build-gpu demo test test-conformance bench lint clippy fmt fmt-check clean-deps
+.PHONY: deps build build-gpu venv-hf bench-hf demo test test-conformance bench lint clippy fmt fmt-check clean-deps
 
 deps:
 	@command -v $(PYTHON) >/dev/null || { echo "deps: error: $(PYTHON) not found; install Python 3 with pip" >&2; exit 1; }
@@ -54,6 +54,16 @@ test-conformance: deps
 
 bench: build
 	$(BIN) bench core
+
+# CPU speed and memory against PyTorch + transformers, side by side (#16):
+# a pinned venv (scripts/hf/requirements.txt, ~4.7 GB with torch's CUDA
+# libraries from PyPI) and one run of scripts/hf/compare.sh.
+venv-hf:
+	@test -x .deps/venv-hf/bin/python || $(PYTHON) -m venv .deps/venv-hf
+	.deps/venv-hf/bin/pip install -q --disable-pip-version-check -r scripts/hf/requirements.txt
+
+bench-hf: build venv-hf
+	bash scripts/hf/compare.sh
 
 lint clippy: deps
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

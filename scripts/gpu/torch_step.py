@@ -116,6 +116,8 @@ def main() -> None:
         "tokens_per_s": b * w / step_s,
         "loss": loss,
         "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None,
+        # The process's peak resident set (Linux reports KiB).
+        "peak_rss_gib": __import__("resource").getrusage(__import__("resource").RUSAGE_SELF).ru_maxrss / 2**20,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# CPU speed and memory side by side (#16): r2vpo against PyTorch +
+# transformers on this machine, in one run, with the ratios printed.
+#   decode: `r2vpo bench llm` (SmolLM2 GGUF dequantised to f32, sampling at
+#           T = 1) vs transformers' greedy `generate` on the same shape,
+#           batch 1/8/32, 128 new tokens, EOS ignored;
+#   step:   forward + R²VPO objective + backward + AdamW at 8 × (44 + 256)
+#           tokens: `r2vpo bench step` (full graph, then checkpointed) vs
+#           scripts/gpu/torch_step.py on the CPU; peak RSS by /usr/bin/time.
+# Needs the release binary and the pinned venv (`make venv-hf`).
+# Usage: scripts/hf/compare.sh [OUT_DIR]    (default runs/bench/hf-compare)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${1:-runs/bench/hf-compare}
+PY=${HF_PY:-.deps/venv-hf/bin/python}
+BIN=${R2VPO_BIN:-target/release/r2vpo}
+T=${THREADS:-2}
+export RAYON_NUM_THREADS=$T OMP_NUM_THREADS=$T
+SHAPE=configs/shapes/smollm2-135m.json
+[ -x "$PY" ] || { echo "compare: $PY not found: run make venv-hf" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "compare: $BIN not found: run make build" >&2; exit 1; }
+mkdir -p "$OUT"
+step=(--shape "$SHAPE" --batch 8 --prompt 44 --response 256 --reps 2)
+
+echo "== decode, batch 1/8/32, 128 new tokens, $T threads"
+"$BIN" bench llm --batches 1,8,32 --new-tokens 128 --train-batch 0 --out "$OUT/r2vpo-decode.json"
+"$PY" scripts/hf/decode.py --shape "$SHAPE" --batches 1,8,32 --new-tokens 128 --threads "$T" --out "$OUT/hf-decode.json"
+echo "== training step, 8 × (44 + 256) tokens"
+/usr/bin/time -f %M -o "$OUT/r2vpo-step.maxrss" "$BIN" bench step "${step[@]}" --out "$OUT/r2vpo-step.json"
+/usr/bin/time -f %M -o "$OUT/r2vpo-ck-step.maxrss" "$BIN" bench step "${step[@]}" --checkpoint --out "$OUT/r2vpo-ck-step.json"
+/usr/bin/time -f %M -o "$OUT/hf-step.maxrss" "$PY" scripts/gpu/torch_step.py "${step[@]}" --device cpu --dtype f32 \
+    --out "$OUT/hf-step.json"
+python3 scripts/hf/summary.py "$OUT"

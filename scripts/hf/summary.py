@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""Table of scripts/hf/compare.sh's measurements in DIR, with r2vpo's ratios
+to PyTorch + transformers and #16's goals; writes DIR/summary.md and
+DIR/summary.json. Standard library only."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def main() -> None:
+    d = Path(sys.argv[1])
+    load = lambda name: json.loads((d / name).read_text())  # noqa: E731
+    rss = lambda name: int((d / name).read_text().split()[-1]) / 2**20  # KiB → GiB  # noqa: E731
+    ours = {r["batch"]: r["tokens_per_s"] for r in load("r2vpo-decode.json")["decode"]}
+    hf = load("hf-decode.json")
+    theirs = {r["batch"]: r["tokens_per_s"] for r in hf["decode"]}
+    md = [f"# r2vpo vs PyTorch {hf['torch']} + transformers {hf['transformers']} on this CPU\n",
+          "## Decode (new tokens/s; goal ≥ 1.5×)\n", "| batch | r2vpo | transformers | r2vpo / transformers |",
+          "|---|---|---|---|"]
+    decode = []
+    for b in sorted(ours):
+        ratio = ours[b] / theirs[b]
+        decode.append({"batch": b, "r2vpo": ours[b], "transformers": theirs[b], "ratio": ratio})
+        md.append(f"| {b} | {ours[b]:.1f} | {theirs[b]:.1f} | {ratio:.2f} |")
+    hs, hm = load("hf-step.json"), rss("hf-step.maxrss")
+    md += ["", "## Training step, 8 × (44 + 256) tokens (goals: time ≤ 0.67×, peak RSS ≤ 1×)\n",
+           "| stack | step s | peak RSS GiB | time / PyTorch | RSS / PyTorch |", "|---|---|---|---|---|"]
+    steps = []
+    for name, js, mx in [("r2vpo, full graph", "r2vpo-step.json", "r2vpo-step.maxrss"),
+                         ("r2vpo, activation_checkpointing", "r2vpo-ck-step.json", "r2vpo-ck-step.maxrss")]:
+        s, m = load(js)["step_s"], rss(mx)
+        steps.append({"stack": name, "step_s": s, "peak_rss_gib": m, "time_ratio": s / hs["step_s"], "rss_ratio": m / hm})
+        md.append(f"| {name} | {s:.2f} | {m:.2f} | {s / hs['step_s']:.2f} | {m / hm:.2f} |")
+    steps.append({"stack": "PyTorch", "step_s": hs["step_s"], "peak_rss_gib": hm})
+    md.append(f"| PyTorch + transformers | {hs['step_s']:.2f} | {hm:.2f} | 1 | 1 |")
+    for name, text in [("summary.json", json.dumps({"decode": decode, "step": steps}, indent=2)),
+                       ("summary.md", "\n".join(md) + "\n")]:
+        tmp = d / (name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, d / name)
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
