@@ -7,7 +7,7 @@
 //!   warnings and keeping MuJoCo from writing `MUJOCO_LOG.TXT`.
 //! * [`tasks`]: rewards, observations, resets and per-episode edits of each
 //!   task, one module per domain, plus the registry ([`task_names`]).
-//! * [`env`]: a single environment ([`make_env`]): 1000-step episodes ending
+//! * [`env`](mod@env): a single environment ([`make_env`]): 1000-step episodes ending
 //!   by truncation, actions in `[-1, 1]^nu`.
 //! * [`vec_env`]: N environments over one shared model, stepped with rayon,
 //!   auto-reset, observation normalisation and reward scaling ([`VecEnv`]).

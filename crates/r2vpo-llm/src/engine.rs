@@ -10,7 +10,7 @@
 //! answered when its last sample is done — a long generation never holds
 //! back a short one, and new requests do not wait for the batch to drain.
 //! Admission is first come, first served with backfilling
-//! ([`Loop::admit`]): a job too large for the free rows reserves them, and
+//! (`Loop::admit`): a job too large for the free rows reserves them, and
 //! smaller jobs behind it start meanwhile when they cannot delay it.
 //! Prompts longer than [`EngineConfig::prefill_chunk`] are prefilled in
 //! chunks, one per loop step, with a decode step of the running rows in

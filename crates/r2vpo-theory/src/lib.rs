@@ -32,7 +32,7 @@ pub enum TheoryError {
     /// A setting is out of range.
     #[error("{0}")]
     Settings(String),
-    /// No policy pair of a family reaches a requested Var[ρ].
+    /// No policy pair of a family reaches a requested Var\[ρ\].
     #[error("{0}")]
     Unreachable(String),
     /// A check of the paper's theorem failed (a bug, or a counterexample).
@@ -67,6 +67,9 @@ pub struct Report {
 }
 
 /// Options of `r2vpo analyze divergence`.
+// The field docs are the command's --help, where `Var[ρ]` must read as
+// written, not as an escaped intra-doc link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(clap::Args, Debug)]
 pub struct DivergenceArgs {
     /// Output folder for divergence.csv, figure2.{png,svg}, appendix_b.{png,svg}
@@ -269,7 +272,7 @@ impl Setup {
         }
     }
 
-    /// Supremum of `t` with finite Var[ρ]: `σ_θ² < 2σ_off²` per dimension.
+    /// Supremum of `t` with finite Var\[ρ\]: `σ_θ² < 2σ_off²` per dimension.
     fn t_max(&self, fam: Family) -> f64 {
         let half_ln2 = 0.5 * std::f64::consts::LN_2;
         match fam {
@@ -376,7 +379,7 @@ fn describe(fam: Family, t: f64) -> String {
     }
 }
 
-/// `r2vpo analyze divergence`: exact f-divergences against ½·f''(1)·Var[ρ]
+/// `r2vpo analyze divergence`: exact f-divergences against ½·f''(1)·Var\[ρ\]
 /// over five policy families, with Monte-Carlo bands; writes the CSV and
 /// figures and prints the relative-error table.
 pub fn divergence(args: &DivergenceArgs) -> Result<Report> {

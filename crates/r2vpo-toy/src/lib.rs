@@ -205,7 +205,7 @@ pub struct IterMetrics {
     pub loss: f64,
     /// Ratio statistics averaged over the iteration's optimizer steps.
     pub ratio_mean: f64,
-    /// Var[ρ] averaged over steps.
+    /// Var\[ρ\] averaged over steps.
     pub ratio_var: f64,
     /// E[(ρ−1)²] averaged over steps.
     pub sq_dev: f64,

@@ -22,7 +22,7 @@
 //! | [`learner`] | the learner contract: loss at the current λ, statistics pooled per step, λ moved only where it acts | Eq. (λ update) |
 //! | [`schedule`] | each optimizer step's items: epochs × minibatches, or replay draws with staleness | Algorithms 1 and 2 |
 //! | [`seed`], [`stats`] | seed derivation (SplitMix64 streams); mean/std, quantiles, median | — |
-//! | [`divergence`] | f-divergence generators, exact divergences, the ½·f''(1)·Var[ρ] approximation, the clipping-error bound | Proposition 3.1, Table 1, Theorem 3.3 |
+//! | [`divergence`] | f-divergence generators, exact divergences, the ½·f''(1)·Var\[ρ\] approximation, the clipping-error bound | Proposition 3.1, Table 1, Theorem 3.3 |
 //!
 //! The crate contains no domain code: the LLM and control crates depend on it,
 //! never the reverse. Tensors are [`candle_core::Tensor`]s so autograd flows

@@ -2,7 +2,7 @@
 //! and publish them to an [`ExperienceQueue`]; the learner takes the groups
 //! in queue order, drops those whose weight-version lag exceeds
 //! `actors.max_staleness`, learns from the rest exactly as the synchronous
-//! trainer does ([`Trainer::learn`]) and hands its new weights to the
+//! trainer does (`Trainer::learn`) and hands its new weights to the
 //! actors. R²VPO-OFF's replay of the last K iterations (Algorithm 2) is the
 //! learner's own buffer; the queue keeps the same K iterations of slots.
 //!
