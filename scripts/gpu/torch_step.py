@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import sys
 import time
@@ -117,7 +118,7 @@ def main() -> None:
         "loss": loss,
         "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None,
         # The process's peak resident set (Linux reports KiB).
-        "peak_rss_gib": __import__("resource").getrusage(__import__("resource").RUSAGE_SELF).ru_maxrss / 2**20,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }

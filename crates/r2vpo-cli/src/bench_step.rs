@@ -138,33 +138,49 @@ fn batch(a: &StepBenchArgs, vocab: usize, dev: &Device) -> Result<Batch> {
     })
 }
 
-/// Forward + R²VPO objective (λ = 0.05) + backward, through the whole
-/// graph or with gradient checkpointing (`--checkpoint`): the log-probs, the
-/// loss and the gradients in `opt.vars()` order.
-fn forward_backward(
-    model: &Transformer,
-    opt: &AdamW,
-    x: &Batch,
-    a: &StepBenchArgs,
-) -> Result<(Tensor, f64, Vec<Option<Tensor>>)> {
+/// The R²VPO loss (λ = 0.05) of `x` given its log-probs, whose behaviour
+/// log-probs are those log-probs plus `x.wobble`.
+fn loss_of(x: &Batch) -> Result<impl Fn(&Tensor) -> candle_core::Result<Tensor> + '_> {
     let global = GlobalBatch::from_mask(&x.mask)?;
     let cfg = ObjectiveConfig::preset("r2vpo")?;
-    let loss_of = |logp: &Tensor| -> candle_core::Result<Tensor> {
+    Ok(move |logp: &Tensor| {
         let logp = logp.to_dtype(DType::F32)?;
         let old = (logp.detach() + &x.wobble)?;
         let batch = PolicyBatch { logp: &logp, old_logp: &old, advantages: &x.adv, mask: &x.mask };
         Ok(cfg.loss(&batch, 0.05, &global).map_err(|e| candle_core::Error::Msg(e.to_string()))?.loss)
+    })
+}
+
+/// Forward + objective + backward, through the whole graph or with
+/// gradient checkpointing (`--checkpoint`), on the composites when
+/// `--composite`: the log-probs, the loss and the gradients in
+/// [`Transformer::named_vars`] order (the optimizer's).
+fn forward_backward(model: &Transformer, x: &Batch, a: &StepBenchArgs) -> Result<(Tensor, f64, Vec<Option<Tensor>>)> {
+    let run = || -> Result<(Tensor, f64, Vec<Option<Tensor>>)> {
+        let loss_of = loss_of(x)?;
+        let (logp, loss, grads) = if a.checkpoint {
+            model.tail_grads_checkpointed(&x.ids, &x.att, a.response, loss_of)?
+        } else {
+            let logp = model.tail_logprobs(&x.ids, &x.att, a.response)?;
+            let loss = loss_of(&logp)?;
+            let grads = loss.backward()?;
+            (logp, loss, grads)
+        };
+        let g = model.named_vars().iter().map(|(_, v)| grads.get(v.as_tensor()).cloned()).collect();
+        Ok((logp.to_dtype(DType::F32)?, loss.to_dtype(DType::F64)?.to_scalar::<f64>()?, g))
     };
-    let (logp, loss, grads) = if a.checkpoint {
-        model.tail_grads_checkpointed(&x.ids, &x.att, a.response, loss_of)?
+    if a.composite {
+        r2vpo_llm::model::ops::with_composites(run)
     } else {
-        let logp = model.tail_logprobs(&x.ids, &x.att, a.response)?;
-        let loss = loss_of(&logp)?;
-        let grads = loss.backward()?;
-        (logp, loss, grads)
-    };
-    let g = opt.vars().iter().map(|v| grads.get(v.as_tensor()).cloned()).collect();
-    Ok((logp.to_dtype(DType::F32)?, loss.to_dtype(DType::F64)?.to_scalar::<f64>()?, g))
+        run()
+    }
+}
+
+/// Clips `grads` by their global norm and takes the AdamW step.
+fn apply(opt: &mut AdamW, grads: &[Option<Tensor>]) -> Result<()> {
+    let norm = global_norm(grads)?;
+    opt.step(grads, opt.clip_scale(norm))?;
+    Ok(())
 }
 
 /// `r2vpo bench step`.
@@ -177,30 +193,23 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     }
     let mut model = Transformer::new_random_with_std(cfg.clone(), a.seed, 0.02, DType::F32, &dev)?;
     model.set_compute_dtype(dtype);
-    let optim = OptimConfig { lr: 1e-6, ..OptimConfig::default() };
-    let mut opt = AdamW::new(model.named_vars(), optim)?;
     let x = batch(a, cfg.vocab_size, &dev)?;
     let shape = a.shape.display().to_string();
     if a.check {
-        return check(a, &cfg, &model, &opt, &x, shape);
+        return check(a, &cfg, &model, &x, shape);
     }
+    let mut opt = AdamW::new(model.named_vars(), OptimConfig { lr: 1e-6, ..OptimConfig::default() })?;
     // Memory first, in a fresh process: an allocator keeps what it freed
     // (RSS never falls back), so only the first step shows what each phase
     // adds. It also serves as the warm-up.
-    let memory = if a.memory { Some(memory_phases(a, &model, &mut opt, &x, optim.grad_clip)?) } else { None };
+    let memory = if a.memory { Some(memory_phases(a, &model, &mut opt, &x)?) } else { None };
     let mut times = Vec::new();
     let mut loss = 0.0;
     for rep in usize::from(a.memory)..=a.reps.max(1) {
         dev.synchronize()?;
         let t0 = Instant::now();
-        let (_, l, grads) = if a.composite {
-            r2vpo_llm::model::ops::with_composites(|| forward_backward(&model, &opt, &x, a))?
-        } else {
-            forward_backward(&model, &opt, &x, a)?
-        };
-        let norm = global_norm(&grads)?;
-        let scale = if norm > optim.grad_clip { optim.grad_clip / norm } else { 1.0 };
-        opt.step(&grads, scale)?;
+        let (_, l, grads) = forward_backward(&model, &x, a)?;
+        apply(&mut opt, &grads)?;
         dev.synchronize()?;
         if rep > 0 {
             times.push(t0.elapsed().as_secs_f64());
@@ -270,7 +279,7 @@ struct Memory {
     phases: Vec<(String, f64, f64)>,
 }
 
-fn memory_phases(a: &StepBenchArgs, model: &Transformer, opt: &mut AdamW, x: &Batch, clip: f64) -> Result<Memory> {
+fn memory_phases(a: &StepBenchArgs, model: &Transformer, opt: &mut AdamW, x: &Batch) -> Result<Memory> {
     let gib = |bytes: usize| bytes as f64 / (1u64 << 30) as f64;
     let el = model.dtype().size_in_bytes();
     let cfg = model.config();
@@ -283,26 +292,22 @@ fn memory_phases(a: &StepBenchArgs, model: &Transformer, opt: &mut AdamW, x: &Ba
     };
     reset_peak()?;
     let g = if a.checkpoint {
-        let (_, _, g) = forward_backward(model, opt, x, a)?;
+        let (_, _, g) = forward_backward(model, x, a)?;
         phase("forward + objective + backward, checkpointed (gradients kept)", &mut phases)?;
         g
     } else {
-        let logp = model.tail_logprobs(&x.ids, &x.att, a.response)?.to_dtype(DType::F32)?;
-        let old = (logp.detach() + &x.wobble)?;
-        let global = GlobalBatch::from_mask(&x.mask)?;
-        let obj = ObjectiveConfig::preset("r2vpo")?;
-        let out =
-            obj.loss(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &x.adv, mask: &x.mask }, 0.05, &global)?;
+        let loss_of = loss_of(x)?;
+        let logp = model.tail_logprobs(&x.ids, &x.att, a.response)?;
+        let loss = loss_of(&logp)?;
         phase("forward + objective (graph kept for backward)", &mut phases)?;
-        let grads = out.loss.backward()?;
+        let grads = loss.backward()?;
         phase("backward", &mut phases)?;
         let g: Vec<Option<Tensor>> = opt.vars().iter().map(|v| grads.get(v.as_tensor()).cloned()).collect();
-        drop((grads, out, old, logp));
+        drop((grads, loss, logp));
         phase("graph dropped (gradients kept)", &mut phases)?;
         g
     };
-    let norm = global_norm(&g)?;
-    opt.step(&g, if norm > clip { clip / norm } else { 1.0 })?;
+    apply(opt, &g)?;
     drop(g);
     phase("AdamW step, gradients dropped", &mut phases)?;
     let mem = Memory {
@@ -332,35 +337,24 @@ fn rel_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
     Ok(if scale > 0.0 { diff / scale } else { diff })
 }
 
-fn check(
-    a: &StepBenchArgs,
-    cfg: &ModelConfig,
-    model: &Transformer,
-    opt: &AdamW,
-    x: &Batch,
-    shape: String,
-) -> Result<()> {
-    // The reference: the same weights and batch in f32 on the CPU.
+fn check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, x: &Batch, shape: String) -> Result<()> {
+    // The reference: the same weights and batch in f32 on the CPU, through
+    // the fused kernels and the whole graph.
     let cpu = Transformer::new_random_with_std(cfg.clone(), a.seed, 0.02, DType::F32, &Device::Cpu)?;
-    let cpu_opt = AdamW::new(cpu.named_vars(), OptimConfig::default())?;
     let cpu_x = batch(a, cfg.vocab_size, &Device::Cpu)?;
-    let (lp, _, g) = if a.composite {
-        r2vpo_llm::model::ops::with_composites(|| forward_backward(model, opt, x, a))?
-    } else {
-        forward_backward(model, opt, x, a)?
-    };
-    let (cpu_lp, _, cpu_g) =
-        forward_backward(&cpu, &cpu_opt, &cpu_x, &StepBenchArgs { checkpoint: false, ..a.clone() })?;
+    let (lp, _, g) = forward_backward(model, x, a)?;
+    let reference = StepBenchArgs { checkpoint: false, composite: false, ..a.clone() };
+    let (cpu_lp, _, cpu_g) = forward_backward(&cpu, &cpu_x, &reference)?;
     let logprobs_rel = rel_diff(&lp, &cpu_lp)?;
     let (mut grads_rel_max, mut worst_grad) = (0.0f64, String::new());
-    for ((name, g), cg) in opt.names().iter().zip(&g).zip(&cpu_g) {
+    for (((name, _), g), cg) in model.named_vars().iter().zip(&g).zip(&cpu_g) {
         let d = match (g, cg) {
             (Some(g), Some(cg)) => rel_diff(g, cg)?,
             (None, None) => 0.0,
             _ => bail!("`{name}` has a gradient on one device only"),
         };
-        if d > grads_rel_max || worst_grad.is_empty() {
-            (grads_rel_max, worst_grad) = (d.max(grads_rel_max), name.clone());
+        if worst_grad.is_empty() || d > grads_rel_max {
+            (grads_rel_max, worst_grad) = (d, name.clone());
         }
     }
     let pass = logprobs_rel <= a.tolerance && grads_rel_max <= a.tolerance;

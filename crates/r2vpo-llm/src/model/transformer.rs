@@ -481,7 +481,9 @@ impl Transformer {
     }
 
     /// The weights a forward uses: the `Var`s themselves (`train`: a graph
-    /// is recorded) or detached handles, cast to the compute dtype.
+    /// is recorded) or detached handles, cast to the compute dtype. The cast
+    /// is redone on every call: the optimizer updates the `Var`s in place,
+    /// so a kept copy would go stale after each step.
     fn weights(&self, train: bool) -> Result<Params> {
         let (to, same) = (self.compute, self.compute == self.dtype);
         Ok(match (train, same) {
@@ -890,11 +892,7 @@ impl Transformer {
             });
             for t in [Some(&vars.norm), vars.lm_head.as_ref(), Some(&vars.embed)].into_iter().flatten() {
                 if let Some(gv) = gs.remove(t) {
-                    let sum = match grads.remove(t) {
-                        Some(prev) => (prev + gv)?,
-                        None => gv,
-                    };
-                    grads.insert(t, sum);
+                    add_grad(&mut grads, t, gv)?;
                 }
             }
         }
@@ -920,14 +918,21 @@ impl Transformer {
         let x0 = self.embed(p, input_ids)?;
         let mut ge = (x0 * &g)?.sum_all()?.backward()?;
         if let Some(gt) = ge.remove(&vars.embed) {
-            let sum = match grads.remove(&vars.embed) {
-                Some(prev) => (prev + gt)?,
-                None => gt,
-            };
-            grads.insert(&vars.embed, sum);
+            add_grad(&mut grads, &vars.embed, gt)?;
         }
         Ok((logp, loss, grads))
     }
+}
+
+/// Adds `g` to what `store` holds for `t` (a tied weight collects
+/// gradients from the head and the embedding; the head's from each chunk).
+fn add_grad(store: &mut candle_core::backprop::GradStore, t: &Tensor, g: Tensor) -> Result<()> {
+    let sum = match store.remove(t) {
+        Some(prev) => (prev + g)?,
+        None => g,
+    };
+    store.insert(t, sum);
+    Ok(())
 }
 
 /// What every layer of one stack pass shares.

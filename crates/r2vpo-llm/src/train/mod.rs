@@ -827,9 +827,7 @@ impl Trainer {
             return Ok(());
         }
         self.progress.bad_steps = 0;
-        let clip = self.cfg.optim.grad_clip;
-        let scale = if clip > 0.0 && norm > clip { clip / norm } else { 1.0 };
-        let lr = self.opt.step(&grads, scale)?;
+        let lr = self.opt.step(&grads, self.opt.clip_scale(norm))?;
         self.progress.steps += 1;
         let merged = self.learner.after_step(&stats)?;
         let mean_age = items.iter().map(|(_, a)| *a as f64).sum::<f64>() / items.len() as f64;

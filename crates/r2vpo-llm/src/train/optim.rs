@@ -60,6 +60,17 @@ impl AdamW {
         }
     }
 
+    /// The factor that scales gradients of global norm `norm` down to
+    /// `grad_clip` (1 when they are within it, or clipping is off).
+    pub fn clip_scale(&self, norm: f64) -> f64 {
+        let clip = self.cfg.grad_clip;
+        if clip > 0.0 && norm > clip {
+            clip / norm
+        } else {
+            1.0
+        }
+    }
+
     /// One update with `grads[i]` for `vars()[i]` (`None`: no gradient, the
     /// parameter only decays) scaled by `grad_scale` (the clipping factor).
     /// Returns the learning rate used.
