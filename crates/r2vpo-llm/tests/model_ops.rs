@@ -270,3 +270,29 @@ fn bf16_compute_keeps_f32_master_weights_and_tracks_f32() {
         assert!(rel(gc, g) < 2e-2, "{n}: checkpointed bf16 gradients off by {:e}", rel(gc, g));
     }
 }
+
+/// `ops::linear` takes the small-row kernel up to 32 rows of f32 and
+/// candle's matmul above; both must agree with `x · wᵀ` in value and
+/// gradient, on shapes whose sizes are not multiples of the SIMD width or
+/// the tiles.
+#[test]
+fn linear_matches_matmul_in_value_and_gradient() {
+    for &(m, k, n) in &[(1, 37, 50), (5, 64, 13), (32, 96, 70), (33, 96, 70)] {
+        let x = pseudo(&[m, k], 0.4, DType::F32);
+        let w = pseudo(&[n, k], 1.9, DType::F32);
+        compare(
+            &|t| ops::linear(&t[0], &t[1]).unwrap(),
+            &|t| t[0].matmul(&t[1].t().unwrap()).unwrap(),
+            &[x, w],
+            // f32 sums of up to 96 terms of size ≤ 2.25 (|sum| up to ~100), in
+            // different orders: ~1e-6 relative; an indexing slip is O(1).
+            2e-4,
+        );
+    }
+    // In f64 (candle's matmul whatever the rows): finite differences.
+    check_fd(
+        &|t| ops::linear(&t[0], &t[1]).unwrap(),
+        &[pseudo(&[3, 5], 0.2, DType::F64), pseudo(&[4, 5], 0.9, DType::F64)],
+        1e-6,
+    );
+}

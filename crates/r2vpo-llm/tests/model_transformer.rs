@@ -355,3 +355,46 @@ fn prefixed_tail_matches_whole_rows() {
         PrefixedRows { prefix_ids: &pre, prefix_mask: &pmask, rows: &[0, 1], suffix_ids: &sids, suffix_mask: &smask };
     assert!(model(Architecture::Llama, true, DType::F32).prefixed_tail_logprobs(&too_few).is_err());
 }
+
+/// A decode long enough for the cache to outgrow its buffers twice (they
+/// start at 64 columns and double), with rows reordered and leading padding
+/// trimmed on the way, still gives the full forward's logits at every step.
+#[test]
+fn kv_cache_growing_reordered_and_trimmed_matches_full_forward() {
+    let m = model(Architecture::Qwen3, false, DType::F32);
+    let d = Device::Cpu;
+    let (w, pads) = (150usize, [0usize, 9]);
+    let ids: Vec<Vec<u32>> = (0..2)
+        .map(|r| (0..w).map(|i| if i < pads[r] { 0 } else { ((i * 7 + r * 13) % 49 + 1) as u32 }).collect())
+        .collect();
+    let mask: Vec<Vec<u32>> = (0..2).map(|r| (0..w).map(|i| u32::from(i >= pads[r])).collect()).collect();
+    let full: Vec<Vec<Vec<f32>>> = m
+        .forward_logits(&Tensor::new(ids.clone(), &d).unwrap(), &Tensor::new(mask.clone(), &d).unwrap())
+        .unwrap()
+        .to_vec3()
+        .unwrap();
+    // `order[i]` is the original row now at cache row i.
+    let mut order = vec![0usize, 1];
+    let mut cache = KvCache::new(&m, 2);
+    let mut a = 0;
+    for n in std::iter::once(12).chain(std::iter::repeat_n(1, w - 12)) {
+        let take = |src: &Vec<Vec<u32>>| -> Tensor {
+            Tensor::new(order.iter().map(|&r| src[r][a..a + n].to_vec()).collect::<Vec<_>>(), &d).unwrap()
+        };
+        let out: Vec<Vec<f32>> = m.forward_step(&take(&ids), &take(&mask), &mut cache).unwrap().to_vec2().unwrap();
+        a += n;
+        for (i, &r) in order.iter().enumerate() {
+            let diff = out[i].iter().zip(&full[r][a - 1]).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(diff < 1e-4, "row {r} at position {}: cache vs full differ by {diff}", a - 1);
+        }
+        if a == 70 {
+            cache.select_rows(&[1, 0]).unwrap();
+            order = vec![1, 0];
+        }
+        if a == 100 {
+            // Nothing to trim (row 0 has no padding); the call must change nothing.
+            cache.trim_padding().unwrap();
+        }
+    }
+    assert_eq!(cache.len(), w);
+}

@@ -17,6 +17,7 @@ pub mod load_gguf;
 pub mod load_hf;
 pub mod ops;
 pub mod save;
+mod small_gemm;
 pub mod transformer;
 
 use std::path::PathBuf;

@@ -203,6 +203,50 @@ pub fn softmax_composite(x: &Tensor) -> Result<Tensor> {
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
+// ---------------------------------------------------------------- linear
+
+/// `x · wᵀ` by [`super::small_gemm`] (few rows, f32, CPU), differentiable.
+struct Linear;
+
+impl CustomOp2 for Linear {
+    fn name(&self) -> &'static str {
+        "r2vpo-linear"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let n = self.name();
+        let ((m, k), (o, k2)) = (l1.shape().dims2()?, l2.shape().dims2()?);
+        if k != k2 {
+            return Err(Error::Msg(format!("{n}: x (…, {k}) against w ({o}, {k2})")));
+        }
+        match (s1, s2) {
+            (CpuStorage::F32(x), CpuStorage::F32(w)) => {
+                let y = super::small_gemm::linear(contiguous(x, l1, n)?, contiguous(w, l2, n)?, m, k, o);
+                Ok((CpuStorage::F32(y), Shape::from((m, o))))
+            }
+            _ => Err(unsupported(n, s1)),
+        }
+    }
+
+    fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((Some(g.matmul(w)?), Some(g.t()?.matmul(x)?)))
+    }
+}
+
+/// `x (M, K) · w (N, K)ᵀ`, differentiable: a linear layer with the weight
+/// as checkpoints store it. Up to [`super::small_gemm::MAX_ROWS`] rows of
+/// f32 on a CPU with AVX2 or AVX-512 (every decode step) it runs without
+/// repacking `w`; otherwise it is candle's matmul. The two sum in different
+/// orders, so they agree to f32 rounding, not bit for bit (tested).
+pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let small = x.rank() == 2 && x.dim(0)? <= super::small_gemm::MAX_ROWS;
+    if small && fused_ok(x) && x.dtype() == DType::F32 && w.dtype() == DType::F32 && super::small_gemm::available() {
+        x.contiguous()?.apply_op2(&w.contiguous()?, Linear)
+    } else {
+        x.matmul(&w.t()?)
+    }
+}
+
 // ---------------------------------------------------------------- rms norm
 
 struct RmsNorm {

@@ -1,0 +1,203 @@
+//! `x · wᵀ` for the few rows of a decode step, reading the weights where
+//! they lie.
+//!
+//! Why hand-written: candle's CPU matmul (the `gemm` crate) copies the
+//! weight matrix into a packed layout on every call. That pays off when
+//! many rows reuse each packed panel (the learner's 2 400-row passes), but a
+//! decode step has 1–32 rows: profiled at batch 32, 33 % of decode time was
+//! `pack_lhs` against 26 % in the multiply itself (README "CPU speed against
+//! PyTorch"). Here each weight row (contiguous along `k`, as checkpoints
+//! store it) is streamed once and dotted with every input row while it sits
+//! in L1, so nothing is copied. SIMD comes from `pulp` (the portable-SIMD
+//! crate under gemm and faer: run-time dispatch to AVX-512, AVX2 or NEON),
+//! not hand-written intrinsics.
+//! Measured gains are in the README's decode table.
+
+use rayon::prelude::*;
+
+/// Inputs with more rows than this go to candle's matmul: above it each
+/// weight panel is reused enough for packing to pay (measured crossover on
+/// SmolLM2 shapes, README).
+pub(crate) const MAX_ROWS: usize = 32;
+
+/// Work (multiply–adds) below which one thread does it all: rayon's
+/// hand-off costs more than the split saves.
+const PAR_MIN_MACS: usize = 1 << 18;
+
+/// Whether this CPU has wide enough SIMD for the kernel to beat gemm
+/// (x86-64 with AVX2+FMA or AVX-512); elsewhere callers use candle's matmul.
+pub(crate) fn available() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// `out (m, n) = x (m, k) · w (n, k)ᵀ`, all row-major. Panics if the
+/// slices are shorter than the shapes say.
+pub(crate) fn linear(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    assert!(x.len() >= m * k && w.len() >= n * k, "small_gemm: slices shorter than their shapes");
+    let block = |j0: usize, j1: usize| -> Vec<f32> {
+        let mut out = vec![0f32; m * (j1 - j0)];
+        pulp::Arch::new().dispatch(Block { x, w, k, m, j0, j1, out: &mut out });
+        out
+    };
+    let threads = rayon::current_num_threads();
+    if threads == 1 || m * n * k < PAR_MIN_MACS {
+        return block(0, n);
+    }
+    // A few blocks per thread so a slow thread does not hold the step up;
+    // each block a multiple of the widest tile.
+    let per = n.div_ceil(threads * 4).next_multiple_of(8).max(8);
+    let starts: Vec<usize> = (0..n).step_by(per).collect();
+    let parts: Vec<Vec<f32>> = starts.par_iter().map(|&j0| block(j0, (j0 + per).min(n))).collect();
+    let mut out = vec![0f32; m * n];
+    for (&j0, part) in starts.iter().zip(&parts) {
+        let len = (j0 + per).min(n) - j0;
+        for i in 0..m {
+            out[i * n + j0..i * n + j0 + len].copy_from_slice(&part[i * len..(i + 1) * len]);
+        }
+    }
+    out
+}
+
+/// Output columns `j0..j1` (weight rows) for every input row, into `out`
+/// `(m, j1 − j0)`, compiled for the widest SIMD the CPU has.
+struct Block<'a> {
+    x: &'a [f32],
+    w: &'a [f32],
+    k: usize,
+    m: usize,
+    j0: usize,
+    j1: usize,
+    out: &'a mut [f32],
+}
+
+impl pulp::WithSimd for Block<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, simd: S) {
+        // Registers: AVX-512 has 32, so 4 × 4 accumulators + 4 weight
+        // vectors + 1 input fit; AVX2 has 16, so 2 × 4.
+        if S::F32_LANES >= 16 {
+            self.tiles::<S, 2, 8>(simd)
+        } else {
+            self.tiles::<S, 2, 4>(simd)
+        }
+    }
+}
+
+impl Block<'_> {
+    /// Tiles of `MR × NR` dot products, then the ragged edges with
+    /// one-wide tiles.
+    #[inline(always)]
+    fn tiles<S: pulp::Simd, const MR: usize, const NR: usize>(self, simd: S) {
+        let Block { x, w, k, m, j0, j1, out } = self;
+        let len = j1 - j0;
+        let mut put = |i0: usize, jj: usize, t: &[f32], nr: usize, mr: usize| {
+            for i in 0..mr {
+                out[(i0 + i) * len + jj - j0..][..nr].copy_from_slice(&t[i * nr..(i + 1) * nr]);
+            }
+        };
+        let mut j = j0;
+        while j + NR <= j1 {
+            let mut i = 0;
+            while i + MR <= m {
+                put(i, j, tile::<S, MR, NR>(simd, x, w, k, i, j).as_flattened(), NR, MR);
+                i += MR;
+            }
+            while i < m {
+                put(i, j, tile::<S, 1, NR>(simd, x, w, k, i, j).as_flattened(), NR, 1);
+                i += 1;
+            }
+            j += NR;
+        }
+        while j < j1 {
+            for i in 0..m {
+                put(i, j, tile::<S, 1, 1>(simd, x, w, k, i, j).as_flattened(), 1, 1);
+            }
+            j += 1;
+        }
+    }
+}
+
+/// Dot products of input rows `i0..i0+MR` with weight rows `j0..j0+NR`, a
+/// SIMD register of lanes at a time; the lanes are summed at the end and
+/// the `k mod lanes` tail added in scalar.
+#[inline(always)]
+fn tile<S: pulp::Simd, const MR: usize, const NR: usize>(
+    simd: S,
+    x: &[f32],
+    w: &[f32],
+    k: usize,
+    i0: usize,
+    j0: usize,
+) -> [[f32; NR]; MR] {
+    let xr: [&[f32]; MR] = std::array::from_fn(|i| &x[(i0 + i) * k..(i0 + i + 1) * k]);
+    let wr: [&[f32]; NR] = std::array::from_fn(|j| &w[(j0 + j) * k..(j0 + j + 1) * k]);
+    let xv: [&[S::f32s]; MR] = std::array::from_fn(|i| S::as_simd_f32s(xr[i]).0);
+    let wv: [&[S::f32s]; NR] = std::array::from_fn(|j| S::as_simd_f32s(wr[j]).0);
+    let steps = k / S::F32_LANES;
+    // Plain loops, no closures, where SIMD values are touched: a closure is
+    // its own function without the caller's target features, so the
+    // intrinsics inside it become calls (measured: half the decode time).
+    let zero = simd.splat_f32s(0.0);
+    let mut acc = [[zero; NR]; MR];
+    let mut wp = [zero; NR];
+    for p in 0..steps {
+        for j in 0..NR {
+            wp[j] = wv[j][p];
+        }
+        for i in 0..MR {
+            let xp = xv[i][p];
+            for j in 0..NR {
+                acc[i][j] = simd.mul_add_e_f32s(xp, wp[j], acc[i][j]);
+            }
+        }
+    }
+    let kv = steps * S::F32_LANES;
+    let mut out = [[0f32; NR]; MR];
+    for i in 0..MR {
+        for j in 0..NR {
+            let mut s = simd.reduce_sum_f32s(acc[i][j]);
+            for q in kv..k {
+                s = xr[i][q].mul_add(wr[j][q], s);
+            }
+            out[i][j] = s;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against a plain f64 dot product, on ragged shapes that exercise every
+    /// edge (rows not a multiple of MR, columns not of NR, k not of L) and
+    /// on a size that runs in parallel.
+    #[test]
+    fn matches_f64_reference_on_ragged_shapes() {
+        for &(m, k, n) in &[(1, 1, 1), (1, 576, 1536), (3, 37, 9), (5, 64, 13), (32, 576, 49), (7, 130, 2048)] {
+            let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0).collect();
+            let y = linear(&x, &w, m, k, n);
+            for i in 0..m {
+                for j in 0..n {
+                    let r: f64 = (0..k).map(|q| x[i * k + q] as f64 * w[j * k + q] as f64).sum();
+                    let scale: f64 = (0..k).map(|q| (x[i * k + q] as f64 * w[j * k + q] as f64).abs()).sum();
+                    let err = (y[i * n + j] as f64 - r).abs();
+                    assert!(err <= 1e-6 * scale.max(1.0), "({m},{k},{n}) [{i},{j}]: {} vs {r}", y[i * n + j]);
+                }
+            }
+        }
+    }
+}
