@@ -44,6 +44,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--checkpoint", action="store_true",
                     help="gradient checkpointing per decoder layer (transformers' gradient_checkpointing_enable)")
+    ap.add_argument("--score", action="store_true",
+                    help="time the scoring pass instead: no-grad log-probs of the response tokens")
     ap.add_argument("--out", default="runs/bench/torch-step.json")
     a = ap.parse_args()
 
@@ -91,6 +93,18 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         return loss.item()
 
+    def score() -> float:
+        # `bench step --score`'s pass: no graph, logits of the response
+        # positions only, log-softmax gathered at the response tokens.
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=att, logits_to_keep=r + 1)
+            logits = out.logits[:, :-1].float()
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, p:].unsqueeze(-1)).squeeze(-1)
+            return logp.mean().item()
+
+    if a.score:
+        model.eval()
+        step = score  # noqa: F811
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     step()  # warm-up: kernels, allocator, optimizer state
     sync()
@@ -110,6 +124,7 @@ def main() -> None:
         "device": a.device,
         "dtype": a.dtype,
         "checkpoint": a.checkpoint,
+        "score": a.score,
         "batch": b,
         "prompt": p,
         "response": r,

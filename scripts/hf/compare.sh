@@ -6,7 +6,9 @@
 #           batch 1/8/32, 128 new tokens, EOS ignored;
 #   step:   forward + R²VPO objective + backward + AdamW at 8 × (44 + 256)
 #           tokens: `r2vpo bench step` (full graph, then checkpointed) vs
-#           scripts/gpu/torch_step.py on the CPU; peak RSS by /usr/bin/time.
+#           scripts/gpu/torch_step.py on the CPU; peak RSS by /usr/bin/time;
+#   score:  the no-grad log-probs of the same batch (`bench step --score`
+#           vs `torch_step.py --score`).
 # Needs the release binary and the pinned venv (`make venv-hf`).
 # Usage: scripts/hf/compare.sh [OUT_DIR]    (default runs/bench/hf-compare)
 set -euo pipefail
@@ -30,4 +32,7 @@ echo "== training step, 8 × (44 + 256) tokens"
 /usr/bin/time -f %M -o "$OUT/r2vpo-ck-step.maxrss" "$BIN" bench step "${step[@]}" --checkpoint --out "$OUT/r2vpo-ck-step.json"
 /usr/bin/time -f %M -o "$OUT/hf-step.maxrss" "$PY" scripts/gpu/torch_step.py "${step[@]}" --device cpu --dtype f32 \
     --out "$OUT/hf-step.json"
+echo "== scoring pass (no-grad log-probs), 8 × (44 + 256) tokens"
+"$BIN" bench step "${step[@]}" --score --out "$OUT/r2vpo-score.json"
+"$PY" scripts/gpu/torch_step.py "${step[@]}" --score --device cpu --dtype f32 --out "$OUT/hf-score.json"
 python3 scripts/hf/summary.py "$OUT"

@@ -36,7 +36,14 @@ def main() -> None:
         md.append(f"| {name} | {s:.2f} | {m:.2f} | {s / hs['step_s']:.2f} | {m / hm:.2f} |")
     steps.append({"stack": "PyTorch", "step_s": hs["step_s"], "peak_rss_gib": hm})
     md.append(f"| PyTorch + transformers | {hs['step_s']:.2f} | {hm:.2f} | 1 | 1 |")
-    for name, text in [("summary.json", json.dumps({"decode": decode, "step": steps}, indent=2)),
+    score = None
+    if (d / "r2vpo-score.json").exists():
+        ours_s, theirs_s = load("r2vpo-score.json")["step_s"], load("hf-score.json")["step_s"]
+        score = {"r2vpo_s": ours_s, "pytorch_s": theirs_s, "time_ratio": ours_s / theirs_s}
+        md += ["", "## Scoring pass, no-grad log-probs of 8 × 256 response tokens (goal: time ≤ 0.67×)\n",
+               "| r2vpo s | PyTorch s | time / PyTorch |", "|---|---|---|",
+               f"| {ours_s:.3f} | {theirs_s:.3f} | {ours_s / theirs_s:.2f} |"]
+    for name, text in [("summary.json", json.dumps({"decode": decode, "step": steps, "score": score}, indent=2)),
                        ("summary.md", "\n".join(md) + "\n")]:
         tmp = d / (name + ".tmp")
         tmp.write_text(text)

@@ -68,6 +68,11 @@ pub struct StepBenchArgs {
     /// goes.
     #[arg(long)]
     pub memory: bool,
+    /// Time the scoring pass instead of a training step: no-grad
+    /// log-probs of the response tokens (what the learner computes for old
+    /// and reference log-probs), one forward on detached weights.
+    #[arg(long)]
+    pub score: bool,
     /// Weight seed.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
@@ -195,6 +200,9 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     model.set_compute_dtype(dtype);
     let x = batch(a, cfg.vocab_size, &dev)?;
     let shape = a.shape.display().to_string();
+    if a.score && (a.check || a.checkpoint || a.memory) {
+        bail!("--score times the no-grad pass alone: it takes no --check, --checkpoint or --memory");
+    }
     if a.check {
         return check(a, &cfg, &model, &x, shape);
     }
@@ -208,8 +216,14 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     for rep in usize::from(a.memory)..=a.reps.max(1) {
         dev.synchronize()?;
         let t0 = Instant::now();
-        let (_, l, grads) = forward_backward(&model, &x, a)?;
-        apply(&mut opt, &grads)?;
+        let l = if a.score {
+            let lp = model.score_tail_logprobs(&x.ids, &x.att, a.response)?;
+            f64::from(lp.mean_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?)
+        } else {
+            let (_, l, grads) = forward_backward(&model, &x, a)?;
+            apply(&mut opt, &grads)?;
+            l
+        };
         dev.synchronize()?;
         if rep > 0 {
             times.push(t0.elapsed().as_secs_f64());
@@ -230,9 +244,21 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         tokens_per_s: tokens as f64 / step_s,
         loss,
     };
+    let what = if a.score {
+        "scoring pass (no-grad log-probs of the response tokens; `loss` is their mean)"
+    } else {
+        "training step (forward + R²VPO objective + backward + AdamW)"
+    };
     println!(
-        "r2vpo training step (forward + R²VPO objective + backward + AdamW), {} ({} parameters), {} {}, {} × ({} + {}) tokens, median of {}",
-        res.shape, res.parameters, res.device, res.dtype, res.batch, res.prompt, res.response, times.len()
+        "r2vpo {what}, {} ({} parameters), {} {}, {} × ({} + {}) tokens, median of {}",
+        res.shape,
+        res.parameters,
+        res.device,
+        res.dtype,
+        res.batch,
+        res.prompt,
+        res.response,
+        times.len()
     );
     println!("| step s | tokens/s |\n|---|---|\n| {:.3} | {:.1} |", res.step_s, res.tokens_per_s);
     #[derive(Serialize)]

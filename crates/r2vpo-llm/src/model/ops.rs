@@ -1,5 +1,7 @@
 //! Differentiable fused ops for the decoder: RMSNorm, softmax over the last
-//! dimension, rotate-half RoPE with per-row tables, and a log-prob gather.
+//! dimension, rotate-half RoPE with per-row tables, a log-prob gather, and
+//! the linear layer `x · wᵀ` ([`linear`], [`linear_many`]), which decode-sized
+//! inputs run on a kernel that does not repack the weights.
 //!
 //! candle-nn's fused versions of the first three record no backward and the
 //! gradient silently stops there, so these are our own `CustomOp`s with a
@@ -221,8 +223,8 @@ impl CustomOp2 for Linear {
         }
         match (s1, s2) {
             (CpuStorage::F32(x), CpuStorage::F32(w)) => {
-                let y = super::small_gemm::linear(contiguous(x, l1, n)?, contiguous(w, l2, n)?, m, k, o);
-                Ok((CpuStorage::F32(y), Shape::from((m, o))))
+                let y = super::small_gemm::linear(contiguous(x, l1, n)?, m, k, &[(contiguous(w, l2, n)?, o)]);
+                Ok((CpuStorage::F32(y.into_iter().next().expect("one weight")), Shape::from((m, o))))
             }
             _ => Err(unsupported(n, s1)),
         }
@@ -239,12 +241,53 @@ impl CustomOp2 for Linear {
 /// repacking `w`; otherwise it is candle's matmul. The two sum in different
 /// orders, so they agree to f32 rounding, not bit for bit (tested).
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let small = x.rank() == 2 && x.dim(0)? <= super::small_gemm::MAX_ROWS;
-    if small && fused_ok(x) && x.dtype() == DType::F32 && w.dtype() == DType::F32 && super::small_gemm::available() {
+    if small_ok(x, &[w])? {
         x.contiguous()?.apply_op2(&w.contiguous()?, Linear)
     } else {
         x.matmul(&w.t()?)
     }
+}
+
+/// Whether `x · wᵀ` for these weights goes to the small-row kernel.
+fn small_ok(x: &Tensor, ws: &[&Tensor]) -> Result<bool> {
+    Ok(x.rank() == 2
+        && x.dim(0)? <= super::small_gemm::MAX_ROWS
+        && fused_ok(x)
+        && x.dtype() == DType::F32
+        && ws.iter().all(|w| w.dtype() == DType::F32 && w.rank() == 2)
+        && super::small_gemm::available())
+}
+
+/// [`linear`] of one input by several weights, `[x · w₁ᵀ, x · w₂ᵀ, …]`
+/// (q, k and v; gate and up). Where nothing records a gradient (every
+/// decode step) the small-row kernel runs them in one parallel pass;
+/// otherwise each is a [`linear`], with the same values to f32 rounding.
+pub fn linear_many(x: &Tensor, ws: &[&Tensor]) -> Result<Vec<Tensor>> {
+    if !small_ok(x, ws)? || x.track_op() || ws.iter().any(|w| w.track_op()) {
+        return ws.iter().map(|w| linear(x, w)).collect();
+    }
+    let x = x.contiguous()?;
+    let ws: Vec<Tensor> = ws.iter().map(|w| w.contiguous()).collect::<Result<_>>()?;
+    let (m, k) = x.dims2()?;
+    let (xs, xl) = x.storage_and_layout();
+    let guards: Vec<_> = ws.iter().map(|w| w.storage_and_layout()).collect();
+    let name = "r2vpo-linear-many";
+    let xv = match &*xs {
+        candle_core::Storage::Cpu(CpuStorage::F32(v)) => contiguous(v, xl, name)?,
+        _ => return Err(Error::Msg(format!("{name}: f32 CPU tensors only"))),
+    };
+    let mut wv = Vec::with_capacity(ws.len());
+    for ((g, l), w) in guards.iter().zip(&ws) {
+        match &**g {
+            candle_core::Storage::Cpu(CpuStorage::F32(v)) => wv.push((contiguous(v, l, name)?, w.dim(0)?)),
+            _ => return Err(Error::Msg(format!("{name}: f32 CPU tensors only"))),
+        }
+        if w.dim(1)? != k {
+            return Err(Error::Msg(format!("{name}: x (…, {k}) against w {:?}", w.dims())));
+        }
+    }
+    let outs = super::small_gemm::linear(xv, m, k, &wv);
+    outs.into_iter().zip(&wv).map(|(o, &(_, n))| Tensor::from_vec(o, (m, n), x.device())).collect()
 }
 
 // ---------------------------------------------------------------- rms norm

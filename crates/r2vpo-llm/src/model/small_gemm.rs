@@ -40,32 +40,44 @@ pub(crate) fn available() -> bool {
     })
 }
 
-/// `out (m, n) = x (m, k) · w (n, k)ᵀ`, all row-major. Panics if the
-/// slices are shorter than the shapes say.
-pub(crate) fn linear(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    assert!(x.len() >= m * k && w.len() >= n * k, "small_gemm: slices shorter than their shapes");
-    let block = |j0: usize, j1: usize| -> Vec<f32> {
+/// `outᵢ (m, nᵢ) = x (m, k) · wᵢ (nᵢ, k)ᵀ` for each weight `(wᵢ, nᵢ)`, all
+/// row-major. Several weights that read the same input (q, k and v; gate
+/// and up) share one parallel pass: one hand-off to the threads instead of
+/// one per matrix, and the small k/v projections split too. Panics if a
+/// slice is shorter than its shape says.
+pub(crate) fn linear(x: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Vec<Vec<f32>> {
+    assert!(
+        x.len() >= m * k && ws.iter().all(|(w, n)| w.len() >= n * k),
+        "small_gemm: slices shorter than their shapes"
+    );
+    let block = |wi: usize, j0: usize, j1: usize| -> Vec<f32> {
         let mut out = vec![0f32; m * (j1 - j0)];
-        pulp::Arch::new().dispatch(Block { x, w, k, m, j0, j1, out: &mut out });
+        pulp::Arch::new().dispatch(Block { x, w: ws[wi].0, k, m, j0, j1, out: &mut out });
         out
     };
+    let total: usize = ws.iter().map(|w| w.1).sum();
     let threads = rayon::current_num_threads();
-    if threads == 1 || m * n * k < PAR_MIN_MACS {
-        return block(0, n);
+    if threads == 1 || m * total * k < PAR_MIN_MACS {
+        return ws.iter().enumerate().map(|(wi, w)| block(wi, 0, w.1)).collect();
     }
-    // A few blocks per thread so a slow thread does not hold the step up;
-    // each block a multiple of the widest tile.
-    let per = n.div_ceil(threads * 4).next_multiple_of(8).max(8);
-    let starts: Vec<usize> = (0..n).step_by(per).collect();
-    let parts: Vec<Vec<f32>> = starts.par_iter().map(|&j0| block(j0, (j0 + per).min(n))).collect();
-    let mut out = vec![0f32; m * n];
-    for (&j0, part) in starts.iter().zip(&parts) {
-        let len = (j0 + per).min(n) - j0;
+    // Two blocks per thread, each a multiple of the widest tile: fewer,
+    // longer weight streams than finer splits (measured at batch 1, where
+    // decode is bound by reading the weights).
+    let per = total.div_ceil(threads * 2).next_multiple_of(8).max(8);
+    let tasks: Vec<(usize, usize, usize)> = ws
+        .iter()
+        .enumerate()
+        .flat_map(|(wi, w)| (0..w.1).step_by(per).map(move |j0| (wi, j0, (j0 + per).min(w.1))))
+        .collect();
+    let parts: Vec<Vec<f32>> = tasks.par_iter().map(|&(wi, j0, j1)| block(wi, j0, j1)).collect();
+    let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; m * w.1]).collect();
+    for (&(wi, j0, j1), part) in tasks.iter().zip(&parts) {
+        let (n, len) = (ws[wi].1, j1 - j0);
         for i in 0..m {
-            out[i * n + j0..i * n + j0 + len].copy_from_slice(&part[i * len..(i + 1) * len]);
+            outs[wi][i * n + j0..i * n + j1].copy_from_slice(&part[i * len..(i + 1) * len]);
         }
     }
-    out
+    outs
 }
 
 /// Output columns `j0..j1` (weight rows) for every input row, into `out`
@@ -189,7 +201,7 @@ mod tests {
         for &(m, k, n) in &[(1, 1, 1), (1, 576, 1536), (3, 37, 9), (5, 64, 13), (32, 576, 49), (7, 130, 2048)] {
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0).collect();
-            let y = linear(&x, &w, m, k, n);
+            let y = linear(&x, m, k, &[(&w, n)]).remove(0);
             for i in 0..m {
                 for j in 0..n {
                     let r: f64 = (0..k).map(|q| x[i * k + q] as f64 * w[j * k + q] as f64).sum();

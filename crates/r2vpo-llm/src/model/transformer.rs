@@ -804,16 +804,17 @@ impl Transformer {
         let g = nh / nkv;
         let scale = 1.0 / (hd as f64).sqrt();
         let h = ops::rms_norm(x, &l.in_norm, cfg.rms_norm_eps)?;
-        let proj = |w: &Tensor, bias: &Option<Tensor>, heads: usize| -> Result<Tensor> {
-            let mut y = ops::linear(&h, w)?;
+        let mut qkv = ops::linear_many(&h, &[&l.q, &l.k, &l.v])?.into_iter();
+        let mut proj = |bias: &Option<Tensor>, heads: usize| -> Result<Tensor> {
+            let mut y = qkv.next().expect("three projections");
             if let Some(bb) = bias {
                 y = y.broadcast_add(bb)?;
             }
             Ok(y.reshape((b, t, heads, hd))?)
         };
-        let mut q = proj(&l.q, &l.q_b, nh)?;
-        let mut k = proj(&l.k, &l.k_b, nkv)?;
-        let v = proj(&l.v, &l.v_b, nkv)?.transpose(1, 2)?.contiguous()?;
+        let mut q = proj(&l.q_b, nh)?;
+        let mut k = proj(&l.k_b, nkv)?;
+        let v = proj(&l.v_b, nkv)?.transpose(1, 2)?.contiguous()?;
         if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
             q = ops::rms_norm(&q, qn, cfg.rms_norm_eps)?;
             k = ops::rms_norm(&k, kn, cfg.rms_norm_eps)?;
@@ -837,8 +838,8 @@ impl Transformer {
         }
         let x = (x + o)?;
         let h2 = ops::rms_norm(&x, &l.post_norm, cfg.rms_norm_eps)?;
-        let gate = ops::linear(&h2, &l.gate)?.silu()?;
-        let up = ops::linear(&h2, &l.up)?;
+        let [gate, up]: [Tensor; 2] = ops::linear_many(&h2, &[&l.gate, &l.up])?.try_into().expect("two projections");
+        let gate = gate.silu()?;
         Ok((x + ops::linear(&(gate * up)?, &l.down)?)?)
     }
 
