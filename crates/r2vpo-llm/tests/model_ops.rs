@@ -296,3 +296,42 @@ fn linear_matches_matmul_in_value_and_gradient() {
         1e-6,
     );
 }
+
+/// The no-grad attention kernel against matmul–softmax–matmul, on keys and
+/// values that are views into larger buffers (as the KV cache hands them
+/// over), with masked keys, GQA groups and several new tokens per row.
+#[test]
+fn attention_no_grad_matches_the_composite_on_cache_views() {
+    let (b, hk, g, t, tk, d, cap) = (3, 2, 3, 2, 11, 20, 16);
+    let q = pseudo(&[b, hk, g * t, d], 0.3, DType::F32);
+    let kbuf = pseudo(&[b, hk, cap, d], 1.1, DType::F32);
+    let vbuf = pseudo(&[b, hk, cap, d], 2.3, DType::F32);
+    let (k, v) = (kbuf.narrow(2, 0, tk).unwrap(), vbuf.narrow(2, 0, tk).unwrap());
+    assert!(!k.is_contiguous());
+    // Row r masks its first r keys (left padding) and, causally, the last
+    // key for the first new token.
+    let mut m = vec![0f32; b * t * tk];
+    for r in 0..b {
+        for i in 0..t {
+            for j in 0..tk {
+                if j < r || (i == 0 && j == tk - 1) {
+                    m[(r * t + i) * tk + j] = -1e9;
+                }
+            }
+        }
+    }
+    let mask = Tensor::from_vec(m, (b, 1, 1, t, tk), &Device::Cpu).unwrap();
+    let got = ops::attention_no_grad(&q, &k, &v, &mask, t).unwrap().expect("applies to f32 without a gradient");
+    let scores = q.matmul(&k.t().unwrap()).unwrap().reshape((b, hk, g, t, tk)).unwrap().broadcast_add(&mask).unwrap();
+    let want = ops::softmax_composite(&scores).unwrap().reshape((b, hk, g * t, tk)).unwrap().matmul(&v).unwrap();
+    let diff = max_abs_diff(&got, &want);
+    assert!(diff < 1e-5, "attention differs by {diff}");
+    // Not for a pass that records a gradient, nor for long passes.
+    let qv = Var::from_tensor(&q).unwrap();
+    assert!(ops::attention_no_grad(qv.as_tensor(), &k, &v, &mask, t).unwrap().is_none());
+    let long = ops::ATTENTION_MAX_T + 1;
+    let ql = pseudo(&[1, 1, long, d], 0.5, DType::F32);
+    let kl = pseudo(&[1, 1, long, d], 0.6, DType::F32);
+    let ml = Tensor::zeros((1, 1, 1, long, long), DType::F32, &Device::Cpu).unwrap();
+    assert!(ops::attention_no_grad(&ql, &kl, &kl, &ml, long).unwrap().is_none());
+}

@@ -272,22 +272,141 @@ pub fn linear_many(x: &Tensor, ws: &[&Tensor]) -> Result<Vec<Tensor>> {
     let (xs, xl) = x.storage_and_layout();
     let guards: Vec<_> = ws.iter().map(|w| w.storage_and_layout()).collect();
     let name = "r2vpo-linear-many";
-    let xv = match &*xs {
-        candle_core::Storage::Cpu(CpuStorage::F32(v)) => contiguous(v, xl, name)?,
-        _ => return Err(Error::Msg(format!("{name}: f32 CPU tensors only"))),
-    };
+    let xv = contiguous(f32_storage(&xs, name)?, xl, name)?;
     let mut wv = Vec::with_capacity(ws.len());
     for ((g, l), w) in guards.iter().zip(&ws) {
-        match &**g {
-            candle_core::Storage::Cpu(CpuStorage::F32(v)) => wv.push((contiguous(v, l, name)?, w.dim(0)?)),
-            _ => return Err(Error::Msg(format!("{name}: f32 CPU tensors only"))),
-        }
+        wv.push((contiguous(f32_storage(g, name)?, l, name)?, w.dim(0)?));
         if w.dim(1)? != k {
             return Err(Error::Msg(format!("{name}: x (…, {k}) against w {:?}", w.dims())));
         }
     }
     let outs = super::small_gemm::linear(xv, m, k, &wv);
     outs.into_iter().zip(&wv).map(|(o, &(_, n))| Tensor::from_vec(o, (m, n), x.device())).collect()
+}
+
+// ---------------------------------------------------------------- decode attention
+
+/// Queries per row at or below which [`attention_no_grad`] runs: decode
+/// steps (one new token) and short chunks. Longer passes go to candle's
+/// batched matmuls, which block for the cache and win there.
+pub const ATTENTION_MAX_T: usize = 8;
+
+/// Scaled-dot-product attention for a step that records no gradient, in
+/// one pass per (row, kv head): `q (B, Hkv, G·T, D)` (already scaled; the
+/// G query heads sharing a kv head stacked as `G·T` rows, `T` new tokens
+/// each), `k, v (B, Hkv, TK, D)` with any strides but a unit last one (the
+/// KV cache's views), additive `mask (B, 1, 1, T, TK)`. Returns
+/// `(B, Hkv, G·T, D)`, or `None` where it does not apply (a gradient, not
+/// f32 on the CPU, `T` above [`ATTENTION_MAX_T`]) and the caller runs the
+/// matmul–softmax–matmul composite. Replaces eight candle ops (and their
+/// allocations) per layer per decode step; same arithmetic (score, mask,
+/// max-shifted exp, normalise, weighted sum) in another summation order.
+pub fn attention_no_grad(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, t: usize) -> Result<Option<Tensor>> {
+    let ok = t <= ATTENTION_MAX_T
+        && fused_ok(q)
+        && [q, k, v, mask].iter().all(|x| x.dtype() == DType::F32 && !x.track_op() && x.device().is_cpu());
+    if !ok {
+        return Ok(None);
+    }
+    let (b, hk, gt, d) = q.dims4()?;
+    let tk = k.dim(2)?;
+    if k.dims4()? != (b, hk, tk, d) || v.dims4()? != (b, hk, tk, d) || mask.dims() != [b, 1, 1, t, tk] || gt % t != 0 {
+        return Err(Error::Msg(format!(
+            "attention: q {:?}, k {:?}, v {:?}, mask {:?} for {t} new tokens",
+            q.dims(),
+            k.dims(),
+            v.dims(),
+            mask.dims()
+        )));
+    }
+    let (q, mask) = (q.contiguous()?, mask.contiguous()?);
+    let name = "r2vpo-attention";
+    let (qg, ql) = q.storage_and_layout();
+    let (mg, ml) = mask.storage_and_layout();
+    let (kg, kl) = k.storage_and_layout();
+    let (vg, vl) = v.storage_and_layout();
+    let (qd, md) = (contiguous(f32_storage(&qg, name)?, ql, name)?, contiguous(f32_storage(&mg, name)?, ml, name)?);
+    let (kd, vd) = (f32_storage(&kg, name)?, f32_storage(&vg, name)?);
+    let (ks, vs) = (kl.stride(), vl.stride());
+    if ks[3] != 1 || vs[3] != 1 {
+        return Ok(None);
+    }
+    let (ko, vo) = (kl.start_offset(), vl.start_offset());
+    let mut out = vec![0f32; b * hk * gt * d];
+    out.par_chunks_mut(gt * d).enumerate().for_each(|(rh, o)| {
+        let (r, h) = (rh / hk, rh % hk);
+        let kb = &kd[ko + r * ks[0] + h * ks[1]..];
+        let vb = &vd[vo + r * vs[0] + h * vs[1]..];
+        let qs = &qd[rh * gt * d..(rh + 1) * gt * d];
+        let ms = &md[r * t * tk..(r + 1) * t * tk];
+        pulp::Arch::new().dispatch(|| attend(qs, kb, ks[2], vb, vs[2], ms, (t, tk, d), o));
+    });
+    drop((qg, mg, kg, vg));
+    Ok(Some(Tensor::from_vec(out, (b, hk, gt, d), q.device())?))
+}
+
+/// The f32 data of a CPU tensor's storage.
+fn f32_storage<'a>(g: &'a candle_core::Storage, op: &str) -> Result<&'a [f32]> {
+    match g {
+        candle_core::Storage::Cpu(CpuStorage::F32(v)) => Ok(v.as_slice()),
+        _ => Err(Error::Msg(format!("{op}: f32 CPU tensors only"))),
+    }
+}
+
+/// One (row, kv head) of [`attention_no_grad`]: `q (G·T, D)`, keys and
+/// values `TK` rows apart by their strides, `mask (T, TK)`, into `o (G·T, D)`.
+/// Plain loops over 16-lane arrays, which the compiler vectorises inside
+/// pulp's dispatch.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    q: &[f32],
+    k: &[f32],
+    k_row: usize,
+    v: &[f32],
+    v_row: usize,
+    mask: &[f32],
+    dims: (usize, usize, usize),
+    o: &mut [f32],
+) {
+    let (t, tk, d) = dims;
+    let mut p = vec![0f32; tk];
+    for (qi, (qr, or)) in q.chunks_exact(d).zip(o.chunks_exact_mut(d)).enumerate() {
+        let mr = &mask[(qi % t) * tk..(qi % t + 1) * tk];
+        let mut mx = f32::NEG_INFINITY;
+        for (j, pj) in p.iter_mut().enumerate() {
+            let s = dot16(qr, &k[j * k_row..j * k_row + d]) + mr[j];
+            *pj = s;
+            mx = mx.max(s);
+        }
+        let mut sum = 0f32;
+        for pj in p.iter_mut() {
+            *pj = (*pj - mx).exp();
+            sum += *pj;
+        }
+        let inv = 1.0 / sum;
+        for (j, &pj) in p.iter().enumerate() {
+            let w = pj * inv;
+            for (a, &x) in or.iter_mut().zip(&v[j * v_row..j * v_row + d]) {
+                *a += w * x;
+            }
+        }
+    }
+}
+
+/// Dot product in 16 interleaved partial sums (so it vectorises without
+/// reassociating a serial sum), then the lanes, then the tail.
+#[inline(always)]
+fn dot16(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ac.zip(bc) {
+        for l in 0..16 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 // ---------------------------------------------------------------- rms norm

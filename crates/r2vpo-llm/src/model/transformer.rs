@@ -695,7 +695,11 @@ impl Transformer {
         }
         let new_rows = mask_rows(attention_mask, b, t)?;
         let p = self.detached()?;
-        let h = self.hidden(&p, input_ids, &new_rows, Some(cache))?;
+        let mut c = self.stack_ctx(input_ids, &new_rows, Some(&mut *cache))?;
+        // Only here, sampling: every other pass keeps the matmul attention
+        // so scoring equals the training path bit for bit.
+        c.decode_attention = true;
+        let h = self.stack(&p, input_ids, &c, Some(cache))?;
         let last = h.narrow(1, t - 1, 1)?.reshape((b, self.config.hidden_size))?;
         self.head(&p, &last)
     }
@@ -741,11 +745,16 @@ impl Transformer {
         mut cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         let c = self.stack_ctx(ids, new_mask, cache.as_deref_mut())?;
+        self.stack(p, ids, &c, cache)
+    }
+
+    /// [`Transformer::hidden`] for a prepared [`StackCtx`].
+    fn stack(&self, p: &Params, ids: &Tensor, c: &StackCtx, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
         let mut x = self.embed(p, ids)?;
         for (li, l) in p.layers.iter().enumerate() {
-            x = self.layer(l, li, &x, &c, cache.as_deref_mut())?;
+            x = self.layer(l, li, &x, c, cache.as_deref_mut())?;
         }
-        self.final_norm(p, &x, &c)
+        self.final_norm(p, &x, c)
     }
 
     /// Token embeddings, `(B·T, hidden)`.
@@ -792,7 +801,7 @@ impl Transformer {
         }
         let mask = Tensor::from_vec(add, (b, 1, 1, t, tk), &self.device)?.to_dtype(self.compute)?;
         let (cos, sin) = self.rope_tables(&pos)?;
-        Ok(StackCtx { b, t, tk, mask, cos, sin })
+        Ok(StackCtx { b, t, tk, mask, cos, sin, decode_attention: false })
     }
 
     /// Decoder layer `li` on `x (B·T, hidden)`, appending its keys and
@@ -828,10 +837,15 @@ impl Transformer {
         // GQA without repeat_kv: the g query heads sharing a kv head are
         // stacked along the sequence axis of one matmul.
         let q = (q * scale)?.reshape((b, nkv, g * t, hd))?;
-        let scores = q.matmul(&k.t()?)?.reshape((b, nkv, g, t, tk))?.broadcast_add(&c.mask)?;
-        let probs = ops::softmax_last_dim(&scores)?.reshape((b, nkv, g * t, tk))?;
-        let attn =
-            probs.matmul(&v)?.reshape((b, nh, t, hd))?.transpose(1, 2)?.contiguous()?.reshape((b * t, nh * hd))?;
+        let fast = if c.decode_attention { ops::attention_no_grad(&q, &k, &v, &c.mask, t)? } else { None };
+        let attn = match fast {
+            Some(a) => a,
+            None => {
+                let scores = q.matmul(&k.t()?)?.reshape((b, nkv, g, t, tk))?.broadcast_add(&c.mask)?;
+                ops::softmax_last_dim(&scores)?.reshape((b, nkv, g * t, tk))?.matmul(&v)?
+            }
+        };
+        let attn = attn.reshape((b, nh, t, hd))?.transpose(1, 2)?.contiguous()?.reshape((b * t, nh * hd))?;
         let mut o = ops::linear(&attn, &l.o)?;
         if let Some(ob) = &l.o_b {
             o = o.broadcast_add(ob)?;
@@ -985,6 +999,9 @@ struct StackCtx {
     mask: Tensor,
     cos: Tensor,
     sin: Tensor,
+    /// Attention by [`ops::attention_no_grad`] where it applies (sampling
+    /// steps only).
+    decode_attention: bool,
 }
 
 /// A `(B, T)` mask tensor as rows of 0/1 bytes.
