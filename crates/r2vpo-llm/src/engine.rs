@@ -395,7 +395,11 @@ impl Loop {
                     continue;
                 }
             }
-            if let Err(e) = self.step(open) {
+            // On a pool thread, as `sample::generate_ids` runs its loop: the
+            // step's many small parallel kernels then share work without
+            // parking this thread on a lock for each (the scope is per step,
+            // so no pool thread is held while the loop waits for requests).
+            if let Err(e) = rayon::scope(|_| self.step(open)) {
                 self.fail_all(&format!("model step failed: {e}"));
             }
             self.publish();

@@ -384,6 +384,37 @@ pub fn generate_ids(
         .collect();
 
     if cfg.max_new_tokens > 0 && !requests.is_empty() {
+        // The loop runs on a pool thread (`rayon::scope` moves it there):
+        // its many small parallel kernels then share work with the other
+        // threads directly, instead of parking this thread on a lock and
+        // waking it for every kernel of every step.
+        rayon::scope(|_| decode(model, requests, cfg, eos, pad_id, &mut rows))?;
+    }
+    Ok(rows
+        .into_iter()
+        .zip(requests)
+        .map(|(r, q)| Generation {
+            prompt_len: q.prompt_ids.len(),
+            token_ids: r.tokens,
+            text: String::new(),
+            finish_reason: r.finish.unwrap_or(FinishReason::Length),
+            logprobs: r.logprobs,
+            model_logprobs: r.model_logprobs,
+            entropy: r.entropy,
+        })
+        .collect())
+}
+
+/// [`generate_ids`]' prefill and decode loop, filling `rows`.
+fn decode(
+    model: &Transformer,
+    requests: &[GenerationRequest],
+    cfg: &SamplingConfig,
+    eos: Option<u32>,
+    pad_id: u32,
+    rows: &mut [Row],
+) -> Result<()> {
+    {
         // Identical prompts (a GRPO group's samples) are prefilled once and
         // their cache rows and logits replicated.
         let (uniq, of_request) = distinct_prompts(requests.iter().map(|r| r.prompt_ids.as_slice()));
@@ -432,19 +463,7 @@ pub fn generate_ids(
             logits = model.forward_step(&ids, &mask, &mut cache)?;
         }
     }
-    Ok(rows
-        .into_iter()
-        .zip(requests)
-        .map(|(r, q)| Generation {
-            prompt_len: q.prompt_ids.len(),
-            token_ids: r.tokens,
-            text: String::new(),
-            finish_reason: r.finish.unwrap_or(FinishReason::Length),
-            logprobs: r.logprobs,
-            model_logprobs: r.model_logprobs,
-            entropy: r.entropy,
-        })
-        .collect())
+    Ok(())
 }
 
 /// One draw and its two log-probabilities.
