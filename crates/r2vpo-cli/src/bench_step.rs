@@ -216,14 +216,17 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     for rep in usize::from(a.memory)..=a.reps.max(1) {
         dev.synchronize()?;
         let t0 = Instant::now();
-        let l = if a.score {
-            let lp = model.score_tail_logprobs(&x.ids, &x.att, a.response)?;
-            f64::from(lp.mean_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?)
-        } else {
-            let (_, l, grads) = forward_backward(&model, &x, a)?;
-            apply(&mut opt, &grads)?;
-            l
-        };
+        // On a pool thread, as the trainer runs its passes (`on_pool`).
+        let l = r2vpo_llm::model::on_pool(|| -> Result<f64> {
+            if a.score {
+                let lp = model.score_tail_logprobs(&x.ids, &x.att, a.response)?;
+                Ok(f64::from(lp.mean_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?))
+            } else {
+                let (_, l, grads) = forward_backward(&model, &x, a)?;
+                apply(&mut opt, &grads)?;
+                Ok(l)
+            }
+        })?;
         dev.synchronize()?;
         if rep > 0 {
             times.push(t0.elapsed().as_secs_f64());

@@ -395,11 +395,9 @@ impl Loop {
                     continue;
                 }
             }
-            // On a pool thread, as `sample::generate_ids` runs its loop: the
-            // step's many small parallel kernels then share work without
-            // parking this thread on a lock for each (the scope is per step,
-            // so no pool thread is held while the loop waits for requests).
-            if let Err(e) = rayon::scope(|_| self.step(open)) {
+            // On a pool thread (see `on_pool`), per step so that no pool
+            // thread is held while the loop waits for requests.
+            if let Err(e) = crate::model::on_pool(|| self.step(open)) {
                 self.fail_all(&format!("model step failed: {e}"));
             }
             self.publish();

@@ -384,11 +384,8 @@ pub fn generate_ids(
         .collect();
 
     if cfg.max_new_tokens > 0 && !requests.is_empty() {
-        // The loop runs on a pool thread (`rayon::scope` moves it there):
-        // its many small parallel kernels then share work with the other
-        // threads directly, instead of parking this thread on a lock and
-        // waking it for every kernel of every step.
-        rayon::scope(|_| decode(model, requests, cfg, eos, pad_id, &mut rows))?;
+        // On a pool thread for the whole loop (see `on_pool`).
+        crate::model::on_pool(|| decode(model, requests, cfg, eos, pad_id, &mut rows))?;
     }
     Ok(rows
         .into_iter()

@@ -25,6 +25,18 @@ use std::path::PathBuf;
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use transformer::{KvCache, PrefixedRows, Transformer};
 
+/// Runs `f` on a thread of rayon's pool (from outside the pool,
+/// `rayon::scope` moves it there; inside, it runs in place). A forward or
+/// backward pass issues hundreds of small parallel kernels (our ops, candle's
+/// and gemm's, all on rayon); called from outside the pool, each one parks
+/// the calling thread on a lock and wakes it again. Inside, the caller works
+/// on its share instead. Measured on 2 threads: decode at batch 1 33 → 38.5
+/// tok/s, the SmolLM2 training step 15.2 → 13.0 s, its scoring pass 3.6 →
+/// 3.1 s. Wrap a whole pass (or a decode step), not each kernel.
+pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
+}
+
 /// The syntax of a device name alone: `cpu` → `None`, `cuda` → device 0,
 /// `cuda:N` → device N; anything else is refused with what was expected.
 pub fn cuda_ordinal(name: &str) -> std::result::Result<Option<usize>, String> {

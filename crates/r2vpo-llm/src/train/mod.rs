@@ -500,7 +500,7 @@ impl Trainer {
         let mut out = Vec::with_capacity(samples.len());
         for part in samples.chunks(self.cfg.micro_batch_size) {
             let t = self.pack(part, model.device())?;
-            let lp = t.score_logprobs(model)?;
+            let lp = crate::model::on_pool(|| t.score_logprobs(model))?;
             out.extend(batch::unpack_responses(&lp, part)?);
         }
         Ok(out)
@@ -759,24 +759,27 @@ impl Trainer {
                 }
                 Ok((loss, out.stats, kl_part))
             };
-            let (logp, loss, gs, step_stats, kl_part) = match (&t.inputs, self.cfg.activation_checkpointing) {
-                (batch::Inputs::Padded { ids, attention }, true) => {
-                    let mut extra = None;
-                    let (logp, loss, gs) = self.model.tail_grads_checkpointed(ids, attention, t.tail, |lp| {
-                        let (loss, st, kl) = loss_of(lp).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-                        extra = Some((st, kl));
-                        Ok(loss)
-                    })?;
-                    let (st, kl) = extra.expect("the loss was computed");
-                    (logp, loss, gs, st, kl)
-                }
-                _ => {
-                    let logp = t.logprobs(&self.model)?;
-                    let (loss, st, kl) = loss_of(&logp)?;
-                    let gs = loss.backward()?;
-                    (logp, loss, gs, st, kl)
-                }
-            };
+            // The forward and backward on a pool thread (`on_pool`).
+            let (logp, loss, gs, step_stats, kl_part) = crate::model::on_pool(|| -> TrainResult<_> {
+                Ok(match (&t.inputs, self.cfg.activation_checkpointing) {
+                    (batch::Inputs::Padded { ids, attention }, true) => {
+                        let mut extra = None;
+                        let (logp, loss, gs) = self.model.tail_grads_checkpointed(ids, attention, t.tail, |lp| {
+                            let (loss, st, kl) = loss_of(lp).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+                            extra = Some((st, kl));
+                            Ok(loss)
+                        })?;
+                        let (st, kl) = extra.expect("the loss was computed");
+                        (logp, loss, gs, st, kl)
+                    }
+                    _ => {
+                        let logp = t.logprobs(&self.model)?;
+                        let (loss, st, kl) = loss_of(&logp)?;
+                        let gs = loss.backward()?;
+                        (logp, loss, gs, st, kl)
+                    }
+                })
+            })?;
             ref_kl += kl_part;
             loss_total += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             for (i, v) in vars.iter().enumerate() {
