@@ -24,9 +24,14 @@ SHAPE=configs/shapes/smollm2-135m.json
 mkdir -p "$OUT"
 step=(--shape "$SHAPE" --batch 8 --prompt 44 --response 256 --reps 2)
 
-echo "== decode, batch 1/8/32, 128 new tokens, $T threads"
-"$BIN" bench llm --batches 1,8,32 --new-tokens 128 --train-batch 0 --out "$OUT/r2vpo-decode.json"
-"$PY" scripts/hf/decode.py --shape "$SHAPE" --batches 1,8,32 --new-tokens 128 --threads "$T" --out "$OUT/hf-decode.json"
+echo "== decode, batch 1/8/32, 128 new tokens, $T threads, two rounds in turn"
+# Two rounds, r2vpo then transformers each time: the machine's speed drifts
+# by 10-20 % over minutes, and the summary takes each round's ratio.
+for round in 1 2; do
+    "$BIN" bench llm --batches 1,8,32 --new-tokens 128 --train-batch 0 --out "$OUT/r2vpo-decode-$round.json"
+    "$PY" scripts/hf/decode.py --shape "$SHAPE" --batches 1,8,32 --new-tokens 128 --threads "$T" \
+        --out "$OUT/hf-decode-$round.json"
+done
 echo "== training step, 8 × (44 + 256) tokens"
 /usr/bin/time -f %M -o "$OUT/r2vpo-step.maxrss" "$BIN" bench step "${step[@]}" --out "$OUT/r2vpo-step.json"
 /usr/bin/time -f %M -o "$OUT/r2vpo-ck-step.maxrss" "$BIN" bench step "${step[@]}" --checkpoint --out "$OUT/r2vpo-ck-step.json"

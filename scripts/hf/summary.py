@@ -14,17 +14,23 @@ def main() -> None:
     d = Path(sys.argv[1])
     load = lambda name: json.loads((d / name).read_text())  # noqa: E731
     rss = lambda name: int((d / name).read_text().split()[-1]) / 2**20  # KiB → GiB  # noqa: E731
-    ours = {r["batch"]: r["tokens_per_s"] for r in load("r2vpo-decode.json")["decode"]}
-    hf = load("hf-decode.json")
-    theirs = {r["batch"]: r["tokens_per_s"] for r in hf["decode"]}
+    # Decode rounds (r2vpo then transformers, in turn); an older layout had one.
+    rounds = sorted(p.stem.rsplit("-", 1)[1] for p in d.glob("r2vpo-decode-*.json")) or [None]
+    name = lambda side, r: f"{side}-decode-{r}.json" if r else f"{side}-decode.json"  # noqa: E731
+    per = [({x["batch"]: x["tokens_per_s"] for x in load(name("r2vpo", r))["decode"]},
+            {x["batch"]: x["tokens_per_s"] for x in load(name("hf", r))["decode"]}) for r in rounds]
+    hf = load(name("hf", rounds[0]))
     md = [f"# r2vpo vs PyTorch {hf['torch']} + transformers {hf['transformers']} on this CPU\n",
-          "## Decode (new tokens/s; goal ≥ 1.5×)\n", "| batch | r2vpo | transformers | r2vpo / transformers |",
-          "|---|---|---|---|"]
+          f"## Decode (new tokens/s, {len(per)} round(s) in turn; goal ≥ 1.5×)\n",
+          "| batch | r2vpo | transformers | r2vpo / transformers, per round | mean ratio |", "|---|---|---|---|---|"]
     decode = []
-    for b in sorted(ours):
-        ratio = ours[b] / theirs[b]
-        decode.append({"batch": b, "r2vpo": ours[b], "transformers": theirs[b], "ratio": ratio})
-        md.append(f"| {b} | {ours[b]:.1f} | {theirs[b]:.1f} | {ratio:.2f} |")
+    for b in sorted(per[0][0]):
+        ratios = [o[b] / t[b] for o, t in per]
+        ours_b, theirs_b = [o[b] for o, _ in per], [t[b] for _, t in per]
+        mean = sum(ratios) / len(ratios)
+        decode.append({"batch": b, "r2vpo": ours_b, "transformers": theirs_b, "ratios": ratios, "ratio": mean})
+        md.append(f"| {b} | {' / '.join(f'{x:.1f}' for x in ours_b)} | {' / '.join(f'{x:.1f}' for x in theirs_b)} "
+                  f"| {' / '.join(f'{x:.2f}' for x in ratios)} | {mean:.2f} |")
     hs, hm = load("hf-step.json"), rss("hf-step.maxrss")
     md += ["", "## Training step, 8 × (44 + 256) tokens (goals: time ≤ 0.67×, peak RSS ≤ 1×)\n",
            "| stack | step s | peak RSS GiB | time / PyTorch | RSS / PyTorch |", "|---|---|---|---|---|"]
