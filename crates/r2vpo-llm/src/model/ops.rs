@@ -207,7 +207,7 @@ pub fn softmax_composite(x: &Tensor) -> Result<Tensor> {
 
 // ---------------------------------------------------------------- linear
 
-/// `x · wᵀ` by [`super::small_gemm`] (few rows, f32, CPU), differentiable.
+/// `x · wᵀ` by the small-row kernel (few rows, f32, CPU), differentiable.
 struct Linear;
 
 impl CustomOp2 for Linear {
@@ -236,9 +236,8 @@ impl CustomOp2 for Linear {
 }
 
 /// `x (M, K) · w (N, K)ᵀ`, differentiable: a linear layer with the weight
-/// as checkpoints store it. Up to [`super::small_gemm::MAX_ROWS`] rows of
-/// f32 on a CPU with AVX2 or AVX-512 (every decode step) it runs without
-/// repacking `w`; otherwise it is candle's matmul. The two sum in different
+/// as checkpoints store it. Up to 32 rows of f32 on a CPU with AVX2 or
+/// AVX-512 (every decode step) it runs without repacking `w`; otherwise it is candle's matmul. The two sum in different
 /// orders, so they agree to f32 rounding, not bit for bit (tested).
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if small_ok(x, &[w])? {
