@@ -237,8 +237,9 @@ impl CustomOp2 for Linear {
 
 /// `x (M, K) · w (N, K)ᵀ`, differentiable: a linear layer with the weight
 /// as checkpoints store it. Up to 32 rows of f32 on a CPU with AVX2 or
-/// AVX-512 (every decode step) it runs without repacking `w`; otherwise it is candle's matmul. The two sum in different
-/// orders, so they agree to f32 rounding, not bit for bit (tested).
+/// AVX-512 (every decode step) it runs without repacking `w`; otherwise it
+/// is candle's matmul. The two sum in different orders, so they agree to
+/// f32 rounding, not bit for bit (tested).
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if small_ok(x, &[w])? {
         x.contiguous()?.apply_op2(&w.contiguous()?, Linear)
@@ -271,13 +272,13 @@ pub fn linear_many(x: &Tensor, ws: &[&Tensor]) -> Result<Vec<Tensor>> {
     let (xs, xl) = x.storage_and_layout();
     let guards: Vec<_> = ws.iter().map(|w| w.storage_and_layout()).collect();
     let name = "r2vpo-linear-many";
-    let xv = contiguous(f32_storage(&xs, name)?, xl, name)?;
+    let xv = f32_data(&xs, xl, name)?;
     let mut wv = Vec::with_capacity(ws.len());
     for ((g, l), w) in guards.iter().zip(&ws) {
-        wv.push((contiguous(f32_storage(g, name)?, l, name)?, w.dim(0)?));
         if w.dim(1)? != k {
             return Err(Error::Msg(format!("{name}: x (…, {k}) against w {:?}", w.dims())));
         }
+        wv.push((f32_data(g, l, name)?, w.dim(0)?));
     }
     let outs = super::small_gemm::linear(xv, m, k, &wv);
     outs.into_iter().zip(&wv).map(|(o, &(_, n))| Tensor::from_vec(o, (m, n), x.device())).collect()
@@ -324,7 +325,7 @@ pub fn attention_no_grad(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, t: u
     let (mg, ml) = mask.storage_and_layout();
     let (kg, kl) = k.storage_and_layout();
     let (vg, vl) = v.storage_and_layout();
-    let (qd, md) = (contiguous(f32_storage(&qg, name)?, ql, name)?, contiguous(f32_storage(&mg, name)?, ml, name)?);
+    let (qd, md) = (f32_data(&qg, ql, name)?, f32_data(&mg, ml, name)?);
     let (kd, vd) = (f32_storage(&kg, name)?, f32_storage(&vg, name)?);
     let (ks, vs) = (kl.stride(), vl.stride());
     if ks[3] != 1 || vs[3] != 1 {
@@ -340,16 +341,21 @@ pub fn attention_no_grad(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, t: u
         let ms = &md[r * t * tk..(r + 1) * t * tk];
         pulp::Arch::new().dispatch(|| attend(qs, kb, ks[2], vb, vs[2], ms, (t, tk, d), o));
     });
-    drop((qg, mg, kg, vg));
     Ok(Some(Tensor::from_vec(out, (b, hk, gt, d), q.device())?))
 }
 
-/// The f32 data of a CPU tensor's storage.
+/// The f32 data of a CPU tensor's storage: all of it (for strided views,
+/// read through their layout), or [`f32_data`]'s contiguous run.
 fn f32_storage<'a>(g: &'a candle_core::Storage, op: &str) -> Result<&'a [f32]> {
     match g {
         candle_core::Storage::Cpu(CpuStorage::F32(v)) => Ok(v.as_slice()),
         _ => Err(Error::Msg(format!("{op}: f32 CPU tensors only"))),
     }
+}
+
+/// The elements of a contiguous f32 CPU tensor, from its storage and layout.
+fn f32_data<'a>(g: &'a candle_core::Storage, l: &Layout, op: &str) -> Result<&'a [f32]> {
+    contiguous(f32_storage(g, op)?, l, op)
 }
 
 /// One (row, kv head) of [`attention_no_grad`]: `q (G·T, D)`, keys and
