@@ -335,3 +335,74 @@ fn attention_no_grad_matches_the_composite_on_cache_views() {
     let ml = Tensor::zeros((1, 1, 1, long, long), DType::F32, &Device::Cpu).unwrap();
     assert!(ops::attention_no_grad(&ql, &kl, &kl, &ml, long).unwrap().is_none());
 }
+
+/// A causal mask over `tk` keys for `t` new queries after `tk − t` cached
+/// ones, row `r` left-padded by `r · pad` keys: its first queries see no
+/// key at all, as a left-padded prompt's pad positions do.
+fn causal_mask(b: usize, t: usize, tk: usize, pad: usize, dtype: DType) -> Tensor {
+    let past = tk - t;
+    let mut m = vec![0f64; b * t * tk];
+    for r in 0..b {
+        for i in 0..t {
+            for j in 0..tk {
+                if j > past + i || j < r * pad {
+                    m[(r * t + i) * tk + j] = -1e9;
+                }
+            }
+        }
+    }
+    Tensor::from_vec(m, (b, 1, 1, t, tk), &Device::Cpu).unwrap().to_dtype(dtype).unwrap()
+}
+
+/// The fused attention against matmul–softmax–matmul in value and in all
+/// three gradients, and against finite differences, with GQA groups, more
+/// query rows than one block (so blocks skip hidden keys), fully masked
+/// queries, and a cached prefix.
+#[test]
+fn attention_matches_composite_and_fd() {
+    for &(b, hk, g, t, tk, d, pad) in &[(2, 2, 3, 70, 70, 8, 30), (3, 1, 2, 5, 9, 4, 2)] {
+        let mask = causal_mask(b, t, tk, pad, DType::F64);
+        let (m1, m2) = (mask.clone(), mask.clone());
+        let f = move |x: &[Tensor]| ops::attention(&x[0], &x[1], &x[2], &m1, t).unwrap();
+        let c = move |x: &[Tensor]| ops::attention_composite(&x[0], &x[1], &x[2], &m2, t).unwrap();
+        let inputs = [
+            pseudo(&[b, hk, g * t, d], 0.3, DType::F64),
+            pseudo(&[b, hk, tk, d], 1.1, DType::F64),
+            pseudo(&[b, hk, tk, d], 2.3, DType::F64),
+        ];
+        compare(&f, &c, &inputs, 1e-10);
+        if t < 10 {
+            check_fd(&f, &inputs, 1e-6);
+        }
+    }
+}
+
+/// In f32 on keys and values that are views into larger buffers (the KV
+/// cache's layout), value and gradients against the composite, and the op
+/// records a backward.
+#[test]
+fn attention_reads_cache_views_in_f32() {
+    let (b, hk, g, t, tk, d, cap) = (2, 3, 3, 40, 100, 64, 128);
+    let q = pseudo(&[b, hk, g * t, d], 0.3, DType::F32);
+    let kbuf = pseudo(&[b, hk, cap, d], 1.1, DType::F32);
+    let vbuf = pseudo(&[b, hk, cap, d], 2.3, DType::F32);
+    let (k, v) = (kbuf.narrow(2, 0, tk).unwrap(), vbuf.narrow(2, 0, tk).unwrap());
+    assert!(!k.is_contiguous());
+    let mask = causal_mask(b, t, tk, 7, DType::F32);
+    let scale = 0.125;
+    let (m1, m2) = (mask.clone(), mask.clone());
+    let f = move |x: &[Tensor]| {
+        let (kv, vv) = (x[1].narrow(2, 0, tk).unwrap(), x[2].narrow(2, 0, tk).unwrap());
+        ops::attention(&(&x[0] * scale).unwrap(), &kv, &vv, &m1, t).unwrap()
+    };
+    let c = move |x: &[Tensor]| {
+        let (kv, vv) = (x[1].narrow(2, 0, tk).unwrap(), x[2].narrow(2, 0, tk).unwrap());
+        ops::attention_composite(&(&x[0] * scale).unwrap(), &kv, &vv, &m2, t).unwrap()
+    };
+    compare(&f, &c, &[q.clone(), kbuf, vbuf], 1e-5);
+    let qv = Var::from_tensor(&q).unwrap();
+    assert!(ops::attention(qv.as_tensor(), &k, &v, &mask, t).unwrap().track_op());
+    // Operands that do not fit together are refused with their shapes.
+    let err = ops::attention(&q, &k, &v, &mask, t + 1).unwrap_err().to_string();
+    assert!(err.contains("attention") && err.contains("mask"), "{err}");
+}

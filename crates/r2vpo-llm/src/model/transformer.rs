@@ -840,10 +840,7 @@ impl Transformer {
         let fast = if c.decode_attention { ops::attention_no_grad(&q, &k, &v, &c.mask, t)? } else { None };
         let attn = match fast {
             Some(a) => a,
-            None => {
-                let scores = q.matmul(&k.t()?)?.reshape((b, nkv, g, t, tk))?.broadcast_add(&c.mask)?;
-                ops::softmax_last_dim(&scores)?.reshape((b, nkv, g * t, tk))?.matmul(&v)?
-            }
+            None => ops::attention(&q, &k, &v, &c.mask, t)?,
         };
         let attn = attn.reshape((b, nh, t, hd))?.transpose(1, 2)?.contiguous()?.reshape((b * t, nh * hd))?;
         let mut o = ops::linear(&attn, &l.o)?;
