@@ -133,6 +133,45 @@ fn rope_matches_composite_and_fd() {
     }
 }
 
+/// RoPE reads the projections' `(B, T, H, D)` output through its transpose
+/// in place (the model's layout), and tables scaled by a constant scale the
+/// result by it (the queries' 1/√D), in value and gradient.
+#[test]
+fn rope_on_a_transposed_view_with_scaled_tables() {
+    let (b, h, t, d) = (2, 3, 5, 8);
+    for (dt, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+        let (cs, sn) = rope_tables(b, t, d / 2, dt);
+        let scale = 0.3;
+        let (c1, s1) = ((&cs * scale).unwrap(), (&sn * scale).unwrap());
+        let (c2, s2) = (cs.clone(), sn.clone());
+        let f = move |x: &[Tensor]| {
+            let view = x[0].transpose(1, 2).unwrap();
+            assert!(!view.is_contiguous());
+            ops::rope(&view, &c1, &s1).unwrap()
+        };
+        let c = move |x: &[Tensor]| {
+            let y = ops::rope_composite(&x[0].transpose(1, 2).unwrap().contiguous().unwrap(), &c2, &s2).unwrap();
+            (y * scale).unwrap()
+        };
+        compare(&f, &c, &[pseudo(&[b, t, h, d], 0.8, dt)], tol);
+        if dt == DType::F64 {
+            check_fd(&f, &[pseudo(&[b, t, h, d], 0.9, dt)], 1e-7);
+        }
+    }
+}
+
+#[test]
+fn swiglu_matches_composite_and_fd() {
+    let f = |x: &[Tensor]| ops::swiglu(&x[0], &x[1]).unwrap();
+    let c = |x: &[Tensor]| ops::swiglu_composite(&x[0], &x[1]).unwrap();
+    // Above 4096 elements so the parallel chunks and their offsets run.
+    let big = [pseudo(&[70, 97], 0.4, DType::F64), pseudo(&[70, 97], 1.7, DType::F64)];
+    compare(&f, &c, &big, 1e-12);
+    let big32 = [pseudo(&[70, 97], 0.4, DType::F32), pseudo(&[70, 97], 1.7, DType::F32)];
+    compare(&f, &c, &big32, 1e-5);
+    check_fd(&f, &[pseudo(&[3, 7], 0.2, DType::F64), pseudo(&[3, 7], 0.9, DType::F64)], 1e-7);
+}
+
 #[test]
 fn log_prob_gather_matches_composite_and_fd() {
     let targets = Tensor::from_vec(vec![3u32, 0, 12, 7, 7, 1], (2, 3), &Device::Cpu).unwrap();

@@ -801,7 +801,9 @@ impl Transformer {
         }
         let mask = Tensor::from_vec(add, (b, 1, 1, t, tk), &self.device)?.to_dtype(self.compute)?;
         let (cos, sin) = self.rope_tables(&pos)?;
-        Ok(StackCtx { b, t, tk, mask, cos, sin, decode_attention: false })
+        let scale = 1.0 / (self.config.head_dim() as f64).sqrt();
+        let (cos_q, sin_q) = ((&cos * scale)?, (&sin * scale)?);
+        Ok(StackCtx { b, t, tk, mask, cos, sin, cos_q, sin_q, decode_attention: false })
     }
 
     /// Decoder layer `li` on `x (B·T, hidden)`, appending its keys and
@@ -811,7 +813,6 @@ impl Transformer {
         let (b, t, tk) = (c.b, c.t, c.tk);
         let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
         let g = nh / nkv;
-        let scale = 1.0 / (hd as f64).sqrt();
         let h = ops::rms_norm(x, &l.in_norm, cfg.rms_norm_eps)?;
         let mut qkv = ops::linear_many(&h, &[&l.q, &l.k, &l.v])?.into_iter();
         let mut proj = |bias: &Option<Tensor>, heads: usize| -> Result<Tensor> {
@@ -828,15 +829,16 @@ impl Transformer {
             q = ops::rms_norm(&q, qn, cfg.rms_norm_eps)?;
             k = ops::rms_norm(&k, kn, cfg.rms_norm_eps)?;
         }
-        let q = ops::rope(&q.transpose(1, 2)?.contiguous()?, &c.cos, &c.sin)?;
-        let k = ops::rope(&k.transpose(1, 2)?.contiguous()?, &c.cos, &c.sin)?;
+        // The queries' tables carry the attention's 1/√D.
+        let q = ops::rope(&q.transpose(1, 2)?, &c.cos_q, &c.sin_q)?;
+        let k = ops::rope(&k.transpose(1, 2)?, &c.cos, &c.sin)?;
         let (k, v) = match cache {
             Some(cache) => cache.push(li, k, v, tk - t)?,
             None => (k, v),
         };
         // GQA without repeat_kv: the g query heads sharing a kv head are
         // stacked along the sequence axis of one matmul.
-        let q = (q * scale)?.reshape((b, nkv, g * t, hd))?;
+        let q = q.reshape((b, nkv, g * t, hd))?;
         let fast = if c.decode_attention { ops::attention_no_grad(&q, &k, &v, &c.mask, t)? } else { None };
         let attn = match fast {
             Some(a) => a,
@@ -850,8 +852,7 @@ impl Transformer {
         let x = (x + o)?;
         let h2 = ops::rms_norm(&x, &l.post_norm, cfg.rms_norm_eps)?;
         let [gate, up]: [Tensor; 2] = ops::linear_many(&h2, &[&l.gate, &l.up])?.try_into().expect("two projections");
-        let gate = gate.silu()?;
-        Ok((x + ops::linear(&(gate * up)?, &l.down)?)?)
+        Ok((x + ops::linear(&ops::swiglu(&gate, &up)?, &l.down)?)?)
     }
 
     /// The gradients of `loss_of(tail_logprobs(ids, mask, r))` with respect
@@ -996,6 +997,11 @@ struct StackCtx {
     mask: Tensor,
     cos: Tensor,
     sin: Tensor,
+    /// The queries' tables, `cos` and `sin` times `1/√head_dim`: RoPE is
+    /// linear, so the rotated queries come out scaled for the attention
+    /// without a tensor of their own.
+    cos_q: Tensor,
+    sin_q: Tensor,
     /// Attention by [`ops::attention_no_grad`] where it applies (sampling
     /// steps only).
     decode_attention: bool,
