@@ -827,7 +827,9 @@ fn swiglu_bwd<T: Float>(a: &[T], b: &[T], g: &[T]) -> (Vec<T>, Vec<T>) {
     let chunk = SWIGLU_CHUNK.min(a.len().max(1));
     let work = |(i, (da, db)): (usize, (&mut [T], &mut [T]))| {
         let at = i * chunk;
-        for (((da, db), (&x, &y)), &gi) in da.iter_mut().zip(db.iter_mut()).zip(a[at..].iter().zip(&b[at..])).zip(&g[at..]) {
+        for (((da, db), (&x, &y)), &gi) in
+            da.iter_mut().zip(db.iter_mut()).zip(a[at..].iter().zip(&b[at..])).zip(&g[at..])
+        {
             let s = sigmoid(x);
             *db = gi * x * s;
             *da = gi * y * s * (T::ONE + x * (T::ONE - s));
@@ -852,8 +854,12 @@ impl CustomOp2 for SwiGlu {
             return Err(Error::Msg(format!("{n}: gate {:?} against up {:?}", l1.dims(), l2.dims())));
         }
         let out = match (s1, s2) {
-            (CpuStorage::F32(a), CpuStorage::F32(b)) => CpuStorage::F32(swiglu_fwd(contiguous(a, l1, n)?, contiguous(b, l2, n)?)),
-            (CpuStorage::F64(a), CpuStorage::F64(b)) => CpuStorage::F64(swiglu_fwd(contiguous(a, l1, n)?, contiguous(b, l2, n)?)),
+            (CpuStorage::F32(a), CpuStorage::F32(b)) => {
+                CpuStorage::F32(swiglu_fwd(contiguous(a, l1, n)?, contiguous(b, l2, n)?))
+            }
+            (CpuStorage::F64(a), CpuStorage::F64(b)) => {
+                CpuStorage::F64(swiglu_fwd(contiguous(a, l1, n)?, contiguous(b, l2, n)?))
+            }
             _ => return Err(unsupported(n, s1)),
         };
         Ok((out, l1.shape().clone()))
@@ -1050,7 +1056,14 @@ struct Rope {
 /// `x` from its start offset, read through its first three strides (the
 /// last is 1), so the `(B, T, H, D)` projections transposed to `(B, H, T,
 /// D)` are read in place rather than copied first. The output is contiguous.
-fn rope_kernel<T: Float>(x: &[T], st: [usize; 3], cos: &[T], sin: &[T], dims: (usize, usize, usize, usize), inverse: bool) -> Vec<T> {
+fn rope_kernel<T: Float>(
+    x: &[T],
+    st: [usize; 3],
+    cos: &[T],
+    sin: &[T],
+    dims: (usize, usize, usize, usize),
+    inverse: bool,
+) -> Vec<T> {
     let (b, h, t, d) = dims;
     let half = d / 2;
     let mut out = vec![T::ZERO; b * h * t * d];

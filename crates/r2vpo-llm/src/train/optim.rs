@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{DType, Tensor, Var};
+use candle_core::{CpuStorage, DType, Layout, Tensor, Var};
+use rayon::prelude::*;
 
 use super::config::OptimConfig;
 use super::{TrainError, TrainResult};
@@ -75,6 +76,13 @@ impl AdamW {
     /// parameter only decays) scaled by `grad_scale` (the clipping factor).
     /// Returns the learning rate used.
     pub fn step(&mut self, grads: &[Option<Tensor>], grad_scale: f64) -> TrainResult<f64> {
+        self.step_with(grads, grad_scale, true)
+    }
+
+    /// [`AdamW::step`], in place where the tensors allow it (contiguous f32
+    /// on the CPU: three passes per parameter, nothing allocated) or else by
+    /// candle ops (a dozen passes and tensors per parameter; any device).
+    fn step_with(&mut self, grads: &[Option<Tensor>], grad_scale: f64, in_place: bool) -> TrainResult<f64> {
         if grads.len() != self.vars.len() {
             let msg = format!("{} gradients for {} parameters", grads.len(), self.vars.len());
             return Err(candle_core::Error::Msg(msg).into());
@@ -85,11 +93,26 @@ impl AdamW {
         let bc1 = 1.0 - b1.powi(self.t as i32);
         let bc2 = 1.0 - b2.powi(self.t as i32);
         for (i, grad) in grads.iter().enumerate() {
-            let w = self.vars[i].as_tensor().detach();
-            let mut new_w = if self.decay[i] && self.cfg.weight_decay > 0.0 {
-                w.affine(1.0 - lr * self.cfg.weight_decay, 0.0)?
+            let w = self.vars[i].as_tensor();
+            let decay = if self.decay[i] && self.cfg.weight_decay > 0.0 {
+                Some(1.0 - lr * self.cfg.weight_decay)
             } else {
-                w.clone()
+                None
+            };
+            if let Some(g) = grad.as_ref().filter(|g| in_place && in_place_ok(&[w, g, &self.m[i], &self.v[i]])) {
+                let g = g.contiguous()?;
+                self.m[i].inplace_op2(&g, &Moment { keep: b1, scale: grad_scale, square: false })?;
+                self.v[i].inplace_op2(&g, &Moment { keep: b2, scale: grad_scale, square: true })?;
+                let u = Update { decay, lr, bc1, bc2, eps: self.cfg.eps };
+                w.inplace_op3(&self.m[i], &self.v[i], &u)?;
+                continue;
+            }
+            let w = w.detach();
+            let mut new_w = match decay {
+                Some(d) => w.affine(d, 0.0)?,
+                // Nothing to do, and `Var::set` refuses the var's own value.
+                None if grad.is_none() => continue,
+                None => w.clone(),
             };
             if let Some(g) = grad {
                 let g = g.detach().affine(grad_scale, 0.0)?;
@@ -133,6 +156,118 @@ impl AdamW {
     }
 }
 
+/// Whether the update can run in place: contiguous f32 on the CPU.
+fn in_place_ok(ts: &[&Tensor]) -> bool {
+    ts.iter().all(|t| t.device().is_cpu() && t.dtype() == DType::F32 && t.is_contiguous())
+}
+
+/// `x ← keep·x + (1 − keep)·h` with `h = scale·g` (first moment) or
+/// `(scale·g)²` (second), in place. The arithmetic is the composite's,
+/// step for step in f32, so both paths give the same bits (tested): one
+/// pass where the composite ran five ops and allocated five tensors.
+struct Moment {
+    keep: f64,
+    scale: f64,
+    square: bool,
+}
+
+impl candle_core::InplaceOp2 for Moment {
+    fn name(&self) -> &'static str {
+        "r2vpo-adamw-moment"
+    }
+
+    fn cpu_fwd(&self, s1: &mut CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<()> {
+        let (x, g) = f32_pair(s1, l1, s2, l2, self.name())?;
+        let (keep, fresh, scale) = (self.keep as f32, (1.0 - self.keep) as f32, self.scale as f32);
+        let square = self.square;
+        x.par_chunks_mut(CHUNK).zip(g.par_chunks(CHUNK)).for_each(|(x, g)| {
+            for (x, &g) in x.iter_mut().zip(g) {
+                let h = g * scale;
+                let h = if square { h * h } else { h };
+                *x = *x * keep + h * fresh;
+            }
+        });
+        Ok(())
+    }
+}
+
+/// `w ← d·w − lr · (m / bc1) / (√(v / bc2) + ε)` in place (`d = 1 − lr·wd`
+/// where the parameter decays), from the moments [`Moment`] just wrote.
+struct Update {
+    decay: Option<f64>,
+    lr: f64,
+    bc1: f64,
+    bc2: f64,
+    eps: f64,
+}
+
+impl candle_core::InplaceOp3 for Update {
+    fn name(&self) -> &'static str {
+        "r2vpo-adamw-update"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<()> {
+        let n = self.name();
+        let (w, m) = f32_pair(s1, l1, s2, l2, n)?;
+        let v = f32_slice(s3, l3, n)?;
+        if v.len() != w.len() {
+            return Err(candle_core::Error::Msg(format!("{n}: {} weights, {} second moments", w.len(), v.len())));
+        }
+        let (ib1, ib2, eps, lr) = ((1.0 / self.bc1) as f32, (1.0 / self.bc2) as f32, self.eps as f32, self.lr as f32);
+        let decay = self.decay.map(|d| d as f32);
+        w.par_chunks_mut(CHUNK).zip(m.par_chunks(CHUNK)).zip(v.par_chunks(CHUNK)).for_each(|((w, m), v)| {
+            for ((w, &m), &v) in w.iter_mut().zip(m).zip(v) {
+                let denom = (v * ib2).sqrt() * 1.0 + eps;
+                let upd = (m * ib1) / denom;
+                let base = match decay {
+                    Some(d) => *w * d,
+                    None => *w,
+                };
+                *w = base - upd * lr;
+            }
+        });
+        Ok(())
+    }
+}
+
+/// Elements per parallel task of the in-place update.
+const CHUNK: usize = 1 << 15;
+
+/// A contiguous f32 CPU slice of one operand.
+fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
+    match (s, l.contiguous_offsets()) {
+        (CpuStorage::F32(v), Some((a, b))) => Ok(&v[a..b]),
+        _ => Err(candle_core::Error::Msg(format!("{op}: contiguous f32 operands only"))),
+    }
+}
+
+/// The destination (mutable) and one source of an in-place op, of one length.
+fn f32_pair<'a>(
+    s1: &'a mut CpuStorage,
+    l1: &Layout,
+    s2: &'a CpuStorage,
+    l2: &Layout,
+    op: &str,
+) -> candle_core::Result<(&'a mut [f32], &'a [f32])> {
+    let g = f32_slice(s2, l2, op)?;
+    let x = match (s1, l1.contiguous_offsets()) {
+        (CpuStorage::F32(v), Some((a, b))) => &mut v[a..b],
+        _ => return Err(candle_core::Error::Msg(format!("{op}: contiguous f32 operands only"))),
+    };
+    if x.len() != g.len() {
+        return Err(candle_core::Error::Msg(format!("{op}: {} elements against {}", x.len(), g.len())));
+    }
+    Ok((x, g))
+}
+
 /// Global L2 norm of a set of gradients, in f64 (`NaN`/`inf` propagate so
 /// the caller can refuse the step).
 pub fn global_norm(grads: &[Option<Tensor>]) -> TrainResult<f64> {
@@ -172,6 +307,33 @@ mod tests {
         let bv: Vec<f32> = b.as_tensor().to_vec1().unwrap();
         assert!((bv[0] - want(0.5, 1.0, false)).abs() < 1e-6);
         assert!((bv[1] - want(-0.5, 2.0, false)).abs() < 1e-6);
+    }
+
+    /// The in-place update gives the candle-op update's bits, over steps
+    /// with and without decay, a gradient scale and a missing gradient.
+    #[test]
+    fn in_place_update_equals_the_composite_bit_for_bit() {
+        let dev = Device::Cpu;
+        let vals = |n: usize, s: f32| (0..n).map(|i| ((i as f32 + 1.0) * 0.37 + s).sin()).collect::<Vec<f32>>();
+        let make = || {
+            let w = Var::from_vec(vals(70_000, 0.1), (700, 100), &dev).unwrap();
+            let b = Var::from_vec(vals(100, 0.2), 100, &dev).unwrap();
+            let cfg = OptimConfig { lr: 0.01, weight_decay: 0.1, ..OptimConfig::default() };
+            AdamW::new(vec![("w".into(), w), ("b".into(), b)], cfg).unwrap()
+        };
+        let (mut a, mut c) = (make(), make());
+        for step in 0..3 {
+            let gw = Tensor::from_vec(vals(70_000, step as f32), (700, 100), &dev).unwrap();
+            let gb = Tensor::from_vec(vals(100, 2.0 + step as f32), 100, &dev).unwrap();
+            let grads = [Some(gw), if step == 1 { None } else { Some(gb) }];
+            a.step_with(&grads, 0.7, true).unwrap();
+            c.step_with(&grads, 0.7, false).unwrap();
+        }
+        let bits = |o: &AdamW| -> Vec<u32> {
+            let ts = o.vars.iter().map(|v| v.as_tensor().clone()).chain(o.m.iter().cloned()).chain(o.v.iter().cloned());
+            ts.flat_map(|t| t.flatten_all().unwrap().to_vec1::<f32>().unwrap()).map(f32::to_bits).collect()
+        };
+        assert_eq!(bits(&a), bits(&c));
     }
 
     #[test]
