@@ -336,17 +336,26 @@ fn linear_matches_matmul_in_value_and_gradient() {
     );
 }
 
+/// Queries `(B, Hkv, G·T, D)` and keys and values as the KV cache hands
+/// them over: the first `TK` rows of `(B, Hkv, cap, D)` buffers (returned
+/// too), so not contiguous. `[B, Hkv, G, T, TK, D, cap]`.
+fn cache_operands(dims: [usize; 7]) -> (Tensor, Tensor, Tensor, Tensor, Tensor) {
+    let [b, hk, g, t, tk, d, cap] = dims;
+    let q = pseudo(&[b, hk, g * t, d], 0.3, DType::F32);
+    let kbuf = pseudo(&[b, hk, cap, d], 1.1, DType::F32);
+    let vbuf = pseudo(&[b, hk, cap, d], 2.3, DType::F32);
+    let (k, v) = (kbuf.narrow(2, 0, tk).unwrap(), vbuf.narrow(2, 0, tk).unwrap());
+    assert!(!k.is_contiguous());
+    (q, kbuf, vbuf, k, v)
+}
+
 /// The no-grad attention kernel against matmul–softmax–matmul, on keys and
 /// values that are views into larger buffers (as the KV cache hands them
 /// over), with masked keys, GQA groups and several new tokens per row.
 #[test]
 fn attention_no_grad_matches_the_composite_on_cache_views() {
     let (b, hk, g, t, tk, d, cap) = (3, 2, 3, 2, 11, 20, 16);
-    let q = pseudo(&[b, hk, g * t, d], 0.3, DType::F32);
-    let kbuf = pseudo(&[b, hk, cap, d], 1.1, DType::F32);
-    let vbuf = pseudo(&[b, hk, cap, d], 2.3, DType::F32);
-    let (k, v) = (kbuf.narrow(2, 0, tk).unwrap(), vbuf.narrow(2, 0, tk).unwrap());
-    assert!(!k.is_contiguous());
+    let (q, _, _, k, v) = cache_operands([b, hk, g, t, tk, d, cap]);
     // Row r masks its first r keys (left padding) and, causally, the last
     // key for the first new token.
     let mut m = vec![0f32; b * t * tk];
@@ -361,8 +370,7 @@ fn attention_no_grad_matches_the_composite_on_cache_views() {
     }
     let mask = Tensor::from_vec(m, (b, 1, 1, t, tk), &Device::Cpu).unwrap();
     let got = ops::attention_no_grad(&q, &k, &v, &mask, t).unwrap().expect("applies to f32 without a gradient");
-    let scores = q.matmul(&k.t().unwrap()).unwrap().reshape((b, hk, g, t, tk)).unwrap().broadcast_add(&mask).unwrap();
-    let want = ops::softmax_composite(&scores).unwrap().reshape((b, hk, g * t, tk)).unwrap().matmul(&v).unwrap();
+    let want = ops::with_composites(|| ops::attention_composite(&q, &k, &v, &mask, t)).unwrap();
     let diff = max_abs_diff(&got, &want);
     assert!(diff < 1e-5, "attention differs by {diff}");
     // Not for a pass that records a gradient, nor for long passes.
@@ -422,11 +430,7 @@ fn attention_matches_composite_and_fd() {
 #[test]
 fn attention_reads_cache_views_in_f32() {
     let (b, hk, g, t, tk, d, cap) = (2, 3, 3, 40, 100, 64, 128);
-    let q = pseudo(&[b, hk, g * t, d], 0.3, DType::F32);
-    let kbuf = pseudo(&[b, hk, cap, d], 1.1, DType::F32);
-    let vbuf = pseudo(&[b, hk, cap, d], 2.3, DType::F32);
-    let (k, v) = (kbuf.narrow(2, 0, tk).unwrap(), vbuf.narrow(2, 0, tk).unwrap());
-    assert!(!k.is_contiguous());
+    let (q, kbuf, vbuf, k, v) = cache_operands([b, hk, g, t, tk, d, cap]);
     let mask = causal_mask(b, t, tk, 7, DType::F32);
     let scale = 0.125;
     let (m1, m2) = (mask.clone(), mask.clone());

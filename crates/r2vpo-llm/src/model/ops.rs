@@ -221,7 +221,9 @@ fn max16(x: &[f32]) -> f32 {
 /// hand-off costs more than the work for decode-sized inputs.
 const PAR_MIN: usize = 1 << 14;
 
-fn contiguous<'a, T>(s: &'a [T], l: &Layout, op: &str) -> Result<&'a [T]> {
+/// The elements of a contiguous tensor from its storage slice and layout,
+/// or an error naming `op`.
+pub(crate) fn contiguous<'a, T>(s: &'a [T], l: &Layout, op: &str) -> Result<&'a [T]> {
     match l.contiguous_offsets() {
         Some((a, b)) => Ok(&s[a..b]),
         None => Err(Error::Msg(format!("{op}: input must be contiguous"))),

@@ -225,7 +225,7 @@ impl candle_core::InplaceOp3 for Update {
         let decay = self.decay.map(|d| d as f32);
         w.par_chunks_mut(CHUNK).zip(m.par_chunks(CHUNK)).zip(v.par_chunks(CHUNK)).for_each(|((w, m), v)| {
             for ((w, &m), &v) in w.iter_mut().zip(m).zip(v) {
-                let denom = (v * ib2).sqrt() * 1.0 + eps;
+                let denom = (v * ib2).sqrt() + eps;
                 let upd = (m * ib1) / denom;
                 let base = match decay {
                     Some(d) => *w * d,
@@ -243,8 +243,8 @@ const CHUNK: usize = 1 << 15;
 
 /// A contiguous f32 CPU slice of one operand.
 fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
-    match (s, l.contiguous_offsets()) {
-        (CpuStorage::F32(v), Some((a, b))) => Ok(&v[a..b]),
+    match s {
+        CpuStorage::F32(v) => crate::model::ops::contiguous(v, l, op),
         _ => Err(candle_core::Error::Msg(format!("{op}: contiguous f32 operands only"))),
     }
 }
