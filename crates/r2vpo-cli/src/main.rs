@@ -143,6 +143,13 @@ struct LlmInfoArgs {
     /// SmolLM2-135M-Instruct from `make deps`).
     #[arg(long, default_value = ".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf")]
     model: PathBuf,
+    /// Also write the model's tokenizer as Hugging Face files
+    /// (`tokenizer.json`, `tokenizer_config.json` with the chat template,
+    /// `generation_config.json`) into this folder: what `model.tokenizer`
+    /// takes, so a random model (`model.random`) can train where the GGUF
+    /// is not (the GPU check carries 2 MB instead of 98).
+    #[arg(long, value_name = "DIR")]
+    save_tokenizer: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -314,6 +321,11 @@ fn print_report(r: r2vpo_theory::Report) -> Result<()> {
 }
 
 fn llm_info(a: &LlmInfoArgs) -> Result<()> {
+    if let Some(dir) = &a.save_tokenizer {
+        let tok = r2vpo_llm::tokenizer::Tokenizer::load(&a.model)?;
+        tok.save_hf_files(dir)?;
+        eprintln!("llm info: wrote the tokenizer of {} into {}", a.model.display(), dir.display());
+    }
     if a.model.is_dir() {
         println!("{}", serde_json::to_string_pretty(&hf_summary(&a.model)?)?);
         return Ok(());

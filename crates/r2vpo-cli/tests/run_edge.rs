@@ -90,6 +90,39 @@ fn llm_train_sigterm_checkpoints_exits_143_and_resumes() {
     assert!(v["parameters"].as_u64().unwrap() > 0 && v["config"]["num_hidden_layers"] == 2, "{v}");
 }
 
+/// What the GPU check does where the 98 MB GGUF cannot travel: the
+/// tokenizer saved as Hugging Face files by `llm info --save-tokenizer`, and
+/// random weights of a `config.json` shape (`model.random.shape`).
+#[test]
+fn a_random_model_of_a_config_shape_trains_on_a_saved_tokenizer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = root().join(".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let tok = tmp.path().join("tok");
+    let st = bin().args(["llm", "info", "--model"]).arg(&gguf).arg("--save-tokenizer").arg(&tok).output().unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    assert!(tok.join("tokenizer.json").is_file() && tok.join("tokenizer_config.json").is_file());
+    let text = format!(
+        "iterations = 2\nprompts_per_iter = 2\ngroup_size = 4\nrollout_batch = 8\nminibatch_size = 4\n\
+         micro_batch_size = 2\ncheckpoint_every = 1\n[model]\npath = \"no-such.gguf\"\ntokenizer = \"{}\"\n\
+         [model.random]\nshape = \"configs/shapes/qwen3-tiny.json\"\nseed = 3\n[data]\ncount = 40\n\
+         [sampling]\nmax_new_tokens = 6\n",
+        tok.display()
+    );
+    let cfg = tmp.path().join("shape.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let out = tmp.path().join("run");
+    let st = bin().args(["llm", "train", "--quiet", "--config"]).arg(&cfg).arg("--out").arg(&out).output().unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    assert_eq!(lines(&out.join("metrics.jsonl")), 2);
+    // The exported model has the shape's layout and the tokenizer's vocabulary.
+    let info = bin().args(["llm", "info", "--model"]).arg(out.join("model")).output().unwrap();
+    assert!(info.status.success(), "{}", String::from_utf8_lossy(&info.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    let c = &v["config"];
+    assert_eq!((c["model_type"].as_str(), c["head_dim"].as_u64()), (Some("qwen3"), Some(32)), "{v}");
+    assert_eq!(c["vocab_size"].as_u64(), Some(49152), "{v}");
+}
+
 #[test]
 fn control_train_sigint_checkpoints_exits_130_and_resumes() {
     let tmp = tempfile::tempdir().unwrap();

@@ -311,18 +311,29 @@ impl ModelSource {
 }
 
 /// Shape of a random test model.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RandomModel {
-    /// Hidden size.
+    /// A Hugging Face `config.json` to take the whole shape from instead
+    /// (architecture, sizes, head width, q/k norms, RoPE): e.g.
+    /// `configs/shapes/qwen3-1.7b.json`. The vocabulary is the tokenizer's,
+    /// so every sampled id decodes. `hidden` … `kv_heads` are then left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<String>,
+    /// Hidden size (without `shape`).
+    #[serde(default)]
     pub hidden: usize,
-    /// MLP size.
+    /// MLP size (without `shape`).
+    #[serde(default)]
     pub intermediate: usize,
-    /// Decoder layers.
+    /// Decoder layers (without `shape`).
+    #[serde(default)]
     pub layers: usize,
-    /// Attention heads.
+    /// Attention heads (without `shape`).
+    #[serde(default)]
     pub heads: usize,
-    /// Key/value heads.
+    /// Key/value heads (without `shape`).
+    #[serde(default)]
     pub kv_heads: usize,
     /// Weight seed.
     pub seed: u64,
@@ -345,6 +356,7 @@ impl ModelSource {
             path: path.into(),
             tokenizer: None,
             random: Some(RandomModel {
+                shape: None,
                 hidden: 32,
                 intermediate: 64,
                 layers: 2,
@@ -611,6 +623,29 @@ impl TrainConfig {
         }
         self.sampling.validate().map_err(|e| bad("sampling", e.to_string()))?;
         crate::model::cuda_ordinal(&self.model.device).map_err(|m| bad("model.device", m))?;
+        if let Some(r) = &self.model.random {
+            if r.shape.is_some() {
+                if r.hidden + r.intermediate + r.layers + r.heads + r.kv_heads != 0 {
+                    return Err(bad(
+                        "model.random",
+                        "give either `shape` or hidden/intermediate/layers/heads/kv_heads, not both",
+                    ));
+                }
+            } else {
+                let sizes = [
+                    ("model.random.hidden", r.hidden),
+                    ("model.random.intermediate", r.intermediate),
+                    ("model.random.layers", r.layers),
+                    ("model.random.heads", r.heads),
+                    ("model.random.kv_heads", r.kv_heads),
+                ];
+                for (k, v) in sizes {
+                    if v == 0 {
+                        return Err(bad(k, "must be at least 1 (or give model.random.shape, a config.json)"));
+                    }
+                }
+            }
+        }
         self.rollout.validate()?;
         if self.rollout.backend == RolloutBackend::Http {
             self.check_logprobs(self.rollout.logprobs_mode)?;
@@ -782,5 +817,27 @@ mod device_tests {
         if !cfg!(feature = "cuda") {
             assert!(e.to_string().contains("make build-gpu"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_random_model_takes_either_a_shape_or_its_sizes() {
+        let with = |f: &dyn Fn(&mut RandomModel)| {
+            let mut model = ModelSource::tiny_random("x.gguf", 0);
+            f(model.random.as_mut().unwrap());
+            TrainConfig { model, ..TrainConfig::default() }.validate()
+        };
+        assert!(with(&|_| ()).is_ok());
+        let e = with(&|r| r.layers = 0).unwrap_err();
+        assert_eq!(field_of(&e), "model.random.layers", "{e}");
+        let e = with(&|r| r.shape = Some("configs/shapes/qwen3-tiny.json".into())).unwrap_err();
+        assert_eq!(field_of(&e), "model.random", "{e}");
+        let shape_only = |r: &mut RandomModel| {
+            r.shape = Some("configs/shapes/qwen3-tiny.json".into());
+            (r.hidden, r.intermediate, r.layers, r.heads, r.kv_heads) = (0, 0, 0, 0, 0);
+        };
+        assert!(with(&shape_only).is_ok());
+        // A config file gives just the shape and the seed.
+        let r: RandomModel = serde_json::from_str(r#"{"shape": "configs/shapes/qwen3-1.7b.json", "seed": 3}"#).unwrap();
+        assert_eq!((r.hidden, r.layers, r.init_std), (0, 0, 0.02));
     }
 }

@@ -237,6 +237,12 @@ pub fn load_policy(src: &ModelSource) -> TrainResult<(Transformer, Tokenizer)> {
     let tok_path = src.tokenizer.as_deref().unwrap_or(&src.path);
     let tok = Tokenizer::load(Path::new(tok_path))?;
     let model = match &src.random {
+        Some(r) if r.shape.is_some() => {
+            let path = Path::new(r.shape.as_deref().unwrap_or_default());
+            let mut cfg = ModelConfig::from_file(path)?;
+            cfg.vocab_size = tok.vocab_size();
+            Transformer::new_random_with_std(cfg, r.seed, r.init_std, DType::F32, &device)?
+        }
         Some(r) => {
             let cfg = ModelConfig::tiny(
                 crate::model::config::Architecture::Llama,
