@@ -10,7 +10,7 @@ export RAYON_NUM_THREADS ?= $(shell nproc 2>/dev/null || echo 2)
 export CARGO_BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BIN := target/release/r2vpo
 
-.PHONY: deps build build-gpu venv-hf bench-hf demo test test-conformance bench lint clippy fmt fmt-check clean-deps
+.PHONY: deps build build-gpu spike-tch venv-hf bench-hf demo test test-conformance bench lint clippy fmt fmt-check clean-deps
 
 deps:
 	@command -v $(PYTHON) >/dev/null || { echo "deps: error: $(PYTHON) not found; install Python 3 with pip" >&2; exit 1; }
@@ -25,10 +25,12 @@ build: deps
 # with candle's CUDA backend for sm_$(CUDA_COMPUTE_CAP), and leaves in
 # dist/gpu/ what to carry there (README "GPU learner"): the stripped binary
 # xz-compressed (78 MiB raw, 32 MiB of it candle's prebuilt GGUF/MoE kernels;
-# ~12 MB packed) and libmujoco, which it finds beside itself ($$ORIGIN).
+# ~12 MB packed), libmujoco, which it finds beside itself ($$ORIGIN), and
+# the embedded SmolLM2's tokenizer as Hugging Face files (2 MB; the GPU
+# check's random-weight runs use it, the 98 MB GGUF stays here).
 CUDA_COMPUTE_CAP ?= 90
 CUDA_DEPS := $(CURDIR)/.deps/cuda
-build-gpu:
+build-gpu: build
 	@$(PYTHON) scripts/deps.py --manifest deps-gpu.toml
 	@bash scripts/gpu/cuda_stub.sh $(CUDA_DEPS)
 	PATH="$(CUDA_DEPS)/bin:$$PATH" CUDA_ROOT="$(CUDA_DEPS)" CUDARC_CUDA_VERSION=13000 \
@@ -38,7 +40,24 @@ build-gpu:
 	strip -o target/gpu/r2vpo-stripped target/gpu/release/r2vpo
 	xz -T2 -6 -c target/gpu/r2vpo-stripped > dist/gpu/r2vpo.xz
 	cp -L .deps/mujoco/lib/libmujoco.so.3.17.0 dist/gpu/
+	$(BIN) llm info --save-tokenizer dist/gpu/tokenizer > /dev/null
 	@ls -l target/gpu/r2vpo-stripped dist/gpu
+
+# The tch-rs (libtorch) side of the GPU backend decision (README "GPU
+# learner"): spikes/tch-step, one training step on libtorch 2.11, the GPU
+# machine's version. Fetches libtorch's headers and link libraries from the
+# pinned PyPI torch wheel (deps-torch.toml, ~530 MB) into .deps/libtorch and
+# leaves dist/gpu/tch-step (1.4 MB) beside the GPU build; on the GPU machine
+# it loads that machine's own libtorch (scripts/gpu/check.sh sets the path).
+# libtorch_cuda's own CUDA dependencies are resolved there, not here.
+spike-tch:
+	@$(PYTHON) scripts/deps.py --manifest deps-torch.toml
+	LIBTORCH=$(CURDIR)/.deps/libtorch LIBTORCH_CXX11_ABI=1 \
+	  RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined" \
+	  $(CARGO) build --release --manifest-path spikes/tch-step/Cargo.toml --target-dir target/spike-tch
+	@mkdir -p dist/gpu
+	strip -o dist/gpu/tch-step target/spike-tch/release/tch-step
+	@ls -l dist/gpu/tch-step
 
 demo: build
 	@bash scripts/demo.sh $(BIN)

@@ -7,7 +7,13 @@
 #      r2vpo (`bench step`) and PyTorch + transformers (torch_step.py) on the
 #      same device, shape, batch and objective, measured one after the other
 #      in this run; peak GPU memory of each process sampled by nvidia-smi;
-#   3. one JSON + Markdown table in $OUT (default results/gpu).
+#   3. one `llm train` end to end on the device (a random Qwen3-0.6B-shaped
+#      policy, configs/llm/gpu-smoke.toml), and a tiny run checkpointed on
+#      the device, resumed on the CPU, then on the device again;
+#   4. one JSON + Markdown table in $OUT (default results/gpu).
+# Each phase runs under a time limit and a failed one does not stop the
+# rest (device time is scarce): $OUT/status.txt has each phase's exit code,
+# $OUT/<phase>.log its output, and the script exits non-zero if any failed.
 #
 # Usage:   scripts/gpu/check.sh             on the GPU machine, after
 #                                           carrying dist/gpu there (from
@@ -16,8 +22,10 @@
 #                                           commands on device cpu, tiny
 #                                           shapes, target/release/r2vpo)
 # Env:     R2VPO_BIN, TORCH_PY (default /opt/torch/.venv/bin/python), OUT,
-#          SHAPE, BATCH, PROMPT, RESPONSE, REPS.
-set -euo pipefail
+#          SHAPE, BATCH, PROMPT, RESPONSE, REPS, TCH (the tch-rs spike,
+#          default dist/gpu/tch-step), ONLY (phase names to run, e.g.
+#          ONLY="r2vpo-step torch-step tch-step").
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 COMPOSITE=
 
@@ -59,49 +67,75 @@ if [ $dry = 0 ]; then
     export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
     nvcc --version 2>/dev/null | tail -1 | tee -a "$OUT/device.txt" || true
+    if ldd "$BIN" | grep "not found"; then echo "check: $BIN misses the libraries above" >&2; fi
     "$TORCH_PY" -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)' | tee -a "$OUT/device.txt"
 fi
 
-# Runs a command, sampling its GPU memory every 0.1 s; prints the peak MiB
-# to $2 (empty where there is no nvidia-smi, as in the dry run).
-with_peak() {
-    local peakfile=$1; shift
-    "$@" &
-    local pid=$! peak=0 m
-    if command -v nvidia-smi >/dev/null; then
+# phase NAME LIMIT_S CMD...: runs CMD under a time limit, its output to the
+# terminal and $OUT/NAME.log, and its exit code and seconds to
+# $OUT/status.txt. With PEAK=1 it also samples the GPU memory in use every
+# 0.1 s (all compute processes: the phases run one at a time) and writes the
+# peak MiB to $OUT/NAME-peak-mib (nothing where there is no nvidia-smi, as
+# in the dry run).
+failed=0
+# Nothing of an earlier check is left to be read as this one's.
+rm -f "$OUT"/*.json "$OUT"/*.jsonl "$OUT"/*-peak-mib "$OUT"/*.log "$OUT"/summary.md
+: > "$OUT/status.txt"
+phase() {
+    local name=$1 limit=$2; shift 2
+    # ONLY="r2vpo-step torch-step ..." runs just those phases (a re-run).
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return 0; fi
+    local t0=$SECONDS peak=0 m rc
+    timeout "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1 &
+    local pid=$!
+    if [ "${PEAK:-0}" = 1 ] && command -v nvidia-smi >/dev/null; then
         while kill -0 $pid 2>/dev/null; do
-            m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
-                | awk -F', ' -v p=$pid '$1 == p {print $2}')
+            m=$(nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits 2>/dev/null \
+                | awk '{s += $1} END {print s + 0}')
             [ -n "$m" ] && [ "$m" -gt "$peak" ] && peak=$m
             sleep 0.1
         done
-        echo "$peak" > "$peakfile"
-    else
-        : > "$peakfile"
+        echo "$peak" > "$OUT/$name-peak-mib"
     fi
-    wait $pid
+    wait $pid; rc=$?
+    echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/status.txt"
+    [ $rc = 0 ] || failed=1
+    return 0
 }
+has_torch() { "$TORCH_PY" -c 'import torch, transformers' 2>/dev/null; }
 
 echo "== 1. correctness: $DEV vs cpu on configs/shapes/qwen3-tiny.json"
-"$BIN" bench step --shape configs/shapes/qwen3-tiny.json --device $DEV $COMPOSITE --dtype f32 --check --tolerance 1e-4 \
-    --batch 2 --prompt 16 --response 48 --out "$OUT/check-f32.json"
+phase check-f32 90 "$BIN" bench step --shape configs/shapes/qwen3-tiny.json --device $DEV $COMPOSITE --dtype f32 \
+    --check --tolerance 1e-4 --batch 2 --prompt 16 --response 48 --out "$OUT/check-f32.json"
 # Mixed precision (bf16 compute, f32 master weights and logits): reported,
 # not gated (--tolerance inf); bf16 keeps 8 bits of mantissa.
-"$BIN" bench step --shape configs/shapes/qwen3-tiny.json --device $DEV $COMPOSITE --dtype bf16 --check --tolerance inf \
-    --batch 2 --prompt 16 --response 48 --out "$OUT/check-bf16.json"
+phase check-bf16 60 "$BIN" bench step --shape configs/shapes/qwen3-tiny.json --device $DEV $COMPOSITE --dtype bf16 \
+    --check --tolerance inf --batch 2 --prompt 16 --response 48 --out "$OUT/check-bf16.json"
 
-dtype=bf16
-[ $dry = 1 ] && dtype=f32   # bf16 is 2.7x slower than f32 on a CPU in candle
+# r2vpo's bf16 is mixed precision (f32 master weights, gradients and AdamW
+# moments; bf16 compute), so PyTorch runs the same arrangement: f32
+# parameters under torch.autocast(bf16) (`amp`). PyTorch with bf16
+# parameters throughout (`bf16`: half the optimizer memory, bf16 AdamW
+# updates) is timed as well, as a reference.
+# The same at a real depth (28 layers): where rounding compounds.
+if [ $dry = 0 ]; then
+    phase check-0.6b-f32 120 "$BIN" bench step --shape configs/shapes/qwen3-0.6b.json --device $DEV --dtype f32 \
+        --check --tolerance 1e-4 --batch 2 --prompt 16 --response 48 --out "$OUT/check-0.6b-f32.json"
+    phase check-0.6b-bf16 120 "$BIN" bench step --shape configs/shapes/qwen3-0.6b.json --device $DEV --dtype bf16 \
+        --check --tolerance inf --batch 2 --prompt 16 --response 48 --out "$OUT/check-0.6b-bf16.json"
+fi
+
+dtype=bf16 tdtype=amp
+[ $dry = 1 ] && dtype=f32 tdtype=f32   # bf16 is 2.7x slower than f32 on a CPU in candle
 echo "== 2. training step: $SHAPE, $DEV $dtype, $BATCH × ($PROMPT + $RESPONSE) tokens"
-with_peak "$OUT/r2vpo-peak-mib" "$BIN" bench step --shape "$SHAPE" --device $DEV --dtype $dtype \
+PEAK=1 phase r2vpo-step 150 "$BIN" bench step --shape "$SHAPE" --device $DEV --dtype $dtype \
     --batch "$BATCH" --prompt "$PROMPT" --response "$RESPONSE" --reps "$REPS" --out "$OUT/r2vpo-step.json"
-if "$TORCH_PY" -c 'import torch, transformers' 2>/dev/null; then
-    with_peak "$OUT/torch-peak-mib" "$TORCH_PY" scripts/gpu/torch_step.py --shape "$SHAPE" --device $DEV \
-        --dtype $dtype --batch "$BATCH" --prompt "$PROMPT" --response "$RESPONSE" --reps "$REPS" \
+if has_torch; then
+    PEAK=1 phase torch-step 120 "$TORCH_PY" scripts/gpu/torch_step.py --shape "$SHAPE" --device $DEV \
+        --dtype $tdtype --batch "$BATCH" --prompt "$PROMPT" --response "$RESPONSE" --reps "$REPS" \
         --out "$OUT/torch-step.json"
 else
     echo "check: $TORCH_PY has no torch/transformers: the PyTorch step is skipped" >&2
-    rm -f "$OUT/torch-step.json" "$OUT/torch-peak-mib"
 fi
 
 # Long rows with gradient checkpointing on both sides (what fits 8k-token
@@ -110,13 +144,80 @@ fi
 LONG_BATCH=${LONG_BATCH:-2} LONG_RESPONSE=${LONG_RESPONSE:-3840}
 [ $dry = 1 ] && LONG_BATCH=2 LONG_RESPONSE=112
 echo "== 2b. checkpointed step: $SHAPE, $DEV $dtype, $LONG_BATCH × ($PROMPT + $LONG_RESPONSE) tokens"
-with_peak "$OUT/r2vpo-ck-peak-mib" "$BIN" bench step --shape "$SHAPE" --device $DEV --dtype $dtype --checkpoint \
+PEAK=1 phase r2vpo-ck-step 150 "$BIN" bench step --shape "$SHAPE" --device $DEV --dtype $dtype --checkpoint \
     --batch "$LONG_BATCH" --prompt "$PROMPT" --response "$LONG_RESPONSE" --reps "$REPS" --out "$OUT/r2vpo-ck-step.json"
-if "$TORCH_PY" -c 'import torch, transformers' 2>/dev/null; then
-    with_peak "$OUT/torch-ck-peak-mib" "$TORCH_PY" scripts/gpu/torch_step.py --shape "$SHAPE" --device $DEV \
-        --dtype $dtype --checkpoint --batch "$LONG_BATCH" --prompt "$PROMPT" --response "$LONG_RESPONSE" \
+if has_torch; then
+    PEAK=1 phase torch-ck-step 120 "$TORCH_PY" scripts/gpu/torch_step.py --shape "$SHAPE" --device $DEV \
+        --dtype $tdtype --checkpoint --batch "$LONG_BATCH" --prompt "$PROMPT" --response "$LONG_RESPONSE" \
         --reps "$REPS" --out "$OUT/torch-ck-step.json"
 fi
 
-echo "== 3. summary"
-python3 scripts/gpu/summary.py "$OUT"
+# The trainer end to end on the device: sampling (KV cache, behaviour
+# log-probs), rewards, the R²VPO update with gradient checkpointing, λ, a
+# checkpoint. Then a tiny run checkpointed on the device, resumed on the
+# CPU and back on the device: checkpoints load on either.
+TOK=${TOK:-dist/gpu/tokenizer}
+W=${RUNS:-runs/gpu-check}
+if [ ! -f "$TOK/tokenizer.json" ] && [ -f .deps/models/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+    "$BIN" llm info --save-tokenizer "$TOK" > /dev/null   # what `make build-gpu` leaves in dist/gpu
+fi
+rm -rf "$W" && mkdir -p "$W"
+smoke=(llm train --config configs/llm/gpu-smoke.toml --no-export --set "model.tokenizer=$TOK" --set "model.device=$DEV")
+[ $dry = 1 ] && smoke+=(--set model.random.shape=configs/shapes/qwen3-tiny.json --set model.compute_dtype=f32
+    --set prompts_per_iter=2 --set rollout_batch=16 --set minibatch_size=8 --set micro_batch_size=8
+    --set sampling.max_new_tokens=16)
+echo "== 3. llm train end to end: configs/llm/gpu-smoke.toml on $DEV"
+PEAK=1 phase train-e2e 180 "$BIN" "${smoke[@]}" --out "$W/e2e"
+[ -f "$W/e2e/metrics.jsonl" ] && cp "$W/e2e/metrics.jsonl" "$OUT/train-e2e-metrics.jsonl"
+tiny=(--set model.random.shape=configs/shapes/qwen3-tiny.json --set prompts_per_iter=2 --set rollout_batch=16
+    --set minibatch_size=8 --set micro_batch_size=8 --set sampling.max_new_tokens=16 --set checkpoint_every=1)
+echo "== 3b. a checkpoint moves between devices: $DEV → cpu → $DEV"
+phase xdev-1 60 "$BIN" "${smoke[@]}" "${tiny[@]}" --set iterations=1 --out "$W/xdev"
+phase xdev-2 60 "$BIN" llm train --resume "$W/xdev" --no-export --set model.device=cpu --set iterations=2
+phase xdev-3 60 "$BIN" llm train --resume "$W/xdev" --no-export --set "model.device=$DEV" --set iterations=3
+[ -f "$W/xdev/metrics.jsonl" ] && cp "$W/xdev/metrics.jsonl" "$OUT/train-xdev-metrics.jsonl"
+
+# One short iteration of the end-to-end run per variant, on the device and
+# on the CPU, for comparing gradient norms (the first GPU check's device
+# run reported norms 1e5 times the CPU's).
+if [ $dry = 0 ]; then
+    short=(--set iterations=1 --set sampling.max_new_tokens=32 --set checkpoint_every=0)
+    for v in "cuda-bf16 model.device=cuda model.compute_dtype=bf16" \
+             "cuda-f32 model.device=cuda model.compute_dtype=f32" \
+             "cuda-bf16-unshared model.device=cuda model.compute_dtype=bf16 share_prompt_prefix=false" \
+             "cuda-f32-unshared model.device=cuda model.compute_dtype=f32 share_prompt_prefix=false" \
+             "cpu-f32 model.device=cpu model.compute_dtype=f32"; do
+        set -- $v; name=$1; shift
+        sets=(); for kv in "$@"; do sets+=(--set "$kv"); done
+        phase "grad-$name" 90 "$BIN" "${smoke[@]}" "${short[@]}" "${sets[@]}" --out "$W/grad-$name"
+        [ -f "$W/grad-$name/metrics.jsonl" ] && cp "$W/grad-$name/metrics.jsonl" "$OUT/grad-$name.jsonl"
+    done
+    python3 - "$OUT" <<'PY' | tee "$OUT/grad-norms.txt"
+import json, pathlib, sys
+for p in sorted(pathlib.Path(sys.argv[1]).glob("grad-*.jsonl")):
+    for line in p.read_text().splitlines():
+        r = json.loads(line)
+        print(f"{p.stem:28} grad_norm {r['grad_norm']:.4g} loss {r['loss']:.5g} sq_dev {r['sq_dev']:.3g} "
+              f"ratio [{r['ratio_min']:.3g}, {r['ratio_max']:.3g}] entropy {r['entropy']:.4g}")
+PY
+fi
+
+# The tch-rs candidate (`make spike-tch`): the same step on the machine's
+# own libtorch through Rust, for the backend decision.
+TCH=${TCH:-dist/gpu/tch-step}
+if [ $dry = 0 ] && [ -x "$TCH" ]; then
+    echo "== 2d. tch-rs (libtorch) step: $SHAPE, $DEV $dtype, $BATCH × ($PROMPT + $RESPONSE) tokens"
+    PEAK=1 phase tch-step 150 env LD_LIBRARY_PATH="$site/torch/lib:$LD_LIBRARY_PATH" "$TCH" --shape "$SHAPE" \
+        --batch "$BATCH" --prompt "$PROMPT" --response "$RESPONSE" --reps "$REPS" --out "$OUT/tch-step.json"
+fi
+
+if [ $dry = 0 ] && has_torch; then
+    echo "== 2c. reference: PyTorch with bf16 parameters and optimizer state"
+    PEAK=1 phase torch-bf16-step 120 "$TORCH_PY" scripts/gpu/torch_step.py --shape "$SHAPE" \
+        --device $DEV --dtype bf16 --batch "$BATCH" --prompt "$PROMPT" --response "$RESPONSE" --reps "$REPS" \
+        --out "$OUT/torch-bf16-step.json"
+fi
+
+echo "== 4. summary"
+phase summary 60 python3 scripts/gpu/summary.py "$OUT"
+exit $failed

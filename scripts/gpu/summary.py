@@ -38,12 +38,10 @@ def main() -> None:
     for tag, title in [("", "Training step"), ("-ck", "Training step with gradient checkpointing, long rows")]:
         ours, theirs = load(d / f"r2vpo{tag}-step.json"), load(d / f"torch{tag}-step.json")
         if ours is None:
-            if tag == "":
-                sys.exit(f"summary: {d}/r2vpo-step.json is missing")
             continue
-        ours["peak_mib"] = peak(d / f"r2vpo{tag}-peak-mib")
+        ours["peak_mib"] = peak(d / f"r2vpo{tag}-step-peak-mib")
         if theirs:
-            theirs["peak_mib"] = peak(d / f"torch{tag}-peak-mib")
+            theirs["peak_mib"] = peak(d / f"torch{tag}-step-peak-mib")
         ratios = {}
         if theirs:
             ratios["tokens_per_s"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
@@ -53,14 +51,59 @@ def main() -> None:
         md += ["", f"## {title}: {ours['shape']} ({ours['parameters']:,} parameters), {ours['device']} "
                f"{ours['dtype']}, {ours['batch']} × ({ours['prompt']} + {ours['response']}) tokens\n",
                "| stack | step s | tokens/s | peak GPU MiB |", "|---|---|---|---|"]
-        for name, r in [("r2vpo (candle)", ours), ("PyTorch + transformers (SDPA)", theirs)]:
+        ref = load(d / f"torch-bf16{tag}-step.json")
+        if ref:
+            ref["peak_mib"] = peak(d / f"torch-bf16{tag}-step-peak-mib")
+            steps[tag or "plain"]["torch_bf16_params"] = ref
+        tch = load(d / f"tch{tag}-step.json")
+        if tch:
+            tch["peak_mib"] = peak(d / f"tch{tag}-step-peak-mib")
+            steps[tag or "plain"]["tch"] = tch
+            if theirs:
+                ratios["tch_tokens_per_s"] = tch["tokens_per_s"] / theirs["tokens_per_s"]
+                if tch["peak_mib"] and theirs["peak_mib"]:
+                    ratios["tch_peak_memory"] = tch["peak_mib"] / theirs["peak_mib"]
+        rows = [("r2vpo (candle), bf16 compute, f32 master weights" if ours["dtype"] == "bf16"
+                 else f"r2vpo (candle), {ours['dtype']}", ours),
+                ("PyTorch + transformers (SDPA), the same: f32 parameters under autocast(bf16)"
+                 if theirs and theirs["dtype"] == "amp" else "PyTorch + transformers (SDPA)", theirs),
+                ("PyTorch + transformers (SDPA), bf16 parameters and AdamW state (reference)", ref),
+                ("tch-rs spike on libtorch (SDPA), bf16 compute, f32 master weights", tch)]
+        for name, r in rows:
             if r:
                 md.append(f"| {name} | {r['step_s']:.3f} | {r['tokens_per_s']:.1f} | {r['peak_mib'] or '–'} |")
         if ratios:
             md.append("")
-            md.append(f"r2vpo / PyTorch: tokens/s {ratios['tokens_per_s']:.2f}× (goal ≥ 0.5×)"
-                      + (f", peak memory {ratios['peak_memory']:.2f}× (goal ≤ 1.5×)" if "peak_memory" in ratios else ""))
-    summary = {"device": device, "checks": checks, "steps": steps}
+            if "tokens_per_s" in ratios:
+                md.append(f"r2vpo / PyTorch: tokens/s {ratios['tokens_per_s']:.2f}× (goal ≥ 0.5×)"
+                          + (f", peak memory {ratios['peak_memory']:.2f}× (goal ≤ 1.5×)" if "peak_memory" in ratios
+                             else ""))
+            if "tch_tokens_per_s" in ratios:
+                md.append(f"\ntch-rs spike / PyTorch: tokens/s {ratios['tch_tokens_per_s']:.2f}×"
+                          + (f", peak memory {ratios['tch_peak_memory']:.2f}×" if "tch_peak_memory" in ratios else ""))
+    runs = {}
+    for name, title in [("e2e", "`llm train --config configs/llm/gpu-smoke.toml`"),
+                        ("xdev", "tiny run: iteration 1 on the device, 2 on the CPU (resumed), 3 on the device")]:
+        p = d / f"train-{name}-metrics.jsonl"
+        if not p.exists():
+            continue
+        rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        runs[name] = rows
+        md += ["", f"## {title}\n",
+               "| iteration | reward | λ | E[(ρ−1)²] | grad norm | rollout tok/s | train tok/s | iteration s |",
+               "|---|---|---|---|---|---|---|---|"]
+        nan = float("nan")
+        for r in rows:
+            t = r.get("timing", {})
+            md.append(f"| {r.get('iter', '?')} | {r.get('reward_mean', nan):.3f} | {r.get('lambda', nan):.3g} | "
+                      f"{r.get('sq_dev', nan):.3g} | {r.get('grad_norm', nan):.3g} | "
+                      f"{t.get('rollout_tokens_per_s', nan):.1f} | {t.get('train_tokens_per_s', nan):.1f} | "
+                      f"{t.get('iteration_s', nan):.1f} |")
+    status = (d / "status.txt").read_text().split("\n") if (d / "status.txt").exists() else []
+    status = [s for s in status if s.strip()]
+    if status:
+        md += ["", "## Phases (exit code, seconds)\n", "```", *status, "```"]
+    summary = {"device": device, "checks": checks, "steps": steps, "runs": runs, "phases": status}
     for name, text in [("summary.json", json.dumps(summary, indent=2)), ("summary.md", "\n".join(md) + "\n")]:
         tmp = d / (name + ".tmp")
         tmp.write_text(text)

@@ -15,6 +15,7 @@ venv); nothing here is installed by `make`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -37,7 +38,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", required=True, help="a Hugging Face config.json")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default="bf16", choices=["f32", "bf16"])
+    ap.add_argument("--dtype", default="amp", choices=["f32", "bf16", "amp"],
+                    help="amp: f32 parameters, gradients and AdamW state, bf16 compute under torch.autocast "
+                         "(r2vpo's `--dtype bf16` arrangement); bf16: bf16 parameters and optimizer state throughout")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--prompt", type=int, default=44)
     ap.add_argument("--response", type=int, default=256)
@@ -55,7 +58,9 @@ def main() -> None:
     with open(a.shape) as f:
         shape = json.load(f)
     cfg = transformers.AutoConfig.for_model(**shape)
-    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "amp": torch.float32}[a.dtype]
+    autocast = (lambda: torch.autocast(device_type=a.device.split(":")[0], dtype=torch.bfloat16)) \
+        if a.dtype == "amp" else contextlib.nullcontext
     dev = torch.device(a.device)
     torch.manual_seed(7)
     model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation="sdpa").to(dev)
@@ -80,7 +85,8 @@ def main() -> None:
     def step() -> float:
         # Logits of the positions that predict the response tokens only
         # (r2vpo's tail_logprobs does the same).
-        out = model(input_ids=ids, attention_mask=att, logits_to_keep=r + 1)
+        with autocast():
+            out = model(input_ids=ids, attention_mask=att, logits_to_keep=r + 1)
         logits = out.logits[:, :-1].float()
         logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, p:].unsqueeze(-1)).squeeze(-1)
         old = logp.detach() + wobble
@@ -96,7 +102,7 @@ def main() -> None:
     def score() -> float:
         # `bench step --score`'s pass: no graph, logits of the response
         # positions only, log-softmax gathered at the response tokens.
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             out = model(input_ids=ids, attention_mask=att, logits_to_keep=r + 1)
             logits = out.logits[:, :-1].float()
             logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, p:].unsqueeze(-1)).squeeze(-1)
