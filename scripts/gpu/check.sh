@@ -105,12 +105,13 @@ phase() {
 has_torch() { "$TORCH_PY" -c 'import torch, transformers' 2>/dev/null; }
 
 echo "== 1. correctness: $DEV vs cpu on configs/shapes/qwen3-tiny.json"
-phase check-f32 90 "$BIN" bench step --shape configs/shapes/qwen3-tiny.json --device $DEV $COMPOSITE --dtype f32 \
-    --check --tolerance 1e-4 --batch 2 --prompt 16 --response 48 --out "$OUT/check-f32.json"
+# The first CUDA call also JIT-compiles candle's kernels (≈ 15 s).
+phase check-f32 120 "$BIN" bench step --shape configs/shapes/qwen3-tiny.json --device $DEV $COMPOSITE --dtype f32 \
+    --check --tolerance 1e-4 --batch 4 --prompt 16 --response 48 --pad 8 --entropy 0.01 --out "$OUT/check-f32.json"
 # Mixed precision (bf16 compute, f32 master weights and logits): reported,
 # not gated (--tolerance inf); bf16 keeps 8 bits of mantissa.
 phase check-bf16 60 "$BIN" bench step --shape configs/shapes/qwen3-tiny.json --device $DEV $COMPOSITE --dtype bf16 \
-    --check --tolerance inf --batch 2 --prompt 16 --response 48 --out "$OUT/check-bf16.json"
+    --check --tolerance inf --batch 4 --prompt 16 --response 48 --pad 8 --entropy 0.01 --out "$OUT/check-bf16.json"
 
 # r2vpo's bf16 is mixed precision (f32 master weights, gradients and AdamW
 # moments; bf16 compute), so PyTorch runs the same arrangement: f32
@@ -120,9 +121,9 @@ phase check-bf16 60 "$BIN" bench step --shape configs/shapes/qwen3-tiny.json --d
 # The same at a real depth (28 layers): where rounding compounds.
 if [ $dry = 0 ]; then
     phase check-0.6b-f32 120 "$BIN" bench step --shape configs/shapes/qwen3-0.6b.json --device $DEV --dtype f32 \
-        --check --tolerance 1e-4 --batch 2 --prompt 16 --response 48 --out "$OUT/check-0.6b-f32.json"
+        --check --tolerance 1e-4 --batch 4 --prompt 16 --response 48 --pad 8 --entropy 0.01 --out "$OUT/check-0.6b-f32.json"
     phase check-0.6b-bf16 120 "$BIN" bench step --shape configs/shapes/qwen3-0.6b.json --device $DEV --dtype bf16 \
-        --check --tolerance inf --batch 2 --prompt 16 --response 48 --out "$OUT/check-0.6b-bf16.json"
+        --check --tolerance inf --batch 4 --prompt 16 --response 48 --pad 8 --entropy 0.01 --out "$OUT/check-0.6b-bf16.json"
 fi
 
 dtype=bf16 tdtype=amp

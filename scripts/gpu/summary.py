@@ -22,17 +22,17 @@ def peak(p: Path):
 
 def main() -> None:
     d = Path(sys.argv[1])
-    checks = [c for c in (load(d / "check-f32.json"), load(d / "check-bf16.json")) if c]
+    checks = [c for c in (load(d / f"check{s}-{t}.json") for s in ("", "-0.6b") for t in ("f32", "bf16")) if c]
     device = (d / "device.txt").read_text().strip() if (d / "device.txt").exists() else "cpu (dry run)"
-    md = [f"# GPU learner check\n\nDevice: {device}\n", "## Correctness (tiny Qwen3 shape, against the CPU in f32)\n",
-          "| device | dtype | log-probs (max rel.) | gradients (max rel.) | worst tensor | tolerance | result |",
-          "|---|---|---|---|---|---|---|"]
+    md = [f"# GPU learner check\n\nDevice: {device}\n", "## Correctness (against the CPU in f32, same weights and batch)\n",
+          "| shape | device | dtype | log-probs (max rel.) | gradients (max rel.) | worst tensor | tolerance | result |",
+          "|---|---|---|---|---|---|---|---|"]
     for c in checks:
         # JSON has no infinity: a null tolerance is a reported-only check.
         tol, result = (f"{c['tolerance']:g}", "pass" if c["pass"] else "FAIL") if c["tolerance"] is not None \
             else ("none", "reported")
         dev = c["device"] + (" (composites)" if c.get("composite") else "")
-        md.append(f"| {dev} | {c['dtype']} | {c['logprobs_rel']:.2e} | {c['grads_rel_max']:.2e} | "
+        md.append(f"| {Path(c['shape']).stem} | {dev} | {c['dtype']} | {c['logprobs_rel']:.2e} | {c['grads_rel_max']:.2e} | "
                   f"`{c['worst_grad']}` | {tol} | {result} |")
     steps = {}
     for tag, title in [("", "Training step"), ("-ck", "Training step with gradient checkpointing, long rows")]:

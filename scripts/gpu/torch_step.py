@@ -63,7 +63,7 @@ def main() -> None:
         if a.dtype == "amp" else contextlib.nullcontext
     dev = torch.device(a.device)
     torch.manual_seed(7)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation="sdpa").to(dev)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa").to(dev)
     model.train()
     if a.checkpoint:
         model.config.use_cache = False

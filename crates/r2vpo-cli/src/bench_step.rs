@@ -45,8 +45,8 @@ pub struct StepBenchArgs {
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
     /// Instead of timing: compare this device's log-probs and gradients
-    /// with the CPU's (f32) on the same weights and batch, and fail beyond
-    /// `--tolerance`.
+    /// with the CPU's (f32) on the same weights and batch, before and after
+    /// one AdamW step on each (lr 1e-4), and fail beyond `--tolerance`.
     #[arg(long)]
     pub check: bool,
     /// Gradient checkpointing: keep only each decoder layer's input in the
@@ -73,6 +73,14 @@ pub struct StepBenchArgs {
     /// and reference log-probs), one forward on detached weights.
     #[arg(long)]
     pub score: bool,
+    /// Left padding, as the trainer's micro-batches have: row i's first
+    /// `min(i · pad, prompt − 1)` positions are masked out of attention.
+    #[arg(long, default_value_t = 0)]
+    pub pad: usize,
+    /// Add the trainer's entropy bonus with this coefficient (a second
+    /// forward through `Transformer::tail_entropy`, as `entropy_coef`).
+    #[arg(long, default_value_t = 0.0)]
+    pub entropy: f64,
     /// Weight seed.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
@@ -103,9 +111,14 @@ struct CheckResult {
     device: String,
     composite: bool,
     dtype: String,
+    pad: usize,
+    entropy: f64,
     logprobs_rel: f64,
     grads_rel_max: f64,
     worst_grad: String,
+    /// Global gradient norms on this device and on the CPU, per step.
+    grad_norm: Vec<f64>,
+    cpu_grad_norm: Vec<f64>,
     tolerance: f64,
     pass: bool,
 }
@@ -136,7 +149,11 @@ fn batch(a: &StepBenchArgs, vocab: usize, dev: &Device) -> Result<Batch> {
     let adv: Vec<f32> = (0..b * r).map(|i| if (i / r) % 2 == 0 { 1.0 } else { -1.0 }).collect();
     Ok(Batch {
         ids: Tensor::from_vec(ids, (b, w), dev)?,
-        att: Tensor::ones((b, w), DType::U32, dev)?,
+        att: Tensor::from_vec(
+            (0..b * w).map(|i| u32::from(i % w >= ((i / w) * a.pad).min(a.prompt - 1))).collect::<Vec<u32>>(),
+            (b, w),
+            dev,
+        )?,
         mask: Tensor::ones((b, r), DType::F32, dev)?,
         adv: Tensor::from_vec(adv, (b, r), dev)?,
         wobble: Tensor::from_vec(wobble, (b, r), dev)?,
@@ -167,7 +184,13 @@ fn forward_backward(model: &Transformer, x: &Batch, a: &StepBenchArgs) -> Result
             model.tail_grads_checkpointed(&x.ids, &x.att, a.response, loss_of)?
         } else {
             let logp = model.tail_logprobs(&x.ids, &x.att, a.response)?;
-            let loss = loss_of(&logp)?;
+            let mut loss = loss_of(&logp)?;
+            if a.entropy != 0.0 {
+                // The trainer's bonus: token-mean entropy over the mask.
+                let ent = model.tail_entropy(&x.ids, &x.att, a.response)?.to_dtype(DType::F32)?;
+                let mean = ((ent * &x.mask)?.sum_all()? / x.mask.sum_all()?.to_scalar::<f32>()? as f64)?;
+                loss = (loss - mean.affine(a.entropy, 0.0)?)?;
+            }
             let grads = loss.backward()?;
             (logp, loss, grads)
         };
@@ -200,6 +223,9 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     model.set_compute_dtype(dtype);
     let x = batch(a, cfg.vocab_size, &dev)?;
     let shape = a.shape.display().to_string();
+    if a.checkpoint && a.entropy != 0.0 {
+        bail!("--entropy takes no --checkpoint (the trainer's checkpointed path has no entropy bonus either)");
+    }
     if a.score && (a.check || a.checkpoint || a.memory) {
         bail!("--score times the no-grad pass alone: it takes no --check, --checkpoint or --memory");
     }
@@ -371,19 +397,32 @@ fn check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, x: &Batch, s
     // the fused kernels and the whole graph.
     let cpu = Transformer::new_random_with_std(cfg.clone(), a.seed, 0.02, DType::F32, &Device::Cpu)?;
     let cpu_x = batch(a, cfg.vocab_size, &Device::Cpu)?;
-    let (lp, _, g) = forward_backward(model, x, a)?;
     let reference = StepBenchArgs { checkpoint: false, composite: false, ..a.clone() };
-    let (cpu_lp, _, cpu_g) = forward_backward(&cpu, &cpu_x, &reference)?;
-    let logprobs_rel = rel_diff(&lp, &cpu_lp)?;
-    let (mut grads_rel_max, mut worst_grad) = (0.0f64, String::new());
-    for (((name, _), g), cg) in model.named_vars().iter().zip(&g).zip(&cpu_g) {
-        let d = match (g, cg) {
-            (Some(g), Some(cg)) => rel_diff(g, cg)?,
-            (None, None) => 0.0,
-            _ => bail!("`{name}` has a gradient on one device only"),
-        };
-        if worst_grad.is_empty() || d > grads_rel_max {
-            (grads_rel_max, worst_grad) = (d, name.clone());
+    // Two steps: forward/backward, the AdamW update on each device, and
+    // forward/backward again, so the optimizer's path is compared too.
+    let optim = OptimConfig { lr: 1e-4, ..OptimConfig::default() };
+    let (mut opt, mut cpu_opt) = (AdamW::new(model.named_vars(), optim)?, AdamW::new(cpu.named_vars(), optim)?);
+    let (mut logprobs_rel, mut grads_rel_max, mut worst_grad) = (0.0f64, 0.0f64, String::new());
+    let (mut norms, mut cpu_norms) = (vec![], vec![]);
+    for step in 1..=2 {
+        let (lp, _, g) = forward_backward(model, x, a)?;
+        let (cpu_lp, _, cpu_g) = forward_backward(&cpu, &cpu_x, &reference)?;
+        logprobs_rel = logprobs_rel.max(rel_diff(&lp, &cpu_lp)?);
+        for (((name, _), g), cg) in model.named_vars().iter().zip(&g).zip(&cpu_g) {
+            let d = match (g, cg) {
+                (Some(g), Some(cg)) => rel_diff(g, cg)?,
+                (None, None) => 0.0,
+                _ => bail!("`{name}` has a gradient on one device only"),
+            };
+            if worst_grad.is_empty() || d > grads_rel_max {
+                (grads_rel_max, worst_grad) = (d, format!("{name} (step {step})"));
+            }
+        }
+        norms.push(global_norm(&g)?);
+        cpu_norms.push(global_norm(&cpu_g)?);
+        if step == 1 {
+            apply(&mut opt, &g)?;
+            apply(&mut cpu_opt, &cpu_g)?;
         }
     }
     let pass = logprobs_rel <= a.tolerance && grads_rel_max <= a.tolerance;
@@ -392,21 +431,30 @@ fn check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, x: &Batch, s
         device: a.device.clone(),
         composite: a.composite,
         dtype: a.dtype.clone(),
+        pad: a.pad,
+        entropy: a.entropy,
         logprobs_rel,
         grads_rel_max,
         worst_grad,
+        grad_norm: norms,
+        cpu_grad_norm: cpu_norms,
         tolerance: a.tolerance,
         pass,
     };
     println!(
-        "{}{} {} vs cpu f32, {}: log-probs {:.2e}, gradients {:.2e} (worst: {}), tolerance {:.0e}: {}",
+        "{}{} {} vs cpu f32, {}{}{}, two steps: log-probs {:.2e}, gradients {:.2e} (worst: {}; norms {:.4?} \
+         / {:.4?}), tolerance {:.0e}: {}",
         res.device,
         if res.composite { " (composites)" } else { "" },
         res.dtype,
         res.shape,
+        if a.pad > 0 { format!(", left padding {}·row", a.pad) } else { String::new() },
+        if a.entropy != 0.0 { format!(", entropy bonus {}", a.entropy) } else { String::new() },
         res.logprobs_rel,
         res.grads_rel_max,
         res.worst_grad,
+        res.grad_norm,
+        res.cpu_grad_norm,
         res.tolerance,
         if pass { "pass" } else { "FAIL" }
     );
