@@ -118,6 +118,20 @@ phase check-bf16 60 "$BIN" bench step --shape configs/shapes/qwen3-tiny.json --d
 # parameters under torch.autocast(bf16) (`amp`). PyTorch with bf16
 # parameters throughout (`bf16`: half the optimizer memory, bf16 AdamW
 # updates) is timed as well, as a reference.
+# The sampler (KV-cache decode) against the learner on the same device:
+# the behaviour log-probs the trainer's ratio divides by.
+phase check-sampler-f32 120 "$BIN" bench step --shape configs/shapes/qwen3-tiny.json --device $DEV $COMPOSITE \
+    --dtype f32 --check --sampler --tolerance 1e-4 --batch 4 --prompt 16 --response 48 --pad 4 \
+    --out "$OUT/check-sampler-f32.json"
+if [ $dry = 0 ]; then
+    phase check-sampler-0.6b-f32 120 "$BIN" bench step --shape configs/shapes/qwen3-0.6b.json --device $DEV \
+        --dtype f32 --check --sampler --tolerance 1e-4 --batch 4 --prompt 16 --response 48 --pad 4 \
+        --out "$OUT/check-sampler-0.6b-f32.json"
+    phase check-sampler-0.6b-bf16 120 "$BIN" bench step --shape configs/shapes/qwen3-0.6b.json --device $DEV \
+        --dtype bf16 --check --sampler --tolerance 1e-2 --batch 4 --prompt 16 --response 48 --pad 4 \
+        --out "$OUT/check-sampler-0.6b-bf16.json"
+fi
+
 # The same at a real depth (28 layers): where rounding compounds.
 if [ $dry = 0 ]; then
     phase check-0.6b-f32 120 "$BIN" bench step --shape configs/shapes/qwen3-0.6b.json --device $DEV --dtype f32 \

@@ -34,6 +34,16 @@ def main() -> None:
         dev = c["device"] + (" (composites)" if c.get("composite") else "")
         md.append(f"| {Path(c['shape']).stem} | {dev} | {c['dtype']} | {c['logprobs_rel']:.2e} | {c['grads_rel_max']:.2e} | "
                   f"`{c['worst_grad']}` | {tol} | {result} |")
+    samplers = [c for c in (load(d / f"check-sampler{s}-{t}.json") for s in ("", "-0.6b") for t in ("f32", "bf16"))
+                if c]
+    if samplers:
+        md += ["", "## Sampler against learner (behaviour log-probs, same device)\n",
+               "| shape | device | dtype | max abs. diff (nats) | on the CPU in f32 | same tokens as the CPU | tolerance | result |",
+               "|---|---|---|---|---|---|---|---|"]
+        for c in samplers:
+            md.append(f"| {Path(c['shape']).stem} | {c['device']} | {c['dtype']} | {c['max_abs']:.2e} | "
+                      f"{c['cpu_max_abs']:.2e} | {100 * c['same_tokens_frac']:.0f} % | {c['tolerance']:g} | "
+                      f"{'pass' if c['pass'] else 'FAIL'} |")
     steps = {}
     for tag, title in [("", "Training step"), ("-ck", "Training step with gradient checkpointing, long rows")]:
         ours, theirs = load(d / f"r2vpo{tag}-step.json"), load(d / f"torch{tag}-step.json")
@@ -103,7 +113,8 @@ def main() -> None:
     status = [s for s in status if s.strip()]
     if status:
         md += ["", "## Phases (exit code, seconds)\n", "```", *status, "```"]
-    summary = {"device": device, "checks": checks, "steps": steps, "runs": runs, "phases": status}
+    summary = {"device": device, "checks": checks, "samplers": samplers, "steps": steps, "runs": runs,
+               "phases": status}
     for name, text in [("summary.json", json.dumps(summary, indent=2)), ("summary.md", "\n".join(md) + "\n")]:
         tmp = d / (name + ".tmp")
         tmp.write_text(text)

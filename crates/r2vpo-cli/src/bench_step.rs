@@ -81,6 +81,14 @@ pub struct StepBenchArgs {
     /// forward through `Transformer::tail_entropy`, as `entropy_coef`).
     #[arg(long, default_value_t = 0.0)]
     pub entropy: f64,
+    /// Check the sampler instead (with `--check`): sample `--response`
+    /// tokens at T = 1 from the batch's prompts (left-padded by `--pad`)
+    /// with the KV-cache decoder, and compare the behaviour log-probs it
+    /// records with the learner's recomputation of the same sequences, on
+    /// this device and on the CPU; fail beyond `--tolerance` (absolute, in
+    /// nats).
+    #[arg(long)]
+    pub sampler: bool,
     /// Weight seed.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
@@ -228,6 +236,12 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     }
     if a.score && (a.check || a.checkpoint || a.memory) {
         bail!("--score times the no-grad pass alone: it takes no --check, --checkpoint or --memory");
+    }
+    if a.sampler && !a.check {
+        bail!("--sampler is a check: give --check too");
+    }
+    if a.check && a.sampler {
+        return sampler_check(a, &cfg, &model, shape);
     }
     if a.check {
         return check(a, &cfg, &model, &x, shape);
@@ -461,6 +475,106 @@ fn check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, x: &Batch, s
     r2vpo_report::atomic_write_json(&a.out, &res)?;
     if !pass {
         bail!("{} differs from the CPU beyond {:.0e} (written: {})", res.device, a.tolerance, a.out.display());
+    }
+    Ok(())
+}
+
+/// What `--check --sampler` measured.
+#[derive(Serialize)]
+struct SamplerCheck {
+    shape: String,
+    device: String,
+    dtype: String,
+    tokens: usize,
+    /// Largest |behaviour − recomputed| log-prob on this device and on the CPU.
+    max_abs: f64,
+    cpu_max_abs: f64,
+    /// Positions where this device sampled the CPU's token (the streams are
+    /// seeded alike; rounding may make them part).
+    same_tokens_frac: f64,
+    tolerance: f64,
+    pass: bool,
+}
+
+/// The behaviour log-probs the sampler records against the learner's
+/// recomputation of the sequences it sampled (the trainer's ratio is their
+/// difference), per device.
+fn sampler_check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, shape: String) -> Result<()> {
+    use r2vpo_llm::sample::{generate_ids, GenerationRequest, SamplingConfig};
+    let (b, p, r) = (a.batch, a.prompt, a.response);
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|i| {
+            let cut = (i * a.pad).min(p - 1);
+            (cut..p)
+                .map(|k| (r2vpo::seed::splitmix64((i * (p + r) + k) as u64) % cfg.vocab_size as u64) as u32)
+                .collect()
+        })
+        .collect();
+    let sampling = SamplingConfig { max_new_tokens: r, ..SamplingConfig::default() };
+    let reqs = GenerationRequest::batch(&prompts, a.seed);
+    let run = |m: &Transformer| -> Result<(Vec<Vec<u32>>, f64)> {
+        let gens = generate_ids(m, &reqs, &sampling, None, 0)?;
+        let w = p + r;
+        let (mut ids, mut att) = (vec![0u32; b * w], vec![0u32; b * w]);
+        for (i, (g, pr)) in gens.iter().zip(&prompts).enumerate() {
+            if g.token_ids.len() != r {
+                bail!("row {i} sampled {} tokens, expected {r}", g.token_ids.len());
+            }
+            let row: Vec<u32> = pr.iter().chain(&g.token_ids).copied().collect();
+            let off = w - row.len();
+            ids[i * w + off..(i + 1) * w].copy_from_slice(&row);
+            att[i * w + off..(i + 1) * w].fill(1);
+        }
+        let dev = m.device();
+        let ids = Tensor::from_vec(ids, (b, w), dev)?;
+        let att = Tensor::from_vec(att, (b, w), dev)?;
+        let lp: Vec<Vec<f32>> = m.score_tail_logprobs(&ids, &att, r)?.to_dtype(DType::F32)?.to_vec2()?;
+        let mut worst = 0.0f64;
+        for (g, row) in gens.iter().zip(&lp) {
+            for (x, y) in g.model_logprobs.iter().zip(row) {
+                worst = worst.max((f64::from(*x) - f64::from(*y)).abs());
+            }
+        }
+        Ok((gens.into_iter().map(|g| g.token_ids).collect(), worst))
+    };
+    let (toks, max_abs) =
+        if a.composite { r2vpo_llm::model::ops::with_composites(|| run(model))? } else { run(model)? };
+    let cpu = Transformer::new_random_with_std(cfg.clone(), a.seed, 0.02, DType::F32, &Device::Cpu)?;
+    let (cpu_toks, cpu_max_abs) = run(&cpu)?;
+    let same = toks.iter().flatten().zip(cpu_toks.iter().flatten()).filter(|(x, y)| x == y).count();
+    let pass = max_abs <= a.tolerance && max_abs.is_finite();
+    let res = SamplerCheck {
+        shape,
+        device: a.device.clone(),
+        dtype: a.dtype.clone(),
+        tokens: b * r,
+        max_abs,
+        cpu_max_abs,
+        same_tokens_frac: same as f64 / (b * r) as f64,
+        tolerance: a.tolerance,
+        pass,
+    };
+    println!(
+        "{} {} sampler vs learner, {}, {} tokens: max |Δ log-prob| {:.2e} (cpu f32: {:.2e}), same tokens as the cpu \
+         {:.0} %, tolerance {:.0e}: {}",
+        res.device,
+        res.dtype,
+        res.shape,
+        res.tokens,
+        res.max_abs,
+        res.cpu_max_abs,
+        100.0 * res.same_tokens_frac,
+        res.tolerance,
+        if pass { "pass" } else { "FAIL" }
+    );
+    r2vpo_report::atomic_write_json(&a.out, &res)?;
+    if !pass {
+        bail!(
+            "{}'s sampler log-probs differ from its learner's beyond {:.0e} (written: {})",
+            res.device,
+            a.tolerance,
+            a.out.display()
+        );
     }
     Ok(())
 }

@@ -1,7 +1,9 @@
 //! `r2vpo bench step --check` through the binary: the check the GPU
 //! machine runs (`scripts/gpu/check.sh`), here on the CPU with the fused
 //! kernels off (the ops a CUDA device runs), over two steps with an AdamW
-//! update between them, on left-padded rows with the entropy bonus.
+//! update between them, on left-padded rows with the entropy bonus; and
+//! `--sampler`, the KV-cache sampler's behaviour log-probs against the
+//! learner's recomputation.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -45,4 +47,15 @@ fn the_composites_match_the_fused_kernels_over_two_steps_with_padding_and_entrop
     assert!(!ok && v["pass"] == false && out.contains("differs from the CPU"), "{out}");
     let (ok, _, out) = check(&["--checkpoint", "--entropy", "0.01"]);
     assert!(!ok && out.contains("--entropy takes no --checkpoint"), "{out}");
+}
+
+#[test]
+fn the_samplers_log_probs_are_the_learners() {
+    let (ok, v, out) = check(&["--sampler", "--pad", "4"]);
+    assert!(ok, "{out}");
+    assert!(v["max_abs"].as_f64().unwrap() < 1e-5 && v["cpu_max_abs"].as_f64().unwrap() < 1e-5, "{v}");
+    assert_eq!((v["tokens"].as_u64(), v["same_tokens_frac"].as_f64()), (Some(30), Some(1.0)), "{v}");
+    // A tolerance below f32 rounding fails, naming the device.
+    let (ok, _, out) = check(&["--sampler", "--tolerance", "0"]);
+    assert!(!ok && out.contains("sampler log-probs differ"), "{out}");
 }

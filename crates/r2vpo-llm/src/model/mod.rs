@@ -34,7 +34,12 @@ pub use transformer::{KvCache, PrefixedRows, Transformer};
 /// tok/s, the SmolLM2 training step 15.2 → 13.0 s, its scoring pass 3.6 →
 /// 3.1 s. Wrap a whole pass (or a decode step), not each kernel.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    rayon::scope(|_| f())
+    // `with_composites` is per thread: carry it to the pool thread.
+    if ops::composites_only() {
+        rayon::scope(|_| ops::with_composites(f))
+    } else {
+        rayon::scope(|_| f())
+    }
 }
 
 /// The syntax of a device name alone: `cpu` → `None`, `cuda` → device 0,

@@ -260,6 +260,12 @@ pub fn with_composites<R>(f: impl FnOnce() -> R) -> R {
     out
 }
 
+/// Whether [`with_composites`] is in force on this thread (so
+/// [`super::on_pool`] can carry it to the pool thread it runs on).
+pub(crate) fn composites_only() -> bool {
+    COMPOSITES_ONLY.with(|c| c.get())
+}
+
 /// Whether the fused CPU kernels apply to `t`.
 fn fused_ok(t: &Tensor) -> bool {
     t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64) && !COMPOSITES_ONLY.with(|c| c.get())
