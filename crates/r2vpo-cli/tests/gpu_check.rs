@@ -1,0 +1,33 @@
+//! `scripts/gpu/check.sh --dry-run` through this build's binary: the GPU
+//! check's CPU parts (every phase the GPU machine runs that has a CPU
+//! meaning: correctness against the fused kernels, the sampler check, the
+//! steps, `llm train` end to end and a checkpoint resumed across runs, the
+//! summary), so the script a scarce GPU session runs cannot rot unseen.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+#[test]
+fn the_gpu_checks_dry_run_passes_every_phase() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, runs, tok) = (tmp.path().join("out"), tmp.path().join("runs"), tmp.path().join("tok"));
+    let st = Command::new("bash")
+        .current_dir(&root)
+        .args(["scripts/gpu/check.sh", "--dry-run"])
+        .env("R2VPO_BIN", env!("CARGO_BIN_EXE_r2vpo"))
+        .env("OUT_DRY", &out)
+        .env("RUNS", &runs)
+        .env("TOK", &tok)
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&st.stdout).into_owned() + &String::from_utf8_lossy(&st.stderr);
+    assert!(st.status.success(), "{log}");
+    let status = std::fs::read_to_string(out.join("status.txt")).unwrap();
+    for phase in ["check-f32", "check-sampler-f32", "r2vpo-step", "r2vpo-ck-step", "train-e2e", "xdev-2", "summary"] {
+        assert!(status.contains(&format!("{phase} rc=0")), "{phase} did not pass:\n{status}");
+    }
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("## Sampler against learner") && summary.contains("| 2 |"), "{summary}");
+}
