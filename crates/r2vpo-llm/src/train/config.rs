@@ -321,19 +321,19 @@ pub struct RandomModel {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<String>,
     /// Hidden size (without `shape`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub hidden: usize,
     /// MLP size (without `shape`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub intermediate: usize,
     /// Decoder layers (without `shape`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub layers: usize,
     /// Attention heads (without `shape`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub heads: usize,
     /// Key/value heads (without `shape`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub kv_heads: usize,
     /// Weight seed.
     pub seed: u64,
@@ -341,6 +341,11 @@ pub struct RandomModel {
     /// peaked, more "trained-looking" next-token distributions).
     #[serde(default = "default_init_std")]
     pub init_std: f64,
+}
+
+/// Sizes left out because `shape` gives them are not written back.
+fn is_zero(v: &usize) -> bool {
+    *v == 0
 }
 
 fn default_init_std() -> f64 {
