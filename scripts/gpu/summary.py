@@ -20,6 +20,24 @@ def peak(p: Path):
     return int(t) if t else None
 
 
+def stack(d: Path, name: str, tag: str):
+    """One stack's step JSON with its peak GPU MiB, or None."""
+    r = load(d / f"{name}{tag}-step.json")
+    if r:
+        r["peak_mib"] = peak(d / f"{name}{tag}-step-peak-mib")
+    return r
+
+
+def against(a, b, prefix: str) -> dict:
+    """`a`'s tokens/s and peak memory over `b`'s, where both are there."""
+    if not (a and b):
+        return {}
+    out = {f"{prefix}tokens_per_s": a["tokens_per_s"] / b["tokens_per_s"]}
+    if a["peak_mib"] and b["peak_mib"]:
+        out[f"{prefix}peak_memory"] = a["peak_mib"] / b["peak_mib"]
+    return out
+
+
 def main() -> None:
     d = Path(sys.argv[1])
     checks = [c for c in (load(d / f"check{s}-{t}.json") for s in ("", "-0.6b") for t in ("f32", "bf16")) if c]
@@ -46,33 +64,16 @@ def main() -> None:
                       f"{'pass' if c['pass'] else 'FAIL'} |")
     steps = {}
     for tag, title in [("", "Training step"), ("-ck", "Training step with gradient checkpointing, long rows")]:
-        ours, theirs = load(d / f"r2vpo{tag}-step.json"), load(d / f"torch{tag}-step.json")
+        ours, theirs = stack(d, "r2vpo", tag), stack(d, "torch", tag)
+        ref, tch = stack(d, "torch-bf16", tag), stack(d, "tch", tag)
         if ours is None:
             continue
-        ours["peak_mib"] = peak(d / f"r2vpo{tag}-step-peak-mib")
-        if theirs:
-            theirs["peak_mib"] = peak(d / f"torch{tag}-step-peak-mib")
-        ratios = {}
-        if theirs:
-            ratios["tokens_per_s"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
-            if ours["peak_mib"] and theirs["peak_mib"]:
-                ratios["peak_memory"] = ours["peak_mib"] / theirs["peak_mib"]
-        steps[tag or "plain"] = {"r2vpo": ours, "torch": theirs, "r2vpo_over_torch": ratios}
+        ratios = {**against(ours, theirs, ""), **against(tch, theirs, "tch_")}
+        steps[tag or "plain"] = {"r2vpo": ours, "torch": theirs, "torch_bf16_params": ref, "tch": tch,
+                                 "r2vpo_over_torch": ratios}
         md += ["", f"## {title}: {ours['shape']} ({ours['parameters']:,} parameters), {ours['device']} "
                f"{ours['dtype']}, {ours['batch']} × ({ours['prompt']} + {ours['response']}) tokens\n",
                "| stack | step s | tokens/s | peak GPU MiB |", "|---|---|---|---|"]
-        ref = load(d / f"torch-bf16{tag}-step.json")
-        if ref:
-            ref["peak_mib"] = peak(d / f"torch-bf16{tag}-step-peak-mib")
-            steps[tag or "plain"]["torch_bf16_params"] = ref
-        tch = load(d / f"tch{tag}-step.json")
-        if tch:
-            tch["peak_mib"] = peak(d / f"tch{tag}-step-peak-mib")
-            steps[tag or "plain"]["tch"] = tch
-            if theirs:
-                ratios["tch_tokens_per_s"] = tch["tokens_per_s"] / theirs["tokens_per_s"]
-                if tch["peak_mib"] and theirs["peak_mib"]:
-                    ratios["tch_peak_memory"] = tch["peak_mib"] / theirs["peak_mib"]
         rows = [("r2vpo (candle), bf16 compute, f32 master weights" if ours["dtype"] == "bf16"
                  else f"r2vpo (candle), {ours['dtype']}", ours),
                 ("PyTorch + transformers (SDPA), the same: f32 parameters under autocast(bf16)"

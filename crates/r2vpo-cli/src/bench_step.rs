@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
-use r2vpo::aggregate::GlobalBatch;
+use r2vpo::aggregate::{aggregate, GlobalBatch};
 use r2vpo::objective::{ObjectiveConfig, PolicyBatch};
 use r2vpo::stats::median;
 use r2vpo_llm::model::{ModelConfig, Transformer};
@@ -150,15 +150,25 @@ struct Batch {
     wobble: Tensor,
 }
 
+/// Token `k` of row `i` (SplitMix64, as `scripts/gpu/torch_step.py`).
+fn token(a: &StepBenchArgs, vocab: usize, i: usize, k: usize) -> u32 {
+    (r2vpo::seed::splitmix64((i * (a.prompt + a.response) + k) as u64) % vocab as u64) as u32
+}
+
+/// Left-padded positions of row `i` (`--pad`).
+fn lead(a: &StepBenchArgs, i: usize) -> usize {
+    (i * a.pad).min(a.prompt - 1)
+}
+
 fn batch(a: &StepBenchArgs, vocab: usize, dev: &Device) -> Result<Batch> {
     let (b, w, r) = (a.batch, a.prompt + a.response, a.response);
-    let ids: Vec<u32> = (0..b * w).map(|i| (r2vpo::seed::splitmix64(i as u64) % vocab as u64) as u32).collect();
+    let ids: Vec<u32> = (0..b * w).map(|i| token(a, vocab, i / w, i % w)).collect();
     let wobble: Vec<f32> = (0..b * r).map(|i| 0.15 * ((i as f32) * 0.7).sin()).collect();
     let adv: Vec<f32> = (0..b * r).map(|i| if (i / r) % 2 == 0 { 1.0 } else { -1.0 }).collect();
     Ok(Batch {
         ids: Tensor::from_vec(ids, (b, w), dev)?,
         att: Tensor::from_vec(
-            (0..b * w).map(|i| u32::from(i % w >= ((i / w) * a.pad).min(a.prompt - 1))).collect::<Vec<u32>>(),
+            (0..b * w).map(|i| u32::from(i % w >= lead(a, i / w))).collect::<Vec<u32>>(),
             (b, w),
             dev,
         )?,
@@ -194,10 +204,11 @@ fn forward_backward(model: &Transformer, x: &Batch, a: &StepBenchArgs) -> Result
             let logp = model.tail_logprobs(&x.ids, &x.att, a.response)?;
             let mut loss = loss_of(&logp)?;
             if a.entropy != 0.0 {
-                // The trainer's bonus: token-mean entropy over the mask.
+                // The trainer's bonus, aggregated as its objective is.
                 let ent = model.tail_entropy(&x.ids, &x.att, a.response)?.to_dtype(DType::F32)?;
-                let mean = ((ent * &x.mask)?.sum_all()? / x.mask.sum_all()?.to_scalar::<f32>()? as f64)?;
-                loss = (loss - mean.affine(a.entropy, 0.0)?)?;
+                let agg = ObjectiveConfig::preset("r2vpo")?.aggregation;
+                let term = aggregate(&ent, &x.mask, agg, &GlobalBatch::from_mask(&x.mask)?)?;
+                loss = (loss - term.affine(a.entropy, 0.0)?)?;
             }
             let grads = loss.backward()?;
             (logp, loss, grads)
@@ -502,14 +513,8 @@ struct SamplerCheck {
 fn sampler_check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, shape: String) -> Result<()> {
     use r2vpo_llm::sample::{generate_ids, GenerationRequest, SamplingConfig};
     let (b, p, r) = (a.batch, a.prompt, a.response);
-    let prompts: Vec<Vec<u32>> = (0..b)
-        .map(|i| {
-            let cut = (i * a.pad).min(p - 1);
-            (cut..p)
-                .map(|k| (r2vpo::seed::splitmix64((i * (p + r) + k) as u64) % cfg.vocab_size as u64) as u32)
-                .collect()
-        })
-        .collect();
+    let prompts: Vec<Vec<u32>> =
+        (0..b).map(|i| (lead(a, i)..p).map(|k| token(a, cfg.vocab_size, i, k)).collect()).collect();
     let sampling = SamplingConfig { max_new_tokens: r, ..SamplingConfig::default() };
     let reqs = GenerationRequest::batch(&prompts, a.seed);
     let run = |m: &Transformer| -> Result<(Vec<Vec<u32>>, f64)> {

@@ -237,23 +237,24 @@ pub fn load_policy(src: &ModelSource) -> TrainResult<(Transformer, Tokenizer)> {
     let tok_path = src.tokenizer.as_deref().unwrap_or(&src.path);
     let tok = Tokenizer::load(Path::new(tok_path))?;
     let model = match &src.random {
-        Some(r) if r.shape.is_some() => {
-            let path = Path::new(r.shape.as_deref().unwrap_or_default());
-            let mut cfg = ModelConfig::from_file(path)?;
-            cfg.vocab_size = tok.vocab_size();
-            Transformer::new_random_with_std(cfg, r.seed, r.init_std, DType::F32, &device)?
-        }
         Some(r) => {
-            let cfg = ModelConfig::tiny(
-                crate::model::config::Architecture::Llama,
-                tok.vocab_size(),
-                r.hidden,
-                r.intermediate,
-                r.layers,
-                r.heads,
-                r.kv_heads,
-                true,
-            );
+            let cfg = match &r.shape {
+                Some(shape) => {
+                    let mut cfg = ModelConfig::from_file(Path::new(shape))?;
+                    cfg.vocab_size = tok.vocab_size();
+                    cfg
+                }
+                None => ModelConfig::tiny(
+                    crate::model::config::Architecture::Llama,
+                    tok.vocab_size(),
+                    r.hidden,
+                    r.intermediate,
+                    r.layers,
+                    r.heads,
+                    r.kv_heads,
+                    true,
+                ),
+            };
             Transformer::new_random_with_std(cfg, r.seed, r.init_std, DType::F32, &device)?
         }
         None => load_model(Path::new(&src.path), DType::F32, &device)?,
