@@ -389,27 +389,112 @@ impl CustomOp2 for Linear {
         if k != k2 {
             return Err(Error::Msg(format!("{n}: x (…, {k}) against w ({o}, {k2})")));
         }
-        match (s1, s2) {
-            (CpuStorage::F32(x), CpuStorage::F32(w)) => {
-                let y = super::small_gemm::linear(contiguous(x, l1, n)?, m, k, &[(contiguous(w, l2, n)?, o)]);
-                Ok((CpuStorage::F32(y.into_iter().next().expect("one weight")), Shape::from((m, o))))
-            }
-            _ => Err(unsupported(n, s1)),
-        }
+        let (x, w) = match (s1, s2) {
+            (CpuStorage::F32(x), CpuStorage::F32(w)) => (contiguous(x, l1, n)?, contiguous(w, l2, n)?),
+            _ => return Err(unsupported(n, s1)),
+        };
+        let y = if m <= super::small_gemm::MAX_ROWS && super::small_gemm::available() {
+            super::small_gemm::linear(x, m, k, &[(w, o)]).into_iter().next().expect("one weight")
+        } else {
+            // wᵀ as gemm's (k, o) right-hand side: row stride 1, column stride k.
+            gemm_uninit([m, k, o], (x, [1, k as isize]), (w, [k as isize, 1]))
+        };
+        Ok((CpuStorage::F32(y), Shape::from((m, o))))
     }
 
     fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        Ok((Some(g.matmul(w)?), Some(g.t()?.matmul(x)?)))
+        Ok((Some(matmul(g, w)?), Some(matmul(&g.t()?, x)?)))
     }
+}
+
+/// `a · b` for two 2-D tensors: on f32 CPU tensors, gemm called exactly as
+/// candle's matmul calls it (so the same values, bit for bit) into an
+/// output that is not zero-filled first; elsewhere candle's matmul.
+fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let cpu_f32 = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32 && t.rank() == 2;
+    if !(cpu_f32(a) && cpu_f32(b)) {
+        return a.matmul(b);
+    }
+    let ((m, k), (k2, n)) = (a.dims2()?, b.dims2()?);
+    if k != k2 {
+        return a.matmul(b); // candle's shape error
+    }
+    let (ag, al) = a.storage_and_layout();
+    let (bg, bl) = b.storage_and_layout();
+    let (ad, bd) = (f32_storage(&ag, "r2vpo-matmul")?, f32_storage(&bg, "r2vpo-matmul")?);
+    let stride = |l: &Layout| [l.stride()[1] as isize, l.stride()[0] as isize];
+    let y = gemm_uninit([m, k, n], (&ad[al.start_offset()..], stride(al)), (&bd[bl.start_offset()..], stride(bl)));
+    Tensor::from_vec(y, (m, n), a.device())
+}
+
+/// `lhs (m, k) · rhs (k, n)` into a new row-major `(m, n)`, each operand
+/// given as its data and `[column stride, row stride]`.
+///
+/// Why not candle's matmul: it zero-fills its output before gemm
+/// overwrites all of it (`read_dst = false`); those memsets were 6 % of a
+/// scoring pass and of a training step (perf, SmolLM2 at 8 × 300 tokens).
+/// The gemm call is candle 0.11's own (α 0, β 1, the same parallelism), so
+/// results are unchanged bit for bit (the pinned trainer run is).
+fn gemm_uninit(
+    [m, k, n]: [usize; 3],
+    (lhs, [lcs, lrs]): (&[f32], [isize; 2]),
+    (rhs, [rcs, rrs]): (&[f32], [isize; 2]),
+) -> Vec<f32> {
+    let last = |[r, c]: [usize; 2], [cs, rs]: [isize; 2]| (r.max(1) - 1) as isize * rs + (c.max(1) - 1) as isize * cs;
+    assert!(
+        m * k == 0
+            || (last([m, k], [lcs, lrs]) as usize) < lhs.len() && (last([k, n], [rcs, rrs]) as usize) < rhs.len(),
+        "gemm_uninit: operands shorter than their shapes"
+    );
+    if m * n == 0 {
+        return Vec::new();
+    }
+    if k == 0 {
+        return vec![0.0; m * n];
+    }
+    let threads = candle_core::utils::get_num_threads();
+    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    let mut y = Vec::<f32>::with_capacity(m * n);
+    // SAFETY: the operands' extents were checked above; `y` has room for
+    // m·n values, gemm writes every one of them without reading any
+    // (`read_dst = false`), and only then is the length set.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            y.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            lhs.as_ptr(),
+            lcs,
+            lrs,
+            rhs.as_ptr(),
+            rcs,
+            rrs,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+        y.set_len(m * n);
+    }
+    y
 }
 
 /// `x (M, K) · w (N, K)ᵀ`, differentiable: a linear layer with the weight
 /// as checkpoints store it. Up to 32 rows of f32 on a CPU with AVX2 or
-/// AVX-512 (every decode step) it runs without repacking `w`; otherwise it
-/// is candle's matmul. The two sum in different orders, so they agree to
+/// AVX-512 (every decode step) it runs without repacking `w`; more rows
+/// run gemm as candle's matmul does, without zero-filling the output first
+/// (forward and backward); other dtypes and devices use candle's matmul.
+/// The small-row kernel and gemm sum in different orders, so they agree to
 /// f32 rounding, not bit for bit (tested).
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    if small_ok(x, &[w])? {
+    let f32_2d = |t: &Tensor| t.dtype() == DType::F32 && t.rank() == 2 && t.device().is_cpu();
+    if fused_ok(x) && f32_2d(x) && f32_2d(w) {
         x.contiguous()?.apply_op2(&w.contiguous()?, Linear)
     } else {
         x.matmul(&w.t()?)
