@@ -64,6 +64,23 @@ trait Float:
             *o = c * (v - m).exp();
         }
     }
+
+    /// SwiGLU, `o ← silu(a) ⊙ b` elementwise.
+    fn swiglu(o: &mut [Self], a: &[Self], b: &[Self]) {
+        for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
+            *o = x * sigmoid(x) * y;
+        }
+    }
+
+    /// SwiGLU's gradients for the upstream `g`: `db ← g ⊙ silu(a)`,
+    /// `da ← g ⊙ b ⊙ σ(a)(1 + a(1 − σ(a)))`.
+    fn swiglu_grad((da, db): (&mut [Self], &mut [Self]), a: &[Self], b: &[Self], g: &[Self]) {
+        for (((da, db), (&x, &y)), &gi) in da.iter_mut().zip(db.iter_mut()).zip(a.iter().zip(b)).zip(g) {
+            let s = sigmoid(x);
+            *db = gi * x * s;
+            *da = gi * y * s * (Self::ONE + x * (Self::ONE - s));
+        }
+    }
 }
 
 macro_rules! impl_float {
@@ -92,6 +109,8 @@ macro_rules! impl_float {
 // [`exp_nonpos`] in 16 lanes under pulp's run-time dispatch (AVX-512 here):
 // libm's scalar `expf` was 6 % of a scoring pass and the attention's
 // softmax loop around it another 5 % (perf, SmolLM2 at 8 × 300 tokens).
+// SwiGLU likewise ([`sigmoid_f32`]): its loops, compiled for baseline x86-64
+// around libm's `expf`, were 5 % of a scoring pass.
 impl_float!(
     f32,
     fn row_max(x: &[f32]) -> f32 {
@@ -105,6 +124,12 @@ impl_float!(
     },
     fn scaled_exp_shifted(x: &[f32], m: f32, c: f32, out: &mut [f32]) {
         pulp::Arch::new().dispatch(ScaledExpShifted((x, m, c, out)))
+    },
+    fn swiglu(o: &mut [f32], a: &[f32], b: &[f32]) {
+        pulp::Arch::new().dispatch(SwigluRows((o, a, b)))
+    },
+    fn swiglu_grad(d: (&mut [f32], &mut [f32]), a: &[f32], b: &[f32], g: &[f32]) {
+        pulp::Arch::new().dispatch(SwigluGradRows((d, a, b, g)))
     }
 );
 impl_float!(f64);
@@ -167,6 +192,43 @@ simd_kernel!(RowMax<'a>(&'a [f32]) -> f32 = max16);
 simd_kernel!(ExpShifted<'a>((&'a mut [f32], f32)) -> f32 = exp_shifted16);
 simd_kernel!(SumExpShifted<'a>((&'a [f32], f32)) -> f32 = sum_exp_shifted16);
 simd_kernel!(ScaledExpShifted<'a>((&'a [f32], f32, f32, &'a mut [f32])) -> () = scaled_exp_shifted16);
+simd_kernel!(SwigluRows<'a>((&'a mut [f32], &'a [f32], &'a [f32])) -> () = swiglu_rows);
+simd_kernel!(SwigluGradRows<'a>(SwigluGradArgs<'a>) -> () = swiglu_grad_rows);
+
+/// [`SwigluGradRows`]'s `((da, db), a, b, g)`.
+type SwigluGradArgs<'a> = ((&'a mut [f32], &'a mut [f32]), &'a [f32], &'a [f32], &'a [f32]);
+
+/// σ(x) for f32 through [`exp_nonpos`], so that it vectorises: with
+/// e = e^(−|x|), 1/(1 + e) for x ≥ 0 and e/(1 + e) below (the same value,
+/// and neither form overflows).
+#[inline(always)]
+fn sigmoid_f32(x: f32) -> f32 {
+    let e = exp_nonpos(-x.abs());
+    let r = 1.0 / (1.0 + e);
+    if x >= 0.0 {
+        r
+    } else {
+        e * r
+    }
+}
+
+/// [`Float::swiglu`] for f32.
+#[inline(always)]
+fn swiglu_rows((o, a, b): (&mut [f32], &[f32], &[f32])) {
+    for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
+        *o = x * sigmoid_f32(x) * y;
+    }
+}
+
+/// [`Float::swiglu_grad`] for f32.
+#[inline(always)]
+fn swiglu_grad_rows(((da, db), a, b, g): SwigluGradArgs) {
+    for (((da, db), (&x, &y)), &gi) in da.iter_mut().zip(db.iter_mut()).zip(a.iter().zip(b)).zip(g) {
+        let s = sigmoid_f32(x);
+        *db = gi * x * s;
+        *da = gi * y * s * (1.0 + x * (1.0 - s));
+    }
+}
 
 /// [`Float::exp_shifted`] for f32 in 16 lanes.
 #[inline(always)]
@@ -1117,9 +1179,7 @@ fn swiglu_fwd<T: Float>(a: &[T], b: &[T]) -> Vec<T> {
     let chunk = SWIGLU_CHUNK.min(a.len().max(1));
     for_rows(&mut out, chunk, |i, o| {
         let at = i * chunk;
-        for ((o, &x), &y) in o.iter_mut().zip(&a[at..]).zip(&b[at..]) {
-            *o = x * sigmoid(x) * y;
-        }
+        T::swiglu(o, &a[at..at + o.len()], &b[at..at + o.len()]);
     });
     out
 }
@@ -1130,14 +1190,8 @@ fn swiglu_bwd<T: Float>(a: &[T], b: &[T], g: &[T]) -> (Vec<T>, Vec<T>) {
     let (mut da, mut db) = (vec![T::ZERO; a.len()], vec![T::ZERO; a.len()]);
     let chunk = SWIGLU_CHUNK.min(a.len().max(1));
     let work = |(i, (da, db)): (usize, (&mut [T], &mut [T]))| {
-        let at = i * chunk;
-        for (((da, db), (&x, &y)), &gi) in
-            da.iter_mut().zip(db.iter_mut()).zip(a[at..].iter().zip(&b[at..])).zip(&g[at..])
-        {
-            let s = sigmoid(x);
-            *db = gi * x * s;
-            *da = gi * y * s * (T::ONE + x * (T::ONE - s));
-        }
+        let (at, n) = (i * chunk, da.len());
+        T::swiglu_grad((da, db), &a[at..at + n], &b[at..at + n], &g[at..at + n]);
     };
     if a.len() >= PAR_MIN {
         da.par_chunks_mut(chunk).zip(db.par_chunks_mut(chunk)).enumerate().for_each(work);
