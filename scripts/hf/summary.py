@@ -31,24 +31,36 @@ def main() -> None:
         decode.append({"batch": b, "r2vpo": ours_b, "transformers": theirs_b, "ratios": ratios, "ratio": mean})
         md.append(f"| {b} | {' / '.join(f'{x:.1f}' for x in ours_b)} | {' / '.join(f'{x:.1f}' for x in theirs_b)} "
                   f"| {' / '.join(f'{x:.2f}' for x in ratios)} | {mean:.2f} |")
-    hs, hm = load("hf-step.json"), rss("hf-step.maxrss")
-    md += ["", "## Training step, 8 × (44 + 256) tokens (goals: time ≤ 0.67×, peak RSS ≤ 1×)\n",
-           "| stack | step s | peak RSS GiB | time / PyTorch | RSS / PyTorch |", "|---|---|---|---|---|"]
+    # Step and scoring rounds (r2vpo-step-1.json, …); older runs had one
+    # round without the suffix.
+    srounds = sorted(p.stem.rsplit("-", 1)[1] for p in d.glob("r2vpo-step-[0-9]*.json")) or [None]
+    sname = lambda side, what, r, ext: f"{side}-{what}-{r}.{ext}" if r else f"{side}-{what}.{ext}"  # noqa: E731
+    md += ["", f"## Training step, 8 × (44 + 256) tokens, {len(srounds)} round(s) in turn "
+               "(goals: time ≤ 0.67×, peak RSS ≤ 1×)\n",
+           "| round | stack | step s | peak RSS GiB | time / PyTorch | RSS / PyTorch |", "|---|---|---|---|---|---|"]
     steps = []
-    for name, js, mx in [("r2vpo, full graph", "r2vpo-step.json", "r2vpo-step.maxrss"),
-                         ("r2vpo, activation_checkpointing", "r2vpo-ck-step.json", "r2vpo-ck-step.maxrss")]:
-        s, m = load(js)["step_s"], rss(mx)
-        steps.append({"stack": name, "step_s": s, "peak_rss_gib": m, "time_ratio": s / hs["step_s"], "rss_ratio": m / hm})
-        md.append(f"| {name} | {s:.2f} | {m:.2f} | {s / hs['step_s']:.2f} | {m / hm:.2f} |")
-    steps.append({"stack": "PyTorch", "step_s": hs["step_s"], "peak_rss_gib": hm})
-    md.append(f"| PyTorch + transformers | {hs['step_s']:.2f} | {hm:.2f} | 1 | 1 |")
-    score = None
-    if (d / "r2vpo-score.json").exists():
-        ours_s, theirs_s = load("r2vpo-score.json")["step_s"], load("hf-score.json")["step_s"]
-        score = {"r2vpo_s": ours_s, "pytorch_s": theirs_s, "time_ratio": ours_s / theirs_s}
+    for r in srounds:
+        hs, hm = load(sname("hf", "step", r, "json"))["step_s"], rss(sname("hf", "step", r, "maxrss"))
+        rows = [("r2vpo, full graph", sname("r2vpo", "step", r, "json"), sname("r2vpo", "step", r, "maxrss"))]
+        if r in (None, srounds[0]) and (d / "r2vpo-ck-step.json").exists():
+            rows.append(("r2vpo, activation_checkpointing", "r2vpo-ck-step.json", "r2vpo-ck-step.maxrss"))
+        for name, js, mx in rows:
+            s, m = load(js)["step_s"], rss(mx)
+            steps.append({"round": r, "stack": name, "step_s": s, "peak_rss_gib": m, "time_ratio": s / hs,
+                          "rss_ratio": m / hm})
+            md.append(f"| {r or 1} | {name} | {s:.2f} | {m:.2f} | {s / hs:.2f} | {m / hm:.2f} |")
+        steps.append({"round": r, "stack": "PyTorch", "step_s": hs, "peak_rss_gib": hm})
+        md.append(f"| {r or 1} | PyTorch + transformers | {hs:.2f} | {hm:.2f} | 1 | 1 |")
+    score = []
+    for r in srounds:
+        if not (d / sname("r2vpo", "score", r, "json")).exists():
+            continue
+        ours_s, theirs_s = load(sname("r2vpo", "score", r, "json"))["step_s"], load(sname("hf", "score", r, "json"))["step_s"]
+        score.append({"round": r, "r2vpo_s": ours_s, "pytorch_s": theirs_s, "time_ratio": ours_s / theirs_s})
+    if score:
         md += ["", "## Scoring pass, no-grad log-probs of 8 × 256 response tokens (goal: time ≤ 0.67×)\n",
-               "| r2vpo s | PyTorch s | time / PyTorch |", "|---|---|---|",
-               f"| {ours_s:.3f} | {theirs_s:.3f} | {ours_s / theirs_s:.2f} |"]
+               "| round | r2vpo s | PyTorch s | time / PyTorch |", "|---|---|---|---|"]
+        md += [f"| {x['round'] or 1} | {x['r2vpo_s']:.3f} | {x['pytorch_s']:.3f} | {x['time_ratio']:.2f} |" for x in score]
     for name, text in [("summary.json", json.dumps({"decode": decode, "step": steps, "score": score}, indent=2)),
                        ("summary.md", "\n".join(md) + "\n")]:
         tmp = d / (name + ".tmp")
