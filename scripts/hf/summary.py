@@ -16,10 +16,12 @@ def main() -> None:
     rss = lambda name: int((d / name).read_text().split()[-1]) / 2**20  # KiB → GiB  # noqa: E731
     # Decode rounds (r2vpo then transformers, in turn); an older layout had one.
     rounds = sorted(p.stem.rsplit("-", 1)[1] for p in d.glob("r2vpo-decode-*.json")) or [None]
-    name = lambda side, r: f"{side}-decode-{r}.json" if r else f"{side}-decode.json"  # noqa: E731
-    per = [({x["batch"]: x["tokens_per_s"] for x in load(name("r2vpo", r))["decode"]},
-            {x["batch"]: x["tokens_per_s"] for x in load(name("hf", r))["decode"]}) for r in rounds]
-    hf = load(name("hf", rounds[0]))
+    # A measurement's file, `{side}-{what}-{round}.{ext}`; runs with a single
+    # round (older layouts) have no round suffix.
+    name = lambda side, what, r, ext="json": f"{side}-{what}-{r}.{ext}" if r else f"{side}-{what}.{ext}"  # noqa: E731
+    per = [({x["batch"]: x["tokens_per_s"] for x in load(name("r2vpo", "decode", r))["decode"]},
+            {x["batch"]: x["tokens_per_s"] for x in load(name("hf", "decode", r))["decode"]}) for r in rounds]
+    hf = load(name("hf", "decode", rounds[0]))
     md = [f"# r2vpo vs PyTorch {hf['torch']} + transformers {hf['transformers']} on this CPU\n",
           f"## Decode (new tokens/s, {len(per)} round(s) in turn; goal ≥ 1.5×)\n",
           "| batch | r2vpo | transformers | r2vpo / transformers, per round | mean ratio |", "|---|---|---|---|---|"]
@@ -31,41 +33,38 @@ def main() -> None:
         decode.append({"batch": b, "r2vpo": ours_b, "transformers": theirs_b, "ratios": ratios, "ratio": mean})
         md.append(f"| {b} | {' / '.join(f'{x:.1f}' for x in ours_b)} | {' / '.join(f'{x:.1f}' for x in theirs_b)} "
                   f"| {' / '.join(f'{x:.2f}' for x in ratios)} | {mean:.2f} |")
-    # Step and scoring rounds (r2vpo-step-1.json, …); older runs had one
-    # round without the suffix.
     srounds = sorted(p.stem.rsplit("-", 1)[1] for p in d.glob("r2vpo-step-[0-9]*.json")) or [None]
-    sname = lambda side, what, r, ext: f"{side}-{what}-{r}.{ext}" if r else f"{side}-{what}.{ext}"  # noqa: E731
     md += ["", f"## Training step, 8 × (44 + 256) tokens, {len(srounds)} round(s) in turn "
                "(goals: time ≤ 0.67×, peak RSS ≤ 1×)\n",
            "| round | stack | step s | peak RSS GiB | time / PyTorch | RSS / PyTorch |", "|---|---|---|---|---|---|"]
     steps = []
     for r in srounds:
-        hs, hm = load(sname("hf", "step", r, "json"))["step_s"], rss(sname("hf", "step", r, "maxrss"))
-        rows = [("r2vpo, full graph", sname("r2vpo", "step", r, "json"), sname("r2vpo", "step", r, "maxrss"))]
+        hs, hm = load(name("hf", "step", r, "json"))["step_s"], rss(name("hf", "step", r, "maxrss"))
+        rows = [("r2vpo, full graph", name("r2vpo", "step", r, "json"), name("r2vpo", "step", r, "maxrss"))]
         if r in (None, srounds[0]) and (d / "r2vpo-ck-step.json").exists():
             rows.append(("r2vpo, activation_checkpointing", "r2vpo-ck-step.json", "r2vpo-ck-step.maxrss"))
-        for name, js, mx in rows:
+        for stack, js, mx in rows:
             s, m = load(js)["step_s"], rss(mx)
-            steps.append({"round": r, "stack": name, "step_s": s, "peak_rss_gib": m, "time_ratio": s / hs,
+            steps.append({"round": r, "stack": stack, "step_s": s, "peak_rss_gib": m, "time_ratio": s / hs,
                           "rss_ratio": m / hm})
-            md.append(f"| {r or 1} | {name} | {s:.2f} | {m:.2f} | {s / hs:.2f} | {m / hm:.2f} |")
+            md.append(f"| {r or 1} | {stack} | {s:.2f} | {m:.2f} | {s / hs:.2f} | {m / hm:.2f} |")
         steps.append({"round": r, "stack": "PyTorch", "step_s": hs, "peak_rss_gib": hm})
         md.append(f"| {r or 1} | PyTorch + transformers | {hs:.2f} | {hm:.2f} | 1 | 1 |")
     score = []
     for r in srounds:
-        if not (d / sname("r2vpo", "score", r, "json")).exists():
+        if not (d / name("r2vpo", "score", r, "json")).exists():
             continue
-        ours_s, theirs_s = load(sname("r2vpo", "score", r, "json"))["step_s"], load(sname("hf", "score", r, "json"))["step_s"]
+        ours_s, theirs_s = load(name("r2vpo", "score", r, "json"))["step_s"], load(name("hf", "score", r, "json"))["step_s"]
         score.append({"round": r, "r2vpo_s": ours_s, "pytorch_s": theirs_s, "time_ratio": ours_s / theirs_s})
     if score:
         md += ["", "## Scoring pass, no-grad log-probs of 8 × 256 response tokens (goal: time ≤ 0.67×)\n",
                "| round | r2vpo s | PyTorch s | time / PyTorch |", "|---|---|---|---|"]
         md += [f"| {x['round'] or 1} | {x['r2vpo_s']:.3f} | {x['pytorch_s']:.3f} | {x['time_ratio']:.2f} |" for x in score]
-    for name, text in [("summary.json", json.dumps({"decode": decode, "step": steps, "score": score}, indent=2)),
+    for fname, text in [("summary.json", json.dumps({"decode": decode, "step": steps, "score": score}, indent=2)),
                        ("summary.md", "\n".join(md) + "\n")]:
-        tmp = d / (name + ".tmp")
+        tmp = d / (fname + ".tmp")
         tmp.write_text(text)
-        os.replace(tmp, d / name)
+        os.replace(tmp, d / fname)
     print("\n".join(md))
 
 

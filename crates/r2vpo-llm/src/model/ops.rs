@@ -195,15 +195,16 @@ simd_kernel!(ScaledExpShifted<'a>((&'a [f32], f32, f32, &'a mut [f32])) -> () = 
 simd_kernel!(SwigluRows<'a>((&'a mut [f32], &'a [f32], &'a [f32])) -> () = swiglu_rows);
 simd_kernel!(SwigluGradRows<'a>(SwigluGradArgs<'a>) -> () = swiglu_grad_rows);
 
-simd_kernel!(ExpMoments<'a>((&'a [f32], f32, &'a mut Vec<f64>)) -> (f64, f64) = exp_moments16);
+simd_kernel!(ExpMoments<'a>((&'a [f32], f32, Option<&'a mut Vec<f64>>)) -> (f64, f64) = exp_moments16);
 simd_kernel!(ArgMax<'a>(&'a [f32]) -> (usize, f32) = argmax16);
 
 /// For a row of logits `x` and `m` at least every element: `e = e^(x − m)`
 /// appended to `out` (in f64), and `(Σ e, Σ e·(x − m))`, the normaliser and
-/// the entropy's moment. The exponentials are f32 ([`exp_nonpos`], 2 ulp),
+/// the entropy's moment (`out` may be `None` where the caller does not keep
+/// the exponentials). The exponentials are f32 ([`exp_nonpos`], 2 ulp),
 /// the sums f64 (8 lanes each). A sampler's pass over the vocabulary: in
 /// libm's f64 `exp` it was 7 % of decode time at batch 32 (perf, SmolLM2).
-pub(crate) fn exp_moments(x: &[f32], m: f32, out: &mut Vec<f64>) -> (f64, f64) {
+pub(crate) fn exp_moments(x: &[f32], m: f32, out: Option<&mut Vec<f64>>) -> (f64, f64) {
     pulp::Arch::new().dispatch(ExpMoments((x, m, out)))
 }
 
@@ -214,7 +215,7 @@ pub(crate) fn argmax(x: &[f32]) -> (usize, f32) {
 }
 
 #[inline(always)]
-fn exp_moments16((x, m, out): (&[f32], f32, &mut Vec<f64>)) -> (f64, f64) {
+fn exp_moments16((x, m, mut out): (&[f32], f32, Option<&mut Vec<f64>>)) -> (f64, f64) {
     let (mut s0, mut s1) = ([0f64; 8], [0f64; 8]);
     let mut e = [0f64; 16];
     let ch = x.chunks_exact(16);
@@ -227,14 +228,18 @@ fn exp_moments16((x, m, out): (&[f32], f32, &mut Vec<f64>)) -> (f64, f64) {
             s0[l % 8] += e[l];
             s1[l % 8] += e[l] * f64::from(c[l] - m);
         }
-        out.extend_from_slice(&e);
+        if let Some(o) = out.as_deref_mut() {
+            o.extend_from_slice(&e);
+        }
     }
     let (mut t0, mut t1) = (s0.iter().sum::<f64>(), s1.iter().sum::<f64>());
     for &v in tail {
         let ev = f64::from(exp_nonpos(v - m));
         t0 += ev;
         t1 += ev * f64::from(v - m);
-        out.push(ev);
+        if let Some(o) = out.as_deref_mut() {
+            o.push(ev);
+        }
     }
     (t0, t1)
 }
@@ -508,7 +513,7 @@ impl CustomOp2 for Linear {
             (CpuStorage::F32(x), CpuStorage::F32(w)) => (contiguous(x, l1, n)?, contiguous(w, l2, n)?),
             _ => return Err(unsupported(n, s1)),
         };
-        let y = if m <= super::small_gemm::MAX_ROWS && super::small_gemm::available() {
+        let y = if super::small_gemm::takes(m) {
             super::small_gemm::linear(x, m, k, &[(w, o)]).into_iter().next().expect("one weight")
         } else {
             // wᵀ as gemm's (k, o) right-hand side: row stride 1, column stride k.
@@ -619,11 +624,10 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// Whether `x · wᵀ` for these weights goes to the small-row kernel.
 fn small_ok(x: &Tensor, ws: &[&Tensor]) -> Result<bool> {
     Ok(x.rank() == 2
-        && x.dim(0)? <= super::small_gemm::MAX_ROWS
+        && super::small_gemm::takes(x.dim(0)?)
         && fused_ok(x)
         && x.dtype() == DType::F32
-        && ws.iter().all(|w| w.dtype() == DType::F32 && w.rank() == 2)
-        && super::small_gemm::available())
+        && ws.iter().all(|w| w.dtype() == DType::F32 && w.rank() == 2))
 }
 
 /// [`linear`] of one input by several weights, `[x · w₁ᵀ, x · w₂ᵀ, …]`
@@ -1785,7 +1789,8 @@ mod tests {
         let first = x.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (j, &v)| if v > b.1 { (j, v) } else { b });
         assert_eq!((i, m), first);
         let mut e = Vec::new();
-        let (s0, s1) = exp_moments(&x, m, &mut e);
+        let (s0, s1) = exp_moments(&x, m, Some(&mut e));
+        assert_eq!(exp_moments(&x, m, None), (s0, s1));
         let d: Vec<f64> = x.iter().map(|&v| f64::from(v) - f64::from(m)).collect();
         let want0: f64 = d.iter().map(|v| v.exp()).sum();
         let want1: f64 = d.iter().map(|v| v.exp() * v).sum();

@@ -18,7 +18,7 @@ use rayon::prelude::*;
 /// Inputs with more rows than this go to candle's matmul: above it each
 /// weight panel is reused enough for packing to pay (measured crossover on
 /// SmolLM2 shapes, README).
-pub(crate) const MAX_ROWS: usize = 32;
+const MAX_ROWS: usize = 32;
 
 /// Work (multiply–adds) below which one thread does it all: rayon's
 /// hand-off costs more than the split saves.
@@ -32,9 +32,15 @@ const MR512: usize = 2;
 /// See [`MR512`].
 const NR512: usize = 8;
 
+/// Whether `m` input rows go to this kernel on this CPU (the one rule
+/// `ops::linear` and `ops::linear_many` route by).
+pub(crate) fn takes(m: usize) -> bool {
+    m <= MAX_ROWS && available()
+}
+
 /// Whether this CPU has wide enough SIMD for the kernel to beat gemm
 /// (x86-64 with AVX2+FMA or AVX-512); elsewhere callers use candle's matmul.
-pub(crate) fn available() -> bool {
+fn available() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
