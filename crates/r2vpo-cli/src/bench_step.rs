@@ -430,7 +430,10 @@ fn check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, x: &Batch, s
     let (mut logprobs_rel, mut grads_rel_max, mut worst_grad) = (0.0f64, 0.0f64, String::new());
     let (mut norms, mut cpu_norms) = (vec![], vec![]);
     for step in 1..=2 {
-        let (lp, _, g) = forward_backward(model, x, a)?;
+        // As the trainer does: the passes on rayon's pool, the gradients
+        // read and the optimizer stepped on this thread. On a GPU that
+        // checks the work of two threads is ordered (`open_device`).
+        let (lp, _, g) = r2vpo_llm::model::on_pool(|| forward_backward(model, x, a))?;
         let (cpu_lp, _, cpu_g) = forward_backward(&cpu, &cpu_x, &reference)?;
         logprobs_rel = logprobs_rel.max(rel_diff(&lp, &cpu_lp)?);
         for (((name, _), g), cg) in model.named_vars().iter().zip(&g).zip(&cpu_g) {
