@@ -415,7 +415,7 @@ fn decode(
     // their cache rows and logits replicated.
     let (uniq, of_request) = distinct_prompts(requests.iter().map(|r| r.prompt_ids.as_slice()));
     let (ids, mask) = PaddedBatch::left_pad(&uniq, pad_id).to_tensors(model.device())?;
-    let mut cache = KvCache::new(model, uniq.len());
+    let mut cache = KvCache::with_capacity(model, uniq.len(), ids.dim(1)? + cfg.max_new_tokens);
     let mut logits = model.forward_step(&ids, &mask, &mut cache)?;
     if uniq.len() < requests.len() {
         cache.select_rows(&of_request)?;

@@ -180,6 +180,26 @@ fn kv_cache_decode_matches_full_forward() {
     }
 }
 
+/// A cache made for its length decodes the same bits as one that grows by
+/// doubling, and one reserved too short still grows past its reserve.
+#[test]
+fn kv_cache_with_capacity_decodes_the_same_bits() {
+    let m = model(ARCHS[0], false, DType::F32);
+    let (ids, mask, _) = batch();
+    let run = |mut c: KvCache| -> Vec<Vec<Vec<f32>>> {
+        let mut outs = Vec::new();
+        for (a, n) in [(0, 5), (5, 1), (6, 1), (7, 1)] {
+            let o = m.forward_step(&ids.narrow(1, a, n).unwrap(), &mask.narrow(1, a, n).unwrap(), &mut c).unwrap();
+            outs.push(o.to_vec2().unwrap());
+        }
+        assert_eq!(c.len(), 8);
+        outs
+    };
+    let grown = run(KvCache::new(&m, 3));
+    assert_eq!(run(KvCache::with_capacity(&m, 3, 8)), grown);
+    assert_eq!(run(KvCache::with_capacity(&m, 3, 6)), grown);
+}
+
 #[test]
 fn kv_cache_rows_can_feed_masked_padding() {
     // A finished row feeds a pad with mask 0; the other row must be unaffected.
