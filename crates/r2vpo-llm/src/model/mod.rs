@@ -60,7 +60,10 @@ pub fn cuda_ordinal(name: &str) -> std::result::Result<Option<usize>, String> {
 /// says which is missing.
 ///
 /// A GPU is opened once per process, on one CUDA stream that every thread
-/// shares (see [`open_cuda`]); opening it again returns the same device.
+/// shares; opening it again returns the same device. (candle's own
+/// `Device::new_cuda` gives each host thread its own stream, and nothing
+/// orders one thread's kernels after another's: the trainer's gradients on
+/// a GPU were read before they were written.)
 pub fn open_device(name: &str) -> std::result::Result<candle_core::Device, String> {
     let Some(ordinal) = cuda_ordinal(name)? else { return Ok(candle_core::Device::Cpu) };
     if !cfg!(feature = "cuda") {
