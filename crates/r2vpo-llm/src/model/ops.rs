@@ -369,30 +369,32 @@ fn for_rows<T: Send>(out: &mut [T], row: usize, f: impl Fn(usize, &mut [T]) + Sy
 /// scoring pass, 1.8 % of a training step with its backward, perf).
 const LANES: usize = 16;
 
-/// Σ aᵢ·bᵢ in [`LANES`] interleaved partial sums, then the tail.
+/// Σ aᵢ·bᵢ in [`LANES`] interleaved partial sums, then the lanes, then the
+/// tail (the attention scores' and RMSNorm's row sums).
+#[inline(always)]
 fn dot<T: Float>(a: &[T], b: &[T]) -> T {
     let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
+    let tail: T = ca.remainder().iter().zip(cb.remainder()).map(|(&x, &y)| x * y).sum();
     let mut acc = [T::ZERO; LANES];
     for (x, y) in ca.zip(cb) {
         for j in 0..LANES {
             acc[j] = acc[j] + x[j] * y[j];
         }
     }
-    ra.iter().zip(rb).fold(acc.iter().copied().sum(), |s, (&x, &y)| s + x * y)
+    acc.iter().copied().sum::<T>() + tail
 }
 
-/// Σ aᵢ·bᵢ·cᵢ, as [`dot`].
+/// Σ aᵢ·bᵢ·cᵢ, summed as [`dot`] sums.
 fn dot3<T: Float>(a: &[T], b: &[T], c: &[T]) -> T {
     let (ca, cb, cc) = (a.chunks_exact(LANES), b.chunks_exact(LANES), c.chunks_exact(LANES));
-    let (ra, rb, rc) = (ca.remainder(), cb.remainder(), cc.remainder());
+    let tail: T = ca.remainder().iter().zip(cb.remainder()).zip(cc.remainder()).map(|((&x, &y), &z)| x * y * z).sum();
     let mut acc = [T::ZERO; LANES];
     for ((x, y), z) in ca.zip(cb).zip(cc) {
         for j in 0..LANES {
             acc[j] = acc[j] + x[j] * y[j] * z[j];
         }
     }
-    ra.iter().zip(rb).zip(rc).fold(acc.iter().copied().sum(), |s, ((&x, &y), &z)| s + x * y * z)
+    acc.iter().copied().sum::<T>() + tail
 }
 
 fn last_dim(l: &Layout, op: &str) -> Result<usize> {
@@ -848,7 +850,7 @@ fn attend_any((q, k, k_row, v, v_row, mask, dims, o): AttendArgs) {
     for (qi, (qr, or)) in q.chunks_exact(d).zip(o.chunks_exact_mut(d)).enumerate() {
         let mr = &mask[(qi % t) * tk..(qi % t + 1) * tk];
         for (j, pj) in p.iter_mut().enumerate() {
-            *pj = dot16(qr, &k[j * k_row..j * k_row + d]) + mr[j];
+            *pj = dot(qr, &k[j * k_row..j * k_row + d]) + mr[j];
         }
         let mx = max16(&p);
         let inv = 1.0 / exp_shifted16((&mut p, mx));
@@ -863,21 +865,6 @@ fn attend_any((q, k, k_row, v, v_row, mask, dims, o): AttendArgs) {
 
 /// [`attend`]'s `(q, k, k_row, v, v_row, mask, (t, tk, d), o)`.
 type AttendArgs<'a> = (&'a [f32], &'a [f32], usize, &'a [f32], usize, &'a [f32], (usize, usize, usize), &'a mut [f32]);
-
-/// Dot product in 16 interleaved partial sums (so it vectorises without
-/// reassociating a serial sum), then the lanes, then the tail.
-#[inline(always)]
-fn dot16(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ac.zip(bc) {
-        for l in 0..16 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
 
 // ---------------------------------------------------------------- attention
 
@@ -1428,11 +1415,10 @@ fn rms_bwd<T: Float>(x: &[T], w: &[T], g: &[T], d: usize, eps: f64, want_w: bool
             }
             dw
         };
-        let blocks = x.chunks(BLOCK * d).zip(g.chunks(BLOCK * d));
         let parts: Vec<Vec<T>> = if x.len() >= PAR_MIN {
             x.par_chunks(BLOCK * d).zip(g.par_chunks(BLOCK * d)).map(partial).collect()
         } else {
-            blocks.map(partial).collect()
+            x.chunks(BLOCK * d).zip(g.chunks(BLOCK * d)).map(partial).collect()
         };
         let mut dw = vec![T::ZERO; d];
         for p in parts {
