@@ -639,6 +639,10 @@ fn gemm_uninit(
     y
 }
 
+/// The most rows [`linear`] gives the small-row kernel (decode steps);
+/// more go to gemm. The two sum in different orders.
+pub const SMALL_ROWS: usize = super::small_gemm::MAX_ROWS;
+
 /// `x (M, K) · w (N, K)ᵀ`, differentiable: a linear layer with the weight
 /// as checkpoints store it. Up to 32 rows of f32 on a CPU with AVX2 or
 /// AVX-512 (every decode step) it runs without repacking `w`; more rows

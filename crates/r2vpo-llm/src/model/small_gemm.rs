@@ -18,7 +18,7 @@ use rayon::prelude::*;
 /// Inputs with more rows than this go to candle's matmul: above it each
 /// weight panel is reused enough for packing to pay (measured crossover on
 /// SmolLM2 shapes, README).
-const MAX_ROWS: usize = 32;
+pub(crate) const MAX_ROWS: usize = 32;
 
 /// Work (multiply–adds) below which one thread does it all: rayon's
 /// hand-off costs more than the split saves.
