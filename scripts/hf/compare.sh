@@ -8,7 +8,9 @@
 #           tokens: `r2vpo bench step` (full graph, then checkpointed) vs
 #           scripts/gpu/torch_step.py on the CPU; peak RSS by /usr/bin/time;
 #   score:  the no-grad log-probs of the same batch (`bench step --score`
-#           vs `torch_step.py --score`).
+#           vs `torch_step.py --score`);
+#   limit:  PyTorch's f32 GEMM rate on the same threads (scripts/hf/peak.py),
+#           which the batch-32 decode's and the scoring pass's shares divide by.
 # Needs the release binary and the pinned venv (`make venv-hf`).
 # Usage: scripts/hf/compare.sh [OUT_DIR]    (default runs/bench/hf-compare)
 set -euo pipefail
@@ -24,6 +26,11 @@ SHAPE=configs/shapes/smollm2-135m.json
 mkdir -p "$OUT"
 step=(--shape "$SHAPE" --batch 8 --prompt 44 --response 256 --reps 2)
 
+# The f32 limit the decode and scoring shares divide by (#16: "say how you
+# computed the limit"): PyTorch's 2048³ GEMM on the same threads, measured
+# before the first round and after the last; the summary takes the best.
+echo "== f32 GEMM limit, $T threads"
+"$PY" scripts/hf/peak.py --threads "$T" --out "$OUT/peak-1.json"
 echo "== decode, batch 1/8/32, 128 new tokens, $T threads, two rounds in turn"
 # Two rounds, r2vpo then transformers each time: the machine's speed drifts
 # by 10-20 % over minutes, and the summary takes each round's ratio.
@@ -44,6 +51,7 @@ for round in 1 2; do
     "$BIN" bench step "${step[@]}" --score --out "$OUT/r2vpo-score-$round.json"
     "$PY" scripts/gpu/torch_step.py "${step[@]}" --score --device cpu --dtype f32 --out "$OUT/hf-score-$round.json"
 done
+"$PY" scripts/hf/peak.py --threads "$T" --out "$OUT/peak-2.json"
 echo "== training step with activation checkpointing (memory), once"
 /usr/bin/time -f %M -o "$OUT/r2vpo-ck-step.maxrss" "$BIN" bench step "${step[@]}" --checkpoint --out "$OUT/r2vpo-ck-step.json"
 python3 scripts/hf/summary.py "$OUT"

@@ -33,6 +33,25 @@ def main() -> None:
         decode.append({"batch": b, "r2vpo": ours_b, "transformers": theirs_b, "ratios": ratios, "ratio": mean})
         md.append(f"| {b} | {' / '.join(f'{x:.1f}' for x in ours_b)} | {' / '.join(f'{x:.1f}' for x in theirs_b)} "
                   f"| {' / '.join(f'{x:.2f}' for x in ratios)} | {mean:.2f} |")
+    # Shares of the f32 limit: 2 FLOP per parameter per token (every weight
+    # is one multiply–add per token, the tied head included; attention's
+    # own products are left out, so the shares are, if anything, low).
+    peaks = [load(p.name)["gflops_best"] for p in sorted(d.glob("peak-*.json"))]
+    limit = max(peaks) if peaks else None
+    params = None
+    for p in sorted(d.glob("r2vpo-step*.json")):
+        params = load(p.name).get("parameters")
+        break
+    shares = {}
+    if limit and params:
+        shares["limit_gflops"] = limit
+        shares["decode_32"] = [x * 2 * params / 1e9 / limit for x in decode[-1]["r2vpo"]] if decode else []
+        reps = sum(load(p.name)["reps"] for p in d.glob("peak-*.json"))
+        md += ["", f"f32 limit: {limit:.0f} GFLOP/s (the fastest of {reps} timed 2048³ products by PyTorch on the "
+                   f"same threads, scripts/hf/peak.py). Batch-{decode[-1]['batch']} decode at 2 × {params / 1e6:.1f} M FLOP per token: "
+                   + " / ".join(f"{x * 2 * params / 1e9:.0f} GFLOP/s = {s:.0%}" for x, s in
+                                zip(decode[-1]["r2vpo"], shares["decode_32"]))
+                   + " of the limit (goal ≥ 50 %)."]
     srounds = sorted(p.stem.rsplit("-", 1)[1] for p in d.glob("r2vpo-step-[0-9]*.json")) or [None]
     md += ["", f"## Training step, 8 × (44 + 256) tokens, {len(srounds)} round(s) in turn "
                "(goals: time ≤ 0.67×, peak RSS ≤ 1×)\n",
@@ -60,7 +79,15 @@ def main() -> None:
         md += ["", "## Scoring pass, no-grad log-probs of 8 × 256 response tokens (goal: time ≤ 0.67×)\n",
                "| round | r2vpo s | PyTorch s | time / PyTorch |", "|---|---|---|---|"]
         md += [f"| {x['round'] or 1} | {x['r2vpo_s']:.3f} | {x['pytorch_s']:.3f} | {x['time_ratio']:.2f} |" for x in score]
-    for fname, text in [("summary.json", json.dumps({"decode": decode, "step": steps, "score": score}, indent=2)),
+        if "limit_gflops" in shares:
+            sc = load(name("r2vpo", "score", srounds[0], "json"))
+            flop = 2 * params * sc["batch"] * (sc["prompt"] + sc["response"])
+            shares["score"] = [flop / x["r2vpo_s"] / 1e9 / limit for x in score]
+            md += ["", f"Scoring at 2 × {params / 1e6:.1f} M FLOP per token over {sc['batch']} × "
+                       f"({sc['prompt']} + {sc['response']}) tokens ({flop / 1e12:.2f} TFLOP): r2vpo at "
+                       + " / ".join(f"{s:.0%}" for s in shares["score"]) + " of the limit; 0.67× PyTorch's time needs "
+                       + " / ".join(f"{flop / (0.67 * x['pytorch_s']) / 1e9 / limit:.0%}" for x in score) + "."]
+    for fname, text in [("summary.json", json.dumps({"decode": decode, "step": steps, "score": score, "limit": shares}, indent=2)),
                        ("summary.md", "\n".join(md) + "\n")]:
         tmp = d / (fname + ".tmp")
         tmp.write_text(text)
