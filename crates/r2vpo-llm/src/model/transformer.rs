@@ -608,8 +608,10 @@ impl Transformer {
 
     /// Log-probs of `targets (N,)` under the head on `hs (N, hidden)`, a
     /// chunk of rows at a time ([`Transformer::set_logits_chunk`]), without
-    /// a graph: the (rows × vocabulary) logits are never whole. Each row's
-    /// logits are the same gemm sums as in one call (tested bit for bit).
+    /// a graph: the (rows × vocabulary) logits are never whole. On the CPU
+    /// each row's logits are the same gemm sums as in one call (tested bit
+    /// for bit); on a GPU the BLAS library may pick another kernel for a
+    /// chunk's shape, so they agree to rounding.
     /// Scoring 8 × 256 SmolLM2 tokens held 402 MB of logits at once, in
     /// pages the kernel zero-filled on every pass (6 % of the pass, perf):
     /// in chunks, the pass's peak RSS fell from 2.17 to 1.77 GB at the same
