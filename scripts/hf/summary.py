@@ -36,21 +36,18 @@ def main() -> None:
     # Shares of the f32 limit: 2 FLOP per parameter per token (every weight
     # is one multiply–add per token, the tied head included; attention's
     # own products are left out, so the shares are, if anything, low).
-    peaks = [load(p.name)["gflops_best"] for p in sorted(d.glob("peak-*.json"))]
-    limit = max(peaks) if peaks else None
-    params = None
-    for p in sorted(d.glob("r2vpo-step*.json")):
-        params = load(p.name).get("parameters")
-        break
+    peaks = [load(p.name) for p in sorted(d.glob("peak-*.json"))]
+    limit = max(x["gflops_best"] for x in peaks) if peaks else None
+    params = next((load(p.name).get("parameters") for p in sorted(d.glob("r2vpo-step*.json"))), None)
     shares = {}
-    if limit and params:
-        shares["limit_gflops"] = limit
-        shares["decode_32"] = [x * 2 * params / 1e9 / limit for x in decode[-1]["r2vpo"]] if decode else []
-        reps = sum(load(p.name)["reps"] for p in d.glob("peak-*.json"))
-        md += ["", f"f32 limit: {limit:.0f} GFLOP/s (the fastest of {reps} timed 2048³ products by PyTorch on the "
-                   f"same threads, scripts/hf/peak.py). Batch-{decode[-1]['batch']} decode at 2 × {params / 1e6:.1f} M FLOP per token: "
-                   + " / ".join(f"{x * 2 * params / 1e9:.0f} GFLOP/s = {s:.0%}" for x, s in
-                                zip(decode[-1]["r2vpo"], shares["decode_32"]))
+    if limit and params and decode:
+        top = decode[-1]
+        gflops = [x * 2 * params / 1e9 for x in top["r2vpo"]]
+        shares.update(limit_gflops=limit, decode_batch=top["batch"], decode=[g / limit for g in gflops])
+        md += ["", f"f32 limit: {limit:.0f} GFLOP/s (the fastest of {sum(x['reps'] for x in peaks)} timed 2048³ "
+                   f"products by PyTorch on the same threads, scripts/hf/peak.py). Batch-{top['batch']} decode at "
+                   f"2 × {params / 1e6:.1f} M FLOP per token: "
+                   + " / ".join(f"{g:.0f} GFLOP/s = {s:.0%}" for g, s in zip(gflops, shares["decode"]))
                    + " of the limit (goal ≥ 50 %)."]
     srounds = sorted(p.stem.rsplit("-", 1)[1] for p in d.glob("r2vpo-step-[0-9]*.json")) or [None]
     md += ["", f"## Training step, 8 × (44 + 256) tokens, {len(srounds)} round(s) in turn "

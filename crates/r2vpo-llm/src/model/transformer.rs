@@ -632,8 +632,9 @@ impl Transformer {
     /// the chunk before it): that kernel sums in another order than gemm,
     /// and the chunked log-probs must equal one whole gemm's bit for bit.
     fn head_chunks(&self, n_rows: usize) -> Vec<(usize, usize)> {
+        let gemm_only = n_rows > ops::SMALL_ROWS;
         let mut chunk = (self.logits_chunk / self.config.vocab_size).max(1);
-        if n_rows > ops::SMALL_ROWS {
+        if gemm_only {
             chunk = chunk.max(ops::SMALL_ROWS + 1);
         }
         // Whole tiles of gemm's AVX-512 f32 kernel (64 rows): 341-row chunks
@@ -643,7 +644,7 @@ impl Transformer {
             chunk = chunk / 64 * 64;
         }
         let mut out: Vec<(usize, usize)> = (0..n_rows).step_by(chunk).map(|s0| (s0, chunk.min(n_rows - s0))).collect();
-        if out.len() > 1 && n_rows > ops::SMALL_ROWS && out[out.len() - 1].1 <= ops::SMALL_ROWS {
+        if gemm_only && out.len() > 1 && out[out.len() - 1].1 <= ops::SMALL_ROWS {
             let (_, tail) = out.pop().expect("two chunks");
             out.last_mut().expect("one chunk").1 += tail;
         }
