@@ -1,7 +1,9 @@
 //! Pins short seeded `llm train` runs bit for bit, so refactors of the update
 //! path (the learner contract, the update schedule) are proven to change
 //! nothing. The golden file was recorded on the development machine kind
-//! (x86-64 with AVX-512, `RAYON_NUM_THREADS=2`); candle's GEMM picks its
+//! (x86-64 with AVX-512 and AMX, `RAYON_NUM_THREADS=2`), once per
+//! many-row matmul path (`llm-train-amx.json` on AMX, `llm-train.json` on
+//! gemm, which `R2VPO_MATMUL=gemm` selects); candle's GEMM picks its
 //! kernels from the CPU, so a machine with other SIMD may legitimately
 //! differ: re-record with `R2VPO_BLESS=1 cargo test -p r2vpo-llm --test
 //! pin_trainer` there, and never to make a refactor pass.
@@ -70,6 +72,10 @@ fn seeded_runs_are_unchanged_bit_for_bit() {
         all.insert(algo.into(), serde_json::to_value(&ms).unwrap());
     }
     let got = serde_json::to_string_pretty(&all).unwrap() + "\n";
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/pin/llm-train.json");
+    // The learner's many-row products run on AMX where the CPU has it, on
+    // gemm elsewhere (or under R2VPO_MATMUL=gemm): two sums in different
+    // orders, so one golden file each.
+    let name = if r2vpo_llm::model::amx::available() { "llm-train-amx.json" } else { "llm-train.json" };
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/pin").join(name);
     r2vpo_report::golden::assert_golden(&path, &got);
 }

@@ -12,6 +12,7 @@
 //!   share storage with the trainable `Var`s and therefore see optimizer
 //!   updates without retaining a graph.
 
+pub mod amx;
 pub mod config;
 pub mod load_gguf;
 pub mod load_hf;

@@ -549,6 +549,8 @@ impl CustomOp2 for Linear {
         };
         let y = if super::small_gemm::takes(m) {
             super::small_gemm::linear(x, m, k, &[(w, o)]).into_iter().next().expect("one weight")
+        } else if super::amx::available() {
+            super::amx::linear(x, m, k, w, o).map_err(Error::Msg)?
         } else {
             // wᵀ as gemm's (k, o) right-hand side: row stride 1, column stride k.
             gemm_uninit([m, k, o], (x, [1, k as isize]), (w, [k as isize, 1]))
@@ -640,16 +642,18 @@ fn gemm_uninit(
 }
 
 /// The most rows [`linear`] gives the small-row kernel (decode steps);
-/// more go to gemm. The two sum in different orders.
+/// more go to AMX or gemm. They sum in different orders.
 pub const SMALL_ROWS: usize = super::small_gemm::MAX_ROWS;
 
 /// `x (M, K) · w (N, K)ᵀ`, differentiable: a linear layer with the weight
 /// as checkpoints store it. Up to 32 rows of f32 on a CPU with AVX2 or
 /// AVX-512 (every decode step) it runs without repacking `w`; more rows
-/// run gemm as candle's matmul does, without zero-filling the output first
-/// (forward and backward); other dtypes and devices use candle's matmul.
-/// The small-row kernel and gemm sum in different orders, so they agree to
-/// f32 rounding, not bit for bit (tested).
+/// run on AMX where the CPU has it ([`super::amx`]: f32 products from
+/// split bf16 pieces), else gemm as candle's matmul does, without
+/// zero-filling the output first. The backward's products run gemm either
+/// way; other dtypes and devices use candle's matmul. The kernels sum in
+/// different orders, so they agree to f32 rounding, not bit for bit
+/// (tested).
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let f32_2d = |t: &Tensor| t.dtype() == DType::F32 && t.rank() == 2 && t.device().is_cpu();
     if fused_ok(x) && f32_2d(x) && f32_2d(w) {

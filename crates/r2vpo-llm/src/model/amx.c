@@ -1,0 +1,298 @@
+// f32 products on Intel AMX: `y = x · wᵀ` with x (m, k) and w (n, k)
+// row-major f32, each operand split into three bf16 pieces (x = x0 + x1 + x2,
+// exact for normal f32 values) and the six products whose order is at most
+// 2⁻¹⁶ below the leading one summed in f32 by TDPBF16PS:
+//   x0·w0 + x0·w1 + x0·w2 + x1·w0 + x1·w1 + x2·w0.
+// A bf16 × bf16 product is exact in f32 and the tiles accumulate in f32, so
+// the result is an f32 dot product of six times the terms; the three dropped
+// products are below 2⁻²⁴ of the leading one (f32's own rounding).
+//
+// Why C and not Rust: Rust's AMX intrinsics are unstable (nightly only) and
+// no crate multiplies f32 on AMX; gcc's intrinsics are stable. See ops.rs's
+// `amx` module for what it measured and how it is dispatched.
+//
+// x's pieces are the A tiles (16 rows × 32 k, as x lies); w's pieces are
+// the B tiles in the VNNI layout TDPBF16PS wants (16 k pairs × 16 output
+// columns), split and transposed once per call, 32 columns at a time.
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
+
+// 1 when this CPU has AMX-TILE and AMX-BF16 and the kernel grants this
+// process the tile data state; 0 otherwise (then nothing here may run).
+int r2vpo_amx_init(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    int bf16 = (d >> 22) & 1, tile = (d >> 24) & 1, avx512f = (b >> 16) & 1, avx512bw = (b >> 30) & 1;
+    if (!(bf16 && tile && avx512f && avx512bw)) return 0;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+// The three bf16 pieces of 16 values, as bits in the low halves of 32-bit
+// lanes: p0 = bf16(v), p1 = bf16(v − p0), p2 = bf16(v − p0 − p1), each
+// rounded to nearest even by integer arithmetic (DAZ-free, unlike
+// VCVTNEPS2BF16). Exact (v = p0 + p1 + p2) for normal v; values within
+// 2⁻⁸ of f32's largest round p0 to infinity (products then give NaN).
+AMX_TARGET static inline void split3_16(__m512 v, __m512i *h0, __m512i *h1, __m512i *h2) {
+    const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), hi = _mm512_set1_epi32((int)0xFFFF0000u);
+#define RNE(u) _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), hi)
+    __m512i u0 = RNE(_mm512_castps_si512(v));
+    __m512 r1 = _mm512_sub_ps(v, _mm512_castsi512_ps(u0));
+    __m512i u1 = RNE(_mm512_castps_si512(r1));
+    __m512 r2 = _mm512_sub_ps(r1, _mm512_castsi512_ps(u1));
+    __m512i u2 = RNE(_mm512_castps_si512(r2));
+#undef RNE
+    *h0 = _mm512_srli_epi32(u0, 16);
+    *h1 = _mm512_srli_epi32(u1, 16);
+    *h2 = _mm512_srli_epi32(u2, 16);
+}
+
+// 32 consecutive values (zero past `len`) as three 32-lane bf16 vectors,
+// one per piece, in order: lane j of piece p is value j's piece p.
+AMX_TARGET static inline void split3_32(const float *src, size_t len, __m512i out[3]) {
+    __mmask16 m0 = len >= 16 ? 0xFFFF : (__mmask16)((1u << len) - 1);
+    __mmask16 m1 = len >= 32 ? 0xFFFF : len <= 16 ? 0 : (__mmask16)((1u << (len - 16)) - 1);
+    __m512i a[3], b[3];
+    split3_16(_mm512_maskz_loadu_ps(m0, src), &a[0], &a[1], &a[2]);
+    split3_16(_mm512_maskz_loadu_ps(m1, src + 16), &b[0], &b[1], &b[2]);
+    for (int p = 0; p < 3; p++)
+        out[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a[p])), _mm512_cvtepi32_epi16(b[p]), 1);
+}
+
+// Per-thread scratch that grows and is kept: fresh pages for every call
+// cost more than a small product's arithmetic.
+static __thread void *scratch_ptr;
+static __thread size_t scratch_len;
+static void *scratch(size_t bytes) {
+    if (bytes > scratch_len) {
+        free(scratch_ptr);
+        scratch_ptr = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        scratch_len = scratch_ptr ? bytes : 0;
+    }
+    return scratch_ptr;
+}
+
+// Tile layout of a split operand: 32 rows (or columns) at a time, then k
+// blocks of 32, then pieces, then halves of 16: each A or B tile is 1 KB
+// contiguous, and one 32-row block's k block (3 pieces × 2 halves) is 6 KB
+// contiguous, so the kernel reads both operands as plain streams.
+static inline size_t tile_at(size_t blk32, size_t kb, size_t p, size_t h, size_t kb_n) {
+    return (((blk32 * kb_n + kb) * 3 + p) * 2 + h) * 512;
+}
+
+// Rows [r0, r1) of x (m, k; row stride ldx), r0 a multiple of 32, into xp
+// in the tile layout above (A tiles: row r of a tile is x's row, 32 k).
+// Rows past m up to the next multiple of 32 are zero.
+AMX_TARGET void r2vpo_amx_split_rows(const float *x, size_t ldx, size_t m, size_t k, size_t r0, size_t r1,
+                                     uint16_t *xp, size_t kp) {
+    size_t kb_n = kp / 32;
+    __m512i pc[3];
+    // A 32-row block's k block (6 tiles, 6 KB) is written in one sweep, with
+    // the rows' next values prefetched: 32 rows read 128 bytes at a time
+    // are more streams than the hardware prefetcher follows.
+    for (size_t blk = r0 / 32; blk < (r1 + 31) / 32; blk++)
+        for (size_t kb = 0; kb < kb_n; kb++)
+            for (size_t r = 0; r < 32; r++) {
+                size_t i = blk * 32 + r;
+                const float *row = x + i * ldx;
+                size_t len = i < m && kb * 32 < k ? k - kb * 32 : 0;
+                if (i < m && (kb + 4) * 32 < k) {
+                    _mm_prefetch((const char *)(row + (kb + 4) * 32), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(row + (kb + 4) * 32 + 16), _MM_HINT_T0);
+                }
+                split3_32(row + kb * 32, len, pc);
+                for (size_t p = 0; p < 3; p++)
+                    _mm512_storeu_si512(xp + tile_at(blk, kb, p, r / 16, kb_n) + (r % 16) * 32, pc[p]);
+            }
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg;
+
+// Columns [c0, c0 + 32) of w (n, k) as B tiles in the tile layout (block 0
+// of `panel`): tile row r holds k pair r of each of 16 columns, as the
+// VNNI layout of TDPBF16PS wants. Columns past n are zero.
+// r[i] lane j → r[j] lane i, for 16 × 16 32-bit lanes (the usual four
+// rounds of unpacks and 128-bit shuffles).
+AMX_TARGET static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+    }
+}
+
+// Columns [c0, c0 + 32) of w (n, k) as B tiles in the tile layout (block 0
+// of `panel`): tile row r holds k pair r of each of 16 columns, as the
+// VNNI layout of TDPBF16PS wants. Columns past n are zero. 16 columns' 32
+// values of one k block, split, are 16 × 16 pairs per piece: transposed in
+// registers, they are the tile's rows.
+AMX_TARGET static void split_panel(const float *w, size_t ldw, size_t n, size_t k, size_t c0, size_t kb_n,
+                                   uint16_t *panel) {
+    __m512i pc[3], rows[3][16];
+    for (size_t h = 0; h < 2; h++)
+        for (size_t kb = 0; kb < kb_n; kb++) {
+            for (size_t c = 0; c < 16; c++) {
+                size_t col = c0 + h * 16 + c;
+                size_t len = col < n && kb * 32 < k ? k - kb * 32 : 0;
+                // Sixteen rows read 128 bytes at a time are too many streams
+                // for the hardware prefetcher: 56 → 39 ms for SmolLM2's
+                // head (49 152 × 576) on one thread.
+                if (col < n && (kb + 4) * 32 < k) {
+                    _mm_prefetch((const char *)(w + col * ldw + (kb + 4) * 32), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(w + col * ldw + (kb + 4) * 32 + 16), _MM_HINT_T0);
+                }
+                split3_32(w + col * ldw + kb * 32, len, pc);
+                for (int q = 0; q < 3; q++) rows[q][c] = pc[q];
+            }
+            for (size_t q = 0; q < 3; q++) {
+                transpose16(rows[q]);
+                uint16_t *tile = panel + tile_at(0, kb, q, h, kb_n);
+                for (int r = 0; r < 16; r++) _mm512_store_si512(tile + r * 32, rows[q][r]);
+            }
+        }
+}
+
+// Stores the accumulator tile `T` (16 × 16 at rows m0, columns n0) into y,
+// directly when it lies inside (m, n), else through a buffer.
+#define STORE(T, m0, n0)                                                                     \
+    do {                                                                                     \
+        if ((m0) + 16 <= m && (n0) + 16 <= n) {                                              \
+            _tile_stored(T, y + (m0) * ldy + (n0), ldy * 4);                                 \
+        } else if ((m0) < m && (n0) < n) {                                                   \
+            _tile_stored(T, buf, 64);                                                        \
+            for (size_t i_ = 0; i_ < 16 && (m0) + i_ < m; i_++)                              \
+                for (size_t j_ = 0; j_ < 16 && (n0) + j_ < n; j_++)                          \
+                    y[((m0) + i_) * ldy + (n0) + j_] = buf[i_ * 16 + j_];                    \
+        }                                                                                    \
+    } while (0)
+
+// Adds to tiles 0–3 (a 32 × 32 block of y) the six piece products over
+// all k blocks of a 32-row block `a` and a 32-column panel `b`, both in the
+// tile layout.
+AMX_TARGET static inline void block32(const uint16_t *a, const uint16_t *b, size_t kb_n) {
+    for (size_t kb = 0; kb < kb_n; kb++, a += 3072, b += 3072) {
+        // Tiles are not renamed: a load into a tile waits for the products
+        // still reading it. So each column tile's two products go back to
+        // back and its next operand loads behind them, while the other
+        // column's products run.
+#define STEP(A_NEXT, B_NEXT)                                   \
+    _tile_dpbf16ps(0, 4, 6);                                   \
+    _tile_dpbf16ps(2, 5, 6);                                   \
+    if (B_NEXT >= 0) _tile_loadd(6, b + B_NEXT * 1024, 64);       \
+    _tile_dpbf16ps(1, 4, 7);                                   \
+    _tile_dpbf16ps(3, 5, 7);                                   \
+    if (A_NEXT >= 0) {                                         \
+        _tile_loadd(4, a + A_NEXT * 1024, 64);                    \
+        _tile_loadd(5, a + A_NEXT * 1024 + 512, 64);              \
+    }                                                          \
+    if (B_NEXT >= 0) _tile_loadd(7, b + B_NEXT * 1024 + 512, 64);
+        _tile_loadd(4, a, 64);
+        _tile_loadd(5, a + 512, 64);
+        _tile_loadd(6, b, 64);
+        _tile_loadd(7, b + 512, 64);
+        STEP(-1, 1)   // x0 · w0
+        STEP(-1, 2)   // x0 · w1
+        STEP(1, 0)    // x0 · w2
+        STEP(-1, 1)   // x1 · w0
+        STEP(2, 0)    // x1 · w1
+        STEP(-1, -1)  // x2 · w0
+#undef STEP
+    }
+}
+
+// Bytes of x's pieces one row block keeps in L2, and of w's split panels
+// one column block keeps in L3. Splitting k into L1-sized chunks (partial
+// sums parked in memory between them) and software prefetch of the next
+// k block's tiles were both slower on SmolLM2's shapes.
+#define A_BYTES (1u << 20)
+#define B_BYTES (4u << 20)
+
+// Columns [c0, c1) of y = x · wᵀ (c0 a multiple of 32; y's row stride ldy),
+// with x already split by `r2vpo_amx_split_rows` (kp = k rounded up to 32).
+// GotoBLAS's blocking: a column block of w's panels is split once, then
+// every row block of x (L2-sized) meets all its panels. Returns 0, or -1
+// when its scratch could not be allocated (nothing written then).
+AMX_TARGET int r2vpo_amx_linear_cols(const uint16_t *xp, size_t m, size_t kp, const float *w, size_t ldw, size_t n,
+                                     size_t k, size_t c0, size_t c1, float *y, size_t ldy) {
+    size_t kb_n = kp / 32, blk_elems = kb_n * 3072, row_bytes = kp * 6;
+    size_t mp = (m + 31) / 32 * 32;
+    size_t mblk = A_BYTES / row_bytes / 32 * 32, nblk = B_BYTES / row_bytes / 32 * 32;
+    if (mblk < 32) mblk = 32;
+    if (nblk < 32) nblk = 32;
+    uint16_t *panels = scratch((nblk / 32) * blk_elems * 2);
+    float buf[256] __attribute__((aligned(64)));
+    if (!panels) return -1;
+    tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    for (size_t nb = c0; nb < c1; nb += nblk) {
+        size_t ne = nb + nblk < c1 ? nb + nblk : c1;
+        for (size_t cb = nb; cb < ne; cb += 32) split_panel(w, ldw, n, k, cb, kb_n, panels + (cb - nb) / 32 * blk_elems);
+        for (size_t mb0 = 0; mb0 < mp; mb0 += mblk) {
+            size_t me = mb0 + mblk < mp ? mb0 + mblk : mp;
+            for (size_t cb = nb; cb < ne; cb += 32) {
+                const uint16_t *pan = panels + (cb - nb) / 32 * blk_elems;
+                for (size_t mb = mb0; mb < me; mb += 32) {
+                    _tile_zero(0);
+                    _tile_zero(1);
+                    _tile_zero(2);
+                    _tile_zero(3);
+                    block32(xp + mb / 32 * blk_elems, pan, kb_n);
+                    STORE(0, mb, cb);
+                    STORE(1, mb, cb + 16);
+                    STORE(2, mb + 16, cb);
+                    STORE(3, mb + 16, cb + 16);
+                }
+            }
+        }
+    }
+    _tile_release();
+    return 0;
+}
+#else
+int r2vpo_amx_init(void) { return 0; }
+void r2vpo_amx_split_rows(const float *x, size_t ldx, size_t m, size_t k, size_t r0, size_t r1, uint16_t *xp,
+                          size_t kp) {
+    (void)x, (void)ldx, (void)m, (void)k, (void)r0, (void)r1, (void)xp, (void)kp;
+    abort();
+}
+int r2vpo_amx_linear_cols(const uint16_t *xp, size_t m, size_t kp, const float *w, size_t ldw, size_t n, size_t k,
+                          size_t c0, size_t c1, float *y, size_t ldy) {
+    (void)xp, (void)m, (void)kp, (void)w, (void)ldw, (void)n, (void)k, (void)c0, (void)c1, (void)y, (void)ldy;
+    abort();
+}
+#endif

@@ -1,0 +1,205 @@
+//! `x · wᵀ` in f32 on Intel AMX, for the learner's and the scoring pass's
+//! many-row products (the C kernel in `amx.c`).
+//!
+//! Why: AMX multiplies bf16 tiles at ≈ 3.3 TFLOP/s per core on this
+//! machine's CPU, nine times its f32 FMA rate. Each f32 operand is split
+//! into three bf16 pieces (`x = x₀ + x₁ + x₂`, exact) and the six piece
+//! products down to 2⁻²⁴ of the leading one are summed in f32, so the result
+//! is an f32 dot product, not a bf16 one: measured against f64, its error
+//! relative to `Σ|xᵢwᵢ|` is 6–8 × 10⁻⁸, the same as an f32 loop's
+//! (`tests::agrees_with_f64`). Even at six products per term it runs ahead
+//! of gemm's AVX-512 f32 kernel (README "CPU speed against PyTorch").
+//!
+//! Why C: Rust's AMX intrinsics are unstable and no crate multiplies f32 on
+//! AMX; gcc's intrinsics are stable, and `build.rs` compiles the file with
+//! AMX and AVX-512 enabled per function, so the library still loads on any
+//! x86-64 and [`available`] asks the CPU and the kernel at run time.
+//!
+//! `R2VPO_MATMUL=gemm` turns it off (candle's gemm then runs every
+//! many-row product, as on CPUs without AMX), for A/B measurements.
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+#[cfg(r2vpo_amx)]
+extern "C" {
+    fn r2vpo_amx_init() -> i32;
+    fn r2vpo_amx_split_rows(
+        x: *const f32,
+        ldx: usize,
+        m: usize,
+        k: usize,
+        r0: usize,
+        r1: usize,
+        xp: *mut u16,
+        kp: usize,
+    );
+    #[allow(clippy::too_many_arguments)]
+    fn r2vpo_amx_linear_cols(
+        xp: *const u16,
+        m: usize,
+        kp: usize,
+        w: *const f32,
+        ldw: usize,
+        n: usize,
+        k: usize,
+        c0: usize,
+        c1: usize,
+        y: *mut f32,
+        ldy: usize,
+    ) -> i32;
+}
+
+/// Whether many-row f32 products run on AMX in this process: the CPU has
+/// AMX-BF16 (and AVX-512), Linux grants the tile state, and
+/// `R2VPO_MATMUL` is not `gemm`. Asked once.
+pub fn available() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        if std::env::var("R2VPO_MATMUL").is_ok_and(|v| v == "gemm") {
+            return false;
+        }
+        #[cfg(r2vpo_amx)]
+        {
+            // SAFETY: reads CPUID and asks the kernel for the tile state;
+            // touches no memory of ours.
+            unsafe { r2vpo_amx_init() == 1 }
+        }
+        #[cfg(not(r2vpo_amx))]
+        false
+    })
+}
+
+/// A raw pointer that rayon's tasks may share: each writes a disjoint part.
+#[derive(Clone, Copy)]
+struct Shared<T>(*mut T);
+// SAFETY: only used for disjoint writes (rows of the split input, columns of
+// the output), joined before the buffer is read.
+unsafe impl<T> Send for Shared<T> {}
+unsafe impl<T> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    /// The pointer (a method, so closures capture the `Send` wrapper and
+    /// not its raw field).
+    fn ptr(self) -> *mut T {
+        self.0
+    }
+}
+
+/// `y (m, n) = x (m, k) · w (n, k)ᵀ`, all row-major f32, on AMX. Each
+/// output element is summed over `k` in the same order whatever `m` is and
+/// wherever its row falls, so a row's values do not depend on the rows
+/// beside it (the chunked LM head relies on this). Call only where
+/// [`available`]; errors if the kernel's scratch cannot be allocated.
+pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Result<Vec<f32>, String> {
+    assert!(available(), "amx::linear called without AMX");
+    assert!(x.len() >= m * k && w.len() >= n * k, "amx::linear: operands shorter than ({m}, {k}) and ({n}, {k})");
+    if m == 0 || n == 0 {
+        return Ok(Vec::new());
+    }
+    let kp = k.div_ceil(32) * 32;
+    let blocks = m.div_ceil(32);
+    let threads = rayon::current_num_threads().max(1);
+    // x's pieces: 3 planes' worth of tiles, every element written by the
+    // split (rows past m and k past k as zeros).
+    let mut xp: Vec<u16> = Vec::with_capacity(blocks * 32 * kp * 3);
+    let xs = Shared(xp.as_mut_ptr());
+    let per = blocks.div_ceil(threads);
+    (0..blocks.div_ceil(per)).into_par_iter().for_each(|t| {
+        let (b0, b1) = (t * per, ((t + 1) * per).min(blocks));
+        // SAFETY: rows [32·b0, 32·b1) write tiles of blocks b0..b1 only, inside
+        // the capacity; x holds m × k values.
+        #[cfg(r2vpo_amx)]
+        unsafe {
+            r2vpo_amx_split_rows(x.as_ptr(), k, m, k, b0 * 32, b1 * 32, xs.ptr(), kp)
+        };
+        #[cfg(not(r2vpo_amx))]
+        let _ = (b0, b1, xs);
+    });
+    // SAFETY: the split wrote all blocks · 32 · kp · 3 elements.
+    unsafe { xp.set_len(blocks * 32 * kp * 3) };
+    let mut y: Vec<f32> = Vec::with_capacity(m * n);
+    let ys = Shared(y.as_mut_ptr());
+    let panels = n.div_ceil(32);
+    let per = panels.div_ceil(threads);
+    let failed = (0..panels.div_ceil(per)).into_par_iter().any(|t| {
+        let (c0, c1) = (t * per * 32, ((t + 1) * per * 32).min(n));
+        // SAFETY: columns [c0, c1) of every row, inside y's capacity; the
+        // split input and w outlive the call.
+        #[cfg(r2vpo_amx)]
+        return unsafe { r2vpo_amx_linear_cols(xp.as_ptr(), m, kp, w.as_ptr(), k, n, k, c0, c1, ys.ptr(), n) } != 0;
+        #[cfg(not(r2vpo_amx))]
+        {
+            let _ = (c0, c1, ys);
+            true
+        }
+    });
+    if failed {
+        return Err(format!("AMX linear ({m} × {k}) · ({n} × {k})ᵀ: could not allocate its scratch"));
+    }
+    // SAFETY: every (row, column) was written by one task.
+    unsafe { y.set_len(m * n) };
+    Ok(y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Σ|xᵢwᵢ|`-relative error against f64, for AMX (when this machine
+    /// has it) on ragged shapes: edges in every dimension, k below one
+    /// block, several row and column blocks.
+    #[test]
+    fn agrees_with_f64() {
+        if !available() {
+            eprintln!("no AMX here: nothing to check (ops::linear runs gemm)");
+            return;
+        }
+        let mut s = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut rnd = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        };
+        for (m, n, k) in [(33, 17, 1), (40, 33, 31), (100, 70, 100), (333, 1000, 100), (70, 48, 576), (64, 40, 1537)] {
+            let x: Vec<f32> = (0..m * k).map(|_| rnd() as f32).collect();
+            // Magnitudes over ±2⁸, so every piece matters.
+            let w: Vec<f32> = (0..n * k).map(|_| (rnd() * (rnd() * 8.0).exp2()) as f32).collect();
+            let y = linear(&x, m, k, &w, n).unwrap();
+            assert_eq!(y.len(), m * n);
+            let mut worst = 0.0f64;
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut exact, mut mag) = (0.0f64, 0.0f64);
+                    for q in 0..k {
+                        let t = f64::from(x[i * k + q]) * f64::from(w[j * k + q]);
+                        exact += t;
+                        mag += t.abs();
+                    }
+                    worst = worst.max((f64::from(y[i * n + j]) - exact).abs() / mag.max(f64::MIN_POSITIVE));
+                }
+            }
+            // f32's unit roundoff is 6e-8; a few of them, whatever k is.
+            assert!(worst < 4e-7, "({m}, {n}, {k}): error {worst:.2e} relative to Σ|xw|");
+        }
+    }
+
+    /// A row's values are the same bits whichever rows surround it.
+    #[test]
+    fn rows_do_not_depend_on_their_neighbours() {
+        if !available() {
+            eprintln!("no AMX here: nothing to check");
+            return;
+        }
+        let (m, n, k) = (100, 50, 300);
+        let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 104_729 % 997) as f32 - 498.0) / 997.0).collect();
+        let all = linear(&x, m, k, &w, n).unwrap();
+        for (r0, r1) in [(0, 1), (5, 38), (37, 100), (64, 96)] {
+            let part = linear(&x[r0 * k..r1 * k], r1 - r0, k, &w, n).unwrap();
+            assert_eq!(part, all[r0 * n..r1 * n], "rows {r0}..{r1}");
+        }
+    }
+}
