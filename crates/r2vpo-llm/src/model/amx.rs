@@ -102,14 +102,12 @@ pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Result<Vec<
     }
     let kp = k.div_ceil(32) * 32;
     let blocks = m.div_ceil(32);
-    let threads = rayon::current_num_threads().max(1);
     // x's pieces: 3 planes' worth of tiles, every element written by the
     // split (rows past m and k past k as zeros).
-    let mut xp: Vec<u16> = Vec::with_capacity(blocks * 32 * kp * 3);
+    let xp_len = blocks * 32 * kp * 3;
+    let mut xp: Vec<u16> = Vec::with_capacity(xp_len);
     let xs = Shared(xp.as_mut_ptr());
-    let per = blocks.div_ceil(threads);
-    (0..blocks.div_ceil(per)).into_par_iter().for_each(|t| {
-        let (b0, b1) = (t * per, ((t + 1) * per).min(blocks));
+    per_thread(blocks).for_each(|(b0, b1)| {
         // SAFETY: rows [32·b0, 32·b1) write tiles of blocks b0..b1 only, inside
         // the capacity; x holds m × k values.
         #[cfg(r2vpo_amx)]
@@ -120,13 +118,11 @@ pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Result<Vec<
         let _ = (b0, b1, xs);
     });
     // SAFETY: the split wrote all blocks · 32 · kp · 3 elements.
-    unsafe { xp.set_len(blocks * 32 * kp * 3) };
+    unsafe { xp.set_len(xp_len) };
     let mut y: Vec<f32> = Vec::with_capacity(m * n);
     let ys = Shared(y.as_mut_ptr());
-    let panels = n.div_ceil(32);
-    let per = panels.div_ceil(threads);
-    let failed = (0..panels.div_ceil(per)).into_par_iter().any(|t| {
-        let (c0, c1) = (t * per * 32, ((t + 1) * per * 32).min(n));
+    let failed = per_thread(n.div_ceil(32)).any(|(p0, p1)| {
+        let (c0, c1) = (p0 * 32, (p1 * 32).min(n));
         // SAFETY: columns [c0, c1) of every row, inside y's capacity; the
         // split input and w outlive the call.
         #[cfg(r2vpo_amx)]
@@ -143,6 +139,14 @@ pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Result<Vec<
     // SAFETY: every (row, column) was written by one task.
     unsafe { y.set_len(m * n) };
     Ok(y)
+}
+
+/// `0..units` in one contiguous range per thread of rayon's pool (fewer
+/// where there are fewer units), in parallel: each thread streams its own
+/// 32-row blocks or 32-column panels.
+fn per_thread(units: usize) -> impl ParallelIterator<Item = (usize, usize)> {
+    let per = units.div_ceil(rayon::current_num_threads().max(1)).max(1);
+    (0..units.div_ceil(per)).into_par_iter().map(move |t| (t * per, ((t + 1) * per).min(units)))
 }
 
 #[cfg(test)]
