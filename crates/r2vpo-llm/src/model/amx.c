@@ -11,9 +11,11 @@
 // no crate multiplies f32 on AMX; gcc's intrinsics are stable. See
 // `amx.rs` for what it measured and how it is dispatched.
 //
-// x's pieces are the A tiles (16 rows × 32 k, as x lies); w's pieces are
-// the B tiles in the VNNI layout TDPBF16PS wants (16 k pairs × 16 output
-// columns), split and transposed once per call, 32 columns at a time.
+// Many rows (`r2vpo_amx_linear_cols`): x's pieces are the A tiles (16 rows
+// × 32 k, as x lies); w's pieces are the B tiles in the VNNI layout
+// TDPBF16PS wants (16 k pairs × 16 output columns), split and transposed
+// once per call, 32 columns at a time. Few rows (`r2vpo_amx_small_cols`,
+// below): the roles turned around, so w is split as it streams past.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,13 +30,16 @@
 #define XFEATURE_XTILEDATA 18
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,prfchw")))
 
-// 1 when this CPU has AMX-TILE and AMX-BF16 and the kernel grants this
+// 1 when this CPU has AMX-TILE, AMX-BF16 and AVX512_BF16 and the kernel grants this
 // process the tile data state; 0 otherwise (then nothing here may run).
 int r2vpo_amx_init(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
     int bf16 = (d >> 22) & 1, tile = (d >> 24) & 1, avx512f = (b >> 16) & 1, avx512bw = (b >> 30) & 1;
     if (!(bf16 && tile && avx512f && avx512bw)) return 0;
+    // AVX512_BF16 (VCVTNE2PS2BF16, the few-row kernel's packing): every CPU
+    // with AMX has it, but it has its own CPUID bit.
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !((a >> 5) & 1)) return 0;
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
@@ -296,6 +301,214 @@ AMX_TARGET int r2vpo_amx_linear_cols(const uint16_t *xp, size_t m, size_t kp, co
     _tile_release();
     return 0;
 }
+
+// ---------------------------------------------------------------- few rows
+
+// The decode steps' products (m ≤ 32 rows) turned around: yᵀ = w · xᵀ, so
+// the weight's pieces are the A tiles, which take rows as w lies (16 of its
+// rows × 32 k): splitting a weight needs no transpose, only the split, and
+// it is done in L1 as the rows stream past, so nothing is packed or kept.
+// x's pieces are the B tiles (VNNI layout), split once per call.
+
+// split3_32 by truncation: p0 = v's top 16 bits, p1 those of v − p0, p2 =
+// v − p0 − p1 (at most 8 significant bits left, so a bf16 value), each
+// exact, packed by VCVTNE2PS2BF16 (exact on bf16 values). A quarter of
+// split3_32's instructions, which a decode step's weights, split on every
+// call, cannot afford: the pieces are as exact, only up to twice as large
+// below the leading one, so the three dropped products are too (still
+// below f32's rounding of the sum; `amx.rs`'s tests bound the error).
+// Denormal pieces (of values below 2⁻¹⁰²) are read as zero, as the tiles
+// read them anyway.
+AMX_TARGET __attribute__((target("avx512bf16"))) static inline void split3t_32(const float *src, size_t len,
+                                                                                __m512i out[3]) {
+    __mmask16 m0 = len >= 16 ? 0xFFFF : (__mmask16)((1u << len) - 1);
+    __mmask16 m1 = len >= 32 ? 0xFFFF : len <= 16 ? 0 : (__mmask16)((1u << (len - 16)) - 1);
+    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    __m512 a = _mm512_maskz_loadu_ps(m0, src), b = _mm512_maskz_loadu_ps(m1, src + 16);
+    __m512 a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), hi));
+    __m512 b0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(b), hi));
+    __m512 ar = _mm512_sub_ps(a, a0), br = _mm512_sub_ps(b, b0);
+    __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(ar), hi));
+    __m512 b1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(br), hi));
+    __m512 a2 = _mm512_sub_ps(ar, a1), b2 = _mm512_sub_ps(br, b1);
+    out[0] = (__m512i)_mm512_cvtne2ps_pbh(b0, a0);
+    out[1] = (__m512i)_mm512_cvtne2ps_pbh(b1, a1);
+    out[2] = (__m512i)_mm512_cvtne2ps_pbh(b2, a2);
+}
+
+// x (m ≤ 32, k; row stride k) as B tiles: for k block kb, piece p and
+// 16-row half h, the 1 KB tile at ((kb · 3 + p) · halves + h) · 512, whose
+// row r holds k pair r of each of the half's 16 rows. Rows past m and k
+// past k are zero.
+AMX_TARGET __attribute__((target("avx512bf16"))) void r2vpo_amx_small_split_x(const float *x, size_t m, size_t k, uint16_t *xb, size_t kp) {
+    size_t kb_n = kp / 32, halves = (m + 15) / 16;
+    __m512i pc[3], rows[3][16];
+    for (size_t kb = 0; kb < kb_n; kb++)
+        for (size_t h = 0; h < halves; h++) {
+            for (size_t i = 0; i < 16; i++) {
+                size_t row = h * 16 + i;
+                size_t len = row < m ? k - kb * 32 : 0;
+                split3t_32(row < m ? x + row * k + kb * 32 : x, len, pc);
+                for (int p = 0; p < 3; p++) rows[p][i] = pc[p];
+            }
+            for (size_t p = 0; p < 3; p++) {
+                transpose16(rows[p]);
+                uint16_t *tile = xb + ((kb * 3 + p) * halves + h) * 512;
+                for (int r = 0; r < 16; r++) _mm512_storeu_si512(tile + r * 32, rows[p][r]);
+            }
+        }
+}
+
+// k block kb of weight rows [t0, t0 + 32) (zero past n and k) split into
+// A tiles at `abuf`: piece p's 16-row half h at (p · 2 + h) · 512. Also
+// prefetches, into L2, the values 8 k blocks ahead in the stream of blocks
+// up to column c1: 32 rows read 128 bytes at a time are more streams than
+// the hardware prefetcher follows. (2 threads, weights from memory: 4
+// blocks ahead into L1 read them at 15–17 GB/s, 8 into L2 at 17–19; this
+// machine's plain streaming read is 24–25 GB/s.)
+AMX_TARGET __attribute__((target("avx512bf16"))) static inline void split_rows32(const float *w, size_t n, size_t k,
+                                                                                  size_t kb_n, size_t c1,
+                                                                                  size_t t0, size_t kb, size_t r0,
+                                                                                  size_t r1, uint16_t *abuf) {
+    size_t ab = kb + 8, at = t0;
+    while (ab >= kb_n) ab -= kb_n, at += 32;
+    __m512i pc[3];
+    for (size_t c = r0; c < r1; c++) {
+        size_t col = t0 + c;
+        if (at < c1 && at + c < n && ab * 32 < k) {
+            const float *pf = w + (at + c) * k + ab * 32;
+            _mm_prefetch((const char *)pf, _MM_HINT_T1);
+            _mm_prefetch((const char *)(pf + 16), _MM_HINT_T1);
+        }
+        split3t_32(col < n ? w + col * k + kb * 32 : w, col < n ? k - kb * 32 : 0, pc);
+        for (int p = 0; p < 3; p++) _mm512_store_si512(abuf + (p * 2 + c / 16) * 512 + (c % 16) * 32, pc[p]);
+    }
+}
+
+// Columns [c0, c1) of y (m ≤ 32, n; row stride ldy) = x · wᵀ, c0 a
+// multiple of 32, with x split by `r2vpo_amx_small_split_x`. For each 32
+// weight rows, each k block's 32 × 32 values are split into A tiles in an
+// L1 buffer (piece, then 16-row half: the layout `block32` reads) and meet
+// x's pieces at once; the 32 × m block of yᵀ is transposed in registers on
+// the way out.
+AMX_TARGET __attribute__((target("avx512bf16"))) void r2vpo_amx_small_cols(const uint16_t *xb, size_t m, size_t kp,
+                                                                           const float *w, size_t n, size_t k,
+                                                                           size_t c0, size_t c1, float *y,
+                                                                           size_t ldy) {
+    size_t kb_n = kp / 32, halves = (m + 15) / 16;
+    uint16_t abuf[2][3072] __attribute__((aligned(64)));
+    float buf[256] __attribute__((aligned(64)));
+    tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    // One k block ahead: block s + 1 is split while block s multiplies, so
+    // that its stores have reached L1 by the time the tiles load them (a
+    // tile load right behind the stores it reads waits for them, and the
+    // tile unit with it: SmolLM2's decode shapes at 32 rows ran at 212
+    // GFLOP/s that way against 278 so, 2 threads, weights from memory).
+    split_rows32(w, n, k, kb_n, c1, c0, 0, 0, 32, abuf[0]);
+    for (size_t t0 = c0; t0 < c1; t0 += 32) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (size_t kb = 0; kb < kb_n; kb++) {
+            size_t s = (t0 - c0) / 32 * kb_n + kb;
+            // The next block, split a few rows between each group of
+            // products: the split's vector instructions and the tile unit
+            // then run side by side. Split whole and then multiplied, the
+            // two took the sum of their times (a standalone test, 32 × 32
+            // blocks in cache: 215 ns a block against 125–156 interleaved).
+            size_t nt = kb + 1 < kb_n ? t0 : t0 + 32, nkb = kb + 1 < kb_n ? kb + 1 : 0;
+            int more = nt < c1;
+            uint16_t *next = abuf[(s + 1) & 1];
+#define SPLIT(R0, R1) \
+    if (more) split_rows32(w, n, k, kb_n, c1, nt, nkb, R0, R1, next);
+            const uint16_t *a = abuf[s & 1], *b = xb + kb * 3 * halves * 512;
+            if (halves == 2) {
+                // As `block32`, the roles of x and w swapped.
+#define STEP(A_NEXT, B_NEXT)                                   \
+    _tile_dpbf16ps(0, 4, 6);                                   \
+    _tile_dpbf16ps(2, 5, 6);                                   \
+    if (B_NEXT >= 0) _tile_loadd(6, b + B_NEXT * 1024, 64);       \
+    _tile_dpbf16ps(1, 4, 7);                                   \
+    _tile_dpbf16ps(3, 5, 7);                                   \
+    if (A_NEXT >= 0) {                                         \
+        _tile_loadd(4, a + A_NEXT * 1024, 64);                    \
+        _tile_loadd(5, a + A_NEXT * 1024 + 512, 64);              \
+    }                                                          \
+    if (B_NEXT >= 0) _tile_loadd(7, b + B_NEXT * 1024 + 512, 64);
+                _tile_loadd(4, a, 64);
+                _tile_loadd(5, a + 512, 64);
+                _tile_loadd(6, b, 64);
+                _tile_loadd(7, b + 512, 64);
+                STEP(-1, 1)   // w0 · x0
+                SPLIT(0, 6)
+                STEP(-1, 2)   // w0 · x1
+                SPLIT(6, 12)
+                STEP(1, 0)    // w0 · x2
+                SPLIT(12, 17)
+                STEP(-1, 1)   // w1 · x0
+                SPLIT(17, 22)
+                STEP(2, 0)    // w1 · x1
+                SPLIT(22, 27)
+                STEP(-1, -1)  // w2 · x0
+                SPLIT(27, 32)
+#undef STEP
+            } else {
+                // One half of x: tiles 0 and 2, in the same order; B
+                // alternates between tiles 6 and 7 so that a load does not
+                // wait for the products reading the other.
+#define PAIR(A_NEXT, B_AT, T)                                  \
+    if (A_NEXT >= 0) {                                         \
+        _tile_loadd(4, a + A_NEXT * 1024, 64);                    \
+        _tile_loadd(5, a + A_NEXT * 1024 + 512, 64);              \
+    }                                                          \
+    _tile_loadd(T, b + B_AT * 512, 64);                           \
+    _tile_dpbf16ps(0, 4, T);                                   \
+    _tile_dpbf16ps(2, 5, T);
+                PAIR(0, 0, 6)   // w0 · x0
+                SPLIT(0, 6)
+                PAIR(-1, 1, 7)  // w0 · x1
+                SPLIT(6, 12)
+                PAIR(-1, 2, 6)  // w0 · x2
+                SPLIT(12, 17)
+                PAIR(1, 0, 7)   // w1 · x0
+                SPLIT(17, 22)
+                PAIR(-1, 1, 6)  // w1 · x1
+                SPLIT(22, 27)
+                PAIR(2, 0, 7)   // w2 · x0
+                SPLIT(27, 32)
+#undef PAIR
+            }
+#undef SPLIT
+        }
+        for (size_t q = 0; q < 4; q++) {
+            // Tile q: weight rows t0 + 16·(q / 2), x rows 16·(q % 2).
+            size_t r0 = t0 + 16 * (q / 2), h = q % 2;
+            if (h >= halves || r0 >= n) continue;
+            switch (q) {
+            case 0: _tile_stored(0, buf, 64); break;
+            case 1: _tile_stored(1, buf, 64); break;
+            case 2: _tile_stored(2, buf, 64); break;
+            default: _tile_stored(3, buf, 64); break;
+            }
+            size_t cols = n - r0 < 16 ? n - r0 : 16;
+            __mmask16 mask = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512(buf + i * 16);
+            transpose16(r);
+            for (size_t i = 0; i < 16 && h * 16 + i < m; i++)
+                _mm512_mask_storeu_ps(y + (h * 16 + i) * ldy + r0, mask, _mm512_castsi512_ps(r[i]));
+        }
+    }
+    _tile_release();
+}
 #else
 int r2vpo_amx_init(void) { return 0; }
 void r2vpo_amx_split_rows(const float *x, size_t ldx, size_t m, size_t k, size_t r0, size_t r1, uint16_t *xp,
@@ -306,6 +519,15 @@ void r2vpo_amx_split_rows(const float *x, size_t ldx, size_t m, size_t k, size_t
 int r2vpo_amx_linear_cols(const uint16_t *xp, size_t m, size_t kp, const float *w, size_t ldw, size_t n, size_t k,
                           size_t c0, size_t c1, float *y, size_t ldy) {
     (void)xp, (void)m, (void)kp, (void)w, (void)ldw, (void)n, (void)k, (void)c0, (void)c1, (void)y, (void)ldy;
+    abort();
+}
+void r2vpo_amx_small_split_x(const float *x, size_t m, size_t k, uint16_t *xb, size_t kp) {
+    (void)x, (void)m, (void)k, (void)xb, (void)kp;
+    abort();
+}
+void r2vpo_amx_small_cols(const uint16_t *xb, size_t m, size_t kp, const float *w, size_t n, size_t k, size_t c0,
+                          size_t c1, float *y, size_t ldy) {
+    (void)xb, (void)m, (void)kp, (void)w, (void)n, (void)k, (void)c0, (void)c1, (void)y, (void)ldy;
     abort();
 }
 #endif

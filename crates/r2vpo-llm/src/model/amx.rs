@@ -1,5 +1,6 @@
 //! `x · wᵀ` in f32 on Intel AMX, for the learner's and the scoring pass's
-//! many-row products (the C kernel in `amx.c`).
+//! many-row products ([`linear`]) and the decode steps' 16–32 rows
+//! ([`linear_small`]): the C kernels in `amx.c`.
 //!
 //! Why: AMX multiplies bf16 tiles at ≈ 3.3 TFLOP/s per core on this
 //! machine's CPU, ≈ 18 times its f32 FMA rate (the f32 GEMM limit is
@@ -51,10 +52,24 @@ extern "C" {
         y: *mut f32,
         ldy: usize,
     ) -> i32;
+    fn r2vpo_amx_small_split_x(x: *const f32, m: usize, k: usize, xb: *mut u16, kp: usize);
+    #[allow(clippy::too_many_arguments)]
+    fn r2vpo_amx_small_cols(
+        xb: *const u16,
+        m: usize,
+        kp: usize,
+        w: *const f32,
+        n: usize,
+        k: usize,
+        c0: usize,
+        c1: usize,
+        y: *mut f32,
+        ldy: usize,
+    );
 }
 
-/// Whether many-row f32 products run on AMX in this process: the CPU has
-/// AMX-BF16 (and AVX-512), Linux grants the tile state, and
+/// Whether f32 products run on AMX in this process: the CPU has AMX-BF16
+/// (and AVX-512 with AVX512_BF16), Linux grants the tile state, and
 /// `R2VPO_MATMUL` is not `gemm`. Asked once.
 pub fn available() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
@@ -141,6 +156,87 @@ pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Result<Vec<
     Ok(y)
 }
 
+/// The most rows [`linear_small`] takes: two 16-row B tiles.
+pub const SMALL_MAX_ROWS: usize = 32;
+
+/// `outᵢ (m, nᵢ) = x (m, k) · wᵢ (nᵢ, k)ᵀ` for each weight `(wᵢ, nᵢ)`,
+/// all row-major f32, for the few rows of a decode step (`m ≤ 32`), on
+/// AMX with the same f32 accuracy as [`linear`].
+///
+/// Why a second kernel: [`linear`] transposes every weight into B tiles,
+/// which pays only when many rows reuse them. Here the product is turned
+/// around (`yᵀ = w · xᵀ`): the weight's pieces are A tiles, which take
+/// its rows as they lie, so each 16 × 32 block is split in registers as it
+/// streams past and meets x's pieces at once, and nothing is packed or
+/// kept. The f32 small-row kernel (`small_gemm`) spends about as long
+/// multiplying as reading a 32-row step's weights; here the multiply runs
+/// beside the read on the tile unit (measured in the README's decode
+/// table). Each output sums its k blocks in one order whatever `m` is, so
+/// a row's values do not depend on the rows beside it. Several weights
+/// that read the same input (q, k and v; gate and up) share one parallel
+/// pass. Call only where [`available`].
+pub fn linear_small(x: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Vec<Vec<f32>> {
+    assert!(available(), "amx::linear_small called without AMX");
+    assert!(m <= SMALL_MAX_ROWS, "amx::linear_small: {m} rows (at most {SMALL_MAX_ROWS})");
+    assert!(
+        x.len() >= m * k && ws.iter().all(|(w, n)| w.len() >= n * k),
+        "amx::linear_small: slices shorter than their shapes"
+    );
+    let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| Vec::with_capacity(m * w.1)).collect();
+    if m == 0 || k == 0 {
+        // No k blocks: every output is an empty sum.
+        for (o, w) in outs.iter_mut().zip(ws) {
+            o.resize(m * w.1, 0.0);
+        }
+        return outs;
+    }
+    let kp = k.div_ceil(32) * 32;
+    let xb_len = (kp / 32) * 3 * m.div_ceil(16) * 512;
+    let mut xb: Vec<u16> = Vec::with_capacity(xb_len);
+    // SAFETY: writes xb_len elements (every tile of every k block, piece and
+    // half) inside the capacity; x holds m × k values.
+    #[cfg(r2vpo_amx)]
+    unsafe {
+        r2vpo_amx_small_split_x(x.as_ptr(), m, k, xb.as_mut_ptr(), kp);
+        xb.set_len(xb_len);
+    }
+    let dst: Vec<Shared<f32>> = outs.iter_mut().map(|o| Shared(o.as_mut_ptr())).collect();
+    // Columns in 32-wide blocks; two ranges per thread, as the f32 kernel
+    // splits them (fewer, longer weight streams than finer splits).
+    let tiles: usize = ws.iter().map(|w| w.1.div_ceil(32)).sum();
+    let per = tiles.div_ceil(rayon::current_num_threads().max(1) * 2).max(1) * 32;
+    let tasks: Vec<(usize, usize, usize)> = ws
+        .iter()
+        .enumerate()
+        .flat_map(|(wi, w)| (0..w.1).step_by(per).map(move |c0| (wi, c0, (c0 + per).min(w.1))))
+        .collect();
+    let run = |&(wi, c0, c1): &(usize, usize, usize)| {
+        let (w, n) = ws[wi];
+        let y = dst[wi];
+        // SAFETY: columns [c0, c1) of every row of output wi, inside its
+        // capacity m · n, written by this task only; xb and w outlive it.
+        #[cfg(r2vpo_amx)]
+        unsafe {
+            r2vpo_amx_small_cols(xb.as_ptr(), m, kp, w.as_ptr(), n, k, c0, c1, y.ptr(), n)
+        };
+        #[cfg(not(r2vpo_amx))]
+        let _ = (w, n, y, c0, c1, &xb, kp);
+    };
+    // Below this much work rayon's hand-off costs more than the split saves
+    // (the f32 kernel's rule).
+    if tasks.len() == 1 || rayon::current_num_threads() == 1 || m * tiles * 32 * k < 1 << 18 {
+        tasks.iter().for_each(run);
+    } else {
+        tasks.par_iter().for_each(run);
+    }
+    for (o, w) in outs.iter_mut().zip(ws) {
+        // SAFETY: the tasks cover columns 0..n of every output once, and the
+        // kernel writes every row of each of its columns.
+        unsafe { o.set_len(m * w.1) };
+    }
+    outs
+}
+
 /// `0..units` in one contiguous range per thread of rayon's pool (fewer
 /// where there are fewer units), in parallel: each thread streams its own
 /// 32-row blocks or 32-column panels.
@@ -189,6 +285,65 @@ mod tests {
             }
             // f32's unit roundoff is 6e-8; a few of them, whatever k is.
             assert!(worst < 4e-7, "({m}, {n}, {k}): error {worst:.2e} relative to Σ|xw|");
+        }
+    }
+
+    /// The few-row kernel against f64, as [`agrees_with_f64`]: one and two
+    /// 16-row halves, ragged n and k, weights over ±2⁸ so every piece
+    /// matters, and two weights in one call (each output written whole).
+    #[test]
+    fn small_agrees_with_f64() {
+        if !available() {
+            eprintln!("no AMX here: nothing to check (small_gemm runs its f32 kernel)");
+            return;
+        }
+        let mut s = 0x2545_F491_4F6C_DD1D_u64;
+        let mut rnd = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        };
+        for (m, n, k) in [(1, 17, 1), (5, 33, 31), (16, 64, 576), (17, 70, 100), (32, 40, 1537), (32, 1000, 64)] {
+            let x: Vec<f32> = (0..m * k).map(|_| rnd() as f32).collect();
+            let w: Vec<f32> = (0..n * k).map(|_| (rnd() * (rnd() * 8.0).exp2()) as f32).collect();
+            let n2 = n / 3 + 1;
+            let w2: Vec<f32> = (0..n2 * k).map(|_| rnd() as f32).collect();
+            let ys = linear_small(&x, m, k, &[(&w, n), (&w2, n2)]);
+            for (y, (w, n)) in ys.iter().zip([(&w, n), (&w2, n2)]) {
+                assert_eq!(y.len(), m * n);
+                let mut worst = 0.0f64;
+                for i in 0..m {
+                    for j in 0..n {
+                        let (mut exact, mut mag) = (0.0f64, 0.0f64);
+                        for q in 0..k {
+                            let t = f64::from(x[i * k + q]) * f64::from(w[j * k + q]);
+                            exact += t;
+                            mag += t.abs();
+                        }
+                        worst = worst.max((f64::from(y[i * n + j]) - exact).abs() / mag.max(f64::MIN_POSITIVE));
+                    }
+                }
+                assert!(worst < 4e-7, "({m}, {n}, {k}): error {worst:.2e} relative to Σ|xw|");
+            }
+        }
+    }
+
+    /// The few-row kernel's rows are the same bits whichever rows surround
+    /// them, in one 16-row half or two.
+    #[test]
+    fn small_rows_do_not_depend_on_their_neighbours() {
+        if !available() {
+            eprintln!("no AMX here: nothing to check");
+            return;
+        }
+        let (m, n, k) = (32, 50, 300);
+        let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 104_729 % 997) as f32 - 498.0) / 997.0).collect();
+        let all = linear_small(&x, m, k, &[(&w, n)]).remove(0);
+        for (r0, r1) in [(0, 1), (5, 21), (16, 32), (31, 32)] {
+            let part = linear_small(&x[r0 * k..r1 * k], r1 - r0, k, &[(&w, n)]).remove(0);
+            assert_eq!(part, all[r0 * n..r1 * n], "rows {r0}..{r1}");
         }
     }
 

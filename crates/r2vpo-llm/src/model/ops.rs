@@ -647,10 +647,10 @@ pub const SMALL_ROWS: usize = super::small_gemm::MAX_ROWS;
 
 /// `x (M, K) · w (N, K)ᵀ`, differentiable: a linear layer with the weight
 /// as checkpoints store it. Up to 32 rows of f32 on a CPU with AVX2 or
-/// AVX-512 (every decode step) it runs without repacking `w`; more rows
-/// run on AMX where the CPU has it ([`super::amx`]: f32 products from
-/// split bf16 pieces), else gemm as candle's matmul does, without
-/// zero-filling the output first. The backward's products run gemm either
+/// AVX-512 (every decode step) it runs without repacking `w`, on AMX from
+/// 16 rows where the CPU has it; more rows run on AMX where the CPU has it
+/// ([`super::amx`]: f32 products from split bf16 pieces), else gemm as
+/// candle's matmul does, without zero-filling the output first. The backward's products run gemm either
 /// way; other dtypes and devices use candle's matmul. The kernels sum in
 /// different orders, so they agree to f32 rounding, not bit for bit
 /// (tested).
