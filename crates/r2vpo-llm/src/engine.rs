@@ -395,9 +395,10 @@ impl Loop {
                     continue;
                 }
             }
-            // On a pool thread (see `on_pool`), per step so that no pool
-            // thread is held while the loop waits for requests.
-            if let Err(e) = crate::model::on_pool(|| self.step(open)) {
+            // On a pool thread, the others kept awake (see `on_pool_awake`),
+            // per step so that no pool thread is held (or spins) while the
+            // loop waits for requests.
+            if let Err(e) = crate::model::on_pool_awake(|| self.step(open)) {
                 self.fail_all(&format!("model step failed: {e}"));
             }
             self.publish();

@@ -384,8 +384,9 @@ pub fn generate_ids(
         .collect();
 
     if cfg.max_new_tokens > 0 && !requests.is_empty() {
-        // On a pool thread for the whole loop (see `on_pool`).
-        crate::model::on_pool(|| decode(model, requests, cfg, eos, pad_id, &mut rows))?;
+        // On a pool thread for the whole loop, the others kept awake (see
+        // `on_pool_awake`).
+        crate::model::on_pool_awake(|| decode(model, requests, cfg, eos, pad_id, &mut rows))?;
     }
     Ok(rows
         .into_iter()
