@@ -336,14 +336,16 @@ AMX_TARGET __attribute__((target("avx512bf16"))) static inline void split3t_32(c
     out[2] = (__m512i)_mm512_cvtne2ps_pbh(b2, a2);
 }
 
-// x (m ≤ 32, k; row stride k) as B tiles: for k block kb, piece p and
+// k blocks [kb0, kb1) of x (m ≤ 32, k; row stride k) as B tiles: for k block kb, piece p and
 // 16-row half h, the 1 KB tile at ((kb · 3 + p) · halves + h) · 512, whose
 // row r holds k pair r of each of the half's 16 rows. Rows past m and k
 // past k are zero.
-AMX_TARGET __attribute__((target("avx512bf16"))) void r2vpo_amx_small_split_x(const float *x, size_t m, size_t k, uint16_t *xb, size_t kp) {
-    size_t kb_n = kp / 32, halves = (m + 15) / 16;
+AMX_TARGET __attribute__((target("avx512bf16"))) void r2vpo_amx_small_split_x(const float *x, size_t m, size_t k, uint16_t *xb, size_t kp,
+                                                                              size_t kb0, size_t kb1) {
+    size_t halves = (m + 15) / 16;
+    (void)kp;
     __m512i pc[3], rows[3][16];
-    for (size_t kb = 0; kb < kb_n; kb++)
+    for (size_t kb = kb0; kb < kb1; kb++)
         for (size_t h = 0; h < halves; h++) {
             for (size_t i = 0; i < 16; i++) {
                 size_t row = h * 16 + i;
@@ -530,8 +532,8 @@ int r2vpo_amx_linear_cols(const uint16_t *xp, size_t m, size_t kp, const float *
     (void)xp, (void)m, (void)kp, (void)w, (void)ldw, (void)n, (void)k, (void)c0, (void)c1, (void)y, (void)ldy;
     abort();
 }
-void r2vpo_amx_small_split_x(const float *x, size_t m, size_t k, uint16_t *xb, size_t kp) {
-    (void)x, (void)m, (void)k, (void)xb, (void)kp;
+void r2vpo_amx_small_split_x(const float *x, size_t m, size_t k, uint16_t *xb, size_t kp, size_t kb0, size_t kb1) {
+    (void)x, (void)m, (void)k, (void)xb, (void)kp, (void)kb0, (void)kb1;
     abort();
 }
 void r2vpo_amx_small_cols(const uint16_t *xb, size_t m, size_t kp, const float *w, size_t n, size_t k, size_t c0,
