@@ -426,13 +426,30 @@ fn decode(
     // `active[j]` is the request behind cache row j.
     let mut active: Vec<usize> = (0..requests.len()).collect();
     loop {
-        let l = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        // The logits read where they lie on the CPU: copied out row by row
+        // (`to_vec2`) they were 0.85 ms of a 48 ms batch-32 step.
+        let lf = logits.to_dtype(DType::F32)?.contiguous()?;
+        let vocab = lf.dim(1)?;
+        let host: Vec<f32>;
+        let guard;
+        let flat: &[f32] = if lf.device().is_cpu() {
+            guard = lf.storage_and_layout();
+            match &*guard.0 {
+                candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)) => {
+                    &v[guard.1.start_offset()..guard.1.start_offset() + lf.elem_count()]
+                }
+                _ => return Err(candle_core::Error::Msg("sampler: f32 CPU logits expected".into()).into()),
+            }
+        } else {
+            host = lf.flatten_all()?.to_vec1::<f32>()?;
+            &host
+        };
         // Rows are independent (own RNG), so sample them in parallel.
         let mut picked: Vec<(usize, &mut Row)> =
             rows.iter_mut().enumerate().filter(|(i, _)| active.contains(i)).collect();
         picked.par_iter_mut().for_each(|(i, row)| {
             let j = active.iter().position(|a| a == i).expect("active row");
-            let s = sample_token(&l[j], cfg, &mut row.rng);
+            let s = sample_token(&flat[j * vocab..(j + 1) * vocab], cfg, &mut row.rng);
             row.tokens.push(s.token);
             row.logprobs.push(s.logprob as f32);
             row.model_logprobs.push(s.model_logprob as f32);
@@ -460,6 +477,40 @@ fn decode(
         logits = model.forward_step(&ids, &mask, &mut cache)?;
     }
     Ok(())
+}
+
+/// The first id whose running total of `w` passes `target` (ids of weight 0
+/// never chosen), or `None` if rounding leaves the total short. Sums of
+/// 256-id blocks first, in 8 independent lanes, then one block id by id: a
+/// single chain of 49 152 dependent f64 adds (and a second for the total)
+/// was ≈ 1.3 ms of a batch-32 SmolLM2 decode step. The running totals
+/// round differently from one chain's, which moves a draw only when
+/// `target` lies within rounding of a boundary.
+fn inverse_cdf(w: &[f64], target: f64) -> Option<usize> {
+    const BLOCK: usize = 256;
+    let mut acc = 0.0;
+    for (b, blk) in w.chunks(BLOCK).enumerate() {
+        let mut lanes = [0f64; 8];
+        let ch = blk.chunks_exact(8);
+        let rest: f64 = ch.remainder().iter().sum();
+        for c in ch {
+            for l in 0..8 {
+                lanes[l] += c[l];
+            }
+        }
+        let sum = lanes.iter().sum::<f64>() + rest;
+        if target < acc + sum {
+            for (i, &wt) in blk.iter().enumerate() {
+                acc += wt;
+                if target < acc && wt > 0.0 {
+                    return Some(b * BLOCK + i);
+                }
+            }
+        } else {
+            acc += sum;
+        }
+    }
+    None
 }
 
 /// One draw and its two log-probabilities.
@@ -510,19 +561,12 @@ pub fn sample_token(logits: &[f32], cfg: &SamplingConfig, rng: &mut impl Rng) ->
     let u: f64 = rng.random();
     let top_k = cfg.top_k().filter(|&k| k < logits.len());
     if top_k.is_none() && cfg.top_p >= 1.0 {
-        // Untruncated: inverse-CDF over the vocabulary in id order.
+        // Untruncated: inverse-CDF over the vocabulary in id order. At T = 1
+        // the weights are the normaliser's exponentials, so their total is
+        // its sum (the same values, summed in lanes).
         let w = weights();
-        let total: f64 = w.iter().sum();
-        let target = u * total;
-        let mut acc = 0.0;
-        let mut tok = max_i;
-        for (t, &wt) in w.iter().enumerate() {
-            acc += wt;
-            if target < acc && wt > 0.0 {
-                tok = t;
-                break;
-            }
-        }
+        let total: f64 = if keep { s0 } else { w.iter().sum() };
+        let tok = inverse_cdf(&w, u * total).unwrap_or(max_i);
         return Sampled { token: tok as u32, logprob: z(tok) - total.ln(), model_logprob: model_lp(tok), entropy };
     }
     // Candidates in descending order (ties to the lower id). Only the head
@@ -632,4 +676,31 @@ pub fn bench_generate(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The blocked inverse CDF picks the id one running total picks, on a
+    /// vocabulary-sized row with zero weights (never chosen) and ragged
+    /// blocks, for targets spread over the whole mass; past the total it
+    /// finds none.
+    #[test]
+    fn inverse_cdf_matches_one_running_total() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let w: Vec<f64> = (0..49_157).map(|i| if i % 97 == 0 { 0.0 } else { rng.random::<f64>().powi(8) }).collect();
+        let total: f64 = w.iter().sum();
+        for q in 0..2_000 {
+            let target = total * (q as f64 + rng.random::<f64>()) / 2_000.0;
+            let mut acc = 0.0;
+            let want = w.iter().position(|&wt| {
+                acc += wt;
+                target < acc && wt > 0.0
+            });
+            assert_eq!(inverse_cdf(&w, target), want, "target {target}");
+        }
+        assert_eq!(inverse_cdf(&w, total * 1.000_001), None);
+        assert_eq!(inverse_cdf(&[0.0, 0.0, 1.0], 0.0), Some(2));
+    }
 }
