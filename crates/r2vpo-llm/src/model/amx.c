@@ -133,6 +133,19 @@ typedef struct {
     uint8_t rows[16];
 } tilecfg;
 
+// All eight tiles as 16 rows × 64 bytes (f32 accumulators and bf16 pairs
+// alike), for this thread; each kernel releases them when done.
+AMX_TARGET static void configure_tiles(void) {
+    tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
 // r[i] lane j → r[j] lane i, for 16 × 16 32-bit lanes (the usual four
 // rounds of unpacks and 128-bit shuffles).
 AMX_TARGET static inline void transpose16(__m512i r[16]) {
@@ -200,6 +213,25 @@ AMX_TARGET static inline void store32(float *y, size_t ldy, size_t m, size_t n, 
     }
 }
 
+// One piece product of a 32 × 32 block held in tiles 0–3: A's two 16-row
+// halves in tiles 4 and 5, B's two halves in 6 and 7, then the next
+// operands loaded (A_NEXT / B_NEXT: the piece at `a` / `b`, or −1 for none).
+// Tiles are not renamed: a load into a tile waits for the products still
+// reading it. So each column tile's two products go back to back and its
+// next operand loads behind them, while the other column's products run.
+// Used by `block32` and `r2vpo_amx_small_cols`, whose `a` and `b` are in scope.
+#define STEP(A_NEXT, B_NEXT)                                   \
+    _tile_dpbf16ps(0, 4, 6);                                   \
+    _tile_dpbf16ps(2, 5, 6);                                   \
+    if (B_NEXT >= 0) _tile_loadd(6, b + B_NEXT * 1024, 64);       \
+    _tile_dpbf16ps(1, 4, 7);                                   \
+    _tile_dpbf16ps(3, 5, 7);                                   \
+    if (A_NEXT >= 0) {                                         \
+        _tile_loadd(4, a + A_NEXT * 1024, 64);                    \
+        _tile_loadd(5, a + A_NEXT * 1024 + 512, 64);              \
+    }                                                          \
+    if (B_NEXT >= 0) _tile_loadd(7, b + B_NEXT * 1024 + 512, 64);
+
 // Adds to tiles 0–3 (a 32 × 32 block of y) the six piece products over
 // all k blocks of a 32-row block `a` and a 32-column panel `b`, both in the
 // tile layout.
@@ -216,21 +248,6 @@ AMX_TARGET static inline void block32(const uint16_t *a, const uint16_t *b, size
             _m_prefetchw((void *)(y_next + r * ldy));
             _m_prefetchw((void *)(y_next + r * ldy + 16));
         }
-        // Tiles are not renamed: a load into a tile waits for the products
-        // still reading it. So each column tile's two products go back to
-        // back and its next operand loads behind them, while the other
-        // column's products run.
-#define STEP(A_NEXT, B_NEXT)                                   \
-    _tile_dpbf16ps(0, 4, 6);                                   \
-    _tile_dpbf16ps(2, 5, 6);                                   \
-    if (B_NEXT >= 0) _tile_loadd(6, b + B_NEXT * 1024, 64);       \
-    _tile_dpbf16ps(1, 4, 7);                                   \
-    _tile_dpbf16ps(3, 5, 7);                                   \
-    if (A_NEXT >= 0) {                                         \
-        _tile_loadd(4, a + A_NEXT * 1024, 64);                    \
-        _tile_loadd(5, a + A_NEXT * 1024 + 512, 64);              \
-    }                                                          \
-    if (B_NEXT >= 0) _tile_loadd(7, b + B_NEXT * 1024 + 512, 64);
         _tile_loadd(4, a, 64);
         _tile_loadd(5, a + 512, 64);
         _tile_loadd(6, b, 64);
@@ -241,7 +258,6 @@ AMX_TARGET static inline void block32(const uint16_t *a, const uint16_t *b, size
         STEP(-1, 1)   // x1 · w0
         STEP(2, 0)    // x1 · w1
         STEP(-1, -1)  // x2 · w0
-#undef STEP
     }
 }
 
@@ -267,14 +283,7 @@ AMX_TARGET int r2vpo_amx_linear_cols(const uint16_t *xp, size_t m, size_t kp, co
     uint16_t *panels = scratch((nblk / 32) * blk_elems * 2);
     float buf[1024] __attribute__((aligned(64)));
     if (!panels) return -1;
-    tilecfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
+    configure_tiles();
     for (size_t nb = c0; nb < c1; nb += nblk) {
         size_t ne = nb + nblk < c1 ? nb + nblk : c1;
         for (size_t cb = nb; cb < ne; cb += 32) split_panel(w, ldw, n, k, cb, kb_n, panels + (cb - nb) / 32 * blk_elems);
@@ -400,14 +409,7 @@ AMX_TARGET __attribute__((target("avx512bf16"))) void r2vpo_amx_small_cols(const
     size_t kb_n = kp / 32, halves = (m + 15) / 16;
     uint16_t abuf[2][3072] __attribute__((aligned(64)));
     float buf[256] __attribute__((aligned(64)));
-    tilecfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
+    configure_tiles();
     // One k block ahead: block s + 1 is split while block s multiplies, so
     // that its stores have reached L1 by the time the tiles load them (a
     // tile load right behind the stores it reads waits for them, and the
@@ -443,17 +445,6 @@ AMX_TARGET __attribute__((target("avx512bf16"))) void r2vpo_amx_small_cols(const
             const uint16_t *a = abuf[s & 1], *b = xb + kb * 3 * halves * 512;
             if (halves == 2) {
                 // As `block32`, the roles of x and w swapped.
-#define STEP(A_NEXT, B_NEXT)                                   \
-    _tile_dpbf16ps(0, 4, 6);                                   \
-    _tile_dpbf16ps(2, 5, 6);                                   \
-    if (B_NEXT >= 0) _tile_loadd(6, b + B_NEXT * 1024, 64);       \
-    _tile_dpbf16ps(1, 4, 7);                                   \
-    _tile_dpbf16ps(3, 5, 7);                                   \
-    if (A_NEXT >= 0) {                                         \
-        _tile_loadd(4, a + A_NEXT * 1024, 64);                    \
-        _tile_loadd(5, a + A_NEXT * 1024 + 512, 64);              \
-    }                                                          \
-    if (B_NEXT >= 0) _tile_loadd(7, b + B_NEXT * 1024 + 512, 64);
                 _tile_loadd(4, a, 64);
                 _tile_loadd(5, a + 512, 64);
                 _tile_loadd(6, b, 64);
@@ -470,7 +461,6 @@ AMX_TARGET __attribute__((target("avx512bf16"))) void r2vpo_amx_small_cols(const
                 SPLIT(22, 27)
                 STEP(-1, -1)  // w2 · x0
                 SPLIT(27, 32)
-#undef STEP
             } else {
                 // One half of x: tiles 0 and 2, in the same order; B
                 // alternates between tiles 6 and 7 so that a load does not

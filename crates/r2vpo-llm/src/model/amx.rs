@@ -263,42 +263,71 @@ fn per_thread(units: usize) -> impl ParallelIterator<Item = (usize, usize)> {
 mod tests {
     use super::*;
 
+    /// True (after saying why) where this machine has no AMX, so there is
+    /// nothing to check.
+    fn skip_without_amx(why: &str) -> bool {
+        if !available() {
+            eprintln!("{why}");
+        }
+        !available()
+    }
+
+    /// xorshift64 draws in [−1, 1), seeded.
+    fn uniform(mut s: u64) -> impl FnMut() -> f64 {
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        }
+    }
+
+    /// x (m, k) in [−1, 1) and w (n, k) with magnitudes over ±2⁸, so every
+    /// piece of the split matters.
+    fn operands(rnd: &mut impl FnMut() -> f64, m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
+        let x = (0..m * k).map(|_| rnd() as f32).collect();
+        let w = (0..n * k).map(|_| (rnd() * (rnd() * 8.0).exp2()) as f32).collect();
+        (x, w)
+    }
+
+    /// `y (m, n)` within a few f32 roundoffs (6e-8 each) of `x · wᵀ` in
+    /// f64, relative to each element's `Σ|xᵢwᵢ|`, whatever k is.
+    fn assert_f32_accurate(x: &[f32], w: &[f32], y: &[f32], (m, n, k): (usize, usize, usize)) {
+        let worst = worst_error(x, w, y, (m, n, k));
+        assert!(worst < 4e-7, "({m}, {n}, {k}): error {worst:.2e} relative to Σ|xw|");
+    }
+
+    /// The largest error of `y (m, n)` against `x · wᵀ` in f64, each relative
+    /// to its `Σ|xᵢwᵢ|`.
+    fn worst_error(x: &[f32], w: &[f32], y: &[f32], (m, n, k): (usize, usize, usize)) -> f64 {
+        assert_eq!(y.len(), m * n);
+        let mut worst = 0.0f64;
+        for i in 0..m {
+            for j in 0..n {
+                let (mut exact, mut mag) = (0.0f64, 0.0f64);
+                for q in 0..k {
+                    let t = f64::from(x[i * k + q]) * f64::from(w[j * k + q]);
+                    exact += t;
+                    mag += t.abs();
+                }
+                worst = worst.max((f64::from(y[i * n + j]) - exact).abs() / mag.max(f64::MIN_POSITIVE));
+            }
+        }
+        worst
+    }
+
     /// `Σ|xᵢwᵢ|`-relative error against f64, for AMX (when this machine
     /// has it) on ragged shapes: edges in every dimension, k below one
     /// block, several row and column blocks.
     #[test]
     fn agrees_with_f64() {
-        if !available() {
-            eprintln!("no AMX here: nothing to check (ops::linear runs gemm)");
+        if skip_without_amx("no AMX here: nothing to check (ops::linear runs gemm)") {
             return;
         }
-        let mut s = 0x9E37_79B9_7F4A_7C15_u64;
-        let mut rnd = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-        };
+        let mut rnd = uniform(0x9E37_79B9_7F4A_7C15);
         for (m, n, k) in [(33, 17, 1), (40, 33, 31), (100, 70, 100), (333, 1000, 100), (70, 48, 576), (64, 40, 1537)] {
-            let x: Vec<f32> = (0..m * k).map(|_| rnd() as f32).collect();
-            // Magnitudes over ±2⁸, so every piece matters.
-            let w: Vec<f32> = (0..n * k).map(|_| (rnd() * (rnd() * 8.0).exp2()) as f32).collect();
-            let y = linear(&x, m, k, &w, n).unwrap();
-            assert_eq!(y.len(), m * n);
-            let mut worst = 0.0f64;
-            for i in 0..m {
-                for j in 0..n {
-                    let (mut exact, mut mag) = (0.0f64, 0.0f64);
-                    for q in 0..k {
-                        let t = f64::from(x[i * k + q]) * f64::from(w[j * k + q]);
-                        exact += t;
-                        mag += t.abs();
-                    }
-                    worst = worst.max((f64::from(y[i * n + j]) - exact).abs() / mag.max(f64::MIN_POSITIVE));
-                }
-            }
-            // f32's unit roundoff is 6e-8; a few of them, whatever k is.
-            assert!(worst < 4e-7, "({m}, {n}, {k}): error {worst:.2e} relative to Σ|xw|");
+            let (x, w) = operands(&mut rnd, m, n, k);
+            assert_f32_accurate(&x, &w, &linear(&x, m, k, &w, n).unwrap(), (m, n, k));
         }
     }
 
@@ -307,39 +336,17 @@ mod tests {
     /// matters, and two weights in one call (each output written whole).
     #[test]
     fn small_agrees_with_f64() {
-        if !available() {
-            eprintln!("no AMX here: nothing to check (small_gemm runs its f32 kernel)");
+        if skip_without_amx("no AMX here: nothing to check (small_gemm runs its f32 kernel)") {
             return;
         }
-        let mut s = 0x2545_F491_4F6C_DD1D_u64;
-        let mut rnd = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-        };
+        let mut rnd = uniform(0x2545_F491_4F6C_DD1D);
         for (m, n, k) in [(1, 17, 1), (5, 33, 31), (16, 64, 576), (17, 70, 100), (32, 40, 1537), (32, 1000, 64)] {
-            let x: Vec<f32> = (0..m * k).map(|_| rnd() as f32).collect();
-            let w: Vec<f32> = (0..n * k).map(|_| (rnd() * (rnd() * 8.0).exp2()) as f32).collect();
+            let (x, w) = operands(&mut rnd, m, n, k);
             let n2 = n / 3 + 1;
             let w2: Vec<f32> = (0..n2 * k).map(|_| rnd() as f32).collect();
             let ys = linear_small(&x, m, k, &[(&w, n), (&w2, n2)]);
-            for (y, (w, n)) in ys.iter().zip([(&w, n), (&w2, n2)]) {
-                assert_eq!(y.len(), m * n);
-                let mut worst = 0.0f64;
-                for i in 0..m {
-                    for j in 0..n {
-                        let (mut exact, mut mag) = (0.0f64, 0.0f64);
-                        for q in 0..k {
-                            let t = f64::from(x[i * k + q]) * f64::from(w[j * k + q]);
-                            exact += t;
-                            mag += t.abs();
-                        }
-                        worst = worst.max((f64::from(y[i * n + j]) - exact).abs() / mag.max(f64::MIN_POSITIVE));
-                    }
-                }
-                assert!(worst < 4e-7, "({m}, {n}, {k}): error {worst:.2e} relative to Σ|xw|");
-            }
+            assert_f32_accurate(&x, &w, &ys[0], (m, n, k));
+            assert_f32_accurate(&x, &w2, &ys[1], (m, n2, k));
         }
     }
 
@@ -347,8 +354,7 @@ mod tests {
     /// them, in one 16-row half or two.
     #[test]
     fn small_rows_do_not_depend_on_their_neighbours() {
-        if !available() {
-            eprintln!("no AMX here: nothing to check");
+        if skip_without_amx("no AMX here: nothing to check") {
             return;
         }
         let (m, n, k) = (32, 50, 300);
@@ -364,8 +370,7 @@ mod tests {
     /// A row's values are the same bits whichever rows surround it.
     #[test]
     fn rows_do_not_depend_on_their_neighbours() {
-        if !available() {
-            eprintln!("no AMX here: nothing to check");
+        if skip_without_amx("no AMX here: nothing to check") {
             return;
         }
         let (m, n, k) = (100, 50, 300);
