@@ -62,14 +62,22 @@ AMX_TARGET static inline void split3_16(__m512 v, __m512i *h0, __m512i *h1, __m5
     *h2 = _mm512_srli_epi32(u2, 16);
 }
 
+// 32 consecutive values, zero past `len`, as two vectors of 16.
+AMX_TARGET static inline void load32(const float *src, size_t len, __m512 *lo, __m512 *hi) {
+    __mmask16 m0 = len >= 16 ? 0xFFFF : (__mmask16)((1u << len) - 1);
+    __mmask16 m1 = len >= 32 ? 0xFFFF : len <= 16 ? 0 : (__mmask16)((1u << (len - 16)) - 1);
+    *lo = _mm512_maskz_loadu_ps(m0, src);
+    *hi = _mm512_maskz_loadu_ps(m1, src + 16);
+}
+
 // 32 consecutive values (zero past `len`) as three 32-lane bf16 vectors,
 // one per piece, in order: lane j of piece p is value j's piece p.
 AMX_TARGET static inline void split3_32(const float *src, size_t len, __m512i out[3]) {
-    __mmask16 m0 = len >= 16 ? 0xFFFF : (__mmask16)((1u << len) - 1);
-    __mmask16 m1 = len >= 32 ? 0xFFFF : len <= 16 ? 0 : (__mmask16)((1u << (len - 16)) - 1);
+    __m512 lo, hi;
+    load32(src, len, &lo, &hi);
     __m512i a[3], b[3];
-    split3_16(_mm512_maskz_loadu_ps(m0, src), &a[0], &a[1], &a[2]);
-    split3_16(_mm512_maskz_loadu_ps(m1, src + 16), &b[0], &b[1], &b[2]);
+    split3_16(lo, &a[0], &a[1], &a[2]);
+    split3_16(hi, &b[0], &b[1], &b[2]);
     for (int p = 0; p < 3; p++)
         out[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a[p])), _mm512_cvtepi32_epi16(b[p]), 1);
 }
@@ -330,10 +338,9 @@ AMX_TARGET int r2vpo_amx_linear_cols(const uint16_t *xp, size_t m, size_t kp, co
 // read them anyway.
 AMX_TARGET __attribute__((target("avx512bf16"))) static inline void split3t_32(const float *src, size_t len,
                                                                                 __m512i out[3]) {
-    __mmask16 m0 = len >= 16 ? 0xFFFF : (__mmask16)((1u << len) - 1);
-    __mmask16 m1 = len >= 32 ? 0xFFFF : len <= 16 ? 0 : (__mmask16)((1u << (len - 16)) - 1);
     const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
-    __m512 a = _mm512_maskz_loadu_ps(m0, src), b = _mm512_maskz_loadu_ps(m1, src + 16);
+    __m512 a, b;
+    load32(src, len, &a, &b);
     __m512 a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), hi));
     __m512 b0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(b), hi));
     __m512 ar = _mm512_sub_ps(a, a0), br = _mm512_sub_ps(b, b0);
@@ -349,10 +356,9 @@ AMX_TARGET __attribute__((target("avx512bf16"))) static inline void split3t_32(c
 // 16-row half h, the 1 KB tile at ((kb · 3 + p) · halves + h) · 512, whose
 // row r holds k pair r of each of the half's 16 rows. Rows past m and k
 // past k are zero.
-AMX_TARGET __attribute__((target("avx512bf16"))) void r2vpo_amx_small_split_x(const float *x, size_t m, size_t k, uint16_t *xb, size_t kp,
-                                                                              size_t kb0, size_t kb1) {
+AMX_TARGET __attribute__((target("avx512bf16"))) void r2vpo_amx_small_split_x(const float *x, size_t m, size_t k,
+                                                                              uint16_t *xb, size_t kb0, size_t kb1) {
     size_t halves = (m + 15) / 16;
-    (void)kp;
     __m512i pc[3], rows[3][16];
     for (size_t kb = kb0; kb < kb1; kb++)
         for (size_t h = 0; h < halves; h++) {
@@ -410,11 +416,6 @@ AMX_TARGET __attribute__((target("avx512bf16"))) void r2vpo_amx_small_cols(const
     uint16_t abuf[2][3072] __attribute__((aligned(64)));
     float buf[256] __attribute__((aligned(64)));
     configure_tiles();
-    // One k block ahead: block s + 1 is split while block s multiplies, so
-    // that its stores have reached L1 by the time the tiles load them (a
-    // tile load right behind the stores it reads waits for them, and the
-    // tile unit with it: SmolLM2's decode shapes at 32 rows ran at 212
-    // GFLOP/s that way against 278 so, 2 threads, weights from memory).
     // The first 8 k blocks, which no earlier block prefetched (batch-32
     // decode, alternating pairs: 568 / 597 / 596 tokens/s without, 615 /
     // 608 / 594 with; a small gain, kept since it costs nothing).
@@ -424,14 +425,20 @@ AMX_TARGET __attribute__((target("avx512bf16"))) void r2vpo_amx_small_cols(const
             _mm_prefetch((const char *)pf, _MM_HINT_T1);
             if (kb * 32 + 16 < k) _mm_prefetch((const char *)(pf + 16), _MM_HINT_T1);
         }
-    split_rows32(w, n, k, kb_n, c1, c0, 0, 0, 32, abuf[0]);
+    // One k block ahead: the next block is split (into the other buffer)
+    // while this one multiplies, so that its stores have reached L1 by the
+    // time the tiles load them (a tile load right behind the stores it
+    // reads waits for them, and the tile unit with it: SmolLM2's decode
+    // shapes at 32 rows ran at 212 GFLOP/s that way against 278 so, 2
+    // threads, weights from memory).
+    int cur = 0;
+    split_rows32(w, n, k, kb_n, c1, c0, 0, 0, 32, abuf[cur]);
     for (size_t t0 = c0; t0 < c1; t0 += 32) {
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
         for (size_t kb = 0; kb < kb_n; kb++) {
-            size_t s = (t0 - c0) / 32 * kb_n + kb;
             // The next block, split a few rows between each group of
             // products: the split's vector instructions and the tile unit
             // then run side by side. Split whole and then multiplied, the
@@ -439,10 +446,10 @@ AMX_TARGET __attribute__((target("avx512bf16"))) void r2vpo_amx_small_cols(const
             // blocks in cache: 215 ns a block against 125–156 interleaved).
             size_t nt = kb + 1 < kb_n ? t0 : t0 + 32, nkb = kb + 1 < kb_n ? kb + 1 : 0;
             int more = nt < c1;
-            uint16_t *next = abuf[(s + 1) & 1];
+            uint16_t *next = abuf[cur ^ 1];
 #define SPLIT(R0, R1) \
     if (more) split_rows32(w, n, k, kb_n, c1, nt, nkb, R0, R1, next);
-            const uint16_t *a = abuf[s & 1], *b = xb + kb * 3 * halves * 512;
+            const uint16_t *a = abuf[cur], *b = xb + kb * 3 * halves * 512;
             if (halves == 2) {
                 // As `block32`, the roles of x and w swapped.
                 _tile_loadd(4, a, 64);
@@ -488,6 +495,7 @@ AMX_TARGET __attribute__((target("avx512bf16"))) void r2vpo_amx_small_cols(const
 #undef PAIR
             }
 #undef SPLIT
+            cur ^= 1;
         }
         for (size_t q = 0; q < 4; q++) {
             // Tile q: weight rows t0 + 16·(q / 2), x rows 16·(q % 2).
@@ -522,8 +530,8 @@ int r2vpo_amx_linear_cols(const uint16_t *xp, size_t m, size_t kp, const float *
     (void)xp, (void)m, (void)kp, (void)w, (void)ldw, (void)n, (void)k, (void)c0, (void)c1, (void)y, (void)ldy;
     abort();
 }
-void r2vpo_amx_small_split_x(const float *x, size_t m, size_t k, uint16_t *xb, size_t kp, size_t kb0, size_t kb1) {
-    (void)x, (void)m, (void)k, (void)xb, (void)kp, (void)kb0, (void)kb1;
+void r2vpo_amx_small_split_x(const float *x, size_t m, size_t k, uint16_t *xb, size_t kb0, size_t kb1) {
+    (void)x, (void)m, (void)k, (void)xb, (void)kb0, (void)kb1;
     abort();
 }
 void r2vpo_amx_small_cols(const uint16_t *xb, size_t m, size_t kp, const float *w, size_t n, size_t k, size_t c0,

@@ -52,7 +52,7 @@ extern "C" {
         y: *mut f32,
         ldy: usize,
     ) -> i32;
-    fn r2vpo_amx_small_split_x(x: *const f32, m: usize, k: usize, xb: *mut u16, kp: usize, kb0: usize, kb1: usize);
+    fn r2vpo_amx_small_split_x(x: *const f32, m: usize, k: usize, xb: *mut u16, kb0: usize, kb1: usize);
     #[allow(clippy::too_many_arguments)]
     fn r2vpo_amx_small_cols(
         xb: *const u16,
@@ -199,7 +199,7 @@ pub fn linear_small(x: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Ve
         // capacity; x holds m × k values.
         #[cfg(r2vpo_amx)]
         unsafe {
-            r2vpo_amx_small_split_x(x.as_ptr(), m, k, xs.ptr(), kp, kb0, kb1)
+            r2vpo_amx_small_split_x(x.as_ptr(), m, k, xs.ptr(), kb0, kb1)
         };
         #[cfg(not(r2vpo_amx))]
         let _ = (kb0, kb1, xs);

@@ -50,7 +50,8 @@ pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// works alone for longer than rayon spins before sleeping, so each kernel
 /// paid a futex wake-up and a reschedule (≈ 8 % of decode time at batch
 /// 32, perf). Measured on 2 threads, alternating: decode at batch 1 / 8 /
-/// 32 35.3–38.7 → 41.2–42.6, 223 → 251–255, 549–554 → 585–593 tokens/s.
+/// 32 35.3–42.1 → 41.2–44.3, 223–243 → 251–261, 549–582 → 585–626
+/// tokens/s (`results/bench/ab-session-14`).
 /// The learner's passes keep [`on_pool`]: their kernels are long, and the
 /// training step took 7.5–8.9 s with the spinning against 7.5–8.1 without.
 /// It costs a core's spinning while the caller is alone, so it assumes one
@@ -60,32 +61,33 @@ pub fn on_pool_awake<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if rayon::current_thread_index().is_some() || !keep_awake() {
         return on_pool(f);
     }
-    let composites = ops::composites_only();
-    let run = move || if composites { ops::with_composites(f) } else { f() };
-    let done = std::sync::atomic::AtomicBool::new(false);
-    rayon::scope(|s| {
-        // Spawned before `run` pushes any job, so a thief takes these first
-        // (rayon steals the oldest): the caller never finds one of them in
-        // its own queue while it waits, which would spin it forever.
-        for _ in 1..rayon::current_num_threads() {
-            s.spawn(|_| {
-                while !done.load(std::sync::atomic::Ordering::Acquire) {
-                    if rayon::yield_now() != Some(rayon::Yield::Executed) {
-                        std::hint::spin_loop();
+    on_pool(|| {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        rayon::scope(|s| {
+            // Spawned before `f` pushes any job, so a thief takes these
+            // first (rayon steals the oldest): the caller never finds one
+            // of them in its own queue while it waits, which would spin it
+            // forever.
+            for _ in 1..rayon::current_num_threads() {
+                s.spawn(|_| {
+                    while !done.load(std::sync::atomic::Ordering::Acquire) {
+                        if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                            std::hint::spin_loop();
+                        }
                     }
-                }
-            });
-        }
-        // Set however `run` ends (a panic included), or the scope would wait
-        // on the spinning threads forever.
-        struct Done<'a>(&'a std::sync::atomic::AtomicBool);
-        impl Drop for Done<'_> {
-            fn drop(&mut self) {
-                self.0.store(true, std::sync::atomic::Ordering::Release);
+                });
             }
-        }
-        let _done = Done(&done);
-        run()
+            // Set however `f` ends (a panic included), or the scope would
+            // wait on the spinning threads forever.
+            struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+            impl Drop for Done<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, std::sync::atomic::Ordering::Release);
+                }
+            }
+            let _done = Done(&done);
+            f()
+        })
     })
 }
 
