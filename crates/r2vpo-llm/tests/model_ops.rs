@@ -360,16 +360,18 @@ fn cache_operands(dims: [usize; 7]) -> (Tensor, Tensor, Tensor, Tensor, Tensor) 
 /// values that are views into larger buffers (as the KV cache hands them
 /// over), with masked keys, GQA groups and several new tokens per row;
 /// for head sizes of 64 and 128 (the kernel's register paths) and 20 (its
-/// general one), key counts that are and are not a multiple of four.
+/// general one), key counts that are and are not a multiple of four, and
+/// one to three new tokens (3, 6 or 9 query rows per kv head: every size
+/// of the kernel's query blocks, 1 to 4, and blocks that start mid-token).
 #[test]
 fn attention_no_grad_matches_the_composite_on_cache_views() {
-    for (d, tk) in [(20, 11), (64, 11), (64, 12), (128, 13)] {
-        attention_no_grad_case(d, tk);
+    for (d, tk, t) in [(20, 11, 2), (64, 11, 2), (64, 12, 2), (128, 13, 2), (64, 13, 1), (128, 12, 1), (64, 12, 3)] {
+        attention_no_grad_case(d, tk, t);
     }
 }
 
-fn attention_no_grad_case(d: usize, tk: usize) {
-    let (b, hk, g, t, cap) = (3, 2, 3, 2, 16);
+fn attention_no_grad_case(d: usize, tk: usize, t: usize) {
+    let (b, hk, g, cap) = (3, 2, 3, 16);
     let (q, _, _, k, v) = cache_operands([b, hk, g, t, tk, d, cap]);
     // Row r masks its first r keys (left padding) and, causally, the last
     // key for the first new token.
@@ -387,7 +389,7 @@ fn attention_no_grad_case(d: usize, tk: usize) {
     let got = ops::attention_no_grad(&q, &k, &v, &mask, t).unwrap().expect("applies to f32 without a gradient");
     let want = ops::with_composites(|| ops::attention_composite(&q, &k, &v, &mask, t)).unwrap();
     let diff = max_abs_diff(&got, &want);
-    assert!(diff < 1e-5, "attention (D {d}, {tk} keys) differs by {diff}");
+    assert!(diff < 1e-5, "attention (D {d}, {tk} keys, {t} new) differs by {diff}");
     // Not for a pass that records a gradient, nor for long passes.
     let qv = Var::from_tensor(&q).unwrap();
     assert!(ops::attention_no_grad(qv.as_tensor(), &k, &v, &mask, t).unwrap().is_none());
