@@ -386,18 +386,18 @@ fn attention_no_grad_case(d: usize, tk: usize, t: usize) {
         }
     }
     let mask = Tensor::from_vec(m, (b, 1, 1, t, tk), &Device::Cpu).unwrap();
-    let got = ops::attention_no_grad(&q, &k, &v, &mask, t).unwrap().expect("applies to f32 without a gradient");
+    let got = ops::attention_no_grad(&q, &k, &v, &mask, t, &[]).unwrap().expect("applies to f32 without a gradient");
     let want = ops::with_composites(|| ops::attention_composite(&q, &k, &v, &mask, t)).unwrap();
     let diff = max_abs_diff(&got, &want);
     assert!(diff < 1e-5, "attention (D {d}, {tk} keys, {t} new) differs by {diff}");
     // Not for a pass that records a gradient, nor for long passes.
     let qv = Var::from_tensor(&q).unwrap();
-    assert!(ops::attention_no_grad(qv.as_tensor(), &k, &v, &mask, t).unwrap().is_none());
+    assert!(ops::attention_no_grad(qv.as_tensor(), &k, &v, &mask, t, &[]).unwrap().is_none());
     let long = ops::ATTENTION_MAX_T + 1;
     let ql = pseudo(&[1, 1, long, d], 0.5, DType::F32);
     let kl = pseudo(&[1, 1, long, d], 0.6, DType::F32);
     let ml = Tensor::zeros((1, 1, 1, long, long), DType::F32, &Device::Cpu).unwrap();
-    assert!(ops::attention_no_grad(&ql, &kl, &kl, &ml, long).unwrap().is_none());
+    assert!(ops::attention_no_grad(&ql, &kl, &kl, &ml, long, &[]).unwrap().is_none());
 }
 
 /// A causal mask over `tk` keys for `t` new queries after `tk − t` cached

@@ -715,7 +715,20 @@ pub const ATTENTION_MAX_T: usize = 8;
 /// matmul–softmax–matmul composite. Replaces eight candle ops (and their
 /// allocations) per layer per decode step; same arithmetic (score, mask,
 /// max-shifted exp, normalise, weighted sum) in another summation order.
-pub fn attention_no_grad(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, t: usize) -> Result<Option<Tensor>> {
+///
+/// `shared[r] = (s, l)` (empty: none) says row `r`'s first `l` keys and
+/// values are those of row `s` ([`super::transformer::KvCache`]'s record of
+/// rows replicated from one prefill): they are read from row `s`, so the
+/// samples of one prompt read its keys from memory once, not once each.
+/// The values are the same either way; wrong entries give wrong results.
+pub fn attention_no_grad(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    t: usize,
+    shared: &[(usize, usize)],
+) -> Result<Option<Tensor>> {
     let ok = t <= ATTENTION_MAX_T
         && fused_ok(q)
         && [q, k, v, mask].iter().all(|x| x.dtype() == DType::F32 && !x.track_op() && x.device().is_cpu());
@@ -724,13 +737,19 @@ pub fn attention_no_grad(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, t: u
     }
     let (b, hk, gt, d) = q.dims4()?;
     let tk = k.dim(2)?;
-    if k.dims4()? != (b, hk, tk, d) || v.dims4()? != (b, hk, tk, d) || mask.dims() != [b, 1, 1, t, tk] || gt % t != 0 {
+    if k.dims4()? != (b, hk, tk, d)
+        || v.dims4()? != (b, hk, tk, d)
+        || mask.dims() != [b, 1, 1, t, tk]
+        || gt % t != 0
+        || !(shared.is_empty() || shared.len() == b && shared.iter().all(|&(s, _)| s < b))
+    {
         return Err(Error::Msg(format!(
-            "attention: q {:?}, k {:?}, v {:?}, mask {:?} for {t} new tokens",
+            "attention: q {:?}, k {:?}, v {:?}, mask {:?} for {t} new tokens, {} shared rows",
             q.dims(),
             k.dims(),
             v.dims(),
-            mask.dims()
+            mask.dims(),
+            shared.len()
         )));
     }
     let (q, mask) = (q.contiguous()?, mask.contiguous()?);
@@ -749,11 +768,22 @@ pub fn attention_no_grad(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, t: u
     let mut out = vec![0f32; b * hk * gt * d];
     out.par_chunks_mut(gt * d).enumerate().for_each(|(rh, o)| {
         let (r, h) = (rh / hk, rh % hk);
-        let kb = &kd[ko + r * ks[0] + h * ks[1]..];
-        let vb = &vd[vo + r * vs[0] + h * vs[1]..];
+        let (s, l) = shared.get(r).copied().unwrap_or((r, 0));
+        let kv = KvRows {
+            k: &kd[ko + r * ks[0] + h * ks[1]..],
+            v: &vd[vo + r * vs[0] + h * vs[1]..],
+            k_shared: &kd[ko + s * ks[0] + h * ks[1]..],
+            v_shared: &vd[vo + s * vs[0] + h * vs[1]..],
+            shared: l.min(tk),
+            k_row: ks[2],
+            v_row: vs[2],
+            mask: &md[r * t * tk..(r + 1) * t * tk],
+            t,
+            tk,
+            d,
+        };
         let qs = &qd[rh * gt * d..(rh + 1) * gt * d];
-        let ms = &md[r * t * tk..(r + 1) * t * tk];
-        pulp::Arch::new().dispatch(Attend((qs, kb, ks[2], vb, vs[2], ms, (t, tk, d), o)));
+        pulp::Arch::new().dispatch(Attend((qs, kv, o)));
     });
     Ok(Some(Tensor::from_vec(out, (b, hk, gt, d), q.device())?))
 }
@@ -772,10 +802,57 @@ fn f32_data<'a>(g: &'a candle_core::Storage, l: &Layout, op: &str) -> Result<&'a
     contiguous(f32_storage(g, op)?, l, op)
 }
 
-/// One (row, kv head) of [`attention_no_grad`]: `q (G·T, D)`, keys and
-/// values `TK` rows apart by their strides, `mask (T, TK)`, into `o (G·T, D)`,
-/// compiled for the widest SIMD the CPU has (pulp's dispatch).
-struct Attend<'a>(AttendArgs<'a>);
+/// The keys, values and mask one (row, kv head) of [`attention_no_grad`]
+/// attends to: keys `TK` rows apart by their strides (`k_row`, `v_row`),
+/// the first `shared` read from the row that shares them, `mask (T, TK)`.
+#[derive(Clone, Copy)]
+struct KvRows<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    k_shared: &'a [f32],
+    v_shared: &'a [f32],
+    shared: usize,
+    k_row: usize,
+    v_row: usize,
+    mask: &'a [f32],
+    t: usize,
+    tk: usize,
+    d: usize,
+}
+
+impl<'a> KvRows<'a> {
+    /// Key `j`'s buffer and where in it the key starts.
+    #[inline(always)]
+    fn key_at(&self, j: usize) -> (&'a [f32], usize) {
+        (if j < self.shared { self.k_shared } else { self.k }, j * self.k_row)
+    }
+
+    /// Key `j` (`d` values).
+    #[inline(always)]
+    fn key(&self, j: usize) -> &'a [f32] {
+        let (x, at) = self.key_at(j);
+        &x[at..at + self.d]
+    }
+
+    /// Value `j` (`d` values).
+    #[inline(always)]
+    fn value(&self, j: usize) -> &'a [f32] {
+        let x = if j < self.shared { self.v_shared } else { self.v };
+        &x[j * self.v_row..j * self.v_row + self.d]
+    }
+
+    /// Query row `qi`'s mask over the keys (rows cycle through the `T` new
+    /// tokens).
+    #[inline(always)]
+    fn mask_of(&self, qi: usize) -> &'a [f32] {
+        &self.mask[(qi % self.t) * self.tk..(qi % self.t + 1) * self.tk]
+    }
+}
+
+/// One (row, kv head) of [`attention_no_grad`]: `q (G·T, D)` against a
+/// [`KvRows`], into `o (G·T, D)`, compiled for the widest SIMD the CPU has
+/// (pulp's dispatch).
+struct Attend<'a>((&'a [f32], KvRows<'a>, &'a mut [f32]));
 
 impl pulp::WithSimd for Attend<'_> {
     type Output = ();
@@ -785,11 +862,12 @@ impl pulp::WithSimd for Attend<'_> {
     /// [`attend_any`].
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, simd: S) {
-        match (S::F32_LANES, self.0 .6 .2) {
-            (16, 64) | (8, 32) => attend_rows::<S, 4>(simd, self.0),
-            (16, 128) | (8, 64) => attend_rows::<S, 8>(simd, self.0),
-            (8, 128) => attend_rows::<S, 16>(simd, self.0),
-            _ => attend_any(self.0),
+        let (q, kv, o) = self.0;
+        match (S::F32_LANES, kv.d) {
+            (16, 64) | (8, 32) => attend_rows::<S, 4>(simd, q, kv, o),
+            (16, 128) | (8, 64) => attend_rows::<S, 8>(simd, q, kv, o),
+            (8, 128) => attend_rows::<S, 16>(simd, q, kv, o),
+            _ => attend_any(q, kv, o),
         }
     }
 }
@@ -802,20 +880,19 @@ impl pulp::WithSimd for Attend<'_> {
 /// blocks of up to `16 / C` ([`attend_block`]), so every key and value row
 /// is loaded once per block rather than once per query.
 #[inline(always)]
-fn attend_rows<S: pulp::Simd, const C: usize>(simd: S, args: AttendArgs) {
-    let (q, k, k_row, v, v_row, mask, (t, tk, d), o) = args;
-    let mut p = vec![0f32; 4 * tk];
+fn attend_rows<S: pulp::Simd, const C: usize>(simd: S, q: &[f32], kv: KvRows, o: &mut [f32]) {
+    let d = kv.d;
+    let mut p = vec![0f32; 4 * kv.tk];
     let rows = q.len() / d;
     let mut i = 0;
     while i < rows {
         let n = (rows - i).min((16 / C).max(1));
         let (q, o) = (&q[i * d..(i + n) * d], &mut o[i * d..(i + n) * d]);
-        let block = (q, k, k_row, v, v_row, mask, (t, tk, d), o);
         match n {
-            1 => attend_block::<S, C, 1>(simd, block, i, &mut p),
-            2 => attend_block::<S, C, 2>(simd, block, i, &mut p),
-            3 => attend_block::<S, C, 3>(simd, block, i, &mut p),
-            _ => attend_block::<S, C, 4>(simd, block, i, &mut p),
+            1 => attend_block::<S, C, 1>(simd, q, kv, o, i, &mut p),
+            2 => attend_block::<S, C, 2>(simd, q, kv, o, i, &mut p),
+            3 => attend_block::<S, C, 3>(simd, q, kv, o, i, &mut p),
+            _ => attend_block::<S, C, 4>(simd, q, kv, o, i, &mut p),
         }
         i += n;
     }
@@ -832,24 +909,28 @@ fn attend_rows<S: pulp::Simd, const C: usize>(simd: S, args: AttendArgs) {
 #[inline(always)]
 fn attend_block<S: pulp::Simd, const C: usize, const N: usize>(
     simd: S,
-    (q, k, k_row, v, v_row, mask, (t, tk, d), o): AttendArgs,
+    q: &[f32],
+    kv: KvRows,
+    o: &mut [f32],
     first: usize,
     p: &mut [f32],
 ) {
+    let (tk, d) = (kv.tk, kv.d);
     let zero = simd.splat_f32s(0.0);
-    let row = |x: &[f32], j: usize, stride: usize| -> [S::f32s; C] {
-        let xs = S::as_simd_f32s(&x[j * stride..j * stride + d]).0;
+    let row = |x: &[f32]| -> [S::f32s; C] {
+        let xs = S::as_simd_f32s(x).0;
         let mut r = [zero; C];
         r.copy_from_slice(&xs[..C]);
         r
     };
-    let qv: [[S::f32s; C]; N] = std::array::from_fn(|a| row(q, a, d));
-    let mr: [&[f32]; N] = std::array::from_fn(|a| &mask[((first + a) % t) * tk..((first + a) % t + 1) * tk]);
+    let qv: [[S::f32s; C]; N] = std::array::from_fn(|a| row(&q[a * d..(a + 1) * d]));
+    let mr: [&[f32]; N] = std::array::from_fn(|a| kv.mask_of(first + a));
     let p = &mut p[..N * tk];
     for j in 0..tk {
-        prefetch_row::<L1>(k, (j + PREFETCH_ROWS) * k_row, d);
-        prefetch_row::<L2>(v, j * v_row, d);
-        let kj = row(k, j, k_row);
+        let (ahead, at) = kv.key_at(j + PREFETCH_ROWS);
+        prefetch_row::<L1>(ahead, at, d);
+        prefetch_row::<L2>(if j < kv.shared { kv.v_shared } else { kv.v }, j * kv.v_row, d);
+        let kj = row(kv.key(j));
         for a in 0..N {
             let mut acc = zero;
             for c in 0..C {
@@ -865,7 +946,7 @@ fn attend_block<S: pulp::Simd, const C: usize, const N: usize>(
     }
     let mut acc = [[zero; C]; N];
     for j in 0..tk {
-        let vj = row(v, j, v_row);
+        let vj = row(kv.value(j));
         for a in 0..N {
             let w = simd.splat_f32s(p[a * tk + j] * inv[a]);
             for c in 0..C {
@@ -913,29 +994,26 @@ fn prefetch_row<const HINT: i32>(x: &[f32], at: usize, d: usize) {
     }
 }
 
-/// [`attend`] for any head size.
+/// [`Attend`] for any head size.
 #[inline(always)]
-fn attend_any((q, k, k_row, v, v_row, mask, dims, o): AttendArgs) {
-    let (t, tk, d) = dims;
+fn attend_any(q: &[f32], kv: KvRows, o: &mut [f32]) {
+    let (tk, d) = (kv.tk, kv.d);
     let mut p = vec![0f32; tk];
     for (qi, (qr, or)) in q.chunks_exact(d).zip(o.chunks_exact_mut(d)).enumerate() {
-        let mr = &mask[(qi % t) * tk..(qi % t + 1) * tk];
+        let mr = kv.mask_of(qi);
         for (j, pj) in p.iter_mut().enumerate() {
-            *pj = dot(qr, &k[j * k_row..j * k_row + d]) + mr[j];
+            *pj = dot(qr, kv.key(j)) + mr[j];
         }
         let mx = max16(&p);
         let inv = 1.0 / exp_shifted16((&mut p, mx));
         for (j, &pj) in p.iter().enumerate() {
             let w = pj * inv;
-            for (a, &x) in or.iter_mut().zip(&v[j * v_row..j * v_row + d]) {
+            for (a, &x) in or.iter_mut().zip(kv.value(j)) {
                 *a += w * x;
             }
         }
     }
 }
-
-/// [`attend`]'s `(q, k, k_row, v, v_row, mask, (t, tk, d), o)`.
-type AttendArgs<'a> = (&'a [f32], &'a [f32], usize, &'a [f32], usize, &'a [f32], (usize, usize, usize), &'a mut [f32]);
 
 // ---------------------------------------------------------------- attention
 
@@ -1990,7 +2068,7 @@ mod timing {
             for _ in 0..reps {
                 for (k, v) in &caches {
                     let (k, v) = (k.narrow(2, 0, tk).unwrap(), v.narrow(2, 0, tk).unwrap());
-                    std::hint::black_box(super::attention_no_grad(&q, &k, &v, &mask, 1).unwrap());
+                    std::hint::black_box(super::attention_no_grad(&q, &k, &v, &mask, 1, &[]).unwrap());
                 }
             }
             let s = t.elapsed().as_secs_f64() / (reps * layers) as f64 * 30.0;

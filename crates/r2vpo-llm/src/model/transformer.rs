@@ -132,6 +132,14 @@ pub struct KvCache {
     layers: Vec<Option<(Tensor, Tensor)>>,
     /// Per row: 1 for each cached real token, 0 for padding.
     mask: Vec<Vec<u8>>,
+    /// Per row `(s, l)`: its first `l` columns hold what row `s`'s do, in
+    /// every layer (`(row, 0)`: nothing shared). Rows replicated from one
+    /// prefill (a GRPO group's samples) share their prompt. The buffers
+    /// still hold every row's own copy, so the values never depend on this;
+    /// the decode attention reads the shared columns from row `s`, where a
+    /// batch's samples of one prompt then read them from memory once
+    /// instead of once each ([`ops::attention_no_grad`]).
+    shared: Vec<(usize, usize)>,
     /// Columns to allocate at once (0: grow by doubling).
     reserve: usize,
 }
@@ -150,7 +158,12 @@ impl KvCache {
     /// 1.5 % in copies, 1.1 % after; tokens/s moved less than run-to-run
     /// noise. It still grows past `tokens` if asked to.
     pub fn with_capacity(model: &Transformer, batch: usize, tokens: usize) -> Self {
-        KvCache { layers: vec![None; model.config.num_hidden_layers], mask: vec![Vec::new(); batch], reserve: tokens }
+        KvCache {
+            layers: vec![None; model.config.num_hidden_layers],
+            mask: vec![Vec::new(); batch],
+            shared: (0..batch).map(|r| (r, 0)).collect(),
+            reserve: tokens,
+        }
     }
 
     /// Rows in the batch.
@@ -186,6 +199,7 @@ impl KvCache {
             *layer = (layer.0.contiguous()?.index_select(&idx, 0)?, layer.1.contiguous()?.index_select(&idx, 0)?);
         }
         self.mask = rows.iter().map(|&r| self.mask[r].clone()).collect();
+        self.shared = select_shared(&self.shared, rows, self.len());
         Ok(())
     }
 
@@ -233,6 +247,14 @@ impl KvCache {
                 _ => return Err(candle_core::Error::Msg("append_rows needs two filled caches".into()).into()),
             }
         }
+        // Both sides' rows move right by their padding, whose zeros they
+        // share as well.
+        let (rows_a, pad_a, pad_b) = (self.batch(), width - a, width - b);
+        let shift =
+            |(s, l): (usize, usize), at: usize, pad: usize| if l == 0 { (s + at, 0) } else { (s + at, l + pad) };
+        self.shared = (self.shared.iter().map(|&x| shift(x, 0, pad_a)))
+            .chain(other.shared.iter().map(|&x| shift(x, rows_a, pad_b)))
+            .collect();
         for m in &mut self.mask {
             m.splice(0..0, std::iter::repeat_n(0u8, width - a));
         }
@@ -257,6 +279,9 @@ impl KvCache {
         }
         for m in &mut self.mask {
             m.drain(..lead);
+        }
+        for (r, x) in self.shared.iter_mut().enumerate() {
+            *x = if x.1 > lead { (x.0, x.1 - lead) } else { (r, 0) };
         }
         Ok(())
     }
@@ -295,6 +320,31 @@ impl KvCache {
         bv.slice_set(&v.contiguous()?, 2, past)?;
         Ok((bk.narrow(2, 0, need)?, bv.narrow(2, 0, need)?))
     }
+}
+
+/// [`KvCache::select_rows`]' sharing: new row `i` is old row `rows[i]`, and
+/// `len` columns are filled. Old rows that hold the same columns (a row and
+/// those sharing its columns) form a class; the first new row of a class
+/// keeps its own columns, and the class's later rows share with it the
+/// columns both had in common with the class's source (all `len` for two
+/// copies of the source itself).
+fn select_shared(old: &[(usize, usize)], rows: &[usize], len: usize) -> Vec<(usize, usize)> {
+    // Source row and the columns of it this row holds.
+    let class = |r: usize| if old[r].1 > 0 { old[r] } else { (r, len) };
+    let mut first: HashMap<usize, (usize, usize)> = HashMap::new();
+    rows.iter()
+        .enumerate()
+        .map(|(i, &r)| {
+            let (src, l) = class(r);
+            match first.get(&src) {
+                Some(&(j, lj)) if l.min(lj) > 0 => (j, l.min(lj)),
+                _ => {
+                    first.insert(src, (i, l));
+                    (i, 0)
+                }
+            }
+        })
+        .collect()
 }
 
 /// Expected parameters of a configuration: HF name and shape, in a fixed order.
@@ -872,16 +922,18 @@ impl Transformer {
                 }
             }
         }
+        let mut shared = Vec::new();
         if let Some(c) = cache {
             for (r, m) in new_mask.iter().enumerate() {
                 c.mask[r].extend_from_slice(m);
             }
+            shared = c.shared.clone();
         }
         let mask = Tensor::from_vec(add, (b, 1, 1, t, tk), &self.device)?.to_dtype(self.compute)?;
         let (cos, sin) = self.rope_tables(&pos)?;
         let scale = 1.0 / (self.config.head_dim() as f64).sqrt();
         let (cos_q, sin_q) = ((&cos * scale)?, (&sin * scale)?);
-        Ok(StackCtx { b, t, tk, mask, cos, sin, cos_q, sin_q, decode_attention: false })
+        Ok(StackCtx { b, t, tk, mask, cos, sin, cos_q, sin_q, decode_attention: false, shared })
     }
 
     /// Decoder layer `li` on `x (B·T, hidden)`, appending its keys and
@@ -917,7 +969,7 @@ impl Transformer {
         // GQA without repeat_kv: the g query heads sharing a kv head are
         // stacked along the sequence axis of one matmul.
         let q = q.reshape((b, nkv, g * t, hd))?;
-        let fast = if c.decode_attention { ops::attention_no_grad(&q, &k, &v, &c.mask, t)? } else { None };
+        let fast = if c.decode_attention { ops::attention_no_grad(&q, &k, &v, &c.mask, t, &c.shared)? } else { None };
         let attn = match fast {
             Some(a) => a,
             None => ops::attention(&q, &k, &v, &c.mask, t)?,
@@ -1073,6 +1125,8 @@ struct StackCtx {
     /// Attention by [`ops::attention_no_grad`] where it applies (sampling
     /// steps only).
     decode_attention: bool,
+    /// The cache's rows that share columns ([`KvCache`]'s `shared`).
+    shared: Vec<(usize, usize)>,
 }
 
 /// A `(B, T)` mask tensor as rows of 0/1 bytes.
@@ -1082,4 +1136,90 @@ fn mask_rows(mask: &Tensor, b: usize, t: usize) -> Result<Vec<Vec<u8>>> {
     }
     let m = mask.to_dtype(DType::F32)?.to_vec2::<f32>()?;
     Ok(m.into_iter().map(|r| r.into_iter().map(|x| u8::from(x != 0.0)).collect()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Architecture;
+
+    /// Decoding that reads shared columns from the row they were copied from
+    /// gives the logits, bit for bit, of decoding that reads every row's own
+    /// copy, through everything that moves rows: a group replicated from one
+    /// prefill whose rows then diverge (one feeding padding), the group's
+    /// first row dropped, rows of another prefill appended (left padding on
+    /// one side), and padding trimmed. Head sizes 64 (the kernel's register
+    /// path) and 16 (its general one). A record that claimed one column too
+    /// many fails it.
+    #[test]
+    fn shared_columns_change_no_logit() {
+        for hidden in [256, 64] {
+            let cfg = ModelConfig::tiny(Architecture::Llama, 96, hidden, 128, 2, 4, 2, true);
+            let m = Transformer::new_random_with_std(cfg, 11, 0.5, DType::F32, &Device::Cpu).unwrap();
+            let t = |v: Vec<u32>, r: usize| Tensor::from_vec(v.clone(), (r, v.len() / r), &Device::Cpu).unwrap();
+            let prefill = |ids: Vec<u32>, mask: Vec<u32>, rows: usize| {
+                let mut c = KvCache::new(&m, rows);
+                m.forward_step(&t(ids, rows), &t(mask, rows), &mut c).unwrap();
+                c
+            };
+            // The cache that shares, and one told it shares nothing.
+            let pair = |ids: Vec<u32>, mask: Vec<u32>, rows: usize| {
+                (prefill(ids.clone(), mask.clone(), rows), prefill(ids, mask, rows))
+            };
+            let own = |c: &mut KvCache| c.shared = (0..c.batch()).map(|r| (r, 0)).collect();
+            let mut seed = 5u32;
+            let mut step = |a: &mut KvCache, b: &mut KvCache, idle: Option<usize>| {
+                let n = a.batch();
+                let ids: Vec<u32> = (0..n)
+                    .map(|_| {
+                        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                        (seed >> 16) % 96
+                    })
+                    .collect();
+                let mask: Vec<u32> = (0..n).map(|r| u32::from(Some(r) != idle)).collect();
+                let la = m.forward_step(&t(ids.clone(), n), &t(mask.clone(), n), a).unwrap();
+                let lb = m.forward_step(&t(ids, n), &t(mask, n), b).unwrap();
+                let moved = (la - lb).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                assert!(moved == 0.0, "head {}: logits moved by {moved}", hidden / 4);
+            };
+            let (mut a, mut b) = pair(vec![3, 9, 27, 81, 50, 0, 0, 7, 14, 21], vec![1, 1, 1, 1, 1, 0, 0, 1, 1, 1], 2);
+            a.select_rows(&[0, 1, 0, 0, 1]).unwrap();
+            b.select_rows(&[0, 1, 0, 0, 1]).unwrap();
+            own(&mut b);
+            assert_eq!(a.shared, [(0, 0), (1, 0), (0, 5), (0, 5), (1, 5)]);
+            for s in 0..3 {
+                step(&mut a, &mut b, (s == 1).then_some(2));
+            }
+            // The group's first row goes: the next one keeps its own columns.
+            a.select_rows(&[1, 3, 4, 2]).unwrap();
+            b.select_rows(&[1, 3, 4, 2]).unwrap();
+            own(&mut b);
+            assert_eq!(a.shared, [(0, 0), (1, 0), (0, 5), (1, 5)]);
+            step(&mut a, &mut b, None);
+            let (mut a2, mut b2) = pair(vec![40, 41], vec![1, 1], 1);
+            a2.select_rows(&[0, 0]).unwrap();
+            b2.select_rows(&[0, 0]).unwrap();
+            a.append_rows(a2).unwrap();
+            b.append_rows(b2).unwrap();
+            own(&mut b);
+            assert_eq!(a.shared[4..], [(4, 0), (4, 9)]);
+            for _ in 0..2 {
+                step(&mut a, &mut b, None);
+            }
+            // The appended pair alone: its 7 columns of padding go.
+            a.select_rows(&[4, 5]).unwrap();
+            b.select_rows(&[4, 5]).unwrap();
+            a.trim_padding().unwrap();
+            b.trim_padding().unwrap();
+            own(&mut b);
+            assert_eq!(a.shared, [(0, 0), (0, 2)]);
+            step(&mut a, &mut b, None);
+            // One column too many: the rows differ there, so the logits move.
+            a.shared[1].1 += 1;
+            let n = a.batch();
+            let la = m.forward_step(&t(vec![1; n], n), &t(vec![1; n], n), &mut a).unwrap();
+            let lb = m.forward_step(&t(vec![1; n], n), &t(vec![1; n], n), &mut b).unwrap();
+            assert_ne!(la.to_vec2::<f32>().unwrap(), lb.to_vec2::<f32>().unwrap());
+        }
+    }
 }
