@@ -422,7 +422,7 @@ fn kv_cache_growing_reordered_and_trimmed_matches_full_forward() {
 /// The scoring passes run the head a chunk of rows at a time; at SmolLM2's
 /// head shape (576 → 49152), every chunking gives the training path's
 /// log-probs bit for bit, so the trainer's first ratios are exactly 1
-/// (no chunk goes to the small-row kernel, which sums in another order).
+/// (no chunk goes to a few-row kernel, which sums in another order).
 #[test]
 fn chunked_scoring_equals_the_training_path_bit_for_bit() {
     let cfg = ModelConfig::tiny(Architecture::Llama, 49152, 576, 64, 1, 9, 3, true);
@@ -432,9 +432,10 @@ fn chunked_scoring_equals_the_training_path_bit_for_bit() {
     let ids = Tensor::from_vec(ids, (b, w), &Device::Cpu).unwrap();
     let mask = Tensor::ones((b, w), DType::U32, &Device::Cpu).unwrap();
     let whole: Vec<Vec<f32>> = m.tail_logprobs(&ids, &mask, r).unwrap().to_vec2().unwrap();
-    // 7 and 20 are below the small-row kernel's limit, so the chunks must
-    // grow past it; 100 leaves a 12-row remainder that must join a chunk.
-    for rows in [7, 20, 33, 100, 341, 10_000] {
+    // 7 to 64 are at or below the few-row kernels' limit (64 rows on AMX),
+    // so the chunks must grow past it; 100 (cut to 64-row tiles, then 65
+    // rows) leaves a 57-row remainder that must join a chunk.
+    for rows in [7, 20, 33, 64, 100, 341, 10_000] {
         m.set_logits_chunk(rows * 49152);
         let chunked: Vec<Vec<f32>> = m.score_tail_logprobs(&ids, &mask, r).unwrap().to_vec2().unwrap();
         assert_eq!(chunked, whole, "chunks of {rows} rows");

@@ -549,6 +549,8 @@ impl CustomOp2 for Linear {
         };
         let y = if super::small_gemm::takes(m) {
             super::small_gemm::linear(x, m, k, &[(w, o)]).into_iter().next().expect("one weight")
+        } else if super::amx::available() && m <= super::amx::FEW_ROWS {
+            super::amx::linear_few(x, m, k, w, o)
         } else if super::amx::available() {
             super::amx::linear(x, m, k, w, o).map_err(Error::Msg)?
         } else {
@@ -641,14 +643,17 @@ fn gemm_uninit(
     y
 }
 
-/// The most rows [`linear`] gives the small-row kernel (decode steps);
-/// more go to AMX or gemm. They sum in different orders.
-pub const SMALL_ROWS: usize = super::small_gemm::MAX_ROWS;
+/// Rows at or below which [`linear`] may run a few-row kernel (decode
+/// steps and short prefills: up to 32 rows on the f32 small-row kernel, up
+/// to [`super::amx::FEW_ROWS`] on AMX's); above it AMX's many-row kernel or
+/// gemm, which sum in another order.
+pub const SMALL_ROWS: usize = super::amx::FEW_ROWS;
 
 /// `x (M, K) · w (N, K)ᵀ`, differentiable: a linear layer with the weight
 /// as checkpoints store it. Up to 32 rows of f32 on a CPU with AVX2 or
 /// AVX-512 (every decode step) it runs without repacking `w`, on AMX from
-/// 16 rows where the CPU has it; more rows run on AMX where the CPU has it
+/// 16 rows where the CPU has it; on AMX up to 64 rows (a short prompt's
+/// prefill) run as 32-row blocks of that kernel; more rows run on AMX where the CPU has it
 /// ([`super::amx`]: f32 products from split bf16 pieces), else gemm as
 /// candle's matmul does, without zero-filling the output first. The backward's products run gemm either
 /// way; other dtypes and devices use candle's matmul. The kernels sum in
@@ -2046,20 +2051,16 @@ mod timing {
     /// caches of 172 columns, each layer's its own so they come from memory
     /// as in a step), at the key counts a 44-token prompt + 128-token decode
     /// passes through (`cargo test --release -p r2vpo-llm --lib
-    /// ops::timing -- --ignored --nocapture`).
+    /// ops::timing -- --ignored --nocapture`; `HOT=1`: one layer's cache,
+    /// which stays in L3).
     #[test]
     #[ignore]
     fn smollm2_decode_attention() {
         let (b, hk, g, d, cap) = (32, 3, 3, 64, 172);
         let layers = if std::env::var("HOT").is_ok() { 1 } else { 30 };
         let dev = Device::Cpu;
-        let caches: Vec<(Tensor, Tensor)> = (0..layers)
-            .map(|l| {
-                let f = |s: f32| Tensor::rand(-s, s, (b, hk, cap, d), &dev).unwrap();
-                let _ = l;
-                (f(1.0), f(1.0))
-            })
-            .collect();
+        let rand = || Tensor::rand(-1f32, 1.0, (b, hk, cap, d), &dev).unwrap();
+        let caches: Vec<(Tensor, Tensor)> = (0..layers).map(|_| (rand(), rand())).collect();
         let q = Tensor::rand(-0.1f32, 0.1, (b, hk, g, d), &dev).unwrap();
         for tk in [44, 76, 108, 140, 172] {
             let mask = Tensor::zeros((b, 1, 1, 1, tk), candle_core::DType::F32, &dev).unwrap();

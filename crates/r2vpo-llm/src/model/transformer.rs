@@ -678,20 +678,21 @@ impl Transformer {
 
     /// `(first row, rows)` of each chunk of the head over `n_rows` rows
     /// ([`Transformer::set_logits_chunk`]). Where the rows are more than the
-    /// small-row kernel takes, so is every chunk (a short remainder joins
-    /// the chunk before it): that kernel sums in another order than gemm,
-    /// and the chunked log-probs must equal one whole gemm's bit for bit.
+    /// few-row kernels take ([`ops::SMALL_ROWS`]), so is every chunk (a short
+    /// remainder joins the chunk before it): those kernels sum in another
+    /// order than gemm's or AMX's many-row one, and the chunked log-probs
+    /// must equal one whole head's bit for bit.
     fn head_chunks(&self, n_rows: usize) -> Vec<(usize, usize)> {
         let gemm_only = n_rows > ops::SMALL_ROWS;
         let mut chunk = (self.logits_chunk / self.config.vocab_size).max(1);
-        if gemm_only {
-            chunk = chunk.max(ops::SMALL_ROWS + 1);
-        }
         // Whole tiles of gemm's AVX-512 f32 kernel (64 rows): 341-row chunks
         // scored 1.5–3 % slower than one whole head (3 alternating pairs),
         // 320-row chunks within 1 % (5 pairs).
         if chunk > 64 {
             chunk = chunk / 64 * 64;
+        }
+        if gemm_only {
+            chunk = chunk.max(ops::SMALL_ROWS + 1);
         }
         let mut out: Vec<(usize, usize)> = (0..n_rows).step_by(chunk).map(|s0| (s0, chunk.min(n_rows - s0))).collect();
         if gemm_only && out.len() > 1 && out[out.len() - 1].1 <= ops::SMALL_ROWS {
