@@ -331,6 +331,24 @@ mod tests {
         (x, w)
     }
 
+    /// Runs `check(rnd, x, w, (m, n, k))` on [`operands`] of each shape,
+    /// drawn from one seeded stream; nothing (after saying `why`) without AMX.
+    fn on_shapes(
+        why: &str,
+        seed: u64,
+        shapes: &[(usize, usize, usize)],
+        mut check: impl FnMut(&mut dyn FnMut() -> f64, &[f32], &[f32], (usize, usize, usize)),
+    ) {
+        if skip_without_amx(why) {
+            return;
+        }
+        let mut rnd = uniform(seed);
+        for &(m, n, k) in shapes {
+            let (x, w) = operands(&mut rnd, m, n, k);
+            check(&mut rnd, &x, &w, (m, n, k));
+        }
+    }
+
     /// `y (m, n)` within a few f32 roundoffs (6e-8 each) of `x · wᵀ` in
     /// f64, relative to each element's `Σ|xᵢwᵢ|`, whatever k is.
     fn assert_f32_accurate(x: &[f32], w: &[f32], y: &[f32], (m, n, k): (usize, usize, usize)) {
@@ -362,14 +380,15 @@ mod tests {
     /// block, several row and column blocks.
     #[test]
     fn agrees_with_f64() {
-        if skip_without_amx("no AMX here: nothing to check (ops::linear runs gemm)") {
-            return;
-        }
-        let mut rnd = uniform(0x9E37_79B9_7F4A_7C15);
-        for (m, n, k) in [(33, 17, 1), (40, 33, 31), (100, 70, 100), (333, 1000, 100), (70, 48, 576), (64, 40, 1537)] {
-            let (x, w) = operands(&mut rnd, m, n, k);
-            assert_f32_accurate(&x, &w, &linear(&x, m, k, &w, n).unwrap(), (m, n, k));
-        }
+        let shapes = [(33, 17, 1), (40, 33, 31), (100, 70, 100), (333, 1000, 100), (70, 48, 576), (64, 40, 1537)];
+        on_shapes(
+            "no AMX here: nothing to check (ops::linear runs gemm)",
+            0x9E37_79B9_7F4A_7C15,
+            &shapes,
+            |_, x, w, (m, n, k)| {
+                assert_f32_accurate(x, w, &linear(x, m, k, w, n).unwrap(), (m, n, k));
+            },
+        );
     }
 
     /// The few-row kernel against f64, as [`agrees_with_f64`]: one and two
@@ -377,34 +396,48 @@ mod tests {
     /// matters, and two weights in one call (each output written whole).
     #[test]
     fn small_agrees_with_f64() {
-        if skip_without_amx("no AMX here: nothing to check (small_gemm runs its f32 kernel)") {
-            return;
-        }
-        let mut rnd = uniform(0x2545_F491_4F6C_DD1D);
-        for (m, n, k) in [(1, 17, 1), (5, 33, 31), (16, 64, 576), (17, 70, 100), (32, 40, 1537), (32, 1000, 64)] {
-            let (x, w) = operands(&mut rnd, m, n, k);
+        let shapes = [(1, 17, 1), (5, 33, 31), (16, 64, 576), (17, 70, 100), (32, 40, 1537), (32, 1000, 64)];
+        let why = "no AMX here: nothing to check (small_gemm runs its f32 kernel)";
+        on_shapes(why, 0x2545_F491_4F6C_DD1D, &shapes, |rnd, x, w, (m, n, k)| {
             let n2 = n / 3 + 1;
             let w2: Vec<f32> = (0..n2 * k).map(|_| rnd() as f32).collect();
-            let ys = linear_small(&x, m, k, &[(&w, n), (&w2, n2)]);
-            assert_f32_accurate(&x, &w, &ys[0], (m, n, k));
-            assert_f32_accurate(&x, &w2, &ys[1], (m, n2, k));
-        }
+            let ys = linear_small(x, m, k, &[(w, n), (&w2, n2)]);
+            assert_f32_accurate(x, w, &ys[0], (m, n, k));
+            assert_f32_accurate(x, &w2, &ys[1], (m, n2, k));
+        });
     }
 
     /// A prefill's 33–64 rows as 32-row blocks of the few-row kernel: f32
     /// accuracy, and the second block's rows the bits of that block alone.
     #[test]
     fn few_is_the_small_kernel_a_block_at_a_time() {
+        let shapes = [(33, 40, 100), (44, 70, 576), (64, 33, 31)];
+        on_shapes("no AMX here: nothing to check", 0x1234_5678_9ABC_DEF1, &shapes, |_, x, w, (m, n, k)| {
+            let y = linear_few(x, m, k, w, n);
+            assert_f32_accurate(x, w, &y, (m, n, k));
+            let tail = linear_small(&x[32 * k..], m - 32, k, &[(w, n)]).remove(0);
+            assert_eq!(y[32 * n..], tail[..], "({m}, {n}, {k})");
+        });
+    }
+
+    /// Runs `product(x, rows, w)` on all `m` rows of a fixed x and on
+    /// row ranges of it: each range's rows are the same bits as in the whole.
+    fn assert_rows_independent(
+        m: usize,
+        n: usize,
+        k: usize,
+        ranges: &[(usize, usize)],
+        product: impl Fn(&[f32], usize, &[f32]) -> Vec<f32>,
+    ) {
         if skip_without_amx("no AMX here: nothing to check") {
             return;
         }
-        let mut rnd = uniform(0x1234_5678_9ABC_DEF1);
-        for (m, n, k) in [(33, 40, 100), (44, 70, 576), (64, 33, 31)] {
-            let (x, w) = operands(&mut rnd, m, n, k);
-            let y = linear_few(&x, m, k, &w, n);
-            assert_f32_accurate(&x, &w, &y, (m, n, k));
-            let tail = linear_small(&x[32 * k..], m - 32, k, &[(&w, n)]).remove(0);
-            assert_eq!(y[32 * n..], tail[..], "({m}, {n}, {k})");
+        let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 104_729 % 997) as f32 - 498.0) / 997.0).collect();
+        let all = product(&x, m, &w);
+        for &(r0, r1) in ranges {
+            let part = product(&x[r0 * k..r1 * k], r1 - r0, &w);
+            assert_eq!(part, all[r0 * n..r1 * n], "rows {r0}..{r1}");
         }
     }
 
@@ -412,32 +445,18 @@ mod tests {
     /// them, in one 16-row half or two.
     #[test]
     fn small_rows_do_not_depend_on_their_neighbours() {
-        if skip_without_amx("no AMX here: nothing to check") {
-            return;
-        }
-        let (m, n, k) = (32, 50, 300);
-        let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0).collect();
-        let w: Vec<f32> = (0..n * k).map(|i| ((i * 104_729 % 997) as f32 - 498.0) / 997.0).collect();
-        let all = linear_small(&x, m, k, &[(&w, n)]).remove(0);
-        for (r0, r1) in [(0, 1), (5, 21), (16, 32), (31, 32)] {
-            let part = linear_small(&x[r0 * k..r1 * k], r1 - r0, k, &[(&w, n)]).remove(0);
-            assert_eq!(part, all[r0 * n..r1 * n], "rows {r0}..{r1}");
-        }
+        let (n, k) = (50, 300);
+        assert_rows_independent(32, n, k, &[(0, 1), (5, 21), (16, 32), (31, 32)], |x, m, w| {
+            linear_small(x, m, k, &[(w, n)]).remove(0)
+        });
     }
 
     /// A row's values are the same bits whichever rows surround it.
     #[test]
     fn rows_do_not_depend_on_their_neighbours() {
-        if skip_without_amx("no AMX here: nothing to check") {
-            return;
-        }
-        let (m, n, k) = (100, 50, 300);
-        let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0).collect();
-        let w: Vec<f32> = (0..n * k).map(|i| ((i * 104_729 % 997) as f32 - 498.0) / 997.0).collect();
-        let all = linear(&x, m, k, &w, n).unwrap();
-        for (r0, r1) in [(0, 1), (5, 38), (37, 100), (64, 96)] {
-            let part = linear(&x[r0 * k..r1 * k], r1 - r0, k, &w, n).unwrap();
-            assert_eq!(part, all[r0 * n..r1 * n], "rows {r0}..{r1}");
-        }
+        let (n, k) = (50, 300);
+        assert_rows_independent(100, n, k, &[(0, 1), (5, 38), (37, 100), (64, 96)], |x, m, w| {
+            linear(x, m, k, w, n).unwrap()
+        });
     }
 }

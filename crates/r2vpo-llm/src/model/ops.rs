@@ -832,6 +832,12 @@ impl<'a> KvRows<'a> {
         (if j < self.shared { self.k_shared } else { self.k }, j * self.k_row)
     }
 
+    /// Value `j`'s buffer and where in it the value starts.
+    #[inline(always)]
+    fn value_at(&self, j: usize) -> (&'a [f32], usize) {
+        (if j < self.shared { self.v_shared } else { self.v }, j * self.v_row)
+    }
+
     /// Key `j` (`d` values).
     #[inline(always)]
     fn key(&self, j: usize) -> &'a [f32] {
@@ -842,8 +848,8 @@ impl<'a> KvRows<'a> {
     /// Value `j` (`d` values).
     #[inline(always)]
     fn value(&self, j: usize) -> &'a [f32] {
-        let x = if j < self.shared { self.v_shared } else { self.v };
-        &x[j * self.v_row..j * self.v_row + self.d]
+        let (x, at) = self.value_at(j);
+        &x[at..at + self.d]
     }
 
     /// Query row `qi`'s mask over the keys (rows cycle through the `T` new
@@ -934,7 +940,8 @@ fn attend_block<S: pulp::Simd, const C: usize, const N: usize>(
     for j in 0..tk {
         let (ahead, at) = kv.key_at(j + PREFETCH_ROWS);
         prefetch_row::<L1>(ahead, at, d);
-        prefetch_row::<L2>(if j < kv.shared { kv.v_shared } else { kv.v }, j * kv.v_row, d);
+        let (value, at) = kv.value_at(j);
+        prefetch_row::<L2>(value, at, d);
         let kj = row(kv.key(j));
         for a in 0..N {
             let mut acc = zero;
