@@ -24,6 +24,9 @@ SHAPE=configs/shapes/smollm2-135m.json
 [ -x "$PY" ] || { echo "compare: $PY not found: run make venv-hf" >&2; exit 1; }
 [ -x "$BIN" ] || { echo "compare: $BIN not found: run make build" >&2; exit 1; }
 mkdir -p "$OUT"
+# Which CPU the figures are from (the summary names it): the kernels, and
+# so the ratios, differ between CPUs with and without AVX-512 and AMX.
+lscpu > "$OUT/lscpu.txt"
 step=(--shape "$SHAPE" --batch 8 --prompt 44 --response 256 --reps 2)
 
 # The f32 limit the decode and scoring shares divide by (#16: "say how you

@@ -22,7 +22,15 @@ def main() -> None:
     per = [({x["batch"]: x["tokens_per_s"] for x in load(name("r2vpo", "decode", r))["decode"]},
             {x["batch"]: x["tokens_per_s"] for x in load(name("hf", "decode", r))["decode"]}) for r in rounds]
     hf = load(name("hf", "decode", rounds[0]))
-    md = [f"# r2vpo vs PyTorch {hf['torch']} + transformers {hf['transformers']} on this CPU\n",
+    cpu = "this CPU"
+    if (d / "lscpu.txt").exists():
+        info = dict(line.split(":", 1) for line in (d / "lscpu.txt").read_text().splitlines() if ":" in line)
+        flags = info.get("Flags", "").split()
+        simd = "AMX" if "amx_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+        cpu = f"{info.get('Model name', '?').strip()} ({simd}, {info.get('CPU(s)', '?').strip()} CPUs)"
+    step1 = load(name("r2vpo", "step", rounds[0]))
+    matmul = f"; r2vpo's many-row products on {step1['matmul']}" if "matmul" in step1 else ""
+    md = [f"# r2vpo vs PyTorch {hf['torch']} + transformers {hf['transformers']} on {cpu}{matmul}\n",
           f"## Decode (new tokens/s, {len(per)} round(s) in turn; goal ≥ 1.5×)\n",
           "| batch | r2vpo | transformers | r2vpo / transformers, per round | mean ratio |", "|---|---|---|---|---|"]
     decode = []

@@ -244,9 +244,11 @@ pub fn llm(a: &LlmArgs) -> Result<()> {
     let ids = tok.encode(&prompt, false)?;
     let rows = sample::bench_generate(&model, &ids, &a.batches, a.new_tokens, &sample::SamplingConfig::default())?;
     println!(
-        "decode throughput, {} ({} parameters), f32, {} threads, {}-token prompt, {} new tokens, T = 1",
+        "decode throughput, {} ({} parameters), f32 (prefill's products: {}), {} threads, {}-token prompt, {} new \
+         tokens, T = 1",
         path.display(),
         model.num_parameters(),
+        r2vpo_llm::model::openblas::backend(),
         std::env::var("RAYON_NUM_THREADS").unwrap_or_default(),
         ids.len(),
         a.new_tokens

@@ -110,6 +110,9 @@ struct StepResult {
     step_s: f64,
     tokens_per_s: f64,
     loss: f64,
+    /// The kernel behind the CPU's many-row f32 products
+    /// (`r2vpo_llm::model::openblas::backend`).
+    matmul: String,
 }
 
 /// What `--check` measured.
@@ -297,6 +300,7 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         step_s,
         tokens_per_s: tokens as f64 / step_s,
         loss,
+        matmul: r2vpo_llm::model::openblas::backend(),
     };
     let what = if a.score {
         "scoring pass (no-grad log-probs of the response tokens; `loss` is their mean)"
@@ -304,11 +308,12 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         "training step (forward + R²VPO objective + backward + AdamW)"
     };
     println!(
-        "r2vpo {what}, {} ({} parameters), {} {}, {} × ({} + {}) tokens, median of {}",
+        "r2vpo {what}, {} ({} parameters), {} {} (many-row products: {}), {} × ({} + {}) tokens, median of {}",
         res.shape,
         res.parameters,
         res.device,
         res.dtype,
+        res.matmul,
         res.batch,
         res.prompt,
         res.response,

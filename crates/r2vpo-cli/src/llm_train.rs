@@ -147,6 +147,10 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         .starting_at(trainer.progress().iteration as u64);
     // Skipped prompts and data lines are reported above the bar, not through it.
     trainer.set_warning_handler(progress.printer());
+    if cfg.model.device == "cpu" && !a.run.quiet {
+        // Runs on different kernels round differently (README "CPU speed").
+        progress.println(&format!("learner's products on the CPU: {}", r2vpo_llm::model::openblas::backend()));
+    }
     let mut last = String::new();
     let mut on_event = |e: Event| match e {
         Event::Phase { name, iter } => {

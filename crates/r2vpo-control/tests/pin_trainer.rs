@@ -1,8 +1,11 @@
 //! Pins short seeded `control train` runs bit for bit, so refactors of the
 //! update path (the learner contract, the update schedule, the split of the
-//! trainer) are proven to change nothing. Re-record with `R2VPO_BLESS=1` only
-//! on a machine whose floating-point results legitimately differ, never to
-//! make a refactor pass.
+//! trainer) are proven to change nothing. The networks' products run on
+//! gemm, whose kernels (and so sums) differ between AVX-512 and AVX2: one
+//! golden file each, `control-train-avx512.json` recorded on the Xeon of
+//! the development kind, `control-train-avx2.json` on its AMD EPYC (Zen 3).
+//! Re-record with `R2VPO_BLESS=1` only on a machine whose floating-point
+//! results legitimately differ, never to make a refactor pass.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -43,6 +46,10 @@ fn seeded_runs_are_unchanged_bit_for_bit() {
         all.insert(name.into(), serde_json::to_value(&ms).unwrap());
     }
     let got = serde_json::to_string_pretty(&all).unwrap() + "\n";
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/pin/control-train.json");
+    #[cfg(target_arch = "x86_64")]
+    let simd = if std::is_x86_feature_detected!("avx512f") { "avx512" } else { "avx2" };
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = "other";
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("golden/pin/control-train-{simd}.json"));
     r2vpo_report::golden::assert_golden(&path, &got);
 }

@@ -1,12 +1,15 @@
 //! Pins short seeded `llm train` runs bit for bit, so refactors of the update
 //! path (the learner contract, the update schedule) are proven to change
-//! nothing. The golden file was recorded on the development machine kind
-//! (x86-64 with AVX-512 and AMX, `RAYON_NUM_THREADS=2`), once per
-//! many-row matmul path (`llm-train-amx.json` on AMX, `llm-train.json` on
-//! gemm, which `R2VPO_MATMUL=gemm` selects); candle's GEMM picks its
-//! kernels from the CPU, so a machine with other SIMD may legitimately
-//! differ: re-record with `R2VPO_BLESS=1 cargo test -p r2vpo-llm --test
-//! pin_trainer` there, and never to make a refactor pass.
+//! nothing. One golden file per many-row matmul path, each recorded with
+//! `RAYON_NUM_THREADS=2` on a machine of the development kind that runs
+//! it: `llm-train-amx.json` on AMX (x86-64 with AVX-512 and AMX),
+//! `llm-train-gemm-avx2+openblas-haswell.json` on an AMD EPYC Zen 3 (gemm's
+//! AVX2 kernels, the backward on OpenBLAS's Haswell kernels), and
+//! `llm-train-gemm-avx512.json` and `llm-train-gemm-avx2.json` on gemm alone
+//! (`R2VPO_MATMUL=gemm`) on those two machines. The kernels are picked from
+//! the CPU, so a machine with other SIMD may legitimately differ: re-record
+//! with `R2VPO_BLESS=1 cargo test -p r2vpo-llm --test pin_trainer` there,
+//! and never to make a refactor pass.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -72,10 +75,11 @@ fn seeded_runs_are_unchanged_bit_for_bit() {
         all.insert(algo.into(), serde_json::to_value(&ms).unwrap());
     }
     let got = serde_json::to_string_pretty(&all).unwrap() + "\n";
-    // The learner's many-row products run on AMX where the CPU has it, on
-    // gemm elsewhere (or under R2VPO_MATMUL=gemm): two sums in different
+    // The learner's many-row products run on AMX where the CPU has it, else
+    // on gemm with the backward on OpenBLAS (its kernels for this CPU), on
+    // gemm alone without it (or under R2VPO_MATMUL=gemm): sums in different
     // orders, so one golden file each.
-    let name = if r2vpo_llm::model::amx::available() { "llm-train-amx.json" } else { "llm-train.json" };
+    let name = format!("llm-train-{}.json", r2vpo_llm::model::openblas::backend());
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/pin").join(name);
     r2vpo_report::golden::assert_golden(&path, &got);
 }

@@ -16,6 +16,7 @@ pub mod amx;
 pub mod config;
 pub mod load_gguf;
 pub mod load_hf;
+pub mod openblas;
 pub mod ops;
 pub mod save;
 mod small_gemm;

@@ -565,9 +565,11 @@ impl CustomOp2 for Linear {
     }
 }
 
-/// `a · b` for two 2-D tensors: on f32 CPU tensors, gemm called exactly as
-/// candle's matmul calls it (so the same values, bit for bit) into an
-/// output that is not zero-filled first; elsewhere candle's matmul.
+/// `a · b` for two 2-D tensors, the backward's products: on f32 CPU
+/// tensors, OpenBLAS where it is in use ([`super::openblas`]), else gemm
+/// called exactly as candle's matmul calls it (so the same values, bit for
+/// bit) into an output that is not zero-filled first; elsewhere candle's
+/// matmul.
 fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let cpu_f32 = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32 && t.rank() == 2;
     if !(cpu_f32(a) && cpu_f32(b)) {
@@ -581,7 +583,11 @@ fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (bg, bl) = b.storage_and_layout();
     let (ad, bd) = (f32_storage(&ag, "r2vpo-matmul")?, f32_storage(&bg, "r2vpo-matmul")?);
     let stride = |l: &Layout| [l.stride()[1] as isize, l.stride()[0] as isize];
-    let y = gemm_uninit([m, k, n], (&ad[al.start_offset()..], stride(al)), (&bd[bl.start_offset()..], stride(bl)));
+    let (lhs, rhs) = ((&ad[al.start_offset()..], stride(al)), (&bd[bl.start_offset()..], stride(bl)));
+    // OpenBLAS where it is in use (CPUs without AMX): a row's values there
+    // depend on the rows beside it, which gradients may, but not the
+    // forward's log-probs (scoring must equal training bit for bit).
+    let y = super::openblas::sgemm([m, k, n], lhs, rhs).unwrap_or_else(|| gemm_uninit([m, k, n], lhs, rhs));
     Tensor::from_vec(y, (m, n), a.device())
 }
 
@@ -655,8 +661,8 @@ pub const SMALL_ROWS: usize = super::amx::FEW_ROWS;
 /// 16 rows where the CPU has it; on AMX up to 64 rows (a short prompt's
 /// prefill) run as 32-row blocks of that kernel; more rows run on AMX where the CPU has it
 /// ([`super::amx`]: f32 products from split bf16 pieces), else gemm as
-/// candle's matmul does, without zero-filling the output first. The backward's products run gemm either
-/// way; other dtypes and devices use candle's matmul. The kernels sum in
+/// candle's matmul does, without zero-filling the output first. The backward's products run on
+/// OpenBLAS where it is in use ([`super::openblas`]), else gemm; other dtypes and devices use candle's matmul. The kernels sum in
 /// different orders, so they agree to f32 rounding, not bit for bit
 /// (tested).
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
@@ -2083,5 +2089,44 @@ mod timing {
             let bytes = (30 * b * hk * tk * d * 4 * 2) as f64;
             println!("tk {tk:3}: {:.2} ms per step, {:.1} GB/s of keys and values", s * 1e3, bytes / s / 1e9);
         }
+    }
+
+    /// Not a test: GFLOP/s of the learner's products on the CPU kernel that
+    /// runs them here (gemm, or AMX's where the CPU has it for the forward),
+    /// at SmolLM2's shapes for 8 × 300 tokens: forward `x · wᵀ`, the
+    /// input gradient `g · w` and the weight gradient `gᵀ · x`
+    /// (`cargo test --release -p r2vpo-llm --lib ops::timing::learner_products
+    /// -- --ignored --nocapture`; `scripts/hf/products.py` times PyTorch's).
+    #[test]
+    #[ignore]
+    fn learner_products() {
+        let dev = Device::Cpu;
+        let rows = 2400;
+        let mut all = (0.0, 0.0);
+        for (k, n) in [(576, 960), (576, 576), (576, 3072), (1536, 576), (576, 49152)] {
+            let m = if n == 49152 { 2048 } else { rows };
+            let x = Tensor::rand(-1f32, 1.0, (m, k), &dev).unwrap();
+            let w = Tensor::rand(-1f32, 1.0, (n, k), &dev).unwrap();
+            let g = Tensor::rand(-1f32, 1.0, (m, n), &dev).unwrap();
+            let flop = 2.0 * (m * n * k) as f64;
+            let mut line = format!("{m}x{k}x{n}:");
+            for (name, f) in [
+                ("fwd", &(|| super::linear(&x, &w).map(|_| ())) as &dyn Fn() -> candle_core::Result<()>),
+                ("dx", &|| super::matmul(&g, &w).map(|_| ())),
+                ("dw", &|| super::matmul(&g.t()?, &x).map(|_| ())),
+            ] {
+                f().unwrap();
+                let reps = 3;
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    f().unwrap();
+                }
+                let s = t.elapsed().as_secs_f64() / reps as f64;
+                all = (all.0 + flop, all.1 + s);
+                line += &format!("  {name} {:6.1} GFLOP/s ({:5.1} ms)", flop / s / 1e9, s * 1e3);
+            }
+            println!("{line}");
+        }
+        println!("all: {:.1} GFLOP/s", all.0 / all.1 / 1e9);
     }
 }
