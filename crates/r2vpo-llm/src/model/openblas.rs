@@ -106,6 +106,8 @@ fn load(path: &std::path::Path) -> Result<Blas, String> {
     }
 }
 
+/// The library, loaded on first use; `None` on AMX CPUs, under
+/// `R2VPO_MATMUL=gemm`, or where no candidate loads.
 fn blas() -> Option<&'static Blas> {
     static B: OnceLock<Option<Blas>> = OnceLock::new();
     B.get_or_init(|| {
