@@ -1,5 +1,6 @@
 //! The backward's f32 products on OpenBLAS, on CPUs without AMX: the
-//! input and weight gradients of every linear layer ([`sgemm`]).
+//! input and weight gradients of every linear layer (`sgemm`, which the
+//! backward of `ops::linear` calls).
 //!
 //! Why: on a 2-core AMD EPYC (Zen 3, AVX2) the `gemm` crate ran SmolLM2's
 //! learner shapes (8 × 300 tokens: 2 400 × 576 × 960 … 2 048 × 576 × 49 152,
