@@ -230,7 +230,15 @@ fn a_redis_restart_mid_run_is_retried_and_changes_nothing() {
     let redis = Redis::start_anywhere(&data);
     let (port, url) = (redis.port, redis.url());
     let run = tmp.path().join("restart");
-    let mut child = train(&cfg, &run, &["--async"]).args(on_redis(&url)).stderr(Stdio::piped()).spawn().unwrap();
+    // A batch leased while Redis is down can be lost with it; it is leased
+    // again when its lease runs out (600 s by default: once, on a slow
+    // machine, this test took 606 s), so a short one.
+    let mut child = train(&cfg, &run, &["--async"])
+        .args(on_redis(&url))
+        .args(["--set", "queue.lease_s=5"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     wait_for_checkpoint(&mut child, &run, 2);
     redis.stop(); // SIGTERM: Redis writes its append-only file and exits
     std::thread::sleep(Duration::from_millis(1500));
