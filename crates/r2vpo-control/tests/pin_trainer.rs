@@ -46,10 +46,7 @@ fn seeded_runs_are_unchanged_bit_for_bit() {
         all.insert(name.into(), serde_json::to_value(&ms).unwrap());
     }
     let got = serde_json::to_string_pretty(&all).unwrap() + "\n";
-    #[cfg(target_arch = "x86_64")]
-    let simd = if std::is_x86_feature_detected!("avx512f") { "avx512" } else { "avx2" };
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = "other";
+    let simd = r2vpo_report::golden::gemm_simd();
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("golden/pin/control-train-{simd}.json"));
     r2vpo_report::golden::assert_golden(&path, &got);
 }

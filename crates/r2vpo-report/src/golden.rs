@@ -23,3 +23,21 @@ pub fn assert_golden(path: &Path, got: &str) {
     }
     assert_eq!(want.lines().count(), got.lines().count(), "{}: different length", path.display());
 }
+
+/// The widest SIMD level the `gemm` crate picks on this CPU (`"avx512"`,
+/// `"avx2"` or `"other"`): its kernels, and so its sums, differ between
+/// levels, so golden files of gemm-computed runs are named by it.
+pub fn gemm_simd() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            "avx512"
+        } else if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            "avx2"
+        } else {
+            "other"
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    "other"
+}

@@ -90,16 +90,17 @@ pub fn available() -> bool {
 
 /// A raw pointer that rayon's tasks may share: each writes a disjoint part.
 #[derive(Clone, Copy)]
-struct Shared<T>(*mut T);
+pub(crate) struct Shared<T>(pub(crate) *mut T);
 // SAFETY: only used for disjoint writes (rows of the split input, columns of
-// the output), joined before the buffer is read.
+// the output; `openblas::sgemm`'s row or column blocks), joined before the
+// buffer is read.
 unsafe impl<T> Send for Shared<T> {}
 unsafe impl<T> Sync for Shared<T> {}
 
 impl<T> Shared<T> {
     /// The pointer (a method, so closures capture the `Send` wrapper and
     /// not its raw field).
-    fn ptr(self) -> *mut T {
+    pub(crate) fn ptr(self) -> *mut T {
         self.0
     }
 }

@@ -146,36 +146,11 @@ pub fn backend() -> String {
     if super::amx::available() {
         "amx".into()
     } else {
-        #[cfg(target_arch = "x86_64")]
-        let simd = if std::is_x86_feature_detected!("avx512f") {
-            "avx512"
-        } else if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            "avx2"
-        } else {
-            "other"
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let simd = "other";
+        let simd = r2vpo_report::golden::gemm_simd();
         match blas() {
             Some(b) => format!("gemm-{simd}+openblas-{}", b.core.to_lowercase()),
             None => format!("gemm-{simd}"),
         }
-    }
-}
-
-/// A raw output pointer that rayon's tasks share, each writing its own
-/// block of rows or columns.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: each task writes a disjoint block; the caller reads only after
-// all have joined.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// The pointer (a method, so closures capture the `Send` wrapper).
-    fn ptr(self) -> *mut f32 {
-        self.0
     }
 }
 
@@ -220,7 +195,7 @@ pub(crate) fn sgemm([m, k, n]: [usize; 3], (a, sa): Operand, (b, sb): Operand) -
         "openblas::sgemm: operands shorter than their shapes"
     );
     let mut y = Vec::<f32>::with_capacity(m * n);
-    let out = Out(y.as_mut_ptr());
+    let out = super::amx::Shared(y.as_mut_ptr());
     // Blocks of 64 rows or columns (a multiple of every OpenBLAS f32
     // kernel's unroll), as even as that allows.
     // At most 32 blocks: OpenBLAS keeps a fixed table of per-call buffers
