@@ -295,8 +295,8 @@ pub fn linear_few(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32
 
 /// `0..units` in one contiguous range per thread of rayon's pool (fewer
 /// where there are fewer units), in parallel: each thread streams its own
-/// 32-row blocks or 32-column panels.
-fn per_thread(units: usize) -> impl ParallelIterator<Item = (usize, usize)> {
+/// row blocks or column panels (here and in [`super::avx2`]).
+pub(crate) fn per_thread(units: usize) -> impl ParallelIterator<Item = (usize, usize)> {
     let per = units.div_ceil(rayon::current_num_threads().max(1)).max(1);
     (0..units.div_ceil(per)).into_par_iter().map(move |t| (t * per, ((t + 1) * per).min(units)))
 }

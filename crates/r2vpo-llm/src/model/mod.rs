@@ -13,6 +13,7 @@
 //!   updates without retaining a graph.
 
 pub mod amx;
+pub mod avx2;
 pub mod config;
 pub mod load_gguf;
 pub mod load_hf;

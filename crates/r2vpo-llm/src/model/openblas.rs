@@ -138,19 +138,20 @@ pub fn available() -> bool {
 }
 
 /// The CPU kernels behind the many-row f32 products, for logs and golden
-/// files: `"amx"` (forward on AMX, backward on gemm), `"gemm-<simd>"`
-/// (`avx512`, `avx2` or `other`: the widest kernels gemm picks here), or
-/// `"gemm-<simd>+openblas-<core>"` with the backward on OpenBLAS's kernel
-/// family for this CPU (lower case: `haswell`, `skylakex`, …).
+/// files: `"amx"` (forward on AMX, backward on gemm); otherwise the
+/// forward's, `"avx2"` ([`super::avx2`]) or `"gemm-<simd>"` (`avx512`,
+/// `avx2` or `other`: the widest kernels gemm picks here), followed by
+/// `"+openblas-<core>"` where the backward runs on OpenBLAS's kernel family
+/// for this CPU (lower case: `haswell`, `skylakex`, …).
 pub fn backend() -> String {
     if super::amx::available() {
-        "amx".into()
-    } else {
-        let simd = r2vpo_report::golden::gemm_simd();
-        match blas() {
-            Some(b) => format!("gemm-{simd}+openblas-{}", b.core.to_lowercase()),
-            None => format!("gemm-{simd}"),
-        }
+        return "amx".into();
+    }
+    let forward =
+        if super::avx2::available() { "avx2".into() } else { format!("gemm-{}", r2vpo_report::golden::gemm_simd()) };
+    match blas() {
+        Some(b) => format!("{forward}+openblas-{}", b.core.to_lowercase()),
+        None => forward,
     }
 }
 

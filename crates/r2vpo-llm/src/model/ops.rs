@@ -553,6 +553,8 @@ impl CustomOp2 for Linear {
             super::amx::linear_few(x, m, k, w, o)
         } else if super::amx::available() {
             super::amx::linear(x, m, k, w, o).map_err(Error::Msg)?
+        } else if super::avx2::available() {
+            super::avx2::linear(x, m, k, w, o).map_err(Error::Msg)?
         } else {
             // wᵀ as gemm's (k, o) right-hand side: row stride 1, column stride k.
             gemm_uninit([m, k, o], (x, [1, k as isize]), (w, [k as isize, 1]))
@@ -651,8 +653,8 @@ fn gemm_uninit(
 
 /// Rows at or below which [`linear`] may run a few-row kernel (decode
 /// steps and short prefills: up to 32 rows on the f32 small-row kernel, up
-/// to [`super::amx::FEW_ROWS`] on AMX's); above it AMX's many-row kernel or
-/// gemm, which sum in another order.
+/// to [`super::amx::FEW_ROWS`] on AMX's); above it AMX's or AVX2's
+/// many-row kernel or gemm, which sum in another order.
 pub const SMALL_ROWS: usize = super::amx::FEW_ROWS;
 
 /// `x (M, K) · w (N, K)ᵀ`, differentiable: a linear layer with the weight
@@ -660,8 +662,10 @@ pub const SMALL_ROWS: usize = super::amx::FEW_ROWS;
 /// AVX-512 (every decode step) it runs without repacking `w`, on AMX from
 /// 16 rows where the CPU has it; on AMX up to 64 rows (a short prompt's
 /// prefill) run as 32-row blocks of that kernel; more rows run on AMX where the CPU has it
-/// ([`super::amx`]: f32 products from split bf16 pieces), else gemm as
-/// candle's matmul does, without zero-filling the output first. The backward's products run on
+/// ([`super::amx`]: f32 products from split bf16 pieces), on AVX2 CPUs
+/// without AVX-512 on [`super::avx2`]'s kernel, else gemm as candle's
+/// matmul does, without zero-filling the output first. Every many-row path
+/// sums a row independently of the rows beside it. The backward's products run on
 /// OpenBLAS where it is in use ([`super::openblas`]), else gemm; other dtypes and devices use candle's matmul. The kernels sum in
 /// different orders, so they agree to f32 rounding, not bit for bit
 /// (tested).

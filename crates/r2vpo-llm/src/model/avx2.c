@@ -1,0 +1,280 @@
+// f32 products on AVX2 + FMA, `y = x · wᵀ` with x (m, k) and w (n, k)
+// row-major: the forward's many-row products on CPUs with AVX2 but neither
+// AVX-512 nor AMX (`avx2.rs` says when, and what it was measured at).
+//
+// GotoBLAS's blocking around BLIS's 6 × 16 Haswell register tile: x is
+// packed once per call into 6-row panels per k block (`r2vpo_avx2_pack_x`,
+// split over rows), and each thread packs 288 weight rows at a time into
+// 16-column panels and runs every x panel against them, so a 6 × k x panel
+// stays in L1 while the weight block streams from L2.
+//
+// Row independence: every output is one chain of FMAs over k in order, its
+// partial sum parked in y between k blocks (exact in f32), k blocks depend
+// only on k, and rows and columns past the edges are zero-padded in the
+// packed copies. So an element's bits do not depend on the rows or columns
+// beside it, on m, or on the column split. The chunked LM head (scoring
+// equals training bit for bit) and the served log-probs (the learner's
+// recomputation of a padded batch to 1e-5) rely on this; OpenBLAS's
+// kernels do not give it.
+//
+// Why assembly for the inner loop: written with intrinsics, gcc 12 kept
+// only some of the 12 accumulators in registers, reloaded w from memory
+// for each FMA and moved accumulators between registers (perf annotate),
+// and the kernel ran 43-66 GFLOP/s on one core against OpenBLAS's 70-78; with
+// the loop in asm (15 of the 16 ymm registers: 12 sums, 2 of w, 1 of x) it
+// runs level with OpenBLAS (results/bench/ab-session-17).
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define T __attribute__((target("avx2,fma")))
+#define MR 6
+#define NR 16
+// Longest k block: a 6 × 768 x panel (18 KiB) stays in L1 beside the
+// weights' 16 × 768 panel streaming through it.
+#define KC_MAX 768
+// Weight rows packed at a time: 288 × 768 × 4 B = 864 KiB at the longest k
+// block, 648 KiB at k = 576 (L2 is 512 KiB on Zen 3; 96, 192, 288 and 384
+// were measured, 288 ran best over SmolLM2's shapes).
+#define NC 288
+
+// k block length: ceil(k / KC_MAX) equal blocks (the last may be shorter).
+// Depends on k alone, so each output's summation order does too.
+static size_t kblock(size_t k) {
+    size_t nb = (k + KC_MAX - 1) / KC_MAX;
+    return (k + nb - 1) / nb;
+}
+
+size_t r2vpo_avx2_packed_len(size_t m, size_t k) { return (m + MR - 1) / MR * MR * k; }
+
+// The 8 × 8 transpose of r[0..8] in place: r[q] becomes (r₀[q], …, r₇[q]).
+T static inline void transpose8(__m256 r[8]) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// x's 6-row panels [r0, r1) into ap, for every k block: block `pc` (its
+// first k) starts at ap + pc · mp, panel r within it at r · 6 · kc, and
+// holds x[6r + i][pc + kk] at kk · 6 + i (zero for rows past m).
+// Eight k steps at a time by an 8 × 8 transpose (two zero rows), the
+// scalar copy for the rest: packing was 3.5 % of a scoring pass (perf)
+// element by element.
+T void r2vpo_avx2_pack_x(const float *x, size_t m, size_t k, size_t r0, size_t r1, float *ap) {
+    size_t kb = kblock(k), mp = (m + MR - 1) / MR * MR;
+    const __m256i six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+    for (size_t pc = 0; pc < k; pc += kb) {
+        size_t kc = k - pc < kb ? k - pc : kb;
+        for (size_t r = r0; r < r1; r++) {
+            float *panel = ap + pc * mp + r * MR * kc;
+            const float *src[MR];
+            for (size_t i = 0; i < MR; i++) {
+                src[i] = r * MR + i < m ? x + (r * MR + i) * k + pc : NULL;
+            }
+            size_t kk = 0;
+            for (; kk + 8 <= kc; kk += 8) {
+                __m256 v[8];
+                for (size_t i = 0; i < MR; i++) v[i] = src[i] ? _mm256_loadu_ps(src[i] + kk) : _mm256_setzero_ps();
+                v[6] = v[7] = _mm256_setzero_ps();
+                transpose8(v);
+                float *dst = panel + kk * MR;
+                // Eight lanes written, six kept: each store's last two are
+                // overwritten by the next; the last store writes six.
+                for (int q = 0; q < 7; q++) _mm256_storeu_ps(dst + q * MR, v[q]);
+                _mm256_maskstore_ps(dst + 7 * MR, six, v[7]);
+            }
+            for (; kk < kc; kk++)
+                for (size_t i = 0; i < MR; i++) panel[kk * MR + i] = src[i] ? src[i][kk] : 0.0f;
+        }
+    }
+}
+
+// Weight rows [j0, j0 + ncp) × k block [p0, p0 + kc) as 16-column panels:
+// panel c holds w[j0 + 16c + j][p0 + kk] at kk · 16 + j (zero past n).
+// Eight k steps of eight columns at a time by an 8 × 8 transpose.
+T static void pack_w(const float *w, size_t k, size_t n, size_t j0, size_t ncp, size_t p0, size_t kc, float *bp) {
+    for (size_t c = 0; c < ncp; c += NR) {
+        for (size_t h = 0; h < NR; h += 8) {
+            const float *src[8];
+            for (size_t j = 0; j < 8; j++) src[j] = j0 + c + h + j < n ? w + (j0 + c + h + j) * k + p0 : NULL;
+            size_t kk = 0;
+            for (; kk + 8 <= kc; kk += 8) {
+                __m256 v[8];
+                for (size_t j = 0; j < 8; j++) v[j] = src[j] ? _mm256_loadu_ps(src[j] + kk) : _mm256_setzero_ps();
+                transpose8(v);
+                for (size_t q = 0; q < 8; q++) _mm256_store_ps(bp + (kk + q) * NR + h, v[q]);
+            }
+            for (; kk < kc; kk++)
+                for (size_t j = 0; j < 8; j++) bp[kk * NR + h + j] = src[j] ? src[j][kk] : 0.0f;
+        }
+        bp += kc * NR;
+    }
+}
+
+// One k step `o` of the 6 × 16 tile: two vectors of w, six broadcasts of x,
+// twelve FMAs into ymm0-ymm11 (row i in ymm(2i), ymm(2i+1)).
+#define STEP(o)                                                                                                        \
+    "vmovaps " #o "*64(%[b]), %%ymm12\n\t"                                                                             \
+    "vmovaps " #o "*64+32(%[b]), %%ymm13\n\t"                                                                          \
+    "vbroadcastss " #o "*24+0(%[a]), %%ymm14\n\t"                                                                      \
+    "vfmadd231ps %%ymm12, %%ymm14, %%ymm0\n\t"                                                                         \
+    "vfmadd231ps %%ymm13, %%ymm14, %%ymm1\n\t"                                                                         \
+    "vbroadcastss " #o "*24+4(%[a]), %%ymm15\n\t"                                                                      \
+    "vfmadd231ps %%ymm12, %%ymm15, %%ymm2\n\t"                                                                         \
+    "vfmadd231ps %%ymm13, %%ymm15, %%ymm3\n\t"                                                                         \
+    "vbroadcastss " #o "*24+8(%[a]), %%ymm14\n\t"                                                                      \
+    "vfmadd231ps %%ymm12, %%ymm14, %%ymm4\n\t"                                                                         \
+    "vfmadd231ps %%ymm13, %%ymm14, %%ymm5\n\t"                                                                         \
+    "vbroadcastss " #o "*24+12(%[a]), %%ymm15\n\t"                                                                     \
+    "vfmadd231ps %%ymm12, %%ymm15, %%ymm6\n\t"                                                                         \
+    "vfmadd231ps %%ymm13, %%ymm15, %%ymm7\n\t"                                                                         \
+    "vbroadcastss " #o "*24+16(%[a]), %%ymm14\n\t"                                                                     \
+    "vfmadd231ps %%ymm12, %%ymm14, %%ymm8\n\t"                                                                         \
+    "vfmadd231ps %%ymm13, %%ymm14, %%ymm9\n\t"                                                                         \
+    "vbroadcastss " #o "*24+20(%[a]), %%ymm15\n\t"                                                                     \
+    "vfmadd231ps %%ymm12, %%ymm15, %%ymm10\n\t"                                                                        \
+    "vfmadd231ps %%ymm13, %%ymm15, %%ymm11\n\t"
+
+// acc (6 × 16, 32-byte aligned) += the x panel · the w panel over kc steps,
+// each sum one FMA chain in k order.
+T static void kernel(size_t kc, const float *ap, const float *bp, float *acc) {
+    size_t k4 = kc / 4, k1 = kc % 4;
+    __asm__ volatile(
+        "vmovaps 0(%[c]), %%ymm0\n\t"
+        "vmovaps 32(%[c]), %%ymm1\n\t"
+        "vmovaps 64(%[c]), %%ymm2\n\t"
+        "vmovaps 96(%[c]), %%ymm3\n\t"
+        "vmovaps 128(%[c]), %%ymm4\n\t"
+        "vmovaps 160(%[c]), %%ymm5\n\t"
+        "vmovaps 192(%[c]), %%ymm6\n\t"
+        "vmovaps 224(%[c]), %%ymm7\n\t"
+        "vmovaps 256(%[c]), %%ymm8\n\t"
+        "vmovaps 288(%[c]), %%ymm9\n\t"
+        "vmovaps 320(%[c]), %%ymm10\n\t"
+        "vmovaps 352(%[c]), %%ymm11\n\t"
+        "test %[k4], %[k4]\n\t"
+        "jz 2f\n\t"
+        "1:\n\t"
+        "prefetcht0 384(%[a])\n\t"
+        "prefetcht0 512(%[b])\n\t"
+        "prefetcht0 576(%[b])\n\t"
+        STEP(0) STEP(1)
+        "prefetcht0 640(%[b])\n\t"
+        "prefetcht0 704(%[b])\n\t"
+        STEP(2) STEP(3)
+        "add $96, %[a]\n\t"
+        "add $256, %[b]\n\t"
+        "dec %[k4]\n\t"
+        "jnz 1b\n\t"
+        "2:\n\t"
+        "test %[k1], %[k1]\n\t"
+        "jz 4f\n\t"
+        "3:\n\t"
+        STEP(0)
+        "add $24, %[a]\n\t"
+        "add $64, %[b]\n\t"
+        "dec %[k1]\n\t"
+        "jnz 3b\n\t"
+        "4:\n\t"
+        "vmovaps %%ymm0, 0(%[c])\n\t"
+        "vmovaps %%ymm1, 32(%[c])\n\t"
+        "vmovaps %%ymm2, 64(%[c])\n\t"
+        "vmovaps %%ymm3, 96(%[c])\n\t"
+        "vmovaps %%ymm4, 128(%[c])\n\t"
+        "vmovaps %%ymm5, 160(%[c])\n\t"
+        "vmovaps %%ymm6, 192(%[c])\n\t"
+        "vmovaps %%ymm7, 224(%[c])\n\t"
+        "vmovaps %%ymm8, 256(%[c])\n\t"
+        "vmovaps %%ymm9, 288(%[c])\n\t"
+        "vmovaps %%ymm10, 320(%[c])\n\t"
+        "vmovaps %%ymm11, 352(%[c])\n\t"
+        "vzeroupper\n\t"
+        : [a] "+r"(ap), [b] "+r"(bp), [k4] "+r"(k4), [k1] "+r"(k1)
+        : [c] "r"(acc)
+        : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+          "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+}
+
+// The 6 × 16 tile at y (row stride ldy) over one k block: rows < rows and
+// columns < cols are real; `first` starts the sums at zero, otherwise at
+// y's parked partial sums. `next` (or NULL) is the tile after this one,
+// whose y rows are prefetched.
+T static void tile(size_t kc, const float *ap, const float *bp, float *y, size_t ldy, size_t rows, size_t cols,
+                   int first, const float *next) {
+    float acc[MR * NR] __attribute__((aligned(32)));
+    if (next)
+        for (int i = 0; i < MR; i++) {
+            _mm_prefetch((const char *)(next + i * ldy), _MM_HINT_T0);
+            _mm_prefetch((const char *)(next + i * ldy + NR - 1), _MM_HINT_T0);
+        }
+    int full = rows == MR && cols == NR;
+    if (first) {
+        memset(acc, 0, sizeof acc);
+    } else if (full) {
+        for (int i = 0; i < MR; i++) {
+            _mm256_store_ps(acc + i * NR, _mm256_loadu_ps(y + i * ldy));
+            _mm256_store_ps(acc + i * NR + 8, _mm256_loadu_ps(y + i * ldy + 8));
+        }
+    } else {
+        memset(acc, 0, sizeof acc);
+        for (size_t i = 0; i < rows; i++) memcpy(acc + i * NR, y + i * ldy, cols * sizeof(float));
+    }
+    kernel(kc, ap, bp, acc);
+    if (full) {
+        for (int i = 0; i < MR; i++) {
+            _mm256_storeu_ps(y + i * ldy, _mm256_load_ps(acc + i * NR));
+            _mm256_storeu_ps(y + i * ldy + 8, _mm256_load_ps(acc + i * NR + 8));
+        }
+    } else {
+        for (size_t i = 0; i < rows; i++) memcpy(y + i * ldy, acc + i * NR, cols * sizeof(float));
+    }
+}
+
+// Columns [c0, c1) of y (m, n; row stride ldy) = x · wᵀ, x given packed by
+// r2vpo_avx2_pack_x. Returns 0, or -1 when the weight block's buffer could
+// not be allocated (nothing written then).
+T int r2vpo_avx2_linear_cols(const float *ap, size_t m, size_t k, const float *w, size_t n, size_t c0, size_t c1,
+                             float *y, size_t ldy) {
+    size_t kb = kblock(k), mp = (m + MR - 1) / MR * MR;
+    float *bp = aligned_alloc(64, NC * kb * sizeof(float));
+    if (!bp) return -1;
+    for (size_t jc = c0; jc < c1; jc += NC) {
+        size_t nc = c1 - jc < NC ? c1 - jc : NC, ncp = (nc + NR - 1) / NR * NR;
+        for (size_t pc = 0; pc < k; pc += kb) {
+            size_t kc = k - pc < kb ? k - pc : kb;
+            pack_w(w, k, n, jc, ncp, pc, kc, bp);
+            const float *block = ap + pc * mp;
+            for (size_t ir = 0; ir < m; ir += MR) {
+                size_t rows = m - ir < MR ? m - ir : MR;
+                for (size_t jr = 0; jr < ncp; jr += NR) {
+                    size_t col = jc + jr;
+                    if (col >= c1) break;
+                    size_t cols = c1 - col < NR ? c1 - col : NR;
+                    const float *next = col + NR < c1 && jr + NR < ncp ? y + ir * ldy + col + NR
+                                        : ir + MR < m                  ? y + (ir + MR) * ldy + jc
+                                                                       : NULL;
+                    tile(kc, block + ir * kc, bp + jr * kc, y + ir * ldy + col, ldy, rows, cols, pc == 0, next);
+                }
+            }
+        }
+    }
+    free(bp);
+    return 0;
+}
+#endif

@@ -1,0 +1,164 @@
+//! `x · wᵀ` in f32 on AVX2 + FMA for the forward's many-row products (the
+//! learner's passes, the scoring pass, prefills), on CPUs with AVX2 but
+//! neither AVX-512 nor AMX: the C kernel in `avx2.c`.
+//!
+//! Why: there the forward ran on gemm's AVX2 kernels at 85–100 GFLOP/s on
+//! SmolLM2's learner shapes (2 threads, a 2-core AMD EPYC whose FMA peak is
+//! 172–182), and OpenBLAS, which runs the backward at 100–150
+//! ([`super::openblas`]), cannot take the forward: a row's values there
+//! depend on the rows beside it, and the chunked LM head and the served
+//! log-probs need them not to. This kernel (GotoBLAS's blocking around
+//! BLIS's 6 × 16 register tile, the inner loop in assembly) sums each
+//! output as one FMA chain over `k` in order, so its rows and columns are
+//! independent of their neighbours and of the thread split (tested), and
+//! it runs level with OpenBLAS: 137.7–148.3 against 136.3–137.5 GFLOP/s
+//! over the five forward shapes in `results/bench/ab-session-17/`.
+//!
+//! On AVX-512 CPUs it is unmeasured (gemm's AVX-512 kernels run there) and
+//! on AMX ones [`super::amx`] runs the forward. `R2VPO_MATMUL=gemm` turns
+//! it off.
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use super::amx::{per_thread, Shared};
+
+#[cfg(r2vpo_amx)]
+extern "C" {
+    fn r2vpo_avx2_packed_len(m: usize, k: usize) -> usize;
+    fn r2vpo_avx2_pack_x(x: *const f32, m: usize, k: usize, r0: usize, r1: usize, ap: *mut f32);
+    #[allow(clippy::too_many_arguments)]
+    fn r2vpo_avx2_linear_cols(
+        ap: *const f32,
+        m: usize,
+        k: usize,
+        w: *const f32,
+        n: usize,
+        c0: usize,
+        c1: usize,
+        y: *mut f32,
+        ldy: usize,
+    ) -> i32;
+}
+
+/// Rows per packed panel of x (the register tile's height in `avx2.c`).
+const MR: usize = 6;
+/// Columns per register tile; each thread's column range is a multiple.
+const NR: usize = 16;
+
+/// Whether the forward's many-row products run on this kernel: x86-64
+/// Linux with AVX2 and FMA, without AVX-512 or AMX, and `R2VPO_MATMUL` not
+/// `gemm`. Asked once.
+pub fn available() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        if std::env::var("R2VPO_MATMUL").is_ok_and(|v| v == "gemm") || super::amx::available() {
+            return false;
+        }
+        #[cfg(all(r2vpo_amx, target_arch = "x86_64"))]
+        {
+            std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && !std::is_x86_feature_detected!("avx512f")
+        }
+        #[cfg(not(all(r2vpo_amx, target_arch = "x86_64")))]
+        false
+    })
+}
+
+/// `y (m, n) = x (m, k) · w (n, k)ᵀ`, all row-major f32: x packed once
+/// (rows split over rayon's threads), then the columns split over them in
+/// multiples of 16. A row's values do not depend on `m`, on the rows or
+/// columns beside it, or on the split. Call only where [`available`];
+/// errors if a weight block's buffer cannot be allocated.
+pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Result<Vec<f32>, String> {
+    assert!(available(), "avx2::linear called without the kernel");
+    assert!(x.len() >= m * k && w.len() >= n * k, "avx2::linear: operands shorter than ({m}, {k}) and ({n}, {k})");
+    if m == 0 || n == 0 || k == 0 {
+        return Ok(vec![0.0; m * n]);
+    }
+    #[cfg(r2vpo_amx)]
+    // SAFETY: pure arithmetic on the shape.
+    let packed_len = unsafe { r2vpo_avx2_packed_len(m, k) };
+    #[cfg(not(r2vpo_amx))]
+    let packed_len = m.div_ceil(MR) * MR * k;
+    let mut ap: Vec<f32> = Vec::with_capacity(packed_len);
+    let aps = Shared(ap.as_mut_ptr());
+    per_thread(m.div_ceil(MR)).for_each(|(r0, r1)| {
+        // SAFETY: panels [r0, r1) of every k block, inside the capacity and
+        // no other task's; x holds m × k values.
+        #[cfg(r2vpo_amx)]
+        unsafe {
+            r2vpo_avx2_pack_x(x.as_ptr(), m, k, r0, r1, aps.ptr())
+        };
+        #[cfg(not(r2vpo_amx))]
+        let _ = (r0, r1, aps);
+    });
+    // SAFETY: the panels cover all m.div_ceil(6) · 6 rows (zeros past m) of
+    // every k block.
+    unsafe { ap.set_len(packed_len) };
+    let mut y: Vec<f32> = Vec::with_capacity(m * n);
+    let ys = Shared(y.as_mut_ptr());
+    let failed = per_thread(n.div_ceil(NR)).any(|(p0, p1)| {
+        let (c0, c1) = (p0 * NR, (p1 * NR).min(n));
+        // SAFETY: columns [c0, c1) of every row, inside y's capacity and no
+        // other task's; the packed x and w outlive the call.
+        #[cfg(r2vpo_amx)]
+        return unsafe { r2vpo_avx2_linear_cols(ap.as_ptr(), m, k, w.as_ptr(), n, c0, c1, ys.ptr(), n) } != 0;
+        #[cfg(not(r2vpo_amx))]
+        {
+            let _ = (c0, c1, ys);
+            true
+        }
+    });
+    if failed {
+        return Err(format!("AVX2 linear ({m} × {k}) · ({n} × {k})ᵀ: could not allocate a weight block's buffer"));
+    }
+    // SAFETY: the column ranges cover 0..n of every row once.
+    unsafe { y.set_len(m * n) };
+    Ok(y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against an f64 reference on ragged shapes (the edges of both tile
+    /// dimensions and of the k blocks, k beyond one block), and row and
+    /// column independence: rows computed in another batch and columns of
+    /// another weight slice come out the same bits.
+    #[test]
+    fn matches_f64_and_rows_are_independent() {
+        if !available() {
+            eprintln!("skipped: not an AVX2 CPU without AVX-512 or AMX (or R2VPO_MATMUL=gemm)");
+            return;
+        }
+        for &(m, k, n) in &[(1, 1, 1), (7, 300, 33), (40, 576, 100), (13, 257, 17), (130, 600, 70), (33, 1539, 300)] {
+            let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0).collect();
+            let y = linear(&x, m, k, &w, n).unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let r: f64 = (0..k).map(|q| x[i * k + q] as f64 * w[j * k + q] as f64).sum();
+                    let scale: f64 = (0..k).map(|q| (x[i * k + q] as f64 * w[j * k + q] as f64).abs()).sum();
+                    // A sequential f32 sum's error bound, with room: k · 2⁻²⁴ · Σ|xw|.
+                    let bound = (k as f64 * 6e-8).max(1e-6) * scale.max(1.0);
+                    assert!((y[i * n + j] as f64 - r).abs() <= bound, "({m},{k},{n}) [{i},{j}]");
+                }
+            }
+            if m > 1 {
+                let tail = linear(&x[k..], m - 1, k, &w, n).unwrap();
+                assert_eq!(tail, y[n..], "({m},{k},{n}): rows depend on their neighbours");
+                let one = linear(&x[(m - 1) * k..], 1, k, &w, n).unwrap();
+                assert_eq!(one, y[(m - 1) * n..], "({m},{k},{n}): a row alone differs");
+            }
+            if n > 1 {
+                let cols = linear(&x, m, k, &w[k..], n - 1).unwrap();
+                for i in 0..m {
+                    assert_eq!(cols[i * (n - 1)..(i + 1) * (n - 1)], y[i * n + 1..(i + 1) * n], "columns");
+                }
+            }
+        }
+    }
+}
