@@ -337,9 +337,11 @@ fn linear_matches_matmul_in_value_and_gradient() {
         // Up to 32 rows, and on AMX above: f32 sums of up to 130 terms of
         // size ≤ 2.25, in different orders: ~1e-6 relative; an indexing
         // slip is O(1). Otherwise gemm is called as candle calls it (into an
-        // output not zero-filled first): the same bits, and so are the
-        // gradients unless the backward runs on OpenBLAS (sums of up to 300
-        // such terms in its own order).
+        // output not zero-filled first): the same bits. So is the AVX2
+        // kernel's (`model::avx2`, CPUs with AVX2 but neither AVX-512 nor
+        // AMX): at these k it and gemm's AVX2 kernel both sum each output as
+        // one FMA chain in k order. The gradients too, unless the backward
+        // runs on OpenBLAS (sums of up to 300 such terms in its own order).
         let exact = m > 32 && !r2vpo_llm::model::amx::available();
         let tol = if exact { f64::MIN_POSITIVE } else { 2e-4 };
         let grad_tol = if exact && !r2vpo_llm::model::openblas::available() { f64::MIN_POSITIVE } else { 2e-4 };
