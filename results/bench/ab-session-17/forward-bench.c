@@ -13,7 +13,6 @@
 #include <pthread.h>
 #include <time.h>
 #include <math.h>
-size_t r2vpo_avx2_packed_len(size_t m, size_t k);
 void r2vpo_avx2_pack_x(const float *x, size_t m, size_t k, size_t r0, size_t r1, float *ap);
 int r2vpo_avx2_linear_cols(const float *ap, size_t m, size_t k, const float *w, size_t n, size_t c0, size_t c1, float *y, size_t ldy);
 typedef void (*sgemm_t)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *, int);
@@ -37,7 +36,7 @@ int main(int argc, char **argv) {
     for (int s = 0; s < 5; s++) {
         size_t m = shapes[s][0], k = shapes[s][1], n = shapes[s][2];
         float *x = malloc(m * k * 4), *w = malloc(n * k * 4), *y[2];
-        float *ap = aligned_alloc(64, r2vpo_avx2_packed_len(m, k) * 4);
+        float *ap = aligned_alloc(64, (m + 5) / 6 * 6 * k * 4);
         for (size_t i = 0; i < m * k; i++) x[i] = (float)((i * 37) % 101) / 50.0f - 1;
         for (size_t i = 0; i < n * k; i++) w[i] = (float)((i * 53) % 97) / 48.0f - 1;
         double f = 2.0 * m * k * n; fl += f;

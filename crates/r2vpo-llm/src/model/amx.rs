@@ -74,7 +74,7 @@ extern "C" {
 pub fn available() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        if std::env::var("R2VPO_MATMUL").is_ok_and(|v| v == "gemm") {
+        if gemm_forced() {
             return false;
         }
         #[cfg(r2vpo_amx)]
@@ -86,6 +86,13 @@ pub fn available() -> bool {
         #[cfg(not(r2vpo_amx))]
         false
     })
+}
+
+/// Whether `R2VPO_MATMUL=gemm` asks for gemm alone (no AMX, no AVX2
+/// kernel, no OpenBLAS), for A/B measurements; each kernel's `available`
+/// asks once.
+pub(crate) fn gemm_forced() -> bool {
+    std::env::var("R2VPO_MATMUL").is_ok_and(|v| v == "gemm")
 }
 
 /// A raw pointer that rayon's tasks may share: each writes a disjoint part.

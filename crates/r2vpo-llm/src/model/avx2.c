@@ -48,8 +48,6 @@ static size_t kblock(size_t k) {
     return (k + nb - 1) / nb;
 }
 
-size_t r2vpo_avx2_packed_len(size_t m, size_t k) { return (m + MR - 1) / MR * MR * k; }
-
 // The 8 × 8 transpose of r[0..8] in place: r[q] becomes (r₀[q], …, r₇[q]).
 T static inline void transpose8(__m256 r[8]) {
     __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);

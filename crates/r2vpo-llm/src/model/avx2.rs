@@ -26,7 +26,6 @@ use super::amx::{per_thread, Shared};
 
 #[cfg(r2vpo_amx)]
 extern "C" {
-    fn r2vpo_avx2_packed_len(m: usize, k: usize) -> usize;
     fn r2vpo_avx2_pack_x(x: *const f32, m: usize, k: usize, r0: usize, r1: usize, ap: *mut f32);
     #[allow(clippy::too_many_arguments)]
     fn r2vpo_avx2_linear_cols(
@@ -53,7 +52,7 @@ const NR: usize = 16;
 pub fn available() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        if std::env::var("R2VPO_MATMUL").is_ok_and(|v| v == "gemm") || super::amx::available() {
+        if super::amx::gemm_forced() || super::amx::available() {
             return false;
         }
         #[cfg(all(r2vpo_amx, target_arch = "x86_64"))]
@@ -78,10 +77,7 @@ pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Result<Vec<
     if m == 0 || n == 0 || k == 0 {
         return Ok(vec![0.0; m * n]);
     }
-    #[cfg(r2vpo_amx)]
-    // SAFETY: pure arithmetic on the shape.
-    let packed_len = unsafe { r2vpo_avx2_packed_len(m, k) };
-    #[cfg(not(r2vpo_amx))]
+    // Every k block holds all the 6-row panels (`avx2.c`'s layout).
     let packed_len = m.div_ceil(MR) * MR * k;
     let mut ap: Vec<f32> = Vec::with_capacity(packed_len);
     let aps = Shared(ap.as_mut_ptr());

@@ -112,7 +112,7 @@ fn load(path: &std::path::Path) -> Result<Blas, String> {
 fn blas() -> Option<&'static Blas> {
     static B: OnceLock<Option<Blas>> = OnceLock::new();
     B.get_or_init(|| {
-        if std::env::var("R2VPO_MATMUL").is_ok_and(|v| v == "gemm") || super::amx::available() {
+        if super::amx::gemm_forced() || super::amx::available() {
             return None;
         }
         let explicit = std::env::var_os("R2VPO_OPENBLAS").is_some();
