@@ -22,7 +22,9 @@
 // for each FMA and moved accumulators between registers (perf annotate),
 // and the kernel ran 43-66 GFLOP/s on one core against OpenBLAS's 70-78; with
 // the loop in asm (15 of the 16 ymm registers: 12 sums, 2 of w, 1 of x) it
-// runs level with OpenBLAS (results/bench/ab-session-17).
+// ran level with OpenBLAS (results/bench/ab-session-17), and runs the
+// forward's shapes in 0.93-0.96x that time since it reads and writes y in
+// place and prefetches x only (results/bench/ab-session-18).
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,33 +151,52 @@ T static void pack_w(const float *w, size_t k, size_t n, size_t j0, size_t ncp, 
     "vfmadd231ps %%ymm12, %%ymm15, %%ymm10\n\t"                                                                        \
     "vfmadd231ps %%ymm13, %%ymm15, %%ymm11\n\t"
 
-// acc (6 × 16, 32-byte aligned) += the x panel · the w panel over kc steps,
-// each sum one FMA chain in k order.
-T static void kernel(size_t kc, const float *ap, const float *bp, float *acc) {
-    size_t k4 = kc / 4, k1 = kc % 4;
+// The 6 × 16 block of y at y (row stride ldy) += the x panel · the w panel
+// over kc steps (from zero when `first`), each sum one FMA chain in k
+// order. y is read and written in place: copying it through an aligned
+// buffer around the loop cost 3-5 % (forward shapes, paired runs in one
+// process, `results/bench/ab-session-18/`).
+T static void kernel(size_t kc, const float *ap, const float *bp, float *y, size_t ldy, int first) {
+    size_t k4 = kc / 4, k1 = kc % 4, l = ldy * sizeof(float);
+    float *y3 = y + 3 * ldy;
     __asm__ volatile(
-        "vmovaps 0(%[c]), %%ymm0\n\t"
-        "vmovaps 32(%[c]), %%ymm1\n\t"
-        "vmovaps 64(%[c]), %%ymm2\n\t"
-        "vmovaps 96(%[c]), %%ymm3\n\t"
-        "vmovaps 128(%[c]), %%ymm4\n\t"
-        "vmovaps 160(%[c]), %%ymm5\n\t"
-        "vmovaps 192(%[c]), %%ymm6\n\t"
-        "vmovaps 224(%[c]), %%ymm7\n\t"
-        "vmovaps 256(%[c]), %%ymm8\n\t"
-        "vmovaps 288(%[c]), %%ymm9\n\t"
-        "vmovaps 320(%[c]), %%ymm10\n\t"
-        "vmovaps 352(%[c]), %%ymm11\n\t"
+        "test %[first], %[first]\n\t"
+        "jz 5f\n\t"
+        "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"
+        "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"
+        "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"
+        "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"
+        "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"
+        "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"
+        "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"
+        "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"
+        "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"
+        "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"
+        "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"
+        "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"
+        "jmp 6f\n\t"
+        "5:\n\t"
+        "vmovups (%[c]), %%ymm0\n\t"
+        "vmovups 32(%[c]), %%ymm1\n\t"
+        "vmovups (%[c],%[l],1), %%ymm2\n\t"
+        "vmovups 32(%[c],%[l],1), %%ymm3\n\t"
+        "vmovups (%[c],%[l],2), %%ymm4\n\t"
+        "vmovups 32(%[c],%[l],2), %%ymm5\n\t"
+        "vmovups (%[c3]), %%ymm6\n\t"
+        "vmovups 32(%[c3]), %%ymm7\n\t"
+        "vmovups (%[c3],%[l],1), %%ymm8\n\t"
+        "vmovups 32(%[c3],%[l],1), %%ymm9\n\t"
+        "vmovups (%[c3],%[l],2), %%ymm10\n\t"
+        "vmovups 32(%[c3],%[l],2), %%ymm11\n\t"
+        "6:\n\t"
         "test %[k4], %[k4]\n\t"
         "jz 2f\n\t"
         "1:\n\t"
+        // Only x is prefetched: software prefetches of the weight panel
+        // (which streams in order, and the hardware prefetcher follows it)
+        // cost 3-5 % (paired runs, ab-session-18).
         "prefetcht0 384(%[a])\n\t"
-        "prefetcht0 512(%[b])\n\t"
-        "prefetcht0 576(%[b])\n\t"
-        STEP(0) STEP(1)
-        "prefetcht0 640(%[b])\n\t"
-        "prefetcht0 704(%[b])\n\t"
-        STEP(2) STEP(3)
+        STEP(0) STEP(1) STEP(2) STEP(3)
         "add $96, %[a]\n\t"
         "add $256, %[b]\n\t"
         "dec %[k4]\n\t"
@@ -190,21 +211,21 @@ T static void kernel(size_t kc, const float *ap, const float *bp, float *acc) {
         "dec %[k1]\n\t"
         "jnz 3b\n\t"
         "4:\n\t"
-        "vmovaps %%ymm0, 0(%[c])\n\t"
-        "vmovaps %%ymm1, 32(%[c])\n\t"
-        "vmovaps %%ymm2, 64(%[c])\n\t"
-        "vmovaps %%ymm3, 96(%[c])\n\t"
-        "vmovaps %%ymm4, 128(%[c])\n\t"
-        "vmovaps %%ymm5, 160(%[c])\n\t"
-        "vmovaps %%ymm6, 192(%[c])\n\t"
-        "vmovaps %%ymm7, 224(%[c])\n\t"
-        "vmovaps %%ymm8, 256(%[c])\n\t"
-        "vmovaps %%ymm9, 288(%[c])\n\t"
-        "vmovaps %%ymm10, 320(%[c])\n\t"
-        "vmovaps %%ymm11, 352(%[c])\n\t"
+        "vmovups %%ymm0, (%[c])\n\t"
+        "vmovups %%ymm1, 32(%[c])\n\t"
+        "vmovups %%ymm2, (%[c],%[l],1)\n\t"
+        "vmovups %%ymm3, 32(%[c],%[l],1)\n\t"
+        "vmovups %%ymm4, (%[c],%[l],2)\n\t"
+        "vmovups %%ymm5, 32(%[c],%[l],2)\n\t"
+        "vmovups %%ymm6, (%[c3])\n\t"
+        "vmovups %%ymm7, 32(%[c3])\n\t"
+        "vmovups %%ymm8, (%[c3],%[l],1)\n\t"
+        "vmovups %%ymm9, 32(%[c3],%[l],1)\n\t"
+        "vmovups %%ymm10, (%[c3],%[l],2)\n\t"
+        "vmovups %%ymm11, 32(%[c3],%[l],2)\n\t"
         "vzeroupper\n\t"
         : [a] "+r"(ap), [b] "+r"(bp), [k4] "+r"(k4), [k1] "+r"(k1)
-        : [c] "r"(acc)
+        : [c] "r"(y), [c3] "r"(y3), [l] "r"(l), [first] "r"((size_t)first)
         : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
           "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
 }
@@ -212,36 +233,25 @@ T static void kernel(size_t kc, const float *ap, const float *bp, float *acc) {
 // The 6 × 16 tile at y (row stride ldy) over one k block: rows < rows and
 // columns < cols are real; `first` starts the sums at zero, otherwise at
 // y's parked partial sums. `next` (or NULL) is the tile after this one,
-// whose y rows are prefetched.
+// whose y rows are prefetched. A tile on the edges runs through a 6 × 16
+// buffer.
 T static void tile(size_t kc, const float *ap, const float *bp, float *y, size_t ldy, size_t rows, size_t cols,
                    int first, const float *next) {
-    float acc[MR * NR] __attribute__((aligned(32)));
     if (next)
         for (int i = 0; i < MR; i++) {
             _mm_prefetch((const char *)(next + i * ldy), _MM_HINT_T0);
             _mm_prefetch((const char *)(next + i * ldy + NR - 1), _MM_HINT_T0);
         }
-    int full = rows == MR && cols == NR;
-    if (first) {
-        memset(acc, 0, sizeof acc);
-    } else if (full) {
-        for (int i = 0; i < MR; i++) {
-            _mm256_store_ps(acc + i * NR, _mm256_loadu_ps(y + i * ldy));
-            _mm256_store_ps(acc + i * NR + 8, _mm256_loadu_ps(y + i * ldy + 8));
-        }
-    } else {
-        memset(acc, 0, sizeof acc);
+    if (rows == MR && cols == NR) {
+        kernel(kc, ap, bp, y, ldy, first);
+        return;
+    }
+    float acc[MR * NR] __attribute__((aligned(32)));
+    memset(acc, 0, sizeof acc);
+    if (!first)
         for (size_t i = 0; i < rows; i++) memcpy(acc + i * NR, y + i * ldy, cols * sizeof(float));
-    }
-    kernel(kc, ap, bp, acc);
-    if (full) {
-        for (int i = 0; i < MR; i++) {
-            _mm256_storeu_ps(y + i * ldy, _mm256_load_ps(acc + i * NR));
-            _mm256_storeu_ps(y + i * ldy + 8, _mm256_load_ps(acc + i * NR + 8));
-        }
-    } else {
-        for (size_t i = 0; i < rows; i++) memcpy(y + i * ldy, acc + i * NR, cols * sizeof(float));
-    }
+    kernel(kc, ap, bp, acc, NR, first);
+    for (size_t i = 0; i < rows; i++) memcpy(y + i * ldy, acc + i * NR, cols * sizeof(float));
 }
 
 // Columns [c0, c1) of y (m, n; row stride ldy) = x · wᵀ, x given packed by

@@ -10,9 +10,12 @@
 //! log-probs need them not to. This kernel (GotoBLAS's blocking around
 //! BLIS's 6 × 16 register tile, the inner loop in assembly) sums each
 //! output as one FMA chain over `k` in order, so its rows and columns are
-//! independent of their neighbours and of the thread split (tested), and
-//! it runs level with OpenBLAS: 137.7–148.3 against 136.3–137.5 GFLOP/s
-//! over the five forward shapes in `results/bench/ab-session-17/`.
+//! independent of their neighbours and of the thread split (tested). It
+//! ran level with OpenBLAS at first (137.7–148.3 against 136.3–137.5
+//! GFLOP/s over the five forward shapes, `results/bench/ab-session-17/`);
+//! reading y in place and prefetching x only made it faster again, the
+//! forward's products taking 0.93–0.96× their time and the scoring pass
+//! 0.88–0.99× (`results/bench/ab-session-18/`).
 //!
 //! On AVX-512 CPUs it is unmeasured (gemm's AVX-512 kernels run there) and
 //! on AMX ones [`super::amx`] runs the forward. `R2VPO_MATMUL=gemm` turns
