@@ -246,10 +246,14 @@ T static void tile(size_t kc, const float *ap, const float *bp, float *y, size_t
         kernel(kc, ap, bp, y, ldy, first);
         return;
     }
+    // On the first k block the kernel zeroes its sums itself and writes
+    // the whole buffer; after it, the buffer starts from y's parked sums
+    // (zero past the edges).
     float acc[MR * NR] __attribute__((aligned(32)));
-    memset(acc, 0, sizeof acc);
-    if (!first)
+    if (!first) {
+        memset(acc, 0, sizeof acc);
         for (size_t i = 0; i < rows; i++) memcpy(acc + i * NR, y + i * ldy, cols * sizeof(float));
+    }
     kernel(kc, ap, bp, acc, NR, first);
     for (size_t i = 0; i < rows; i++) memcpy(y + i * ldy, acc + i * NR, cols * sizeof(float));
 }
