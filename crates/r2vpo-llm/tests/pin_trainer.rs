@@ -4,7 +4,8 @@
 //! `RAYON_NUM_THREADS=2` on a machine of the development kind that runs
 //! it: `llm-train-amx.json` on AMX (x86-64 with AVX-512 and AMX),
 //! `llm-train-avx2+openblas-haswell.json` on an AMD EPYC Zen 3 (the forward
-//! on `model::avx2`'s kernel, the backward on OpenBLAS's Haswell kernels), and
+//! and the layers' backward on `model::avx2`'s kernel, the LM head's
+//! backward on OpenBLAS's Haswell kernels), and
 //! `llm-train-gemm-avx512.json` and `llm-train-gemm-avx2.json` on gemm alone
 //! (`R2VPO_MATMUL=gemm`) on those two machines. The kernels are picked from
 //! the CPU, so a machine with other SIMD may legitimately differ: re-record

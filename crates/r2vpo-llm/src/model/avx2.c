@@ -3,7 +3,7 @@
 // AVX-512 nor AMX (`avx2.rs` says when, and what it was measured at).
 //
 // GotoBLAS's blocking around BLIS's 6 × 16 Haswell register tile: x is
-// packed once per call into 6-row panels per k block (`r2vpo_avx2_pack_x`,
+// packed once per call into 6-row panels per k block (`r2vpo_avx2_pack_a`,
 // split over rows), and each thread packs 288 weight rows at a time into
 // 16-column panels and runs every x panel against them, so a 6 × k x panel
 // stays in L1 while the weight block streams from L2.
@@ -70,22 +70,44 @@ T static inline void transpose8(__m256 r[8]) {
     r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-// x's 6-row panels [r0, r1) into ap, for every k block: block `pc` (its
+// A's 6-row panels [r0, r1) into ap, for every k block: block `pc` (its
 // first k) starts at ap + pc · mp, panel r within it at r · 6 · kc, and
-// holds x[6r + i][pc + kk] at kk · 6 + i (zero for rows past m).
-// Eight k steps at a time by an 8 × 8 transpose (two zero rows), the
-// scalar copy for the rest: packing was 3.5 % of a scoring pass (perf)
-// element by element.
-T void r2vpo_avx2_pack_x(const float *x, size_t m, size_t k, size_t r0, size_t r1, float *ap) {
+// holds A[6r + i][pc + kk] at kk · 6 + i (zero for rows past m). A (m, k)
+// is a[i · lda + p], or a[p · lda + i] when `at` (a transposed operand:
+// the weight gradient's gᵀ).
+// Row-major A: eight k steps at a time by an 8 × 8 transpose (two zero
+// rows), the scalar copy for the rest: packing was 3.5 % of a scoring pass
+// (perf) element by element. Transposed A: each k step's six values lie
+// side by side, one load and one store.
+T void r2vpo_avx2_pack_a(const float *a, size_t lda, int at, size_t m, size_t k, size_t r0, size_t r1, float *ap) {
     size_t kb = kblock(k), mp = (m + MR - 1) / MR * MR;
     const __m256i six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
     for (size_t pc = 0; pc < k; pc += kb) {
         size_t kc = k - pc < kb ? k - pc : kb;
         for (size_t r = r0; r < r1; r++) {
             float *panel = ap + pc * mp + r * MR * kc;
+            if (at) {
+                size_t rows = m - r * MR < MR ? m - r * MR : MR;
+                const float *src = a + pc * lda + r * MR;
+                // Eight lanes read where the row has them (two ignored),
+                // the real ones only at its end; eight written, six kept
+                // (the next step's store overwrites two, the last writes six).
+                int wide = r * MR + 8 <= m;
+                __m256i in = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)rows), in);
+                for (size_t kk = 0; kk < kc; kk++) {
+                    const float *s = src + kk * lda;
+                    __m256 v = wide ? _mm256_loadu_ps(s) : _mm256_maskload_ps(s, mask);
+                    if (kk + 1 < kc)
+                        _mm256_storeu_ps(panel + kk * MR, v);
+                    else
+                        _mm256_maskstore_ps(panel + kk * MR, six, v);
+                }
+                continue;
+            }
             const float *src[MR];
             for (size_t i = 0; i < MR; i++) {
-                src[i] = r * MR + i < m ? x + (r * MR + i) * k + pc : NULL;
+                src[i] = r * MR + i < m ? a + (r * MR + i) * lda + pc : NULL;
             }
             size_t kk = 0;
             for (; kk + 8 <= kc; kk += 8) {
@@ -105,14 +127,33 @@ T void r2vpo_avx2_pack_x(const float *x, size_t m, size_t k, size_t r0, size_t r
     }
 }
 
-// Weight rows [j0, j0 + ncp) × k block [p0, p0 + kc) as 16-column panels:
-// panel c holds w[j0 + 16c + j][p0 + kk] at kk · 16 + j (zero past n).
-// Eight k steps of eight columns at a time by an 8 × 8 transpose.
-T static void pack_w(const float *w, size_t k, size_t n, size_t j0, size_t ncp, size_t p0, size_t kc, float *bp) {
+// Columns [j0, j0 + ncp) × k block [p0, p0 + kc) of B (k, n) as 16-column
+// panels: panel c holds B[p0 + kk][j0 + 16c + j] at kk · 16 + j (zero past
+// n). B is b[j · ldb + p] when `bt` (the forward's wᵀ: weight rows as
+// stored), else b[p · ldb + j] (the input gradient's w).
+// Transposed B: eight k steps of eight columns at a time by an 8 × 8
+// transpose. Row-major B: each k step's sixteen values lie side by side.
+T static void pack_b(const float *b, size_t ldb, int bt, size_t n, size_t j0, size_t ncp, size_t p0, size_t kc,
+                     float *bp) {
     for (size_t c = 0; c < ncp; c += NR) {
+        if (!bt) {
+            size_t cols = j0 + c >= n ? 0 : n - j0 - c < NR ? n - j0 - c : NR;
+            const float *src = b + p0 * ldb + j0 + c;
+            for (size_t kk = 0; kk < kc; kk++) {
+                float *dst = bp + kk * NR;
+                if (cols == NR) {
+                    _mm256_store_ps(dst, _mm256_loadu_ps(src + kk * ldb));
+                    _mm256_store_ps(dst + 8, _mm256_loadu_ps(src + kk * ldb + 8));
+                } else {
+                    for (size_t j = 0; j < NR; j++) dst[j] = j < cols ? src[kk * ldb + j] : 0.0f;
+                }
+            }
+            bp += kc * NR;
+            continue;
+        }
         for (size_t h = 0; h < NR; h += 8) {
             const float *src[8];
-            for (size_t j = 0; j < 8; j++) src[j] = j0 + c + h + j < n ? w + (j0 + c + h + j) * k + p0 : NULL;
+            for (size_t j = 0; j < 8; j++) src[j] = j0 + c + h + j < n ? b + (j0 + c + h + j) * ldb + p0 : NULL;
             size_t kk = 0;
             for (; kk + 8 <= kc; kk += 8) {
                 __m256 v[8];
@@ -258,11 +299,11 @@ T static void tile(size_t kc, const float *ap, const float *bp, float *y, size_t
     for (size_t i = 0; i < rows; i++) memcpy(y + i * ldy, acc + i * NR, cols * sizeof(float));
 }
 
-// Columns [c0, c1) of y (m, n; row stride ldy) = x · wᵀ, x given packed by
-// r2vpo_avx2_pack_x. Returns 0, or -1 when the weight block's buffer could
-// not be allocated (nothing written then).
-T int r2vpo_avx2_linear_cols(const float *ap, size_t m, size_t k, const float *w, size_t n, size_t c0, size_t c1,
-                             float *y, size_t ldy) {
+// Columns [c0, c1) of y (m, n; row stride ldy) = A · B, A given packed by
+// r2vpo_avx2_pack_a, B as pack_b reads it. Returns 0, or -1 when the B
+// block's buffer could not be allocated (nothing written then).
+T int r2vpo_avx2_cols(const float *ap, size_t m, size_t k, const float *b, size_t ldb, int bt, size_t n, size_t c0,
+                      size_t c1, float *y, size_t ldy) {
     size_t kb = kblock(k), mp = (m + MR - 1) / MR * MR;
     float *bp = aligned_alloc(64, NC * kb * sizeof(float));
     if (!bp) return -1;
@@ -270,7 +311,7 @@ T int r2vpo_avx2_linear_cols(const float *ap, size_t m, size_t k, const float *w
         size_t nc = c1 - jc < NC ? c1 - jc : NC, ncp = (nc + NR - 1) / NR * NR;
         for (size_t pc = 0; pc < k; pc += kb) {
             size_t kc = k - pc < kb ? k - pc : kb;
-            pack_w(w, k, n, jc, ncp, pc, kc, bp);
+            pack_b(b, ldb, bt, n, jc, ncp, pc, kc, bp);
             const float *block = ap + pc * mp;
             for (size_t ir = 0; ir < m; ir += MR) {
                 size_t rows = m - ir < MR ? m - ir : MR;

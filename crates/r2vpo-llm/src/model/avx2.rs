@@ -1,10 +1,11 @@
-//! `x · wᵀ` in f32 on AVX2 + FMA for the forward's many-row products (the
-//! learner's passes, the scoring pass, prefills), on CPUs with AVX2 but
-//! neither AVX-512 nor AMX: the C kernel in `avx2.c`.
+//! f32 products on AVX2 + FMA: the forward's many-row `x · wᵀ` (the
+//! learner's passes, the scoring pass, prefills) and the backward's layer
+//! gradients `g · w` and `gᵀ · x`, on CPUs with AVX2 but neither AVX-512
+//! nor AMX: the C kernel in `avx2.c`.
 //!
 //! Why: there the forward ran on gemm's AVX2 kernels at 85–100 GFLOP/s on
 //! SmolLM2's learner shapes (2 threads, a 2-core AMD EPYC whose FMA peak is
-//! 172–182), and OpenBLAS, which runs the backward at 100–150
+//! 172–182), and OpenBLAS, which ran the backward at 100–150
 //! ([`super::openblas`]), cannot take the forward: a row's values there
 //! depend on the rows beside it, and the chunked LM head and the served
 //! log-probs need them not to. This kernel (GotoBLAS's blocking around
@@ -16,6 +17,13 @@
 //! reading y in place and prefetching x only made it faster again, the
 //! forward's products taking 0.93–0.96× their time and the scoring pass
 //! 0.88–0.99× (`results/bench/ab-session-18/`).
+//!
+//! The backward's products came here too once each call was timed inside
+//! a training step (`results/bench/ab-session-19/`): there, where the
+//! operands come from memory rather than a harness's warm caches, OpenBLAS
+//! ran the layers' gradients at 102–127 GFLOP/s and this kernel, packing
+//! the transposed operands along their rows, at 107–140. The LM head's
+//! gradients stay on OpenBLAS ([`WHOLE_A_MAX`]).
 //!
 //! On AVX-512 CPUs it is unmeasured (gemm's AVX-512 kernels run there) and
 //! on AMX ones [`super::amx`] runs the forward. `R2VPO_MATMUL=gemm` turns
@@ -29,13 +37,16 @@ use super::amx::{per_thread, Shared};
 
 #[cfg(r2vpo_amx)]
 extern "C" {
-    fn r2vpo_avx2_pack_x(x: *const f32, m: usize, k: usize, r0: usize, r1: usize, ap: *mut f32);
     #[allow(clippy::too_many_arguments)]
-    fn r2vpo_avx2_linear_cols(
+    fn r2vpo_avx2_pack_a(a: *const f32, lda: usize, at: i32, m: usize, k: usize, r0: usize, r1: usize, ap: *mut f32);
+    #[allow(clippy::too_many_arguments)]
+    fn r2vpo_avx2_cols(
         ap: *const f32,
         m: usize,
         k: usize,
-        w: *const f32,
+        b: *const f32,
+        ldb: usize,
+        bt: i32,
         n: usize,
         c0: usize,
         c1: usize,
@@ -48,6 +59,12 @@ extern "C" {
 const MR: usize = 6;
 /// Columns per register tile; each thread's column range is a multiple.
 const NR: usize = 16;
+
+/// Most values of `a` that the backward hands [`product`], which packs
+/// `a` whole (64 MiB): every layer's gradient of a SmolLM2 step (at most
+/// 2 400 × 1 536), not the LM head's (2 048 × 49 152, 403 MB packed),
+/// which OpenBLAS packs a block at a time.
+pub const WHOLE_A_MAX: usize = 16 << 20;
 
 /// Whether the forward's many-row products run on this kernel: x86-64
 /// Linux with AVX2 and FMA, without AVX-512 or AMX, and `R2VPO_MATMUL` not
@@ -75,24 +92,87 @@ pub fn available() -> bool {
 /// columns beside it, or on the split. Call only where [`available`];
 /// errors if a weight block's buffer cannot be allocated.
 pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Result<Vec<f32>, String> {
-    assert!(available(), "avx2::linear called without the kernel");
     assert!(x.len() >= m * k && w.len() >= n * k, "avx2::linear: operands shorter than ({m}, {k}) and ({n}, {k})");
+    product([m, k, n], (x, Layout::Rows(k)), (w, Layout::Cols(k)))
+}
+
+/// How a matrix operand lies in its slice: `Rows(ld)`, element (i, j) at
+/// `i · ld + j` (row-major); `Cols(ld)`, at `j · ld + i` (a transposed
+/// view of a row-major matrix).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Row-major with this row stride.
+    Rows(usize),
+    /// Column-major with this column stride.
+    Cols(usize),
+}
+
+impl Layout {
+    /// From `[column stride, row stride]` (as `openblas::Operand` gives
+    /// them) of a `(rows, cols)` operand: `None` where neither is 1.
+    pub fn of([cs, rs]: [isize; 2], rows: usize, cols: usize) -> Option<Layout> {
+        if cs == 1 && rs >= cols.max(1) as isize {
+            Some(Layout::Rows(rs as usize))
+        } else if rs == 1 && cs >= rows.max(1) as isize {
+            Some(Layout::Cols(cs as usize))
+        } else {
+            None
+        }
+    }
+
+    /// The index one past the last element of a `(rows, cols)` operand.
+    fn extent(self, rows: usize, cols: usize) -> usize {
+        match self {
+            Layout::Rows(ld) => (rows - 1) * ld + cols,
+            Layout::Cols(ld) => (cols - 1) * ld + rows,
+        }
+    }
+}
+
+/// `y (m, n) = a (m, k) · b (k, n)` into a new row-major `y`, the operands
+/// in any [`Layout`]: the forward's `x · wᵀ` (`b` column-major: the
+/// weight's rows), the backward's input gradient `g · w` (both row-major)
+/// and weight gradient `gᵀ · x` (`a` column-major). `a` is packed whole
+/// (rows split over rayon's threads), then the columns split over them in
+/// multiples of 16. Each output is one FMA chain over `k` in order, so a
+/// row's values do not depend on `m`, the rows or columns beside it, the
+/// split or the layouts. Call only where [`available`]; errors if a `b`
+/// block's buffer cannot be allocated.
+pub fn product(
+    [m, k, n]: [usize; 3],
+    (a, la): (&[f32], Layout),
+    (b, lb): (&[f32], Layout),
+) -> Result<Vec<f32>, String> {
+    assert!(available(), "avx2::product called without the kernel");
     if m == 0 || n == 0 || k == 0 {
         return Ok(vec![0.0; m * n]);
     }
+    assert!(
+        la.extent(m, k) <= a.len() && lb.extent(k, n) <= b.len(),
+        "avx2::product: operands shorter than ({m}, {k}) and ({k}, {n})"
+    );
+    let (lda, at) = match la {
+        Layout::Rows(ld) => (ld, 0),
+        Layout::Cols(ld) => (ld, 1),
+    };
+    // The forward's weight (n, k) is B's columns: `bt`.
+    let (ldb, bt) = match lb {
+        Layout::Rows(ld) => (ld, 0),
+        Layout::Cols(ld) => (ld, 1),
+    };
     // Every k block holds all the 6-row panels (`avx2.c`'s layout).
     let packed_len = m.div_ceil(MR) * MR * k;
     let mut ap: Vec<f32> = Vec::with_capacity(packed_len);
     let aps = Shared(ap.as_mut_ptr());
     per_thread(m.div_ceil(MR)).for_each(|(r0, r1)| {
         // SAFETY: panels [r0, r1) of every k block, inside the capacity and
-        // no other task's; x holds m × k values.
+        // no other task's; the assert keeps every read inside `a`.
         #[cfg(r2vpo_amx)]
         unsafe {
-            r2vpo_avx2_pack_x(x.as_ptr(), m, k, r0, r1, aps.ptr())
+            r2vpo_avx2_pack_a(a.as_ptr(), lda, at, m, k, r0, r1, aps.ptr())
         };
         #[cfg(not(r2vpo_amx))]
-        let _ = (r0, r1, aps);
+        let _ = (r0, r1, aps, lda, at);
     });
     // SAFETY: the panels cover all m.div_ceil(6) · 6 rows (zeros past m) of
     // every k block.
@@ -102,17 +182,18 @@ pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Result<Vec<
     let failed = per_thread(n.div_ceil(NR)).any(|(p0, p1)| {
         let (c0, c1) = (p0 * NR, (p1 * NR).min(n));
         // SAFETY: columns [c0, c1) of every row, inside y's capacity and no
-        // other task's; the packed x and w outlive the call.
+        // other task's; the packed a and b outlive the call, and the
+        // assert keeps every read of b inside it.
         #[cfg(r2vpo_amx)]
-        return unsafe { r2vpo_avx2_linear_cols(ap.as_ptr(), m, k, w.as_ptr(), n, c0, c1, ys.ptr(), n) } != 0;
+        return unsafe { r2vpo_avx2_cols(ap.as_ptr(), m, k, b.as_ptr(), ldb, bt, n, c0, c1, ys.ptr(), n) } != 0;
         #[cfg(not(r2vpo_amx))]
         {
-            let _ = (c0, c1, ys);
+            let _ = (c0, c1, ys, ldb, bt);
             true
         }
     });
     if failed {
-        return Err(format!("AVX2 linear ({m} × {k}) · ({n} × {k})ᵀ: could not allocate a weight block's buffer"));
+        return Err(format!("AVX2 product ({m} × {k}) · ({k} × {n}): could not allocate a block's buffer"));
     }
     // SAFETY: the column ranges cover 0..n of every row once.
     unsafe { y.set_len(m * n) };
@@ -122,6 +203,52 @@ pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Result<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `product` in all four layouts (row- or column-major `a` and `b`,
+    /// with leading dimensions past the operands' widths) gives the same
+    /// bits as `linear` on the same values, so every layout is as exact as
+    /// the one checked against f64 below; rows alone come out the same.
+    #[test]
+    fn every_layout_gives_linears_bits() {
+        if !available() {
+            eprintln!("skipped: not an AVX2 CPU without AVX-512 or AMX (or R2VPO_MATMUL=gemm)");
+            return;
+        }
+        for &(m, k, n) in &[(1, 1, 1), (7, 300, 33), (13, 257, 17), (40, 576, 100), (33, 1539, 300), (9, 20, 8)] {
+            let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0).collect();
+            let want = linear(&x, m, k, &w, n).unwrap();
+            // A padded copy of a (rows × cols) matrix given by `at`, laid out as `l`.
+            let lay = |rows: usize, cols: usize, at: &dyn Fn(usize, usize) -> f32, l: Layout| {
+                let len = l.extent(rows, cols) + 3;
+                let mut v = vec![f32::NAN; len];
+                for i in 0..rows {
+                    for j in 0..cols {
+                        let o = match l {
+                            Layout::Rows(ld) => i * ld + j,
+                            Layout::Cols(ld) => j * ld + i,
+                        };
+                        v[o] = at(i, j);
+                    }
+                }
+                v
+            };
+            for la in [Layout::Rows(k + 5), Layout::Cols(m + 3)] {
+                for lb in [Layout::Rows(n + 2), Layout::Cols(k + 7)] {
+                    let a = lay(m, k, &|i, p| x[i * k + p], la);
+                    let b = lay(k, n, &|p, j| w[j * k + p], lb);
+                    let y = product([m, k, n], (&a, la), (&b, lb)).unwrap();
+                    assert_eq!(y, want, "({m},{k},{n}) {la:?} {lb:?}");
+                    if m > 1 {
+                        // The last row alone, from the same layout.
+                        let one = lay(1, k, &|_, p| x[(m - 1) * k + p], la);
+                        let y1 = product([1, k, n], (&one, la), (&b, lb)).unwrap();
+                        assert_eq!(y1, want[(m - 1) * n..], "({m},{k},{n}) {la:?} {lb:?}: a row alone");
+                    }
+                }
+            }
+        }
+    }
 
     /// Against an f64 reference on ragged shapes (the edges of both tile
     /// dimensions and of the k blocks, k beyond one block), and row and

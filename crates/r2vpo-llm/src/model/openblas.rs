@@ -1,6 +1,8 @@
 //! The backward's f32 products on OpenBLAS, on CPUs without AMX: the
-//! input and weight gradients of every linear layer (`sgemm`, which the
-//! backward of `ops::linear` calls).
+//! input and weight gradients of linear layers (`sgemm`, which the
+//! backward of `ops::linear` calls). Where `super::avx2`'s kernel runs (AVX2
+//! without AVX-512), it takes every product whose left operand it can pack
+//! whole (`avx2::WHOLE_A_MAX`), which leaves OpenBLAS the LM head's.
 //!
 //! Why: on a 2-core AMD EPYC (Zen 3, AVX2) the `gemm` crate ran SmolLM2's
 //! learner shapes (8 × 300 tokens: 2 400 × 576 × 960 … 2 048 × 576 × 49 152,
@@ -142,7 +144,8 @@ pub fn available() -> bool {
 /// forward's, `"avx2"` ([`super::avx2`]) or `"gemm-<simd>"` (`avx512`,
 /// `avx2` or `other`: the widest kernels gemm picks here), followed by
 /// `"+openblas-<core>"` where the backward runs on OpenBLAS's kernel family
-/// for this CPU (lower case: `haswell`, `skylakex`, …).
+/// for this CPU (lower case: `haswell`, `skylakex`, …): all of it after
+/// `gemm-*`, the LM head's after `avx2` (whose kernel runs the layers').
 pub fn backend() -> String {
     if super::amx::available() {
         return "amx".into();

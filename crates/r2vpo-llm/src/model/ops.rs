@@ -568,10 +568,12 @@ impl CustomOp2 for Linear {
 }
 
 /// `a · b` for two 2-D tensors, the backward's products: on f32 CPU
-/// tensors, OpenBLAS where it is in use ([`super::openblas`]), else gemm
-/// called exactly as candle's matmul calls it (so the same values, bit for
-/// bit) into an output that is not zero-filled first; elsewhere candle's
-/// matmul.
+/// tensors, the AVX2 kernel where it runs the forward ([`super::avx2`];
+/// up to [`super::avx2::WHOLE_A_MAX`] values of `a`, so every layer's
+/// products but not the LM head's), else OpenBLAS where it is in use
+/// ([`super::openblas`]), else gemm called exactly as candle's matmul calls
+/// it (so the same values, bit for bit) into an output that is not
+/// zero-filled first; elsewhere candle's matmul.
 fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let cpu_f32 = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32 && t.rank() == 2;
     if !(cpu_f32(a) && cpu_f32(b)) {
@@ -586,9 +588,16 @@ fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (ad, bd) = (f32_storage(&ag, "r2vpo-matmul")?, f32_storage(&bg, "r2vpo-matmul")?);
     let stride = |l: &Layout| [l.stride()[1] as isize, l.stride()[0] as isize];
     let (lhs, rhs) = ((&ad[al.start_offset()..], stride(al)), (&bd[bl.start_offset()..], stride(bl)));
-    // OpenBLAS where it is in use (CPUs without AMX): a row's values there
-    // depend on the rows beside it, which gradients may, but not the
-    // forward's log-probs (scoring must equal training bit for bit).
+    // OpenBLAS's rows depend on the rows beside them, which gradients may
+    // (the forward's log-probs may not: scoring must equal training bit
+    // for bit); the AVX2 kernel ran the layers' gradients faster in a step
+    // (`avx2.rs`).
+    if super::avx2::available() && m * k <= super::avx2::WHOLE_A_MAX {
+        if let (Some(la), Some(lb)) = (super::avx2::Layout::of(lhs.1, m, k), super::avx2::Layout::of(rhs.1, k, n)) {
+            let y = super::avx2::product([m, k, n], (lhs.0, la), (rhs.0, lb)).map_err(Error::Msg)?;
+            return Tensor::from_vec(y, (m, n), a.device());
+        }
+    }
     let y = super::openblas::sgemm([m, k, n], lhs, rhs).unwrap_or_else(|| gemm_uninit([m, k, n], lhs, rhs));
     Tensor::from_vec(y, (m, n), a.device())
 }
