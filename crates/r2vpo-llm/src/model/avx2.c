@@ -1,6 +1,8 @@
-// f32 products on AVX2 + FMA, `y = x · wᵀ` with x (m, k) and w (n, k)
-// row-major: the forward's many-row products on CPUs with AVX2 but neither
-// AVX-512 nor AMX (`avx2.rs` says when, and what it was measured at).
+// f32 products on AVX2 + FMA, `y = A · B` with A (m, k) and B (k, n) each
+// row- or column-major: the forward's many-row `x · wᵀ` and the layers'
+// gradients `g · w` and `gᵀ · x` on CPUs with AVX2 but neither AVX-512 nor
+// AMX (`avx2.rs` says when, and what it was measured at). Below, "x" is A
+// and "weight" is B, as in the forward.
 //
 // GotoBLAS's blocking around BLIS's 6 × 16 Haswell register tile: x is
 // packed once per call into 6-row panels per k block (`r2vpo_avx2_pack_a`,
@@ -299,11 +301,12 @@ T static void tile(size_t kc, const float *ap, const float *bp, float *y, size_t
     for (size_t i = 0; i < rows; i++) memcpy(y + i * ldy, acc + i * NR, cols * sizeof(float));
 }
 
-// Columns [c0, c1) of y (m, n; row stride ldy) = A · B, A given packed by
-// r2vpo_avx2_pack_a, B as pack_b reads it. Returns 0, or -1 when the B
-// block's buffer could not be allocated (nothing written then).
+// Columns [c0, c1) of y (m, n; row stride ldy) = A · B (+= when `acc`: the
+// sums start from y), A given packed by r2vpo_avx2_pack_a, B as pack_b
+// reads it. Returns 0, or -1 when the B block's buffer could not be
+// allocated (nothing written then).
 T int r2vpo_avx2_cols(const float *ap, size_t m, size_t k, const float *b, size_t ldb, int bt, size_t n, size_t c0,
-                      size_t c1, float *y, size_t ldy) {
+                      size_t c1, float *y, size_t ldy, int acc) {
     size_t kb = kblock(k), mp = (m + MR - 1) / MR * MR;
     float *bp = aligned_alloc(64, NC * kb * sizeof(float));
     if (!bp) return -1;
@@ -322,12 +325,28 @@ T int r2vpo_avx2_cols(const float *ap, size_t m, size_t k, const float *b, size_
                     const float *next = col + NR < c1 && jr + NR < ncp ? y + ir * ldy + col + NR
                                         : ir + MR < m                  ? y + (ir + MR) * ldy + jc
                                                                        : NULL;
-                    tile(kc, block + ir * kc, bp + jr * kc, y + ir * ldy + col, ldy, rows, cols, pc == 0, next);
+                    tile(kc, block + ir * kc, bp + jr * kc, y + ir * ldy + col, ldy, rows, cols, pc == 0 && !acc,
+                         next);
                 }
             }
         }
     }
     free(bp);
     return 0;
+}
+
+// y (m, n; row stride ldy) = A · B (+= when `acc`) on the calling thread,
+// A and B as r2vpo_avx2_pack_a and pack_b read them: the attention's small
+// products, one (row, kv head) per thread. Returns 0, or -1 when a buffer
+// could not be allocated (nothing written then).
+T int r2vpo_avx2_product_here(const float *a, size_t lda, int at, const float *b, size_t ldb, int bt, size_t m,
+                              size_t k, size_t n, float *y, size_t ldy, int acc) {
+    size_t mp = (m + MR - 1) / MR * MR;
+    float *ap = aligned_alloc(64, (mp * k * sizeof(float) + 63) / 64 * 64);
+    if (!ap) return -1;
+    r2vpo_avx2_pack_a(a, lda, at, m, k, 0, mp / MR, ap);
+    int rc = r2vpo_avx2_cols(ap, m, k, b, ldb, bt, n, 0, n, y, ldy, acc);
+    free(ap);
+    return rc;
 }
 #endif

@@ -52,6 +52,22 @@ extern "C" {
         c1: usize,
         y: *mut f32,
         ldy: usize,
+        acc: i32,
+    ) -> i32;
+    #[allow(clippy::too_many_arguments)]
+    fn r2vpo_avx2_product_here(
+        a: *const f32,
+        lda: usize,
+        at: i32,
+        b: *const f32,
+        ldb: usize,
+        bt: i32,
+        m: usize,
+        k: usize,
+        n: usize,
+        y: *mut f32,
+        ldy: usize,
+        acc: i32,
     ) -> i32;
 }
 
@@ -120,6 +136,14 @@ impl Layout {
         }
     }
 
+    /// The leading dimension, and 1 where column-major (`avx2.c`'s `at`, `bt`).
+    fn flag(self) -> (usize, i32) {
+        match self {
+            Layout::Rows(ld) => (ld, 0),
+            Layout::Cols(ld) => (ld, 1),
+        }
+    }
+
     /// The index one past the last element of a `(rows, cols)` operand.
     fn extent(self, rows: usize, cols: usize) -> usize {
         match self {
@@ -151,15 +175,8 @@ pub fn product(
         la.extent(m, k) <= a.len() && lb.extent(k, n) <= b.len(),
         "avx2::product: operands shorter than ({m}, {k}) and ({k}, {n})"
     );
-    let (lda, at) = match la {
-        Layout::Rows(ld) => (ld, 0),
-        Layout::Cols(ld) => (ld, 1),
-    };
     // The forward's weight (n, k) is B's columns: `bt`.
-    let (ldb, bt) = match lb {
-        Layout::Rows(ld) => (ld, 0),
-        Layout::Cols(ld) => (ld, 1),
-    };
+    let ((lda, at), (ldb, bt)) = (la.flag(), lb.flag());
     // Every k block holds all the 6-row panels (`avx2.c`'s layout).
     let packed_len = m.div_ceil(MR) * MR * k;
     let mut ap: Vec<f32> = Vec::with_capacity(packed_len);
@@ -185,7 +202,7 @@ pub fn product(
         // other task's; the packed a and b outlive the call, and the
         // assert keeps every read of b inside it.
         #[cfg(r2vpo_amx)]
-        return unsafe { r2vpo_avx2_cols(ap.as_ptr(), m, k, b.as_ptr(), ldb, bt, n, c0, c1, ys.ptr(), n) } != 0;
+        return unsafe { r2vpo_avx2_cols(ap.as_ptr(), m, k, b.as_ptr(), ldb, bt, n, c0, c1, ys.ptr(), n, 0) } != 0;
         #[cfg(not(r2vpo_amx))]
         {
             let _ = (c0, c1, ys, ldb, bt);
@@ -198,6 +215,52 @@ pub fn product(
     // SAFETY: the column ranges cover 0..n of every row once.
     unsafe { y.set_len(m * n) };
     Ok(y)
+}
+
+/// `y (m, n) = a · b`, or `y += a · b` with `acc`, into `y` with row stride
+/// `ldy`, on the calling thread alone: the attention's small per-head
+/// products (`ops::attention`, one (row, kv head) per thread). Each
+/// output is one FMA chain over `k` in order, from zero or from y's value.
+/// Call only where [`available`]; errors if a buffer cannot be allocated.
+#[allow(clippy::too_many_arguments)]
+pub fn product_here(
+    [m, k, n]: [usize; 3],
+    (a, la): (&[f32], Layout),
+    (b, lb): (&[f32], Layout),
+    y: &mut [f32],
+    ldy: usize,
+    acc: bool,
+) -> Result<(), String> {
+    assert!(available(), "avx2::product_here called without the kernel");
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    assert!(
+        la.extent(m, k.max(1)) <= a.len() && lb.extent(k.max(1), n) <= b.len() && (m - 1) * ldy + n <= y.len(),
+        "avx2::product_here: operands shorter than ({m}, {k}) · ({k}, {n})"
+    );
+    if k == 0 {
+        if !acc {
+            y.chunks_mut(ldy).take(m).for_each(|r| r[..n].fill(0.0));
+        }
+        return Ok(());
+    }
+    let ((lda, at), (ldb, bt)) = (la.flag(), lb.flag());
+    // SAFETY: the assert keeps every read inside `a` and `b` and every
+    // write inside `y`, which the `&mut` borrow owns.
+    #[cfg(r2vpo_amx)]
+    let rc = unsafe {
+        r2vpo_avx2_product_here(a.as_ptr(), lda, at, b.as_ptr(), ldb, bt, m, k, n, y.as_mut_ptr(), ldy, i32::from(acc))
+    };
+    #[cfg(not(r2vpo_amx))]
+    let rc = {
+        let _ = (lda, at, ldb, bt);
+        -1
+    };
+    if rc != 0 {
+        return Err(format!("AVX2 product ({m} × {k}) · ({k} × {n}): could not allocate a buffer"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -245,6 +308,39 @@ mod tests {
                         let y1 = product([1, k, n], (&one, la), (&b, lb)).unwrap();
                         assert_eq!(y1, want[(m - 1) * n..], "({m},{k},{n}) {la:?} {lb:?}: a row alone");
                     }
+                }
+            }
+        }
+    }
+
+    /// `product_here` writes `product`'s bits into a strided `y`, leaving
+    /// the columns past `n` alone, and with `acc` adds to what `y` holds
+    /// (against f64, each sum one chain from y's value).
+    #[test]
+    fn product_here_writes_and_adds_in_place() {
+        if !available() {
+            eprintln!("skipped: not an AVX2 CPU without AVX-512 or AMX (or R2VPO_MATMUL=gemm)");
+            return;
+        }
+        for &(m, k, n) in &[(1, 1, 1), (48, 64, 300), (300, 48, 64), (13, 257, 17)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0).collect();
+            let (la, lb) = (Layout::Rows(k), Layout::Rows(n));
+            let want = product([m, k, n], (&a, la), (&b, lb)).unwrap();
+            let ldy = n + 5;
+            let mut y = vec![7.0f32; m * ldy];
+            product_here([m, k, n], (&a, la), (&b, lb), &mut y, ldy, false).unwrap();
+            for i in 0..m {
+                assert_eq!(y[i * ldy..i * ldy + n], want[i * n..(i + 1) * n], "({m},{k},{n}) row {i}");
+                assert!(y[i * ldy + n..(i + 1) * ldy].iter().all(|&v| v == 7.0), "({m},{k},{n}) past n");
+            }
+            product_here([m, k, n], (&a, la), (&b, lb), &mut y, ldy, true).unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let r: f64 = (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum();
+                    let scale: f64 = (0..k).map(|p| (a[i * k + p] as f64 * b[p * n + j] as f64).abs()).sum();
+                    let bound = (k as f64 * 1.2e-7).max(1e-6) * scale.max(1.0);
+                    assert!((y[i * ldy + j] as f64 - 2.0 * r).abs() <= 2.0 * bound, "({m},{k},{n}) [{i},{j}] acc");
                 }
             }
         }

@@ -72,6 +72,22 @@ trait Float:
         }
     }
 
+    /// `c (+)= a · b` as [`mm`] takes it, on [`super::avx2::product_here`]
+    /// where that kernel runs (f32 only); false where it did nothing.
+    #[allow(clippy::too_many_arguments)]
+    fn mm_avx2(
+        _dims: (usize, usize, usize),
+        _c: &mut [Self],
+        _ldc: usize,
+        _acc: bool,
+        _a: &[Self],
+        _as: (usize, usize),
+        _b: &[Self],
+        _bs: (usize, usize),
+    ) -> bool {
+        false
+    }
+
     /// SwiGLU's gradients for the upstream `g`: `db ← g ⊙ silu(a)`,
     /// `da ← g ⊙ b ⊙ σ(a)(1 + a(1 − σ(a)))`.
     fn swiglu_grad((da, db): (&mut [Self], &mut [Self]), a: &[Self], b: &[Self], g: &[Self]) {
@@ -130,6 +146,24 @@ impl_float!(
     },
     fn swiglu_grad(d: (&mut [f32], &mut [f32]), a: &[f32], b: &[f32], g: &[f32]) {
         pulp::Arch::new().dispatch(SwigluGradRows((d, a, b, g)))
+    },
+    fn mm_avx2(
+        (m, n, k): (usize, usize, usize),
+        c: &mut [f32],
+        ldc: usize,
+        acc: bool,
+        a: &[f32],
+        (ars, acs): (usize, usize),
+        b: &[f32],
+        (brs, bcs): (usize, usize),
+    ) -> bool {
+        if !super::avx2::available() || m == 0 || n == 0 || k == 0 {
+            return false;
+        }
+        let la = super::avx2::Layout::of([acs as isize, ars as isize], m, k);
+        let lb = super::avx2::Layout::of([bcs as isize, brs as isize], k, n);
+        let (Some(la), Some(lb)) = (la, lb) else { return false };
+        super::avx2::product_here([m, k, n], (a, la), (b, lb), c, ldc, acc).is_ok()
     }
 );
 impl_float!(f64);
@@ -1051,8 +1085,21 @@ fn attend_any(q: &[f32], kv: KvRows, o: &mut [f32]) {
 /// Query rows per block of [`attention`]: keys after the last one any row
 /// of the block sees are skipped, so a causal pass of `T` rows computes
 /// about `(T + ROWS) / 2T` of the full scores (SmolLM2's step, T = 300:
-/// 0.61). Smaller blocks skip more but give gemm thinner products.
-const ATTENTION_ROWS: usize = 64;
+/// 0.61 at 64 rows, 0.58 at 48). Smaller blocks skip more but give the
+/// products thinner shapes. Timed inside a SmolLM2 step
+/// (`results/bench/ab-session-19/`), the attention's forward + backward:
+/// on gemm 32, 64, 128 and 300 rows 0.49 + 1.08, 0.47 + 1.05, 0.52 + 1.15
+/// and 0.65 + 1.57 s; on the AVX2 kernel 48, 60, 64 and 96 rows 0.40 +
+/// 0.91, 0.44 + 0.92, 0.43 + 1.01 and 0.46 + 0.98 s (48: a multiple of its
+/// 6-row tile). The block changes a score's bits (the products' shapes), so
+/// the gemm and AMX paths keep the 64 their pinned runs were recorded with.
+fn attention_rows() -> usize {
+    if super::avx2::available() {
+        48
+    } else {
+        64
+    }
+}
 
 /// An additive mask entry at or below this hides its key. The model's mask
 /// uses −1e9; any score plus −1e4 is far past where `exp` reaches zero, so
@@ -1158,8 +1205,12 @@ fn key_bounds<T: Float>(mask: &[T], tk: usize) -> Vec<usize> {
 }
 
 /// `c = a · b` (or `c += a · b` with `acc`), row-major `c (m × n)` with row
-/// stride `ldc`, `a (m × k)` and `b (k × n)` with (row, column) strides:
-/// gemm's microkernels on one thread (the callers run heads in parallel).
+/// stride `ldc`, `a (m × k)` and `b (k × n)` with (row, column) strides, on
+/// one thread (the callers run heads in parallel): in f32 on the AVX2
+/// kernel where it runs ([`Float::mm_avx2`]: inside a SmolLM2 step the
+/// attention's forward and backward took 0.43 + 1.01 s on it against gemm's
+/// 0.47 + 1.05 s at 64-row blocks, `results/bench/ab-session-19/`), else on
+/// gemm's microkernels.
 #[allow(clippy::too_many_arguments)]
 fn mm<T: Float>(
     (m, n, k): (usize, usize, usize),
@@ -1176,6 +1227,9 @@ fn mm<T: Float>(
         return;
     }
     assert!(span(m, k, ars, acs) <= a.len() && span(k, n, brs, bcs) <= b.len() && span(m, n, ldc, 1) <= c.len());
+    if T::mm_avx2((m, n, k), c, ldc, acc, a, (ars, acs), b, (brs, bcs)) {
+        return;
+    }
     // SAFETY: the assert keeps every index gemm forms from these strides
     // inside the three slices, and `c` does not alias `a` or `b`.
     unsafe {
@@ -1216,10 +1270,10 @@ impl Unit {
     /// Each block of query rows: its first row in the `G·T` stack, its row
     /// count, its first query position in `0..T`, and the keys it sees.
     fn blocks<'a>(&self, hi: &'a [usize]) -> impl Iterator<Item = (usize, usize, usize, usize)> + 'a {
-        let Unit { g, t, .. } = *self;
+        let (Unit { g, t, .. }, rows) = (*self, attention_rows());
         (0..g).flat_map(move |gi| {
-            (0..t).step_by(ATTENTION_ROWS).map(move |i0| {
-                let i1 = (i0 + ATTENTION_ROWS).min(t);
+            (0..t).step_by(rows).map(move |i0| {
+                let i1 = (i0 + rows).min(t);
                 (gi * t + i0, i1 - i0, i0, hi[i0..i1].iter().copied().max().unwrap_or(1))
             })
         })
@@ -1260,7 +1314,7 @@ fn attention_fwd<T: Float>(q: &[T], k: Heads<T>, v: Heads<T>, mask: &[T], dims: 
         let (r, h) = (rh / hk, rh % hk);
         let (kr, vr, qr) = (k.at(r, h), v.at(r, h), &q[rh * gt * d..(rh + 1) * gt * d]);
         let (mr, hr) = (&mask[r * u.t * tk..(r + 1) * u.t * tk], &hi[r * u.t..(r + 1) * u.t]);
-        let mut s = vec![T::ZERO; ATTENTION_ROWS.min(u.t) * tk];
+        let mut s = vec![T::ZERO; attention_rows().min(u.t) * tk];
         for (row, n, i0, kn) in u.blocks(hr) {
             let s = &mut s[..n * kn];
             u.probs(s, &qr[row * d..], kr, k.stride[2], mr, (n, i0, kn));
@@ -1293,7 +1347,7 @@ fn attention_bwd<T: Float>(
         let (kr, vr) = (k.at(r, h), v.at(r, h));
         let (qr, gr) = (&q[rh * gt * d..(rh + 1) * gt * d], &dout[rh * gt * d..(rh + 1) * gt * d]);
         let (mr, hr) = (&mask[r * u.t * tk..(r + 1) * u.t * tk], &hi[r * u.t..(r + 1) * u.t]);
-        let cap = ATTENTION_ROWS.min(u.t) * tk;
+        let cap = attention_rows().min(u.t) * tk;
         let (mut s, mut dp) = (vec![T::ZERO; cap], vec![T::ZERO; cap]);
         for (row, n, i0, kn) in u.blocks(hr) {
             let (s, dp) = (&mut s[..n * kn], &mut dp[..n * kn]);
