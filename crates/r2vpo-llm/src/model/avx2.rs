@@ -267,19 +267,32 @@ pub fn product_here(
 mod tests {
     use super::*;
 
+    /// True (after saying why) where this CPU does not run the kernel.
+    fn skip() -> bool {
+        if !available() {
+            eprintln!("skipped: not an AVX2 CPU without AVX-512 or AMX (or R2VPO_MATMUL=gemm)");
+        }
+        !available()
+    }
+
+    /// `len` values in [−1, 1] from `i · step mod modulus`: no two
+    /// neighbours alike, exact in f32.
+    fn values(len: usize, step: usize, modulus: usize) -> Vec<f32> {
+        let half = (modulus / 2) as f32;
+        (0..len).map(|i| ((i * step % modulus) as f32 - half) / half).collect()
+    }
+
     /// `product` in all four layouts (row- or column-major `a` and `b`,
     /// with leading dimensions past the operands' widths) gives the same
     /// bits as `linear` on the same values, so every layout is as exact as
     /// the one checked against f64 below; rows alone come out the same.
     #[test]
     fn every_layout_gives_linears_bits() {
-        if !available() {
-            eprintln!("skipped: not an AVX2 CPU without AVX-512 or AMX (or R2VPO_MATMUL=gemm)");
+        if skip() {
             return;
         }
         for &(m, k, n) in &[(1, 1, 1), (7, 300, 33), (13, 257, 17), (40, 576, 100), (33, 1539, 300), (9, 20, 8)] {
-            let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
-            let w: Vec<f32> = (0..n * k).map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0).collect();
+            let (x, w) = (values(m * k, 37, 101), values(n * k, 53, 97));
             let want = linear(&x, m, k, &w, n).unwrap();
             // A padded copy of a (rows × cols) matrix given by `at`, laid out as `l`.
             let lay = |rows: usize, cols: usize, at: &dyn Fn(usize, usize) -> f32, l: Layout| {
@@ -318,13 +331,11 @@ mod tests {
     /// (against f64, each sum one chain from y's value).
     #[test]
     fn product_here_writes_and_adds_in_place() {
-        if !available() {
-            eprintln!("skipped: not an AVX2 CPU without AVX-512 or AMX (or R2VPO_MATMUL=gemm)");
+        if skip() {
             return;
         }
         for &(m, k, n) in &[(1, 1, 1), (48, 64, 300), (300, 48, 64), (13, 257, 17)] {
-            let a: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
-            let b: Vec<f32> = (0..k * n).map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0).collect();
+            let (a, b) = (values(m * k, 37, 101), values(k * n, 53, 97));
             let (la, lb) = (Layout::Rows(k), Layout::Rows(n));
             let want = product([m, k, n], (&a, la), (&b, lb)).unwrap();
             let ldy = n + 5;
@@ -352,13 +363,11 @@ mod tests {
     /// another weight slice come out the same bits.
     #[test]
     fn matches_f64_and_rows_are_independent() {
-        if !available() {
-            eprintln!("skipped: not an AVX2 CPU without AVX-512 or AMX (or R2VPO_MATMUL=gemm)");
+        if skip() {
             return;
         }
         for &(m, k, n) in &[(1, 1, 1), (7, 300, 33), (40, 576, 100), (13, 257, 17), (130, 600, 70), (33, 1539, 300)] {
-            let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
-            let w: Vec<f32> = (0..n * k).map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0).collect();
+            let (x, w) = (values(m * k, 37, 101), values(n * k, 53, 97));
             let y = linear(&x, m, k, &w, n).unwrap();
             for i in 0..m {
                 for j in 0..n {
