@@ -162,16 +162,13 @@ pub fn backend() -> String {
 pub(crate) type Operand<'a> = (&'a [f32], [isize; 2]);
 
 /// CBLAS's transpose flag and leading dimension for a `(rows, cols)`
-/// operand with these strides, or `None` when neither stride is 1 (or the
-/// other is too small for CBLAS).
-fn layout([cs, rs]: [isize; 2], cols: usize, rows: usize) -> Option<(c_int, usize)> {
-    if cs == 1 && rs >= cols.max(1) as isize {
-        Some((NO_TRANS, rs as usize))
-    } else if rs == 1 && cs >= rows.max(1) as isize {
-        Some((TRANS, cs as usize))
-    } else {
-        None
-    }
+/// operand with these strides ([`super::avx2::Layout::of`]'s reading), or
+/// `None` when neither stride is 1 (or the other is too small for CBLAS).
+fn layout(s: [isize; 2], rows: usize, cols: usize) -> Option<(c_int, usize)> {
+    Some(match super::avx2::Layout::of(s, rows, cols)? {
+        super::avx2::Layout::Rows(ld) => (NO_TRANS, ld),
+        super::avx2::Layout::Cols(ld) => (TRANS, ld),
+    })
 }
 
 /// `lhs (m, k) · rhs (k, n)` into a new row-major `(m, n)` on OpenBLAS,
@@ -186,8 +183,8 @@ pub(crate) fn sgemm([m, k, n]: [usize; 3], (a, sa): Operand, (b, sb): Operand) -
     if m == 0 || n == 0 || k == 0 || ![m, k, n].into_iter().all(fits) {
         return None;
     }
-    let (ta, lda) = layout(sa, k, m)?;
-    let (tb, ldb) = layout(sb, n, k)?;
+    let (ta, lda) = layout(sa, m, k)?;
+    let (tb, ldb) = layout(sb, k, n)?;
     if !fits(lda) || !fits(ldb) || !fits(n) {
         return None;
     }
