@@ -4,16 +4,20 @@
 // AMX (`avx2.rs` says when, and what it was measured at). Below, "x" is A
 // and "weight" is B, as in the forward.
 //
-// GotoBLAS's blocking around BLIS's 6 × 16 Haswell register tile: x is
-// packed once per call into 6-row panels per k block (`r2vpo_avx2_pack_a`,
-// split over rows), and each thread packs 288 weight rows at a time into
-// 16-column panels and runs every x panel against them, so a 6 × k x panel
-// stays in L1 while the weight block streams from L2.
+// GotoBLAS's blocking around BLIS's 6 × 16 Haswell register tile: each
+// thread packs 288 weight rows at a time into 16-column panels and runs
+// every six rows of x against them, so those six rows (a 6 × k panel)
+// stay in L1 while the weight block streams from L2. A row-major x is read
+// where it lies (`kernel_rows`); a transposed one (the weight gradient's
+// gᵀ), or one swept by very many weight blocks (the LM head), is packed
+// once per call into 6-row panels per k block (`r2vpo_avx2_pack_a`, split
+// over rows) for `kernel`.
 //
 // Row independence: every output is one chain of FMAs over k in order, its
 // partial sum parked in y between k blocks (exact in f32), k blocks depend
 // only on k, and rows and columns past the edges are zero-padded in the
-// packed copies. So an element's bits do not depend on the rows or columns
+// packed copies (a last panel of x read in place is copied into a
+// zero-padded one). Packed or read in place, the FMAs are the same. So an element's bits do not depend on the rows or columns
 // beside it, on m, or on the column split. The chunked LM head (scoring
 // equals training bit for bit) and the served log-probs (the learner's
 // recomputation of a padded batch to 1e-5) rely on this; OpenBLAS's
@@ -194,6 +198,53 @@ T static void pack_b(const float *b, size_t ldb, int bt, size_t n, size_t j0, si
     "vfmadd231ps %%ymm12, %%ymm15, %%ymm10\n\t"                                                                        \
     "vfmadd231ps %%ymm13, %%ymm15, %%ymm11\n\t"
 
+// The tile's sums: zeroed (`first`) or loaded from y; stored back to y.
+#define LOAD_OR_ZERO_Y                                                                                                 \
+    "test %[first], %[first]\n\t"                                                                                      \
+    "jz 5f\n\t"                                                                                                        \
+    "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"                                                                                \
+    "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"                                                                                \
+    "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"                                                                                \
+    "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"                                                                                \
+    "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"                                                                                \
+    "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"                                                                                \
+    "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"                                                                                \
+    "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"                                                                                \
+    "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"                                                                                \
+    "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"                                                                                \
+    "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"                                                                             \
+    "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"                                                                             \
+    "jmp 6f\n\t"                                                                                                       \
+    "5:\n\t"                                                                                                           \
+    "vmovups (%[c]), %%ymm0\n\t"                                                                                       \
+    "vmovups 32(%[c]), %%ymm1\n\t"                                                                                     \
+    "vmovups (%[c],%[l],1), %%ymm2\n\t"                                                                                \
+    "vmovups 32(%[c],%[l],1), %%ymm3\n\t"                                                                              \
+    "vmovups (%[c],%[l],2), %%ymm4\n\t"                                                                                \
+    "vmovups 32(%[c],%[l],2), %%ymm5\n\t"                                                                              \
+    "vmovups (%[c3]), %%ymm6\n\t"                                                                                      \
+    "vmovups 32(%[c3]), %%ymm7\n\t"                                                                                    \
+    "vmovups (%[c3],%[l],1), %%ymm8\n\t"                                                                               \
+    "vmovups 32(%[c3],%[l],1), %%ymm9\n\t"                                                                             \
+    "vmovups (%[c3],%[l],2), %%ymm10\n\t"                                                                              \
+    "vmovups 32(%[c3],%[l],2), %%ymm11\n\t"                                                                            \
+    "6:\n\t"
+
+#define STORE_Y                                                                                                        \
+    "vmovups %%ymm0, (%[c])\n\t"                                                                                       \
+    "vmovups %%ymm1, 32(%[c])\n\t"                                                                                     \
+    "vmovups %%ymm2, (%[c],%[l],1)\n\t"                                                                                \
+    "vmovups %%ymm3, 32(%[c],%[l],1)\n\t"                                                                              \
+    "vmovups %%ymm4, (%[c],%[l],2)\n\t"                                                                                \
+    "vmovups %%ymm5, 32(%[c],%[l],2)\n\t"                                                                              \
+    "vmovups %%ymm6, (%[c3])\n\t"                                                                                      \
+    "vmovups %%ymm7, 32(%[c3])\n\t"                                                                                    \
+    "vmovups %%ymm8, (%[c3],%[l],1)\n\t"                                                                               \
+    "vmovups %%ymm9, 32(%[c3],%[l],1)\n\t"                                                                             \
+    "vmovups %%ymm10, (%[c3],%[l],2)\n\t"                                                                              \
+    "vmovups %%ymm11, 32(%[c3],%[l],2)\n\t"                                                                            \
+    "vzeroupper\n\t"
+
 // The 6 × 16 block of y at y (row stride ldy) += the x panel · the w panel
 // over kc steps (from zero when `first`), each sum one FMA chain in k
 // order. y is read and written in place: copying it through an aligned
@@ -203,35 +254,7 @@ T static void kernel(size_t kc, const float *ap, const float *bp, float *y, size
     size_t k4 = kc / 4, k1 = kc % 4, l = ldy * sizeof(float);
     float *y3 = y + 3 * ldy;
     __asm__ volatile(
-        "test %[first], %[first]\n\t"
-        "jz 5f\n\t"
-        "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"
-        "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"
-        "vxorps %%ymm2, %%ymm2, %%ymm2\n\t"
-        "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"
-        "vxorps %%ymm4, %%ymm4, %%ymm4\n\t"
-        "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"
-        "vxorps %%ymm6, %%ymm6, %%ymm6\n\t"
-        "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"
-        "vxorps %%ymm8, %%ymm8, %%ymm8\n\t"
-        "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"
-        "vxorps %%ymm10, %%ymm10, %%ymm10\n\t"
-        "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"
-        "jmp 6f\n\t"
-        "5:\n\t"
-        "vmovups (%[c]), %%ymm0\n\t"
-        "vmovups 32(%[c]), %%ymm1\n\t"
-        "vmovups (%[c],%[l],1), %%ymm2\n\t"
-        "vmovups 32(%[c],%[l],1), %%ymm3\n\t"
-        "vmovups (%[c],%[l],2), %%ymm4\n\t"
-        "vmovups 32(%[c],%[l],2), %%ymm5\n\t"
-        "vmovups (%[c3]), %%ymm6\n\t"
-        "vmovups 32(%[c3]), %%ymm7\n\t"
-        "vmovups (%[c3],%[l],1), %%ymm8\n\t"
-        "vmovups 32(%[c3],%[l],1), %%ymm9\n\t"
-        "vmovups (%[c3],%[l],2), %%ymm10\n\t"
-        "vmovups 32(%[c3],%[l],2), %%ymm11\n\t"
-        "6:\n\t"
+        LOAD_OR_ZERO_Y
         "test %[k4], %[k4]\n\t"
         "jz 2f\n\t"
         "1:\n\t"
@@ -254,70 +277,140 @@ T static void kernel(size_t kc, const float *ap, const float *bp, float *y, size
         "dec %[k1]\n\t"
         "jnz 3b\n\t"
         "4:\n\t"
-        "vmovups %%ymm0, (%[c])\n\t"
-        "vmovups %%ymm1, 32(%[c])\n\t"
-        "vmovups %%ymm2, (%[c],%[l],1)\n\t"
-        "vmovups %%ymm3, 32(%[c],%[l],1)\n\t"
-        "vmovups %%ymm4, (%[c],%[l],2)\n\t"
-        "vmovups %%ymm5, 32(%[c],%[l],2)\n\t"
-        "vmovups %%ymm6, (%[c3])\n\t"
-        "vmovups %%ymm7, 32(%[c3])\n\t"
-        "vmovups %%ymm8, (%[c3],%[l],1)\n\t"
-        "vmovups %%ymm9, 32(%[c3],%[l],1)\n\t"
-        "vmovups %%ymm10, (%[c3],%[l],2)\n\t"
-        "vmovups %%ymm11, 32(%[c3],%[l],2)\n\t"
-        "vzeroupper\n\t"
+        STORE_Y
         : [a] "+r"(ap), [b] "+r"(bp), [k4] "+r"(k4), [k1] "+r"(k1)
         : [c] "r"(y), [c3] "r"(y3), [l] "r"(l), [first] "r"((size_t)first)
         : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
           "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
 }
 
-// The 6 × 16 tile at y (row stride ldy) over one k block: rows < rows and
-// columns < cols are real; `first` starts the sums at zero, otherwise at
-// y's parked partial sums. `next` (or NULL) is the tile after this one,
-// whose y rows are prefetched. A tile on the edges runs through a 6 × 16
-// buffer.
-T static void tile(size_t kc, const float *ap, const float *bp, float *y, size_t ldy, size_t rows, size_t cols,
-                   int first, const float *next) {
+// One k step `o` of the tile with x read in place: six rows at a0, a0 +
+// lda, a0 + 2·lda, a3 = a0 + 3·lda, a3 + lda, a3 + 2·lda (the same FMAs in
+// the same order as STEP).
+#define STEP_ROWS(o)                                                                                                   \
+    "vmovaps " #o "*64(%[b]), %%ymm12\n\t"                                                                             \
+    "vmovaps " #o "*64+32(%[b]), %%ymm13\n\t"                                                                          \
+    "vbroadcastss " #o "*4(%[a0]), %%ymm14\n\t"                                                                        \
+    "vfmadd231ps %%ymm12, %%ymm14, %%ymm0\n\t"                                                                         \
+    "vfmadd231ps %%ymm13, %%ymm14, %%ymm1\n\t"                                                                         \
+    "vbroadcastss " #o "*4(%[a0],%[la],1), %%ymm15\n\t"                                                                \
+    "vfmadd231ps %%ymm12, %%ymm15, %%ymm2\n\t"                                                                         \
+    "vfmadd231ps %%ymm13, %%ymm15, %%ymm3\n\t"                                                                         \
+    "vbroadcastss " #o "*4(%[a0],%[la],2), %%ymm14\n\t"                                                                \
+    "vfmadd231ps %%ymm12, %%ymm14, %%ymm4\n\t"                                                                         \
+    "vfmadd231ps %%ymm13, %%ymm14, %%ymm5\n\t"                                                                         \
+    "vbroadcastss " #o "*4(%[a3]), %%ymm15\n\t"                                                                        \
+    "vfmadd231ps %%ymm12, %%ymm15, %%ymm6\n\t"                                                                         \
+    "vfmadd231ps %%ymm13, %%ymm15, %%ymm7\n\t"                                                                         \
+    "vbroadcastss " #o "*4(%[a3],%[la],1), %%ymm14\n\t"                                                                \
+    "vfmadd231ps %%ymm12, %%ymm14, %%ymm8\n\t"                                                                         \
+    "vfmadd231ps %%ymm13, %%ymm14, %%ymm9\n\t"                                                                         \
+    "vbroadcastss " #o "*4(%[a3],%[la],2), %%ymm15\n\t"                                                                \
+    "vfmadd231ps %%ymm12, %%ymm15, %%ymm10\n\t"                                                                        \
+    "vfmadd231ps %%ymm13, %%ymm15, %%ymm11\n\t"
+
+// kernel() with x's six rows read where they lie (row stride lda) instead
+// of from a packed panel.
+T static void kernel_rows(size_t kc, const float *a, size_t lda, const float *bp, float *y, size_t ldy, int first) {
+    size_t k4 = kc / 4, k1 = kc % 4, l = ldy * sizeof(float), la = lda * sizeof(float);
+    float *y3 = y + 3 * ldy;
+    const float *a3 = a + 3 * lda;
+    __asm__ volatile(
+        LOAD_OR_ZERO_Y
+        "test %[k4], %[k4]\n\t"
+        "jz 2f\n\t"
+        "1:\n\t"
+        // No software prefetch: six row prefetches per four k steps cost
+        // 2.5 % over the forward's shapes (paired runs, ab-session-20).
+        STEP_ROWS(0) STEP_ROWS(1) STEP_ROWS(2) STEP_ROWS(3)
+        "add $16, %[a0]\n\t"
+        "add $16, %[a3]\n\t"
+        "add $256, %[b]\n\t"
+        "dec %[k4]\n\t"
+        "jnz 1b\n\t"
+        "2:\n\t"
+        "test %[k1], %[k1]\n\t"
+        "jz 4f\n\t"
+        "3:\n\t"
+        STEP_ROWS(0)
+        "add $4, %[a0]\n\t"
+        "add $4, %[a3]\n\t"
+        "add $64, %[b]\n\t"
+        "dec %[k1]\n\t"
+        "jnz 3b\n\t"
+        "4:\n\t"
+        STORE_Y
+        : [a0] "+r"(a), [a3] "+r"(a3), [b] "+r"(bp), [k4] "+r"(k4), [k1] "+r"(k1)
+        : [c] "r"(y), [c3] "r"(y3), [l] "r"(l), [la] "r"(la), [first] "r"((size_t)first)
+        : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+          "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+}
+
+// The 6 × 16 tile at y (row stride ldy) over one k block, x's panel
+// packed at `a` (lda 0) or its six rows read in place (row stride lda):
+// rows < rows and columns < cols are real; `first` starts the sums at
+// zero, otherwise at y's parked partial sums. `next` (or NULL) is the tile
+// after this one, whose y rows are prefetched. A tile on the edges runs
+// through a 6 × 16 buffer.
+T static void tile(size_t kc, const float *a, size_t lda, const float *bp, float *y, size_t ldy, size_t rows,
+                   size_t cols, int first, const float *next) {
     if (next)
         for (int i = 0; i < MR; i++) {
             _mm_prefetch((const char *)(next + i * ldy), _MM_HINT_T0);
             _mm_prefetch((const char *)(next + i * ldy + NR - 1), _MM_HINT_T0);
         }
-    if (rows == MR && cols == NR) {
-        kernel(kc, ap, bp, y, ldy, first);
-        return;
-    }
+    float acc[MR * NR] __attribute__((aligned(32)));
+    int edge = rows != MR || cols != NR;
     // On the first k block the kernel zeroes its sums itself and writes
     // the whole buffer; after it, the buffer starts from y's parked sums
     // (zero past the edges).
-    float acc[MR * NR] __attribute__((aligned(32)));
-    if (!first) {
+    if (edge && !first) {
         memset(acc, 0, sizeof acc);
         for (size_t i = 0; i < rows; i++) memcpy(acc + i * NR, y + i * ldy, cols * sizeof(float));
     }
-    kernel(kc, ap, bp, acc, NR, first);
-    for (size_t i = 0; i < rows; i++) memcpy(y + i * ldy, acc + i * NR, cols * sizeof(float));
+    float *c = edge ? acc : y;
+    size_t ldc = edge ? NR : ldy;
+    if (lda)
+        kernel_rows(kc, a, lda, bp, c, ldc, first);
+    else
+        kernel(kc, a, bp, c, ldc, first);
+    if (edge)
+        for (size_t i = 0; i < rows; i++) memcpy(y + i * ldy, acc + i * NR, cols * sizeof(float));
 }
 
 // Columns [c0, c1) of y (m, n; row stride ldy) = A · B (+= when `acc`: the
-// sums start from y), A given packed by r2vpo_avx2_pack_a, B as pack_b
-// reads it. Returns 0, or -1 when the B block's buffer could not be
-// allocated (nothing written then).
-T int r2vpo_avx2_cols(const float *ap, size_t m, size_t k, const float *b, size_t ldb, int bt, size_t n, size_t c0,
-                      size_t c1, float *y, size_t ldy, int acc) {
+// sums start from y), B as pack_b reads it, A either packed by
+// r2vpo_avx2_pack_a (`ap`; a transposed A) or, where `ap` is NULL,
+// row-major at `a` with row stride lda, read in place: packing a row-major
+// x was 3.3 % of a scoring pass and 3.4 % of a training step (perf), and
+// the kernel reads six rows as fast as one packed panel. A last panel of
+// fewer than six rows is copied into a zero-padded one. Returns 0, or -1
+// when a buffer could not be allocated (nothing written then).
+T int r2vpo_avx2_cols(const float *ap, const float *a, size_t lda, size_t m, size_t k, const float *b, size_t ldb,
+                      int bt, size_t n, size_t c0, size_t c1, float *y, size_t ldy, int acc) {
     size_t kb = kblock(k), mp = (m + MR - 1) / MR * MR;
     float *bp = aligned_alloc(64, NC * kb * sizeof(float));
-    if (!bp) return -1;
+    float *ep = !ap && m % MR ? malloc(MR * kb * sizeof(float)) : NULL;
+    if (!bp || (!ap && m % MR && !ep)) {
+        free(bp);
+        free(ep);
+        return -1;
+    }
     for (size_t jc = c0; jc < c1; jc += NC) {
         size_t nc = c1 - jc < NC ? c1 - jc : NC, ncp = (nc + NR - 1) / NR * NR;
         for (size_t pc = 0; pc < k; pc += kb) {
             size_t kc = k - pc < kb ? k - pc : kb;
             pack_b(b, ldb, bt, n, jc, ncp, pc, kc, bp);
-            const float *block = ap + pc * mp;
             for (size_t ir = 0; ir < m; ir += MR) {
                 size_t rows = m - ir < MR ? m - ir : MR;
+                const float *panel = ap ? ap + pc * mp + ir * kc : a + ir * lda + pc;
+                size_t ld = ap ? 0 : lda;
+                if (!ap && rows < MR) {
+                    for (size_t i = 0; i < rows; i++) memcpy(ep + i * kc, a + (ir + i) * lda + pc, kc * sizeof(float));
+                    memset(ep + rows * kc, 0, (MR - rows) * kc * sizeof(float));
+                    panel = ep;
+                    ld = kc;
+                }
                 for (size_t jr = 0; jr < ncp; jr += NR) {
                     size_t col = jc + jr;
                     if (col >= c1) break;
@@ -325,27 +418,29 @@ T int r2vpo_avx2_cols(const float *ap, size_t m, size_t k, const float *b, size_
                     const float *next = col + NR < c1 && jr + NR < ncp ? y + ir * ldy + col + NR
                                         : ir + MR < m                  ? y + (ir + MR) * ldy + jc
                                                                        : NULL;
-                    tile(kc, block + ir * kc, bp + jr * kc, y + ir * ldy + col, ldy, rows, cols, pc == 0 && !acc,
-                         next);
+                    tile(kc, panel, ld, bp + jr * kc, y + ir * ldy + col, ldy, rows, cols, pc == 0 && !acc, next);
                 }
             }
         }
     }
     free(bp);
+    free(ep);
     return 0;
 }
 
 // y (m, n; row stride ldy) = A · B (+= when `acc`) on the calling thread,
 // A and B as r2vpo_avx2_pack_a and pack_b read them: the attention's small
-// products, one (row, kv head) per thread. Returns 0, or -1 when a buffer
-// could not be allocated (nothing written then).
+// products, one (row, kv head) per thread. A row-major A is read in place.
+// Returns 0, or -1 when a buffer could not be allocated (nothing written
+// then).
 T int r2vpo_avx2_product_here(const float *a, size_t lda, int at, const float *b, size_t ldb, int bt, size_t m,
                               size_t k, size_t n, float *y, size_t ldy, int acc) {
+    if (!at) return r2vpo_avx2_cols(NULL, a, lda, m, k, b, ldb, bt, n, 0, n, y, ldy, acc);
     size_t mp = (m + MR - 1) / MR * MR;
     float *ap = aligned_alloc(64, (mp * k * sizeof(float) + 63) / 64 * 64);
     if (!ap) return -1;
     r2vpo_avx2_pack_a(a, lda, at, m, k, 0, mp / MR, ap);
-    int rc = r2vpo_avx2_cols(ap, m, k, b, ldb, bt, n, 0, n, y, ldy, acc);
+    int rc = r2vpo_avx2_cols(ap, NULL, 0, m, k, b, ldb, bt, n, 0, n, y, ldy, acc);
     free(ap);
     return rc;
 }

@@ -42,6 +42,8 @@ extern "C" {
     #[allow(clippy::too_many_arguments)]
     fn r2vpo_avx2_cols(
         ap: *const f32,
+        a: *const f32,
+        lda: usize,
         m: usize,
         k: usize,
         b: *const f32,
@@ -76,10 +78,24 @@ const MR: usize = 6;
 /// Columns per register tile; each thread's column range is a multiple.
 const NR: usize = 16;
 
-/// Most values of `a` that the backward hands [`product`], which packs
+/// Most output columns for which [`product`] reads a row-major `a` in
+/// place rather than packing it first: every layer's product, not the LM
+/// head's. Packing x was 3.3 % of a scoring pass (perf). Read in place
+/// (the same bits), the row-major products at a step's shapes took 0.986×
+/// the time in a harness and the scoring pass 0.94–1.03× (median 0.975, 5
+/// pairs); training steps stayed level within their noise (0.98–1.02, 4
+/// pairs). The LM head's product (49 152 columns, which sweep x once per
+/// 288 of them) took 1.04× in place, so it is still packed
+/// (`results/bench/ab-session-20/`).
+const IN_PLACE_MAX_COLS: usize = 4096;
+
+/// Most values of `a` that the backward hands [`product`], which may pack
 /// `a` whole (64 MiB): every layer's gradient of a SmolLM2 step (at most
-/// 2 400 × 1 536), not the LM head's (2 048 × 49 152, 403 MB packed),
-/// which OpenBLAS packs a block at a time.
+/// 2 400 × 1 536), not the LM head's (2 048 × 49 152), which OpenBLAS packs
+/// a block at a time. Its weight gradient would pack 403 MB here; its input
+/// gradient, which this kernel could read in place, ran level with
+/// OpenBLAS inside a step (0.98–1.02× relative to the head's forward in
+/// the same runs, `results/bench/ab-session-20/`).
 pub const WHOLE_A_MAX: usize = 16 << 20;
 
 /// Whether the forward's many-row products run on this kernel: x86-64
@@ -156,9 +172,10 @@ impl Layout {
 /// `y (m, n) = a (m, k) · b (k, n)` into a new row-major `y`, the operands
 /// in any [`Layout`]: the forward's `x · wᵀ` (`b` column-major: the
 /// weight's rows), the backward's input gradient `g · w` (both row-major)
-/// and weight gradient `gᵀ · x` (`a` column-major). `a` is packed whole
-/// (rows split over rayon's threads), then the columns split over them in
-/// multiples of 16. Each output is one FMA chain over `k` in order, so a
+/// and weight gradient `gᵀ · x` (`a` column-major). A row-major `a` is
+/// read in place up to [`IN_PLACE_MAX_COLS`] columns, else `a` is packed
+/// whole (rows split over rayon's threads); then the columns split over
+/// the threads in multiples of 16. Each output is one FMA chain over `k` in order, so a
 /// row's values do not depend on `m`, the rows or columns beside it, the
 /// split or the layouts. Call only where [`available`]; errors if a `b`
 /// block's buffer cannot be allocated.
@@ -177,35 +194,43 @@ pub fn product(
     );
     // The forward's weight (n, k) is B's columns: `bt`.
     let ((lda, at), (ldb, bt)) = (la.flag(), lb.flag());
+    let in_place = at == 0 && n <= IN_PLACE_MAX_COLS;
     // Every k block holds all the 6-row panels (`avx2.c`'s layout).
-    let packed_len = m.div_ceil(MR) * MR * k;
+    let packed_len = if in_place { 0 } else { m.div_ceil(MR) * MR * k };
     let mut ap: Vec<f32> = Vec::with_capacity(packed_len);
-    let aps = Shared(ap.as_mut_ptr());
-    per_thread(m.div_ceil(MR)).for_each(|(r0, r1)| {
-        // SAFETY: panels [r0, r1) of every k block, inside the capacity and
-        // no other task's; the assert keeps every read inside `a`.
-        #[cfg(r2vpo_amx)]
-        unsafe {
-            r2vpo_avx2_pack_a(a.as_ptr(), lda, at, m, k, r0, r1, aps.ptr())
-        };
-        #[cfg(not(r2vpo_amx))]
-        let _ = (r0, r1, aps, lda, at);
-    });
-    // SAFETY: the panels cover all m.div_ceil(6) · 6 rows (zeros past m) of
-    // every k block.
-    unsafe { ap.set_len(packed_len) };
+    if !in_place {
+        let aps = Shared(ap.as_mut_ptr());
+        per_thread(m.div_ceil(MR)).for_each(|(r0, r1)| {
+            // SAFETY: panels [r0, r1) of every k block, inside the capacity
+            // and no other task's; the assert keeps every read inside `a`.
+            #[cfg(r2vpo_amx)]
+            unsafe {
+                r2vpo_avx2_pack_a(a.as_ptr(), lda, at, m, k, r0, r1, aps.ptr())
+            };
+            #[cfg(not(r2vpo_amx))]
+            let _ = (r0, r1, aps, at);
+        });
+        // SAFETY: the panels cover all m.div_ceil(6) · 6 rows (zeros past
+        // m) of every k block.
+        unsafe { ap.set_len(packed_len) };
+    }
+    // `avx2.c` reads the packed panels, or a's rows in place where none.
+    let packed = if in_place { std::ptr::null() } else { ap.as_ptr() };
+    let packed = Shared(packed.cast_mut());
     let mut y: Vec<f32> = Vec::with_capacity(m * n);
     let ys = Shared(y.as_mut_ptr());
     let failed = per_thread(n.div_ceil(NR)).any(|(p0, p1)| {
         let (c0, c1) = (p0 * NR, (p1 * NR).min(n));
         // SAFETY: columns [c0, c1) of every row, inside y's capacity and no
-        // other task's; the packed a and b outlive the call, and the
-        // assert keeps every read of b inside it.
+        // other task's; a, its packed copy and b outlive the call, and the
+        // assert keeps every read of a and b inside them.
         #[cfg(r2vpo_amx)]
-        return unsafe { r2vpo_avx2_cols(ap.as_ptr(), m, k, b.as_ptr(), ldb, bt, n, c0, c1, ys.ptr(), n, 0) } != 0;
+        return unsafe {
+            r2vpo_avx2_cols(packed.ptr(), a.as_ptr(), lda, m, k, b.as_ptr(), ldb, bt, n, c0, c1, ys.ptr(), n, 0)
+        } != 0;
         #[cfg(not(r2vpo_amx))]
         {
-            let _ = (c0, c1, ys, ldb, bt);
+            let _ = (c0, c1, ys, ldb, bt, lda, packed);
             true
         }
     });
@@ -283,15 +308,19 @@ mod tests {
     }
 
     /// `product` in all four layouts (row- or column-major `a` and `b`,
-    /// with leading dimensions past the operands' widths) gives the same
-    /// bits as `linear` on the same values, so every layout is as exact as
+    /// with leading dimensions past the operands' widths; a row-major `a`
+    /// read in place, a column-major one packed) gives the same bits as
+    /// `linear` on the same values, so every layout is as exact as
     /// the one checked against f64 below; rows alone come out the same.
     #[test]
     fn every_layout_gives_linears_bits() {
         if skip() {
             return;
         }
-        for &(m, k, n) in &[(1, 1, 1), (7, 300, 33), (13, 257, 17), (40, 576, 100), (33, 1539, 300), (9, 20, 8)] {
+        // (7, 40, 4100): past IN_PLACE_MAX_COLS, a row-major `a` is packed.
+        let shapes =
+            [(1, 1, 1), (7, 300, 33), (13, 257, 17), (40, 576, 100), (33, 1539, 300), (9, 20, 8), (7, 40, 4100)];
+        for &(m, k, n) in &shapes {
             let (x, w) = (values(m * k, 37, 101), values(n * k, 53, 97));
             let want = linear(&x, m, k, &w, n).unwrap();
             // A padded copy of a (rows × cols) matrix given by `at`, laid out as `l`.
