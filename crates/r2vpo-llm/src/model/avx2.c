@@ -174,29 +174,57 @@ T static void pack_b(const float *b, size_t ldb, int bt, size_t n, size_t j0, si
     }
 }
 
-// One k step `o` of the 6 × 16 tile: two vectors of w, six broadcasts of x,
-// twelve FMAs into ymm0-ymm11 (row i in ymm(2i), ymm(2i+1)).
-#define STEP(o)                                                                                                        \
+// One k step `o` of the 6 × 16 tile: two vectors of w, six broadcasts of x
+// (from the addresses X0-X5 of rows 0-5's value), twelve FMAs into
+// ymm0-ymm11 (row i in ymm(2i), ymm(2i+1)).
+#define TILE_STEP(o, X0, X1, X2, X3, X4, X5)                                                                           \
     "vmovaps " #o "*64(%[b]), %%ymm12\n\t"                                                                             \
     "vmovaps " #o "*64+32(%[b]), %%ymm13\n\t"                                                                          \
-    "vbroadcastss " #o "*24+0(%[a]), %%ymm14\n\t"                                                                      \
+    "vbroadcastss " X0 ", %%ymm14\n\t"                                                                                 \
     "vfmadd231ps %%ymm12, %%ymm14, %%ymm0\n\t"                                                                         \
     "vfmadd231ps %%ymm13, %%ymm14, %%ymm1\n\t"                                                                         \
-    "vbroadcastss " #o "*24+4(%[a]), %%ymm15\n\t"                                                                      \
+    "vbroadcastss " X1 ", %%ymm15\n\t"                                                                                 \
     "vfmadd231ps %%ymm12, %%ymm15, %%ymm2\n\t"                                                                         \
     "vfmadd231ps %%ymm13, %%ymm15, %%ymm3\n\t"                                                                         \
-    "vbroadcastss " #o "*24+8(%[a]), %%ymm14\n\t"                                                                      \
+    "vbroadcastss " X2 ", %%ymm14\n\t"                                                                                 \
     "vfmadd231ps %%ymm12, %%ymm14, %%ymm4\n\t"                                                                         \
     "vfmadd231ps %%ymm13, %%ymm14, %%ymm5\n\t"                                                                         \
-    "vbroadcastss " #o "*24+12(%[a]), %%ymm15\n\t"                                                                     \
+    "vbroadcastss " X3 ", %%ymm15\n\t"                                                                                 \
     "vfmadd231ps %%ymm12, %%ymm15, %%ymm6\n\t"                                                                         \
     "vfmadd231ps %%ymm13, %%ymm15, %%ymm7\n\t"                                                                         \
-    "vbroadcastss " #o "*24+16(%[a]), %%ymm14\n\t"                                                                     \
+    "vbroadcastss " X4 ", %%ymm14\n\t"                                                                                 \
     "vfmadd231ps %%ymm12, %%ymm14, %%ymm8\n\t"                                                                         \
     "vfmadd231ps %%ymm13, %%ymm14, %%ymm9\n\t"                                                                         \
-    "vbroadcastss " #o "*24+20(%[a]), %%ymm15\n\t"                                                                     \
+    "vbroadcastss " X5 ", %%ymm15\n\t"                                                                                 \
     "vfmadd231ps %%ymm12, %%ymm15, %%ymm10\n\t"                                                                        \
     "vfmadd231ps %%ymm13, %%ymm15, %%ymm11\n\t"
+
+// x from a packed panel: step o's six values side by side at a.
+#define STEP(o)                                                                                                        \
+    TILE_STEP(o, #o "*24+0(%[a])", #o "*24+4(%[a])", #o "*24+8(%[a])", #o "*24+12(%[a])", #o "*24+16(%[a])",         \
+              #o "*24+20(%[a])")
+
+// x read in place: six rows at a0, a0 + lda, a0 + 2·lda, a3 = a0 + 3·lda,
+// a3 + lda, a3 + 2·lda.
+#define STEP_ROWS(o)                                                                                                   \
+    TILE_STEP(o, #o "*4(%[a0])", #o "*4(%[a0],%[la],1)", #o "*4(%[a0],%[la],2)", #o "*4(%[a3])",                      \
+              #o "*4(%[a3],%[la],1)", #o "*4(%[a3],%[la],2)")
+
+// The k loop: four steps at a time (after PRE, then ADV4 moves x on by
+// four), then one at a time (ADV1), w moving on 64 floats or 16.
+#define K_LOOP(PRE, STEPM, ADV4, ADV1)                                                                                 \
+    "test %[k4], %[k4]\n\t"                                                                                            \
+    "jz 2f\n\t"                                                                                                        \
+    "1:\n\t" PRE STEPM(0) STEPM(1) STEPM(2) STEPM(3) ADV4 "add $256, %[b]\n\t"                                         \
+    "dec %[k4]\n\t"                                                                                                    \
+    "jnz 1b\n\t"                                                                                                       \
+    "2:\n\t"                                                                                                           \
+    "test %[k1], %[k1]\n\t"                                                                                            \
+    "jz 4f\n\t"                                                                                                        \
+    "3:\n\t" STEPM(0) ADV1 "add $64, %[b]\n\t"                                                                         \
+    "dec %[k1]\n\t"                                                                                                    \
+    "jnz 3b\n\t"                                                                                                       \
+    "4:\n\t"
 
 // The tile's sums: zeroed (`first`) or loaded from y; stored back to y.
 #define LOAD_OR_ZERO_Y                                                                                                 \
@@ -255,59 +283,16 @@ T static void kernel(size_t kc, const float *ap, const float *bp, float *y, size
     float *y3 = y + 3 * ldy;
     __asm__ volatile(
         LOAD_OR_ZERO_Y
-        "test %[k4], %[k4]\n\t"
-        "jz 2f\n\t"
-        "1:\n\t"
         // Only x is prefetched: software prefetches of the weight panel
         // (which streams in order, and the hardware prefetcher follows it)
         // cost 3-5 % (paired runs, ab-session-18).
-        "prefetcht0 384(%[a])\n\t"
-        STEP(0) STEP(1) STEP(2) STEP(3)
-        "add $96, %[a]\n\t"
-        "add $256, %[b]\n\t"
-        "dec %[k4]\n\t"
-        "jnz 1b\n\t"
-        "2:\n\t"
-        "test %[k1], %[k1]\n\t"
-        "jz 4f\n\t"
-        "3:\n\t"
-        STEP(0)
-        "add $24, %[a]\n\t"
-        "add $64, %[b]\n\t"
-        "dec %[k1]\n\t"
-        "jnz 3b\n\t"
-        "4:\n\t"
+        K_LOOP("prefetcht0 384(%[a])\n\t", STEP, "add $96, %[a]\n\t", "add $24, %[a]\n\t")
         STORE_Y
         : [a] "+r"(ap), [b] "+r"(bp), [k4] "+r"(k4), [k1] "+r"(k1)
         : [c] "r"(y), [c3] "r"(y3), [l] "r"(l), [first] "r"((size_t)first)
         : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
           "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
 }
-
-// One k step `o` of the tile with x read in place: six rows at a0, a0 +
-// lda, a0 + 2·lda, a3 = a0 + 3·lda, a3 + lda, a3 + 2·lda (the same FMAs in
-// the same order as STEP).
-#define STEP_ROWS(o)                                                                                                   \
-    "vmovaps " #o "*64(%[b]), %%ymm12\n\t"                                                                             \
-    "vmovaps " #o "*64+32(%[b]), %%ymm13\n\t"                                                                          \
-    "vbroadcastss " #o "*4(%[a0]), %%ymm14\n\t"                                                                        \
-    "vfmadd231ps %%ymm12, %%ymm14, %%ymm0\n\t"                                                                         \
-    "vfmadd231ps %%ymm13, %%ymm14, %%ymm1\n\t"                                                                         \
-    "vbroadcastss " #o "*4(%[a0],%[la],1), %%ymm15\n\t"                                                                \
-    "vfmadd231ps %%ymm12, %%ymm15, %%ymm2\n\t"                                                                         \
-    "vfmadd231ps %%ymm13, %%ymm15, %%ymm3\n\t"                                                                         \
-    "vbroadcastss " #o "*4(%[a0],%[la],2), %%ymm14\n\t"                                                                \
-    "vfmadd231ps %%ymm12, %%ymm14, %%ymm4\n\t"                                                                         \
-    "vfmadd231ps %%ymm13, %%ymm14, %%ymm5\n\t"                                                                         \
-    "vbroadcastss " #o "*4(%[a3]), %%ymm15\n\t"                                                                        \
-    "vfmadd231ps %%ymm12, %%ymm15, %%ymm6\n\t"                                                                         \
-    "vfmadd231ps %%ymm13, %%ymm15, %%ymm7\n\t"                                                                         \
-    "vbroadcastss " #o "*4(%[a3],%[la],1), %%ymm14\n\t"                                                                \
-    "vfmadd231ps %%ymm12, %%ymm14, %%ymm8\n\t"                                                                         \
-    "vfmadd231ps %%ymm13, %%ymm14, %%ymm9\n\t"                                                                         \
-    "vbroadcastss " #o "*4(%[a3],%[la],2), %%ymm15\n\t"                                                                \
-    "vfmadd231ps %%ymm12, %%ymm15, %%ymm10\n\t"                                                                        \
-    "vfmadd231ps %%ymm13, %%ymm15, %%ymm11\n\t"
 
 // kernel() with x's six rows read where they lie (row stride lda) instead
 // of from a packed panel.
@@ -317,28 +302,9 @@ T static void kernel_rows(size_t kc, const float *a, size_t lda, const float *bp
     const float *a3 = a + 3 * lda;
     __asm__ volatile(
         LOAD_OR_ZERO_Y
-        "test %[k4], %[k4]\n\t"
-        "jz 2f\n\t"
-        "1:\n\t"
         // No software prefetch: six row prefetches per four k steps cost
         // 2.5 % over the forward's shapes (paired runs, ab-session-20).
-        STEP_ROWS(0) STEP_ROWS(1) STEP_ROWS(2) STEP_ROWS(3)
-        "add $16, %[a0]\n\t"
-        "add $16, %[a3]\n\t"
-        "add $256, %[b]\n\t"
-        "dec %[k4]\n\t"
-        "jnz 1b\n\t"
-        "2:\n\t"
-        "test %[k1], %[k1]\n\t"
-        "jz 4f\n\t"
-        "3:\n\t"
-        STEP_ROWS(0)
-        "add $4, %[a0]\n\t"
-        "add $4, %[a3]\n\t"
-        "add $64, %[b]\n\t"
-        "dec %[k1]\n\t"
-        "jnz 3b\n\t"
-        "4:\n\t"
+        K_LOOP("", STEP_ROWS, "add $16, %[a0]\n\t" "add $16, %[a3]\n\t", "add $4, %[a0]\n\t" "add $4, %[a3]\n\t")
         STORE_Y
         : [a0] "+r"(a), [a3] "+r"(a3), [b] "+r"(bp), [k4] "+r"(k4), [k1] "+r"(k1)
         : [c] "r"(y), [c3] "r"(y3), [l] "r"(l), [la] "r"(la), [first] "r"((size_t)first)
