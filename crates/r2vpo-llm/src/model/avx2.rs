@@ -87,7 +87,7 @@ const NR: usize = 16;
 /// pairs). The LM head's product (49 152 columns, which sweep x once per
 /// 288 of them) took 1.04× in place, so it is still packed
 /// (`results/bench/ab-session-20/`).
-const IN_PLACE_MAX_COLS: usize = 4096;
+pub const IN_PLACE_MAX_COLS: usize = 4096;
 
 /// Most values of `a` that the backward hands [`product`], which may pack
 /// `a` whole (64 MiB): every layer's gradient of a SmolLM2 step (at most
