@@ -49,6 +49,10 @@ def main() -> None:
                     help="gradient checkpointing per decoder layer (transformers' gradient_checkpointing_enable)")
     ap.add_argument("--score", action="store_true",
                     help="time the scoring pass instead: no-grad log-probs of the response tokens")
+    ap.add_argument("--turns", metavar="WAIT,DONE",
+                    help="take turns with another benchmark through two named pipes (scripts/hf/turns.py): "
+                         "after the warm-up one byte to DONE, then before each timed step one byte read from WAIT "
+                         "and after it one byte to DONE (as `r2vpo bench step --turns`)")
     ap.add_argument("--out", default="runs/bench/torch-step.json")
     a = ap.parse_args()
 
@@ -112,17 +116,29 @@ def main() -> None:
         model.eval()
         step = score  # noqa: F811
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    turns = None
+    if a.turns:
+        wait, _, done = a.turns.partition(",")
+        if not done:
+            ap.error(f"--turns {a.turns}: expected two named pipes, WAIT,DONE")
+        turns = (open(wait, "rb", buffering=0), open(done, "wb", buffering=0))
     step()  # warm-up: kernels, allocator, optimizer state
     sync()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    if turns:
+        turns[1].write(b".")  # ready
     times, loss = [], 0.0
     for _ in range(max(a.reps, 1)):
+        if turns and not turns[0].read(1):
+            sys.exit(f"--turns {a.turns}: the coordinator closed the pipe")
         sync()
         t0 = time.perf_counter()
         loss = step()
         sync()
         times.append(time.perf_counter() - t0)
+        if turns:
+            turns[1].write(b".")
     step_s = statistics.median(times)
     res = {
         "shape": a.shape,
@@ -135,6 +151,7 @@ def main() -> None:
         "prompt": p,
         "response": r,
         "step_s": step_s,
+        "times_s": times,
         "tokens_per_s": b * w / step_s,
         "loss": loss,
         "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None,

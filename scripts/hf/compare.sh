@@ -5,10 +5,11 @@
 #           T = 1) vs transformers' greedy `generate` on the same shape,
 #           batch 1/8/32, 128 new tokens, EOS ignored;
 #   step:   forward + R²VPO objective + backward + AdamW at 8 × (44 + 256)
-#           tokens: `r2vpo bench step` (full graph, then checkpointed) vs
-#           scripts/gpu/torch_step.py on the CPU; peak RSS by /usr/bin/time;
+#           tokens: `r2vpo bench step` vs scripts/gpu/torch_step.py on the
+#           CPU, the two taking turns step by step (scripts/hf/turns.py);
+#           peak RSS by /usr/bin/time; then r2vpo's checkpointed step alone;
 #   score:  the no-grad log-probs of the same batch (`bench step --score`
-#           vs `torch_step.py --score`);
+#           vs `torch_step.py --score`), taking turns as well;
 #   limit:  PyTorch's f32 GEMM rate on the same threads (scripts/hf/peak.py),
 #           which the batch-32 decode's and the scoring pass's shares divide by.
 # Needs the release binary and the pinned venv (`make venv-hf`).
@@ -27,7 +28,11 @@ mkdir -p "$OUT"
 # Which CPU the figures are from (the summary names it): the kernels, and
 # so the ratios, differ between CPUs with and without AVX-512 and AMX.
 lscpu > "$OUT/lscpu.txt"
-step=(--shape "$SHAPE" --batch 8 --prompt 44 --response 256 --reps 2)
+step=(--shape "$SHAPE" --batch 8 --prompt 44 --response 256)
+# Timed pairs of the step and of the scoring pass (each side's steps).
+STEP_PAIRS=${STEP_PAIRS:-5}
+SCORE_PAIRS=${SCORE_PAIRS:-7}
+q() { printf '%q ' "$@"; }
 
 # The f32 limit the decode and scoring shares divide by (#16: "say how you
 # computed the limit"): PyTorch's 2048³ GEMM on the same threads, measured
@@ -42,19 +47,24 @@ for round in 1 2; do
     "$PY" scripts/hf/decode.py --shape "$SHAPE" --batches 1,8,32 --new-tokens 128 --threads "$T" \
         --out "$OUT/hf-decode-$round.json"
 done
-# Step and scoring pass in two rounds as well (r2vpo, PyTorch, r2vpo,
-# PyTorch): PyTorch's CPU times moved by up to 40 % between runs on this
-# machine, so each round's ratio is taken against the PyTorch run beside it.
-for round in 1 2; do
-    echo "== training step, 8 × (44 + 256) tokens, round $round"
-    /usr/bin/time -f %M -o "$OUT/r2vpo-step-$round.maxrss" "$BIN" bench step "${step[@]}" --out "$OUT/r2vpo-step-$round.json"
-    /usr/bin/time -f %M -o "$OUT/hf-step-$round.maxrss" "$PY" scripts/gpu/torch_step.py "${step[@]}" --device cpu \
-        --dtype f32 --out "$OUT/hf-step-$round.json"
-    echo "== scoring pass (no-grad log-probs), 8 × (44 + 256) tokens, round $round"
-    "$BIN" bench step "${step[@]}" --score --out "$OUT/r2vpo-score-$round.json"
-    "$PY" scripts/gpu/torch_step.py "${step[@]}" --score --device cpu --dtype f32 --out "$OUT/hf-score-$round.json"
-done
+# Step and scoring pass with r2vpo and PyTorch resident at once and taking
+# turns, step by step (A, B, B, A, …, a second of idle machine before each):
+# the machine's speed drifts by 10-15 % within minutes and PyTorch's CPU
+# step times moved by up to 40 % between runs, so each pair's ratio is taken
+# between steps seconds apart, and the summary judges the median pair.
+echo "== training step, 8 × (44 + 256) tokens, $STEP_PAIRS pairs taking turns"
+python3 scripts/hf/turns.py --log "$OUT/turns-step.json" \
+    "$(q /usr/bin/time -f %M -o "$OUT/r2vpo-step.maxrss" "$BIN" bench step "${step[@]}" --reps "$STEP_PAIRS" \
+        --turns '{turns}' --out "$OUT/r2vpo-step.json")" \
+    "$(q /usr/bin/time -f %M -o "$OUT/hf-step.maxrss" "$PY" scripts/gpu/torch_step.py "${step[@]}" --reps "$STEP_PAIRS" \
+        --device cpu --dtype f32 --turns '{turns}' --out "$OUT/hf-step.json")"
+echo "== scoring pass (no-grad log-probs), 8 × (44 + 256) tokens, $SCORE_PAIRS pairs taking turns"
+python3 scripts/hf/turns.py --log "$OUT/turns-score.json" \
+    "$(q "$BIN" bench step "${step[@]}" --score --reps "$SCORE_PAIRS" --turns '{turns}' --out "$OUT/r2vpo-score.json")" \
+    "$(q "$PY" scripts/gpu/torch_step.py "${step[@]}" --score --reps "$SCORE_PAIRS" --device cpu --dtype f32 \
+        --turns '{turns}' --out "$OUT/hf-score.json")"
 "$PY" scripts/hf/peak.py --threads "$T" --out "$OUT/peak-2.json"
 echo "== training step with activation checkpointing (memory), once"
-/usr/bin/time -f %M -o "$OUT/r2vpo-ck-step.maxrss" "$BIN" bench step "${step[@]}" --checkpoint --out "$OUT/r2vpo-ck-step.json"
+/usr/bin/time -f %M -o "$OUT/r2vpo-ck-step.maxrss" "$BIN" bench step "${step[@]}" --reps 2 --checkpoint \
+    --out "$OUT/r2vpo-ck-step.json"
 python3 scripts/hf/summary.py "$OUT"

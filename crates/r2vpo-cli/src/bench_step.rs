@@ -89,6 +89,15 @@ pub struct StepBenchArgs {
     /// nats).
     #[arg(long)]
     pub sampler: bool,
+    /// Take turns with another benchmark through two named pipes, `WAIT,DONE`
+    /// (`scripts/hf/turns.py` makes them and hands out the turns): after the
+    /// warm-up, one byte to DONE (ready); then before each timed step one
+    /// byte read from WAIT, and after it one byte to DONE. Run beside a
+    /// peer's benchmark this way, each pair of steps is timed seconds apart
+    /// on an otherwise idle machine, so a drift in the machine's speed moves
+    /// both sides of their ratio alike.
+    #[arg(long, value_name = "WAIT,DONE")]
+    pub turns: Option<String>,
     /// Weight seed.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
@@ -108,6 +117,8 @@ struct StepResult {
     prompt: usize,
     response: usize,
     step_s: f64,
+    /// Every timed step's seconds, in order (`step_s` is their median).
+    times_s: Vec<f64>,
     tokens_per_s: f64,
     loss: f64,
     /// The kernel behind the CPU's many-row f32 products
@@ -251,6 +262,9 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     if a.score && (a.check || a.checkpoint || a.memory) {
         bail!("--score times the no-grad pass alone: it takes no --check, --checkpoint or --memory");
     }
+    if a.turns.is_some() && a.check {
+        bail!("--turns takes turns timing steps: it takes no --check");
+    }
     if a.sampler && !a.check {
         bail!("--sampler is a check: give --check too");
     }
@@ -260,6 +274,7 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     if a.check {
         return check(a, &cfg, &model, &x, shape);
     }
+    let mut turns = a.turns.as_deref().map(Turns::open).transpose()?;
     let mut opt = AdamW::new(model.named_vars(), OptimConfig { lr: 1e-6, ..OptimConfig::default() })?;
     // Memory first, in a fresh process: an allocator keeps what it freed
     // (RSS never falls back), so only the first step shows what each phase
@@ -267,7 +282,15 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     let memory = if a.memory { Some(memory_phases(a, &model, &mut opt, &x)?) } else { None };
     let mut times = Vec::new();
     let mut loss = 0.0;
+    if let (true, Some(t)) = (a.memory, turns.as_mut()) {
+        t.done()?; // ready: the memory step was the warm-up
+    }
     for rep in usize::from(a.memory)..=a.reps.max(1) {
+        if rep > 0 {
+            if let Some(t) = turns.as_mut() {
+                t.wait()?;
+            }
+        }
         dev.synchronize()?;
         let t0 = Instant::now();
         // On a pool thread, as the trainer runs its passes (`on_pool`).
@@ -285,9 +308,13 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         if rep > 0 {
             times.push(t0.elapsed().as_secs_f64());
         }
+        // Ready after the warm-up (rep 0); done after each timed step.
+        if let Some(t) = turns.as_mut() {
+            t.done()?;
+        }
         loss = l;
     }
-    let step_s = median(&mut times);
+    let step_s = median(&mut times.clone());
     let tokens = a.batch * (a.prompt + a.response);
     let res = StepResult {
         shape,
@@ -298,6 +325,7 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         prompt: a.prompt,
         response: a.response,
         step_s,
+        times_s: times.clone(),
         tokens_per_s: tokens as f64 / step_s,
         loss,
         matmul: r2vpo_llm::model::openblas::backend(),
@@ -329,6 +357,46 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     r2vpo_report::atomic_write_json(&a.out, &Out { step: &res, memory })?;
     println!("written: {}", a.out.display());
     Ok(())
+}
+
+/// The two named pipes of `--turns`: one byte read from `wait` before each
+/// timed step, one written to `done` after the warm-up and after each step.
+struct Turns {
+    wait: std::fs::File,
+    done: std::fs::File,
+    spec: String,
+}
+
+impl Turns {
+    fn open(spec: &str) -> Result<Turns> {
+        let Some((wait, done)) = spec.split_once(',') else {
+            bail!("--turns {spec}: expected two named pipes, WAIT,DONE");
+        };
+        let open = |path: &str, write: bool| {
+            std::fs::OpenOptions::new()
+                .read(!write)
+                .write(write)
+                .open(path)
+                .with_context(|| format!("--turns: opening {path}"))
+        };
+        Ok(Turns { wait: open(wait, false)?, done: open(done, true)?, spec: spec.to_string() })
+    }
+
+    /// Blocks until the coordinator hands this side its turn.
+    fn wait(&mut self) -> Result<()> {
+        use std::io::Read;
+        let mut b = [0u8; 1];
+        match self.wait.read(&mut b) {
+            Ok(1) => Ok(()),
+            Ok(_) => bail!("--turns {}: the coordinator closed the pipe", self.spec),
+            Err(e) => Err(e).with_context(|| format!("--turns {}: waiting for a turn", self.spec)),
+        }
+    }
+
+    fn done(&mut self) -> Result<()> {
+        use std::io::Write;
+        self.done.write_all(b".").with_context(|| format!("--turns {}: handing the turn back", self.spec))
+    }
 }
 
 /// This process's resident set now and its peak since the last

@@ -59,3 +59,50 @@ fn the_samplers_log_probs_are_the_learners() {
     let (ok, _, out) = check(&["--sampler", "--tolerance", "0"]);
     assert!(!ok && out.contains("sampler log-probs differ"), "{out}");
 }
+
+/// `scripts/hf/turns.py` running two real `bench step`s that take turns
+/// through `--turns`: every timed step runs alone, in the order A, B, B, A,
+/// A, B, and each side reports every step's time; a side that fails stops
+/// the run with its status.
+#[test]
+fn two_benchmarks_take_turns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_r2vpo");
+    let side = |name: &str, extra: &str| {
+        format!(
+            "{bin} --threads 1 bench step --shape configs/shapes/qwen3-tiny.json --batch 2 --prompt 6 --response 5 \
+             --reps 3 --turns {{turns}} --out {} {extra}",
+            tmp.path().join(format!("{name}.json")).display()
+        )
+    };
+    let log = tmp.path().join("turns.json");
+    let run = |a: String, b: String| {
+        Command::new("python3")
+            .current_dir(root())
+            .args(["scripts/hf/turns.py", "--pause", "0.05", "--log"])
+            .arg(&log)
+            .args([a, b])
+            .output()
+            .unwrap()
+    };
+    let out = run(side("a", ""), side("b", "--score"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for name in ["a", "b"] {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(tmp.path().join(format!("{name}.json"))).unwrap()).unwrap();
+        let times = v["times_s"].as_array().unwrap();
+        assert_eq!(times.len(), 3, "{v}");
+        assert!(times.iter().all(|t| t.as_f64().unwrap() > 0.0), "{v}");
+    }
+    let turns: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&log).unwrap()).unwrap();
+    let order: String = turns.iter().map(|t| t["side"].as_str().unwrap()).collect();
+    assert_eq!(order, "abbaab");
+    // One at a time: each turn ends before the next begins.
+    for w in turns.windows(2) {
+        assert!(w[0]["end"].as_f64().unwrap() <= w[1]["start"].as_f64().unwrap(), "{turns:?}");
+    }
+    // A side that cannot start stops the run, naming it.
+    let out = run(side("a", ""), side("b", "--check"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("side b exited") && err.contains("no --check"), "{err}");
+}
