@@ -76,7 +76,7 @@ def main() -> int:
     ap.add_argument("b")
     args = ap.parse_args()
     for name, command in (("A", args.a), ("B", args.b)):
-        if "{turns}" not in command:
+        if not any("{turns}" in word for word in shlex.split(command)):
             ap.error(f"command {name} has no {{turns}} to stand for its pipes: {command}")
     with tempfile.TemporaryDirectory(prefix="r2vpo-turns-") as d:
         sides = [Side("a", args.a, d), Side("b", args.b, d)]

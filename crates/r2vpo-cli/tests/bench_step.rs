@@ -68,10 +68,13 @@ fn the_samplers_log_probs_are_the_learners() {
 fn two_benchmarks_take_turns() {
     let tmp = tempfile::tempdir().unwrap();
     let bin = env!("CARGO_BIN_EXE_r2vpo");
+    // Side b's command is shell-quoted as compare.sh quotes it (`printf
+    // %q`, which escapes the braces).
     let side = |name: &str, extra: &str| {
+        let turns = if name == "a" { "{turns}" } else { r"\{turns\}" };
         format!(
             "{bin} --threads 1 bench step --shape configs/shapes/qwen3-tiny.json --batch 2 --prompt 6 --response 5 \
-             --reps 3 --turns {{turns}} --out {} {extra}",
+             --reps 3 --turns {turns} --out {} {extra}",
             tmp.path().join(format!("{name}.json")).display()
         )
     };
