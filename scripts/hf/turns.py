@@ -97,10 +97,17 @@ def main() -> int:
             return 128 - code if code and code < 0 else code or 1
 
         try:
-            # Both warm up at once; neither is timed until both are ready.
-            for s in sides:
-                if not s.wait_done():
-                    return fail(s)
+            # Both warm up at once; neither is timed until both are ready,
+            # and a side that dies while warming up ends the run at once.
+            warming = list(sides)
+            while warming:
+                ready, _, _ = select.select([s.done for s in warming], [], [], 0.5)
+                for s in list(warming):
+                    if s.done in ready:
+                        os.read(s.done, 1)
+                        warming.remove(s)
+                    elif s.proc.poll() is not None:
+                        return fail(s)
             running = list(sides)
             pair = 0
             while running:

@@ -314,6 +314,7 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         }
         loss = l;
     }
+    let n_timed = times.len();
     let step_s = median(&mut times.clone());
     let tokens = a.batch * (a.prompt + a.response);
     let res = StepResult {
@@ -325,7 +326,7 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         prompt: a.prompt,
         response: a.response,
         step_s,
-        times_s: times.clone(),
+        times_s: times,
         tokens_per_s: tokens as f64 / step_s,
         loss,
         matmul: r2vpo_llm::model::openblas::backend(),
@@ -337,15 +338,7 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     };
     println!(
         "r2vpo {what}, {} ({} parameters), {} {} (many-row products: {}), {} × ({} + {}) tokens, median of {}",
-        res.shape,
-        res.parameters,
-        res.device,
-        res.dtype,
-        res.matmul,
-        res.batch,
-        res.prompt,
-        res.response,
-        times.len()
+        res.shape, res.parameters, res.device, res.dtype, res.matmul, res.batch, res.prompt, res.response, n_timed
     );
     println!("| step s | tokens/s |\n|---|---|\n| {:.3} | {:.1} |", res.step_s, res.tokens_per_s);
     #[derive(Serialize)]
