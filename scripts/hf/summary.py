@@ -29,22 +29,22 @@ def paired_steps(d: Path, load, rss, name, md: list[str]):
         ours, theirs = load(f"r2vpo-{what}.json")["times_s"], load(f"hf-{what}.json")["times_s"]
         pairs = list(zip(ours, theirs))
         ratios = [o / t for o, t in pairs]
-        mid = median(ratios)
+        mid, ours_mid, theirs_mid = median(ratios), median(ours), median(theirs)
+        records = [{"r2vpo_s": o, "pytorch_s": t, "time_ratio": r} for (o, t), r in zip(pairs, ratios)]
         md += ["", f"## {title}: {len(pairs)} pairs, r2vpo and PyTorch taking turns ({goals}, on the median "
                    "of the pairs' ratios)\n",
                "| pair | r2vpo s | PyTorch s | time / PyTorch |", "|---|---|---|---|"]
         md += [f"| {i + 1} | {o:.3f} | {t:.3f} | {r:.2f} |" for i, ((o, t), r) in enumerate(zip(pairs, ratios))]
-        md.append(f"| median | {median(ours):.3f} | {median(theirs):.3f} | **{mid:.2f}** "
+        md.append(f"| median | {ours_mid:.3f} | {theirs_mid:.3f} | **{mid:.2f}** "
                   f"({min(ratios):.2f}–{max(ratios):.2f}; {sum(r <= 0.67 for r in ratios)} of {len(ratios)} "
                   "pairs ≤ 0.67) |")
         if what == "score":
-            score = [{"round": None, "r2vpo_s": median(ours), "pytorch_s": median(theirs), "time_ratio": mid,
-                      "pairs": [{"r2vpo_s": o, "pytorch_s": t, "time_ratio": r} for (o, t), r in zip(pairs, ratios)]}]
+            score = [{"round": None, "r2vpo_s": ours_mid, "pytorch_s": theirs_mid, "time_ratio": mid, "pairs": records}]
             continue
-        hs, hm = median(theirs), rss("hf-step.maxrss")
+        hs, hm = theirs_mid, rss("hf-step.maxrss")
         md += ["", "| stack | step s (median) | peak RSS GiB | time / PyTorch | RSS / PyTorch |",
                "|---|---|---|---|---|"]
-        rows = [("r2vpo, full graph", median(ours), rss("r2vpo-step.maxrss"), mid)]
+        rows = [("r2vpo, full graph", ours_mid, rss("r2vpo-step.maxrss"), mid)]
         if (d / "r2vpo-ck-step.json").exists():
             ck = load("r2vpo-ck-step.json")["step_s"]
             rows.append(("r2vpo, activation_checkpointing (run alone, after)", ck, rss("r2vpo-ck-step.maxrss"), ck / hs))
@@ -52,7 +52,7 @@ def paired_steps(d: Path, load, rss, name, md: list[str]):
             steps.append({"round": None, "stack": stack, "step_s": s, "peak_rss_gib": m, "time_ratio": r,
                           "rss_ratio": m / hm})
             md.append(f"| {stack} | {s:.2f} | {m:.2f} | {r:.2f} | {m / hm:.2f} |")
-        steps[0]["pairs"] = [{"r2vpo_s": o, "pytorch_s": t, "time_ratio": r} for (o, t), r in zip(pairs, ratios)]
+        steps[0]["pairs"] = records
         steps.append({"round": None, "stack": "PyTorch", "step_s": hs, "peak_rss_gib": hm})
         md.append(f"| PyTorch + transformers | {hs:.2f} | {hm:.2f} | 1 | 1 |")
     return steps, score
