@@ -62,8 +62,11 @@ spike-tch:
 demo: build
 	@bash scripts/demo.sh $(BIN)
 
+# --no-fail-fast: every suite runs even when one fails, and the totals
+# (scripts/test_totals.py) close the output; the exit status is cargo's.
 test: deps
-	$(CARGO) test --workspace
+	@set -o pipefail; $(CARGO) test --workspace --no-fail-fast 2>&1 | tee .deps/test.log; rc=$$?; \
+	  $(PYTHON) scripts/test_totals.py .deps/test.log; exit $$rc
 
 # Opt-in: the rollout/log-prob contract against llama.cpp's server
 # (llama-cpp-python, compiled on first use, ~5 min), which nobody here wrote.

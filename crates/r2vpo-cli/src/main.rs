@@ -391,6 +391,12 @@ fn main() -> ExitCode {
     tune_allocator();
     let cli = Cli::parse();
     set_threads(cli.threads);
+    // A kernel choice this machine cannot run (or a typo in it) is refused
+    // before any work, not as a panic inside the first product.
+    if let Err(e) = r2vpo_llm::model::kernels::check() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<args::Stopped>() {

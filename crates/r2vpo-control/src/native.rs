@@ -28,9 +28,22 @@ const ENTROPY_CONST: f32 = 1.418_938_5;
 /// `½ ln 2π`.
 const HALF_LN_2PI: f32 = 0.918_938_5;
 
+/// The kernels behind the networks' products now, for logs and result
+/// files: `"reference"` under `R2VPO_MATMUL=reference`
+/// (`r2vpo_kernels::product`, the same bits on every CPU), else
+/// `"gemm-<simd>"` (the widest kernels the `gemm` crate picks here).
+pub fn kernel_path() -> String {
+    if r2vpo_kernels::reference() {
+        "reference".into()
+    } else {
+        format!("gemm-{}", r2vpo_kernels::gemm_simd())
+    }
+}
+
 /// `out (m×n) = a (m×k) · b (k×n)` (or `+=` when `accumulate`), row-major,
 /// with `a` read transposed from a `k×m` buffer when `a_t` and `b` from an
-/// `n×k` buffer when `b_t`.
+/// `n×k` buffer when `b_t`: on gemm, or on `r2vpo_kernels::product` under
+/// `R2VPO_MATMUL=reference`.
 #[allow(clippy::too_many_arguments)]
 fn matmul(out: &mut [f32], a: &[f32], a_t: bool, b: &[f32], b_t: bool, m: usize, n: usize, k: usize, accumulate: bool) {
     assert!(out.len() == m * n && a.len() == m * k && b.len() == k * n, "matmul shapes");
@@ -41,6 +54,12 @@ fn matmul(out: &mut [f32], a: &[f32], a_t: bool, b: &[f32], b_t: bool, m: usize,
         if !accumulate {
             out.fill(0.0);
         }
+        return;
+    }
+    if r2vpo_kernels::reference() {
+        let a_s = if a_t { (1, m) } else { (k, 1) };
+        let b_s = if b_t { (1, k) } else { (n, 1) };
+        r2vpo_kernels::product([m, k, n], (a, a_s), (b, b_s), out, n, accumulate);
         return;
     }
     // (column stride, row stride) of each operand as gemm wants them.

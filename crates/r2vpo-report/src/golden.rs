@@ -6,8 +6,8 @@ use std::path::Path;
 
 /// Compares `got` with the golden file at `path`, panicking with the first
 /// differing line. With `R2VPO_BLESS` set in the environment it writes `got`
-/// there instead: do that only where floating point legitimately differs
-/// (another CPU), never to make a refactor pass.
+/// there instead: do that only when the pinned arithmetic is meant to
+/// change (say why in the commit), never to make a refactor pass.
 pub fn assert_golden(path: &Path, got: &str) {
     if std::env::var_os("R2VPO_BLESS").is_some() {
         if let Some(dir) = path.parent() {
@@ -22,22 +22,4 @@ pub fn assert_golden(path: &Path, got: &str) {
         panic!("{} differs at line {}:\n  golden: {w}\n  now:    {g}", path.display(), i + 1);
     }
     assert_eq!(want.lines().count(), got.lines().count(), "{}: different length", path.display());
-}
-
-/// The widest SIMD level the `gemm` crate picks on this CPU (`"avx512"`,
-/// `"avx2"` or `"other"`): its kernels, and so its sums, differ between
-/// levels, so golden files of gemm-computed runs are named by it.
-pub fn gemm_simd() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") {
-            "avx512"
-        } else if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            "avx2"
-        } else {
-            "other"
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    "other"
 }

@@ -18,8 +18,8 @@
 //! AMX and AVX-512 enabled per function, so the library still loads on any
 //! x86-64 and [`available`] asks the CPU and the kernel at run time.
 //!
-//! `R2VPO_MATMUL=gemm` turns it off (candle's gemm then runs every
-//! many-row product, as on CPUs without AMX), for A/B measurements.
+//! `R2VPO_MATMUL=gemm` (or any choice but `auto` and `amx`) turns it off
+//! ([`super::kernels`]).
 
 use std::sync::OnceLock;
 
@@ -68,15 +68,17 @@ extern "C" {
     );
 }
 
-/// Whether f32 products run on AMX in this process: the CPU has AMX-BF16
-/// (and AVX-512 with AVX512_BF16), Linux grants the tile state, and
-/// `R2VPO_MATMUL` is not `gemm`. Asked once.
+/// Whether f32 products run on AMX now: the many-row forward's kernel in
+/// [`super::kernels`]' table.
 pub fn available() -> bool {
+    super::kernels::forward() == super::kernels::Forward::Amx
+}
+
+/// Whether this CPU can run AMX here: it has AMX-BF16 (and AVX-512 with
+/// AVX512_BF16) and Linux grants the tile state. Asked once.
+pub(crate) fn hardware() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
-        if gemm_forced() {
-            return false;
-        }
         #[cfg(r2vpo_amx)]
         {
             // SAFETY: reads CPUID and asks the kernel for the tile state;
@@ -86,13 +88,6 @@ pub fn available() -> bool {
         #[cfg(not(r2vpo_amx))]
         false
     })
-}
-
-/// Whether `R2VPO_MATMUL=gemm` asks for gemm alone (no AMX, no AVX2
-/// kernel, no OpenBLAS), for A/B measurements; each kernel's `available`
-/// asks once.
-pub(crate) fn gemm_forced() -> bool {
-    std::env::var("R2VPO_MATMUL").is_ok_and(|v| v == "gemm")
 }
 
 /// A raw pointer that rayon's tasks may share: each writes a disjoint part.
@@ -118,7 +113,7 @@ impl<T> Shared<T> {
 /// beside it (the chunked LM head relies on this). Call only where
 /// [`available`]; errors if the kernel's scratch cannot be allocated.
 pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Result<Vec<f32>, String> {
-    assert!(available(), "amx::linear called without AMX");
+    assert!(hardware(), "amx::linear called without AMX");
     assert!(x.len() >= m * k && w.len() >= n * k, "amx::linear: operands shorter than ({m}, {k}) and ({n}, {k})");
     if m == 0 || n == 0 {
         return Ok(Vec::new());
@@ -184,7 +179,7 @@ pub const SMALL_MAX_ROWS: usize = 32;
 /// that read the same input (q, k and v; gate and up) share one parallel
 /// pass. Call only where [`available`].
 pub fn linear_small(x: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Vec<Vec<f32>> {
-    assert!(available(), "amx::linear_small called without AMX");
+    assert!(hardware(), "amx::linear_small called without AMX");
     assert!(m <= SMALL_MAX_ROWS, "amx::linear_small: {m} rows (at most {SMALL_MAX_ROWS})");
     assert!(
         x.len() >= m * k && ws.iter().all(|(w, n)| w.len() >= n * k),
@@ -315,10 +310,10 @@ mod tests {
     /// True (after saying why) where this machine has no AMX, so there is
     /// nothing to check.
     fn skip_without_amx(why: &str) -> bool {
-        if !available() {
+        if !hardware() {
             eprintln!("{why}");
         }
-        !available()
+        !hardware()
     }
 
     /// xorshift64 draws in [−1, 1), seeded.

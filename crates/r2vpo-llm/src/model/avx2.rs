@@ -26,10 +26,8 @@
 //! gradients stay on OpenBLAS ([`WHOLE_A_MAX`]).
 //!
 //! On AVX-512 CPUs it is unmeasured (gemm's AVX-512 kernels run there) and
-//! on AMX ones [`super::amx`] runs the forward. `R2VPO_MATMUL=gemm` turns
-//! it off.
-
-use std::sync::OnceLock;
+//! on AMX ones [`super::amx`] runs the forward; `R2VPO_MATMUL=avx2` runs it
+//! on any CPU with AVX2 and FMA ([`super::kernels`]).
 
 use rayon::prelude::*;
 
@@ -98,24 +96,18 @@ pub const IN_PLACE_MAX_COLS: usize = 4096;
 /// the same runs, `results/bench/ab-session-20/`).
 pub const WHOLE_A_MAX: usize = 16 << 20;
 
-/// Whether the forward's many-row products run on this kernel: x86-64
-/// Linux with AVX2 and FMA, without AVX-512 or AMX, and `R2VPO_MATMUL` not
-/// `gemm`. Asked once.
+/// Whether the forward's many-row products run on this kernel now
+/// ([`super::kernels`]' table: by default on x86-64 Linux with AVX2 and FMA
+/// but neither AVX-512 nor AMX; anywhere AVX2 and FMA are under
+/// `R2VPO_MATMUL=avx2`).
 pub fn available() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        if super::amx::gemm_forced() || super::amx::available() {
-            return false;
-        }
-        #[cfg(all(r2vpo_amx, target_arch = "x86_64"))]
-        {
-            std::is_x86_feature_detected!("avx2")
-                && std::is_x86_feature_detected!("fma")
-                && !std::is_x86_feature_detected!("avx512f")
-        }
-        #[cfg(not(all(r2vpo_amx, target_arch = "x86_64")))]
-        false
-    })
+    super::kernels::forward() == super::kernels::Forward::Avx2
+}
+
+/// Whether this build and CPU can run the kernel at all: x86-64 Linux
+/// (where `build.rs` compiles `avx2.c`) with AVX2 and FMA.
+pub(crate) fn runs() -> bool {
+    cfg!(all(r2vpo_amx, target_arch = "x86_64")) && r2vpo_kernels::has_avx2_fma()
 }
 
 /// `y (m, n) = x (m, k) · w (n, k)ᵀ`, all row-major f32: x packed once
@@ -184,7 +176,7 @@ pub fn product(
     (a, la): (&[f32], Layout),
     (b, lb): (&[f32], Layout),
 ) -> Result<Vec<f32>, String> {
-    assert!(available(), "avx2::product called without the kernel");
+    assert!(runs(), "avx2::product called on a CPU without AVX2 and FMA");
     if m == 0 || n == 0 || k == 0 {
         return Ok(vec![0.0; m * n]);
     }
@@ -256,7 +248,7 @@ pub fn product_here(
     ldy: usize,
     acc: bool,
 ) -> Result<(), String> {
-    assert!(available(), "avx2::product_here called without the kernel");
+    assert!(runs(), "avx2::product_here called on a CPU without AVX2 and FMA");
     if m == 0 || n == 0 {
         return Ok(());
     }
@@ -294,10 +286,11 @@ mod tests {
 
     /// True (after saying why) where this CPU does not run the kernel.
     fn skip() -> bool {
-        if !available() {
-            eprintln!("skipped: not an AVX2 CPU without AVX-512 or AMX (or R2VPO_MATMUL=gemm)");
+        let why = crate::model::kernels::unsupported(r2vpo_kernels::Matmul::Avx2);
+        if let Some(why) = &why {
+            eprintln!("skipped: {why}");
         }
-        !available()
+        why.is_some()
     }
 
     /// `len` values in [−1, 1] from `i · step mod modulus`: no two

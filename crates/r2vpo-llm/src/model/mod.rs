@@ -15,6 +15,7 @@
 pub mod amx;
 pub mod avx2;
 pub mod config;
+pub mod kernels;
 pub mod load_gguf;
 pub mod load_hf;
 pub mod openblas;

@@ -32,7 +32,8 @@
 //! bench` and `llm train` print it. Where it is looked for, first found
 //! wins: `R2VPO_OPENBLAS` (a path to the `.so`; then only there),
 //! `libscipy_openblas.so` beside the executable, this checkout's
-//! `.deps/openblas/lib`. `R2VPO_MATMUL=gemm` turns it off.
+//! `.deps/openblas/lib`. Which products it runs is [`super::kernels`]' table
+//! (`R2VPO_MATMUL`).
 //!
 //! OpenBLAS's own threads are set to one and the product is split over
 //! rayon's pool instead: every pass runs on that pool ([`super::on_pool`]),
@@ -109,14 +110,11 @@ fn load(path: &std::path::Path) -> Result<Blas, String> {
     }
 }
 
-/// The library, loaded on first use; `None` on AMX CPUs, under
-/// `R2VPO_MATMUL=gemm`, or where no candidate loads.
+/// The library, loaded on first use (only where [`super::kernels`] asks
+/// for it); `None` where no candidate loads.
 fn blas() -> Option<&'static Blas> {
     static B: OnceLock<Option<Blas>> = OnceLock::new();
     B.get_or_init(|| {
-        if super::amx::gemm_forced() || super::amx::available() {
-            return None;
-        }
         let explicit = std::env::var_os("R2VPO_OPENBLAS").is_some();
         for path in candidates() {
             if !explicit && !path.exists() {
@@ -134,28 +132,27 @@ fn blas() -> Option<&'static Blas> {
     .as_ref()
 }
 
-/// Whether the backward's f32 products run on OpenBLAS in this process.
+/// Whether the backward's f32 products run on OpenBLAS now
+/// ([`super::kernels::backward_blas`]).
 pub fn available() -> bool {
+    super::kernels::backward_blas()
+}
+
+/// Whether the library loads here (loading it on first call).
+pub(crate) fn loads() -> bool {
     blas().is_some()
 }
 
-/// The CPU kernels behind the many-row f32 products, for logs and golden
-/// files: `"amx"` (forward on AMX, backward on gemm); otherwise the
-/// forward's, `"avx2"` ([`super::avx2`]) or `"gemm-<simd>"` (`avx512`,
-/// `avx2` or `other`: the widest kernels gemm picks here), followed by
-/// `"+openblas-<core>"` where the backward runs on OpenBLAS's kernel family
-/// for this CPU (lower case: `haswell`, `skylakex`, …): all of it after
-/// `gemm-*`, the LM head's after `avx2` (whose kernel runs the layers').
+/// OpenBLAS's name for the kernel family it picked for this CPU
+/// (`Haswell`, `SkylakeX`, …), or `None` where it does not load.
+pub(crate) fn core() -> Option<&'static str> {
+    blas().map(|b| b.core.as_str())
+}
+
+/// The CPU kernels behind the many-row f32 products now, for logs and
+/// result files ([`super::kernels::path`]).
 pub fn backend() -> String {
-    if super::amx::available() {
-        return "amx".into();
-    }
-    let forward =
-        if super::avx2::available() { "avx2".into() } else { format!("gemm-{}", r2vpo_report::golden::gemm_simd()) };
-    match blas() {
-        Some(b) => format!("{forward}+openblas-{}", b.core.to_lowercase()),
-        None => forward,
-    }
+    super::kernels::path()
 }
 
 /// An operand for [`sgemm`]: its data and `[column stride, row stride]`.
@@ -178,6 +175,9 @@ fn layout(s: [isize; 2], rows: usize, cols: usize) -> Option<(c_int, usize)> {
 /// only, so each element is summed over `k` in the kernel's order
 /// whichever block it falls in.
 pub(crate) fn sgemm([m, k, n]: [usize; 3], (a, sa): Operand, (b, sb): Operand) -> Option<Vec<f32>> {
+    if !available() {
+        return None;
+    }
     let blas = blas()?;
     let fits = |v: usize| v <= c_int::MAX as usize;
     if m == 0 || n == 0 || k == 0 || ![m, k, n].into_iter().all(fits) {

@@ -20,6 +20,7 @@ use rayon::prelude::*;
 /// The float operations the kernels need, for f32 and f64.
 trait Float:
     Copy
+    + r2vpo_kernels::Real
     + Send
     + Sync
     + PartialOrd
@@ -582,7 +583,13 @@ impl CustomOp2 for Linear {
             (CpuStorage::F32(x), CpuStorage::F32(w)) => (contiguous(x, l1, n)?, contiguous(w, l2, n)?),
             _ => return Err(unsupported(n, s1)),
         };
-        let y = if super::small_gemm::takes(m) {
+        let y = if super::kernels::reference() {
+            let mut y = Vec::with_capacity(m * o);
+            y.resize(m * o, 0.0);
+            // wᵀ as a (k, o) operand: row stride 1, column stride k.
+            r2vpo_kernels::product([m, k, o], (x, (k, 1)), (w, (1, k)), &mut y, o, false);
+            y
+        } else if super::small_gemm::takes(m) {
             super::small_gemm::linear(x, m, k, &[(w, o)]).into_iter().next().expect("one weight")
         } else if super::amx::available() && m <= super::amx::FEW_ROWS {
             super::amx::linear_few(x, m, k, w, o)
@@ -623,6 +630,12 @@ fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (ad, bd) = (f32_storage(&ag, "r2vpo-matmul")?, f32_storage(&bg, "r2vpo-matmul")?);
     let stride = |l: &Layout| [l.stride()[1] as isize, l.stride()[0] as isize];
     let (lhs, rhs) = ((&ad[al.start_offset()..], stride(al)), (&bd[bl.start_offset()..], stride(bl)));
+    if super::kernels::reference() {
+        let mut y = vec![0f32; m * n];
+        let rc = |s: [isize; 2]| (s[1] as usize, s[0] as usize);
+        r2vpo_kernels::product([m, k, n], (lhs.0, rc(lhs.1)), (rhs.0, rc(rhs.1)), &mut y, n, false);
+        return Tensor::from_vec(y, (m, n), a.device());
+    }
     // OpenBLAS's rows depend on the rows beside them, which gradients may
     // (the forward's log-probs may not: scoring must equal training bit
     // for bit); the AVX2 kernel ran the layers' gradients faster in a step
@@ -825,6 +838,9 @@ pub fn attention_no_grad(
     }
     let (ko, vo) = (kl.start_offset(), vl.start_offset());
     let mut out = vec![0f32; b * hk * gt * d];
+    // The SIMD pass's score sums follow the vector width (8 or 16 lanes);
+    // the portable one's do not.
+    let reference = super::kernels::reference();
     out.par_chunks_mut(gt * d).enumerate().for_each(|(rh, o)| {
         let (r, h) = (rh / hk, rh % hk);
         let (s, l) = shared.get(r).copied().unwrap_or((r, 0));
@@ -842,7 +858,11 @@ pub fn attention_no_grad(
             d,
         };
         let qs = &qd[rh * gt * d..(rh + 1) * gt * d];
-        pulp::Arch::new().dispatch(Attend((qs, kv, o)));
+        if reference {
+            attend_any(qs, kv, o);
+        } else {
+            pulp::Arch::new().dispatch(Attend((qs, kv, o)));
+        }
     });
     Ok(Some(Tensor::from_vec(out, (b, hk, gt, d), q.device())?))
 }
@@ -1228,6 +1248,10 @@ fn mm<T: Float>(
         return;
     }
     assert!(span(m, k, ars, acs) <= a.len() && span(k, n, brs, bcs) <= b.len() && span(m, n, ldc, 1) <= c.len());
+    if super::kernels::reference() {
+        r2vpo_kernels::product([m, k, n], (a, (ars, acs)), (b, (brs, bcs)), c, ldc, acc);
+        return;
+    }
     if T::mm_avx2((m, n, k), c, ldc, acc, a, (ars, acs), b, (brs, bcs)) {
         return;
     }

@@ -32,26 +32,12 @@ const MR512: usize = 2;
 /// See [`MR512`].
 const NR512: usize = 8;
 
-/// Whether `m` input rows go to this kernel on this CPU (the one rule
-/// `ops::linear` and `ops::linear_many` route by).
+/// Whether `m` input rows go to this kernel now (the one rule
+/// `ops::linear` and `ops::linear_many` route by): up to [`MAX_ROWS`] where
+/// [`super::kernels::few_rows`] says so (x86-64 with AVX2+FMA or AVX-512,
+/// and not the reference choice); elsewhere callers use the many-row path.
 pub(crate) fn takes(m: usize) -> bool {
-    m <= MAX_ROWS && available()
-}
-
-/// Whether this CPU has wide enough SIMD for the kernel to beat gemm
-/// (x86-64 with AVX2+FMA or AVX-512); elsewhere callers use candle's matmul.
-fn available() -> bool {
-    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OK.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
+    m <= MAX_ROWS && super::kernels::few_rows()
 }
 
 /// `outᵢ (m, nᵢ) = x (m, k) · wᵢ (nᵢ, k)ᵀ` for each weight `(wᵢ, nᵢ)`, all

@@ -1,0 +1,128 @@
+//! Which CPU kernel runs each kind of f32 product: the one table, read by
+//! every product in [`super::ops`], `small_gemm`, [`super::amx`],
+//! [`super::avx2`] and [`super::openblas`].
+//!
+//! The choice is `r2vpo_kernels::matmul()` (`R2VPO_MATMUL`, or
+//! `r2vpo_kernels::set_matmul`); what each choice means on this crate's
+//! products:
+//!
+//! | choice      | many-row forward | backward (gradients)                 | few rows (≤ 32, decode) | decode attention |
+//! |-------------|------------------|--------------------------------------|-------------------------|------------------|
+//! | `auto`      | AMX, else AVX2 kernel on AVX2 CPUs without AVX-512, else gemm | AVX2 kernel where it runs the forward (the layers'), OpenBLAS where it loads and AMX is off, else gemm | AMX from 16 rows where it runs, else the small-row SIMD kernel on AVX2/AVX-512 | SIMD |
+//! | `reference` | `r2vpo_kernels::product` | `r2vpo_kernels::product`   | `r2vpo_kernels::product` | portable loop |
+//! | `gemm`      | gemm             | gemm                                 | small-row kernel        | SIMD |
+//! | `openblas`  | gemm             | OpenBLAS (must load)                 | small-row kernel        | SIMD |
+//! | `avx2`      | AVX2 kernel (needs AVX2 + FMA; also on AVX-512 CPUs) | AVX2 kernel for the layers, OpenBLAS (where it loads) or gemm for the LM head | small-row kernel | SIMD |
+//! | `amx`       | AMX (must be granted) | gemm                            | AMX from 16 rows        | SIMD |
+//!
+//! `auto` is the dispatch every measurement in the README was made on;
+//! `reference` gives the same bits on every CPU (the pinned trainer runs
+//! on it); the others exist so that each kernel a CPU can run is tested
+//! and timed there, whatever `auto` picks.
+
+use r2vpo_kernels::Matmul;
+
+/// The kernel of the learner's and the scoring pass's many-row products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forward {
+    /// `r2vpo_kernels::product`.
+    Reference,
+    /// [`super::amx`].
+    Amx,
+    /// [`super::avx2`].
+    Avx2,
+    /// The `gemm` crate, called as candle's matmul calls it.
+    Gemm,
+}
+
+/// Why `m` cannot run here, or `None` if it can: `amx` without AMX, `avx2`
+/// without AVX2 and FMA, `openblas` where the library does not load.
+pub fn unsupported(m: Matmul) -> Option<String> {
+    let why = match m {
+        Matmul::Amx if !super::amx::hardware() => "this CPU or kernel grants no AMX tiles",
+        Matmul::Avx2 if !super::avx2::runs() => "this CPU lacks AVX2 and FMA (or the build has no AVX2 kernel)",
+        Matmul::OpenBlas if !super::openblas::loads() => {
+            "OpenBLAS did not load (run `make deps`, or set R2VPO_OPENBLAS)"
+        }
+        _ => return None,
+    };
+    Some(format!("{}={m}: {why}", r2vpo_kernels::ENV))
+}
+
+/// The current choice, refusing one this machine cannot run (a panic with
+/// [`unsupported`]'s message; programs check [`check`] first).
+fn choice() -> Matmul {
+    let m = r2vpo_kernels::matmul();
+    if let Some(e) = unsupported(m) {
+        panic!("{e}");
+    }
+    m
+}
+
+/// `R2VPO_MATMUL` read and checked against this machine: the error names
+/// the variable, the value and why it cannot run. For programs to call
+/// before any work.
+pub fn check() -> Result<(), String> {
+    let m = r2vpo_kernels::from_env()?;
+    unsupported(m).map_or(Ok(()), Err)
+}
+
+/// Every choice this machine can run, `auto` first: what the pinned
+/// trainer's kernel check runs here.
+pub fn runnable() -> Vec<Matmul> {
+    Matmul::ALL.into_iter().filter(|&m| unsupported(m).is_none()).collect()
+}
+
+/// The many-row forward's kernel now.
+pub fn forward() -> Forward {
+    match choice() {
+        Matmul::Reference => Forward::Reference,
+        Matmul::Gemm | Matmul::OpenBlas => Forward::Gemm,
+        Matmul::Avx2 => Forward::Avx2,
+        Matmul::Amx => Forward::Amx,
+        Matmul::Auto if super::amx::hardware() => Forward::Amx,
+        Matmul::Auto if super::avx2::runs() && !r2vpo_kernels::has_avx512f() => Forward::Avx2,
+        Matmul::Auto => Forward::Gemm,
+    }
+}
+
+/// Whether the backward's products that the AVX2 kernel does not take run
+/// on OpenBLAS now.
+pub fn backward_blas() -> bool {
+    match choice() {
+        Matmul::Reference | Matmul::Gemm | Matmul::Amx => false,
+        Matmul::OpenBlas | Matmul::Avx2 => super::openblas::loads(),
+        Matmul::Auto => forward() != Forward::Amx && super::openblas::loads(),
+    }
+}
+
+/// Whether products of up to `small_gemm`'s 32 rows run on its
+/// SIMD kernel (and on AMX's from 16 rows where the forward is on AMX).
+pub fn few_rows() -> bool {
+    choice() != Matmul::Reference && r2vpo_kernels::has_avx2_fma()
+}
+
+/// Whether every product and the decode attention run on the reference
+/// arithmetic.
+pub fn reference() -> bool {
+    choice() == Matmul::Reference
+}
+
+/// The kernels behind the many-row f32 products now, for logs and result
+/// files: `"reference"`; `"amx"` (forward on AMX, backward on gemm);
+/// otherwise the forward's, `"avx2"` or `"gemm-<simd>"` (`avx512`, `avx2`
+/// or `other`: the widest kernels gemm picks here), followed by
+/// `"+openblas-<core>"` where the backward runs on OpenBLAS's kernel family
+/// for this CPU (lower case: `haswell`, `skylakex`, …).
+pub fn path() -> String {
+    let forward = match forward() {
+        Forward::Reference => return "reference".into(),
+        Forward::Amx => return "amx".into(),
+        Forward::Avx2 => "avx2".into(),
+        Forward::Gemm => format!("gemm-{}", r2vpo_kernels::gemm_simd()),
+    };
+    match if backward_blas() { super::openblas::core() } else { None } {
+        Some(core) => format!("{forward}+openblas-{}", core.to_lowercase()),
+        None => forward,
+    }
+}
