@@ -95,8 +95,7 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
             if cfg.queue.backend == QueueBackend::Redis && cfg.queue.key.is_empty() {
                 // Written into config.toml, so actor processes started from
                 // it find the same stream.
-                let name = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
-                cfg.queue.key = format!("r2vpo:{}", name.file_name().map_or("run".into(), |n| n.to_string_lossy()));
+                cfg.queue.key = default_queue_key(&dir);
             }
             (cfg, dir, false)
         }
@@ -113,6 +112,15 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     let existing = if resume { Existing::Resume } else { a.run.existing() };
     let fresh_folder = !dir.exists();
     let run = open_run_folder(&dir, existing)?;
+    if cfg.queue.backend == QueueBackend::Redis && cfg.actors.asynchronous {
+        if let Err(e) = take_queue(&cfg, &dir, resume) {
+            // A run that never started leaves no folder behind.
+            if fresh_folder {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            return Err(e);
+        }
+    }
     // A resumed run's config.toml is rewritten (with the new --set values)
     // only once its checkpoint has loaded, so a failed --resume leaves the
     // folder as it was.
@@ -159,19 +167,7 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
             }
         }
         Event::Iteration(m) => {
-            last = format!(
-                "reward {:.3}  acc {:.3}  len {:.0}  λ {:.4}  E[(ρ−1)²] {:.1e}  {:.0}/{:.0} tok/s",
-                m.reward_mean,
-                m.accuracy,
-                m.response_len_mean,
-                m.lambda,
-                m.sq_dev,
-                m.timing.rollout_tokens_per_s,
-                m.timing.train_tokens_per_s
-            );
-            if let Some(q) = &m.queue {
-                last += &format!("  lag ≤{}  dropped {}", m.version_lag_max, q.stale_dropped);
-            }
+            last = iteration_line(m);
             progress.update(m.iter as u64 + 1, &last);
         }
         Event::Eval(r) => progress.println(&format!(
@@ -185,12 +181,12 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         if cfg.queue.backend != QueueBackend::Redis {
             bail!("llm learn: queue.backend must be \"redis\" (actor processes reach the learner through Redis)");
         }
-        let open = open_queue(&cfg, resume)?;
+        let open = open_queue(&cfg)?;
         let wdir = cfg.queue.weights_dir.as_ref().map_or_else(|| dir.join("actor-weights"), PathBuf::from);
         let weights = SharedWeights::open(redis_queue(&cfg)?, &wdir)?;
         trainer.run_learner(&*open, &weights, stop.flag(), &mut on_event)
     } else if cfg.actors.asynchronous {
-        let open = open_queue(&cfg, resume)?;
+        let open = open_queue(&cfg)?;
         // Actor threads over rollout servers: actor i owns every count-th
         // URL and pushes its weights there, from a folder of its own.
         let actor_sources = |i: usize| -> r2vpo_llm::train::TrainResult<Box<dyn RolloutSource>> {
@@ -209,9 +205,19 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     match outcome? {
         Outcome::Stopped => {
             let signal = stop.requested().unwrap_or(StopSignal::Interrupt);
-            return Err(Stopped { signal, resume: format!("r2vpo llm train --resume {}", dir.display()) }.into());
+            let command = if role == Role::Learn { "learn" } else { "train" };
+            return Err(Stopped { signal, resume: format!("r2vpo llm {command} --resume {}", dir.display()) }.into());
         }
-        Outcome::Finished => {}
+        Outcome::Finished => {
+            // `llm learn` closed its stream through the weight channel;
+            // actor threads have none, so the run closes it here, and the
+            // key is free for another run.
+            if role == Role::Train && cfg.queue.backend == QueueBackend::Redis && cfg.actors.asynchronous {
+                redis_queue(&cfg)?
+                    .close()
+                    .map_err(|e| anyhow::anyhow!("closing the stream `{}`: {e}", cfg.queue.key))?;
+            }
+        }
     }
     if !a.no_export {
         let out = dir.join("model");
@@ -226,21 +232,70 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     Ok(())
 }
 
+/// The progress line's summary of an iteration.
+fn iteration_line(m: &r2vpo_llm::train::IterMetrics) -> String {
+    let mut line = format!(
+        "reward {:.3}  acc {:.3}  len {:.0}  λ {:.4}  E[(ρ−1)²] {:.1e}  {:.0}/{:.0} tok/s",
+        m.reward_mean,
+        m.accuracy,
+        m.response_len_mean,
+        m.lambda,
+        m.sq_dev,
+        m.timing.rollout_tokens_per_s,
+        m.timing.train_tokens_per_s
+    );
+    if let Some(q) = &m.queue {
+        // The fresh groups' lag is what actors.max_staleness bounds;
+        // replayed samples are older by design, so shown apart.
+        let fresh = q.fresh_lag.iter().map(|&(lag, _)| lag).max().unwrap_or(0);
+        line += &format!("  fresh lag ≤{fresh}  trained lag ≤{}  dropped {}", m.version_lag_max, q.stale_dropped);
+    }
+    line
+}
+
+/// The run folder as an absolute path, as the owner of its Redis stream.
+fn absolute(dir: &Path) -> PathBuf {
+    std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf())
+}
+
+/// `r2vpo:<folder name>-<8 hex digits of the absolute path's hash>`: the
+/// name keeps the key readable in `redis-cli`, the hash keeps apart runs
+/// whose folders share a name (`runs/seed0/off`, `runs/seed1/off`), and the
+/// same folder gets the same key.
+fn default_queue_key(dir: &Path) -> String {
+    let abs = absolute(dir);
+    let name = abs.file_name().map_or("run".into(), |n| n.to_string_lossy().into_owned());
+    // FNV-1a: stable across builds and platforms, unlike std's hasher.
+    let hash = abs
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    format!("r2vpo:{name}-{:08x}", hash >> 32)
+}
+
+/// Takes the run's Redis stream for the run in `dir`
+/// ([`RedisQueue::take_for`]): emptied, with its leases and weight
+/// announcements, when the run starts afresh; refused, before the run
+/// folder is touched, while another run that has not closed owns it.
+fn take_queue(cfg: &TrainConfig, dir: &Path, resume: bool) -> Result<()> {
+    let owner = absolute(dir);
+    redis_queue(cfg)?.take_for(&owner.to_string_lossy(), resume).map_err(|e| match e {
+        QueueError::Refused(why) => anyhow::anyhow!("{why}"),
+        e => anyhow::anyhow!("taking the stream `{}` for this run: {e}", cfg.queue.key),
+    })
+}
+
 /// The opener of the run's experience queue: one shared in-process queue,
-/// or a Redis Stream at `queue.url` under `queue.key`, emptied (with its
-/// leases and weight announcements) when the run starts afresh.
-fn open_queue(cfg: &TrainConfig, resume: bool) -> Result<Box<QueueOpener>> {
+/// or the Redis Stream at `queue.url` under `queue.key` ([`take_queue`]
+/// took it for this run).
+fn open_queue(cfg: &TrainConfig) -> Result<Box<QueueOpener>> {
     Ok(match cfg.queue.backend {
         QueueBackend::Memory => {
             let q = MemoryQueue::new();
             Box::new(move || Ok(Box::new(q.clone()) as Box<dyn ExperienceQueue>))
         }
         QueueBackend::Redis => {
-            let key = cfg.queue.key.clone();
-            let mut first = redis_queue(cfg)?;
-            if !resume {
-                first.clear().map_err(|e| anyhow::anyhow!("clearing the stream `{key}`: {e}"))?;
-            }
             let q = cfg.queue.clone();
             Box::new(move || Ok(Box::new(open_redis(&q)?) as Box<dyn ExperienceQueue>))
         }
@@ -313,4 +368,32 @@ pub fn actor(a: &ActorArgs) -> Result<()> {
     run_actor(&cfg, &name, &mut queue, &weights, source, stop.flag()).with_context(|| format!("actor {name}"))?;
     eprintln!("{name}: the run has ended");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bound `actors.max_staleness` sets is on fresh groups; replayed
+    /// samples (older by design) are shown apart, not as a broken bound.
+    #[test]
+    fn the_progress_line_shows_the_fresh_lag_apart_from_replay() {
+        let m = r2vpo_llm::train::IterMetrics {
+            version_lag_max: 4,
+            queue: Some(r2vpo_llm::train::QueueMetrics { fresh_lag: vec![(0, 1), (1, 3)], ..Default::default() }),
+            ..Default::default()
+        };
+        let line = iteration_line(&m);
+        assert!(line.contains("fresh lag ≤1") && line.contains("trained lag ≤4"), "{line}");
+    }
+
+    /// Folders that share a name get streams of their own; one folder keeps
+    /// its key.
+    #[test]
+    fn default_queue_keys_tell_same_named_folders_apart() {
+        let (a, b) = (default_queue_key(Path::new("/runs/seed0/off")), default_queue_key(Path::new("/runs/seed1/off")));
+        assert!(a.starts_with("r2vpo:off-") && b.starts_with("r2vpo:off-"), "{a} {b}");
+        assert_ne!(a, b);
+        assert_eq!(a, default_queue_key(Path::new("/runs/seed0/off")));
+    }
 }

@@ -123,6 +123,13 @@ fn setup() -> (tempfile::TempDir, PathBuf, Vec<serde_json::Value>) {
     (tmp, cfg, want)
 }
 
+/// The stream key a run's config.toml names (`queue.key`).
+fn queue_key(dir: &Path) -> String {
+    let text = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+    let v: toml::Value = toml::from_str(&text).unwrap();
+    v["queue"]["key"].as_str().unwrap().to_string()
+}
+
 /// `--set`s that put the queue on the Redis at `url`.
 fn on_redis(url: &str) -> Vec<String> {
     vec!["--set".into(), "queue.backend=\"redis\"".into(), "--set".into(), format!("queue.url=\"{url}\"")]
@@ -157,13 +164,21 @@ fn async_with_max_staleness_zero_equals_the_synchronous_run_on_both_queues() {
     ok(train(&cfg, &red, &["--async"]).args(on_redis(&url)));
     assert_eq!(metrics(&red), want, "async (Redis queue) differs from llm train");
     // The stream keeps exactly the last K iterations' slots.
-    let mut q = RedisQueue::open(&url, "r2vpo:redis").unwrap();
+    let mut q = RedisQueue::open(&url, &queue_key(&red)).unwrap();
     let slots: Vec<u64> =
         q.read_after(None, 100, &Default::default()).unwrap().iter().map(|(id, _)| id.iteration).collect();
     assert_eq!(slots.len() as u64, K * PROMPTS, "{slots:?}");
     assert_eq!(*slots.first().unwrap(), ITERATIONS as u64 - K);
     for dir in [&mem, &red] {
         let m = lines(dir, "metrics.jsonl");
+        // The rollout rate is the groups' tokens over the iteration's wall
+        // clock, not over the learner's wait for them.
+        for v in &m {
+            let t = &v["timing"];
+            let tokens = v["response_len_mean"].as_f64().unwrap() * (PROMPTS * 4) as f64;
+            let rate = t["rollout_tokens_per_s"].as_f64().unwrap() * t["iteration_s"].as_f64().unwrap();
+            assert!((rate - tokens).abs() <= 1e-6 * tokens, "{dir:?}: {t} for {tokens} tokens");
+        }
         assert!(m.iter().all(|v| v["queue"]["fresh_lag"] == serde_json::json!([[0, PROMPTS]])), "{dir:?}");
         assert_eq!(queue_total(dir, "stale_dropped") + queue_total(dir, "rejected"), 0);
     }
@@ -193,8 +208,28 @@ fn a_killed_async_learner_resumes_exactly_and_garbage_in_the_stream_is_skipped()
     child.wait().unwrap();
     assert!(metrics(&run).len() < ITERATIONS, "killed after the run had finished");
 
+    // A run in another folder of the same name gets a stream of its own
+    // (it once shared `r2vpo:killed` and wiped the killed run's groups),
+    // and runs to the end without touching the killed run's.
+    let key = queue_key(&run);
+    let twin = tmp.path().join("other").join("killed");
+    ok(train(&cfg, &twin, &["--async"]).args(on_redis(&url)));
+    assert_ne!(queue_key(&twin), key, "two folders named `killed` share a stream");
+    assert_eq!(metrics(&twin), want);
+    // Naming the killed run's key outright is refused, naming the key and
+    // its owner, and leaves no folder behind: that run has not closed.
+    let thief = tmp.path().join("thief");
+    let out = train(&cfg, &thief, &["--async", "--set", &format!("queue.key=\"{key}\"")])
+        .args(on_redis(&url))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a fresh run took the stream of a run that has not closed");
+    assert!(err.contains(&key) && err.contains("killed") && err.contains("has not closed"), "{err}");
+    assert!(!thief.exists(), "the refused run left its folder");
+
     // The stream outlived the learner; a foreign writer appends garbage.
-    let mut q = RedisQueue::open(&url, "r2vpo:killed").unwrap();
+    let mut q = RedisQueue::open(&url, &key).unwrap();
     let held = q.read_after(None, 100, &Default::default()).unwrap();
     assert!(!held.is_empty() && held.len() as u64 <= (K + 3) * PROMPTS, "{} entries", held.len());
     let next = held.last().unwrap().0.iteration + 1;
@@ -219,6 +254,8 @@ fn a_killed_async_learner_resumes_exactly_and_garbage_in_the_stream_is_skipped()
     let rejected: Vec<_> = lines(&run, "events.jsonl").into_iter().filter(|e| e["event"] == "entry_rejected").collect();
     assert_eq!(rejected.len(), 3);
     assert!(rejected.iter().any(|e| e["reason"].as_str().unwrap().contains("far ahead")), "{rejected:?}");
+    // Once it has closed, its key may be taken by a fresh run.
+    ok(train(&cfg, &thief, &["--async", "--set", &format!("queue.key=\"{key}\"")]).args(on_redis(&url)));
 }
 
 #[test]

@@ -38,7 +38,29 @@ use redis::{Commands, Connection, RedisError};
 /// leases (sorted set, deadline in server milliseconds), their owners
 /// (hash), batches restored for re-issue (sorted set), and the
 /// [`SharedWeights`] announcement and end-of-run flag.
-const AUX: [&str; 7] = ["batch", "slot", "leases", "owners", "pending", "weights", "closed"];
+const AUX: [&str; 8] = ["batch", "slot", "leases", "owners", "pending", "weights", "closed", "run"];
+
+/// Takes the stream for a fresh run: refused (returning the owner) while
+/// another run that has not closed owns it; otherwise every key of the
+/// old run is deleted and the stream's owner set. KEYS: run, closed, then
+/// everything to delete. ARGV: the new owner.
+const TAKE_FRESH: &str = r"
+local o = redis.call('GET', KEYS[1])
+if o and o ~= ARGV[1] and redis.call('EXISTS', KEYS[2]) == 0 then return o end
+redis.call('DEL', unpack(KEYS))
+redis.call('SET', KEYS[1], ARGV[1])
+return false
+";
+
+/// Takes the stream back for a resumed run: refused (returning the owner)
+/// when another run owns it now; an absent owner (a server that lost its
+/// data) is set again. KEYS: run. ARGV: the owner.
+const TAKE_RESUMED: &str = r"
+local o = redis.call('GET', KEYS[1])
+if o and o ~= ARGV[1] then return o end
+redis.call('SET', KEYS[1], ARGV[1])
+return false
+";
 
 /// Claims a batch (Lua runs atomically on the server, and its clock is
 /// the only one used, so actors' clocks need not agree): an expired lease,
@@ -222,6 +244,51 @@ impl RedisQueue {
     pub fn publish_raw(&mut self, iteration: u64, bytes: &[u8]) -> Result<EntryId, QueueError> {
         let id: String = self.call(|c, key| c.xadd(key, format!("{iteration}-*"), &[("e", bytes)]))?;
         id.parse().map_err(QueueError::Refused)
+    }
+
+    /// Makes `owner` (the learner's run folder, as an absolute path) the
+    /// owner of the stream: for a fresh run (`resumed` false) after
+    /// deleting the stream and its bookkeeping, which is refused while
+    /// another run that has not closed owns it (a live learner, or one
+    /// stopped to be resumed: two runs on one key would consume each
+    /// other's groups); for a resumed run, refused only when another run
+    /// owns it now. The refusal names the key and the owner.
+    pub fn take_for(&mut self, owner: &str, resumed: bool) -> Result<(), QueueError> {
+        let other: Option<String> = if resumed {
+            self.eval(TAKE_RESUMED, &["run"], &[owner.as_bytes()])?
+        } else {
+            let keys: Vec<&str> = ["run", "closed", ""].into_iter().chain(AUX).collect();
+            self.eval(TAKE_FRESH, &keys, &[owner.as_bytes()])?
+        };
+        match other {
+            None => Ok(()),
+            Some(other) => Err(QueueError::Refused(format!(
+                "queue.key `{}` on {} belongs to the run in {other}, which has not closed (its learner is running, or \
+                 stopped and resumable); give this run another queue.key, or finish that run first",
+                self.key, self.shown
+            ))),
+        }
+    }
+
+    /// Marks the run closed (actors stop, and another run may take the
+    /// key) and drops its batch leases, their owners and the batches
+    /// waiting to be re-issued: nobody produces for a closed run, so they
+    /// would only outlive it in Redis.
+    pub fn close(&mut self) -> Result<(), QueueError> {
+        self.call(|c, key| {
+            redis::pipe()
+                .atomic()
+                .set(format!("{key}:closed"), 1)
+                .ignore()
+                .del(["leases", "owners", "pending"].map(|a| format!("{key}:{a}")).to_vec())
+                .ignore()
+                .query::<()>(c)
+        })
+    }
+
+    /// The run folder that owns the stream ([`RedisQueue::take_for`]), if any.
+    pub fn owner(&mut self) -> Result<Option<String>, QueueError> {
+        self.call(|c, key| c.get(format!("{key}:run")))
     }
 
     /// Deletes the stream and its batch bookkeeping (a fresh run).
@@ -491,7 +558,9 @@ impl WeightChannel for SharedWeights {
     }
 
     fn close(&self) -> TrainResult<()> {
-        self.patiently("ending the run", || self.call(|c, key| c.set::<_, _, ()>(format!("{key}:closed"), 1)))
+        self.patiently("ending the run", || {
+            self.redis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).close()
+        })
     }
 
     fn closed(&self) -> bool {

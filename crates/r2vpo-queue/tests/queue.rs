@@ -147,6 +147,50 @@ fn redis_stream_keeps_the_contract() {
     assert_eq!(kept.claim_batch("d", Duration::from_secs(60)).unwrap(), 5);
 }
 
+/// One run owns a stream at a time (two learners on one key consumed each
+/// other's groups): a fresh run is refused while the owner has not closed,
+/// and deletes nothing; the owner resumes; a closed run leaves no leases,
+/// lease owners or batches to re-issue, and its key may then be taken
+/// afresh; a server that lost its data lets the owner resume.
+#[test]
+fn a_stream_is_owned_by_one_run_until_it_closes() {
+    use r2vpo_llm::train::asynchronous::WeightChannel;
+    let tmp = tempfile::tempdir().unwrap();
+    let r = Redis::start_anywhere(tmp.path());
+    let url = r.url();
+    let mut a = RedisQueue::open(&url, "r2vpo:owned").unwrap();
+    a.take_for("/runs/a", false).unwrap();
+    a.publish(&entry(0, 0)).unwrap();
+    assert_eq!(a.claim_batch("actor-1", Duration::from_secs(60)).unwrap(), 0);
+
+    let mut b = RedisQueue::open(&url, "r2vpo:owned").unwrap();
+    for resumed in [false, true] {
+        let e = b.take_for("/runs/b", resumed).unwrap_err().to_string();
+        assert!(e.contains("r2vpo:owned") && e.contains("/runs/a") && e.contains("has not closed"), "{e}");
+    }
+    assert!(!a.is_empty().unwrap(), "a refused run deleted the owner's groups");
+    a.take_for("/runs/a", true).unwrap();
+    assert_eq!(a.owner().unwrap().as_deref(), Some("/runs/a"));
+
+    let channel = r2vpo_queue::SharedWeights::open(RedisQueue::open(&url, "r2vpo:owned").unwrap(), tmp.path()).unwrap();
+    channel.close().unwrap();
+    let mut raw = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    for aux in ["leases", "owners", "pending"] {
+        let n: u64 = redis::cmd("EXISTS").arg(format!("r2vpo:owned:{aux}")).query(&mut raw).unwrap();
+        assert_eq!(n, 0, "r2vpo:owned:{aux} outlived the closed run");
+    }
+
+    b.take_for("/runs/b", false).unwrap();
+    assert!(b.is_empty().unwrap(), "the fresh run kept the closed run's groups");
+    assert_eq!(b.owner().unwrap().as_deref(), Some("/runs/b"));
+    let closed: u64 = redis::cmd("EXISTS").arg("r2vpo:owned:closed").query(&mut raw).unwrap();
+    assert_eq!(closed, 0, "the fresh run inherited the closed flag");
+
+    redis::cmd("FLUSHALL").query::<()>(&mut raw).unwrap();
+    b.take_for("/runs/b", true).unwrap();
+    assert_eq!(b.owner().unwrap().as_deref(), Some("/runs/b"));
+}
+
 #[test]
 fn garbage_entries_are_rejected_with_a_reason_and_the_rest_read() {
     let tmp = tempfile::tempdir().unwrap();

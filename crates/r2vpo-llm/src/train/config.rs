@@ -72,7 +72,10 @@ pub struct QueueConfig {
     /// `rediss://` Redis whose certificate the system's roots do not know
     /// (a self-signed one); none means the system's roots.
     pub tls_ca: Option<String>,
-    /// Stream key; empty means `r2vpo:<run folder name>`.
+    /// Stream key; empty means `r2vpo:<run folder name>-<8 hex digits of
+    /// its absolute path's hash>`, so runs whose folders share a name get
+    /// streams of their own. A fresh run refuses a key that another run
+    /// which has not closed owns.
     pub key: String,
     /// Seconds an actor may hold a batch before it is handed to another
     /// actor (a dead actor's batch is produced once, by someone else).

@@ -12,13 +12,15 @@ use super::config::Mode;
 /// two runs of the same seed (a resumed run is compared without them).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timing {
-    /// Seconds spent sampling.
+    /// Seconds spent sampling (asynchronous runs: waiting for the queue).
     pub rollout_s: f64,
     /// Seconds spent in scoring passes (recomputed behaviour / reference).
     pub score_s: f64,
     /// Seconds spent in optimizer steps.
     pub train_s: f64,
-    /// Generated tokens per second during the rollout.
+    /// Generated tokens per second during the rollout; in asynchronous runs
+    /// the tokens of the groups taken per second of the whole iteration
+    /// (the actors sample while the learner trains).
     pub rollout_tokens_per_s: f64,
     /// Trained (response) tokens per second, forward + backward + AdamW.
     pub train_tokens_per_s: f64,

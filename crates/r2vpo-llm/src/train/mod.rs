@@ -54,7 +54,7 @@ pub use config::{
     ActorsConfig, BehaviourLogprobs, ComputeDtype, Mode, ModelSource, OptimConfig, QueueBackend, QueueConfig,
     RandomModel, RefKlConfig, RolloutBackend, RolloutConfig, TrainConfig, WeightPush,
 };
-pub use metrics::{IterMetrics, RatioHistogram, Timing};
+pub use metrics::{IterMetrics, QueueMetrics, RatioHistogram, Timing};
 pub use optim::AdamW;
 
 /// Errors of training.
@@ -685,13 +685,17 @@ impl Trainer {
         acc.finish_into(&mut m);
         m.steps = self.progress.steps;
         m.lambda = self.learner.lambda();
+        let iteration_s = t_start.elapsed().as_secs_f64();
+        // With a queue, `rollout_s` is the learner's wait for groups that
+        // actors sampled meanwhile: their tokens over that wait is no rate.
+        let rollout_clock = if m.queue.is_some() { iteration_s } else { rollout_s };
         m.timing = Timing {
             rollout_s,
             score_s,
             train_s,
-            rollout_tokens_per_s: gen_tokens as f64 / rollout_s.max(1e-9),
+            rollout_tokens_per_s: gen_tokens as f64 / rollout_clock.max(1e-9),
             train_tokens_per_s: acc.tokens as f64 / train_s.max(1e-9),
-            iteration_s: t_start.elapsed().as_secs_f64(),
+            iteration_s,
         };
         for h in hist.finish(iter) {
             self.hists.write(&h)?;
