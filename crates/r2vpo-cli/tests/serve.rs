@@ -170,21 +170,19 @@ fn served_logprobs_equal_the_learners_and_weight_pushes_take_effect() {
 fn concurrent_clients_get_complete_answers_and_bad_requests_get_4xx() {
     let tmp = tempfile::tempdir().unwrap();
     let a = tiny_dir(&tmp.path().join("a"), 7);
-    let s = Server::start(&[
-        "--model",
-        a.to_str().unwrap(),
-        "--max-batch",
-        "16",
-        "--api-key",
-        "sekret",
-        "--max-body-bytes",
-        "100000",
-    ]);
+    // RUST_BACKTRACE: error bodies must not carry the backtraces candle
+    // attaches then.
+    let s = Server::start_with(
+        0,
+        &["--model", a.to_str().unwrap(), "--max-batch", "16", "--api-key", "sekret", "--max-body-bytes", "100000"],
+        &[("RUST_BACKTRACE", "1")],
+    );
     let url = format!("{}/v1/completions", s.url);
-    let auth = |body: &Value| -> (u16, Value) {
-        let r = common::client().post(&url).bearer_auth("sekret").json(body).send().unwrap();
+    let auth_post = |url: &str, body: &Value| -> (u16, Value) {
+        let r = common::client().post(url).bearer_auth("sekret").json(body).send().unwrap();
         (r.status().as_u16(), r.json().unwrap_or(Value::Null))
     };
+    let auth = |body: &Value| auth_post(&url, body);
     // 16 requests in flight (n = 1..4, lengths 4..32) plus one over-long prompt.
     let (m7, _) = tiny(7);
     std::thread::scope(|sc| {
@@ -258,6 +256,35 @@ fn concurrent_clients_get_complete_answers_and_bad_requests_get_4xx() {
             r.send().unwrap().status().as_u16()
         };
         assert_eq!((get(None), get(Some("wrong")), get(Some("sekret"))), (401, 401, 200), "{route}");
+    }
+    // The bearer scheme is case-insensitive (RFC 7235); the key is not.
+    for (header, want) in [("bearer sekret", 200), ("BEARER sekret", 200), ("Bearer SEKRET", 401)] {
+        let code = common::client()
+            .get(format!("{}/health", s.url))
+            .header("authorization", header)
+            .send()
+            .unwrap()
+            .status()
+            .as_u16();
+        assert_eq!(code, want, "{header}");
+    }
+    // A weight push is no oracle for the server's files: nothing that is
+    // not a model folder or a .gguf file is opened, and a .gguf that is not
+    // one is refused without quoting it; no body carries a backtrace.
+    let secret = tmp.path().join("secret");
+    std::fs::write(&secret, "root:x:0:0").unwrap();
+    let fake = tmp.path().join("fake.gguf");
+    std::fs::write(&fake, "root:x:0:0").unwrap();
+    let broken = tmp.path().join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("config.json"), "{ not json").unwrap();
+    for path in [&secret, &fake, &broken] {
+        let (code, v) =
+            auth_post(&format!("{}/update_weights_from_disk", s.url), &json!({"model_path": path.to_str().unwrap()}));
+        let message = v["error"]["message"].as_str().unwrap_or_default().to_string();
+        assert_eq!(code, 400, "{v}");
+        assert!(!message.contains("root") && !message.contains("746f6f72"), "{message}");
+        assert!(!message.contains("backtrace") && !message.contains('\n'), "{message}");
     }
     let (code, v) = auth(&completion(&PROMPT, 2, 3, 0.0, 0));
     assert_eq!(code, 200, "still serving: {v}");

@@ -504,13 +504,18 @@ fn draw_chart<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, c: &LineChart, 
             }
         }
     }
+    // Iterations, updates and steps are counts: label them with integers
+    // only (plotters' own ticks for a short range fall at 0.2, 0.4, …).
+    let integer_x = !c.log_x && !xs.is_empty() && xs.iter().all(|x| x.fract() == 0.0);
     let (x0, x1) = axis_range(xs.into_iter(), c.log_x);
     let (y0, y1) = axis_range(ys.into_iter(), c.log_y);
     match (c.log_x, c.log_y) {
-        (false, false) => draw_in(area, c, scale, x0..x1, y0..y1, (x0, x1, y0, y1)),
-        (true, false) => draw_in(area, c, scale, (x0..x1).log_scale(), y0..y1, (x0, x1, y0, y1)),
-        (false, true) => draw_in(area, c, scale, x0..x1, (y0..y1).log_scale(), (x0, x1, y0, y1)),
-        (true, true) => draw_in(area, c, scale, (x0..x1).log_scale(), (y0..y1).log_scale(), (x0, x1, y0, y1)),
+        (false, false) => draw_in(area, c, scale, x0..x1, y0..y1, (x0, x1, y0, y1), integer_x),
+        (true, false) => draw_in(area, c, scale, (x0..x1).log_scale(), y0..y1, (x0, x1, y0, y1), integer_x),
+        (false, true) => draw_in(area, c, scale, x0..x1, (y0..y1).log_scale(), (x0, x1, y0, y1), integer_x),
+        (true, true) => {
+            draw_in(area, c, scale, (x0..x1).log_scale(), (y0..y1).log_scale(), (x0, x1, y0, y1), integer_x)
+        }
     }
 }
 
@@ -521,6 +526,7 @@ fn draw_in<DB, XS, YS>(
     x_spec: XS,
     y_spec: YS,
     (x0, x1, y0, y1): (f64, f64, f64, f64),
+    integer_x: bool,
 ) -> Result<(), String>
 where
     DB: DrawingBackend,
@@ -537,11 +543,25 @@ where
         .y_label_area_size(px(72.0))
         .build_cartesian_2d(x_spec, y_spec)
         .map_err(err)?;
+    // At most one tick per unit of an integer axis, so plotters' steps
+    // (1, 2, 5 × 10ᵏ) stay whole; a tick between integers gets no label.
+    let x_ticks = if integer_x { ((x1 - x0).floor() as usize + 1).clamp(2, 10) } else { 10 };
     chart
         .configure_mesh()
         .x_desc(&c.x_label)
         .y_desc(&c.y_label)
-        .x_label_formatter(&|v| if c.log_x { fmt_tick(*v) } else { linear_tick_label(*v, x0, x1) })
+        .x_labels(x_ticks)
+        .x_label_formatter(&|v| {
+            if c.log_x {
+                fmt_tick(*v)
+            } else if integer_x && (v - v.round()).abs() > 1e-9 * (x1 - x0).abs().max(1.0) {
+                String::new()
+            } else if integer_x {
+                linear_tick_label(v.round(), x0, x1)
+            } else {
+                linear_tick_label(*v, x0, x1)
+            }
+        })
         .y_label_formatter(&|v| if c.log_y { fmt_tick(*v) } else { linear_tick_label(*v, y0, y1) })
         .label_style(("sans-serif", px(14.0)))
         .axis_desc_style(("sans-serif", px(16.0)))
@@ -798,6 +818,34 @@ mod tests {
         let ratio_ticks: Vec<String> = texts.iter().filter(|t| t.starts_with("1.000")).map(|t| t.to_string()).collect();
         assert!(ratio_ticks.len() >= 4, "{texts:?}");
         assert_distinct(&ratio_ticks);
+    }
+
+    /// Every `<text …>label</text>` of an SVG.
+    fn svg_texts(svg: &str) -> Vec<String> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|t| t.split_once('>')?.1.split_once("</text>"))
+            .map(|t| t.0.trim().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn an_axis_of_counts_is_labelled_with_integers() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in [2usize, 4, 7, 40] {
+            let mut c = LineChart::new("few iterations", "iteration", "loss");
+            c.push(Series::line("loss", (0..n).map(|i| (i as f64, 10.0 + 0.37 * i as f64)).collect()));
+            let files = c.save(&dir.path().join(format!("n{n}"))).unwrap();
+            let svg =
+                std::fs::read_to_string(files.iter().find(|f| f.extension().is_some_and(|e| e == "svg")).unwrap())
+                    .unwrap();
+            let texts = svg_texts(&svg);
+            // The y axis (10 and up) never reads 0.2 or 1.5; an x axis of
+            // plotters' own ticks did, between the integers.
+            let xs: Vec<&String> = texts.iter().filter(|t| t.parse::<u64>().is_ok()).collect();
+            assert!(xs.len() >= 2, "n = {n}: {texts:?}");
+            assert!(texts.iter().all(|t| !["0.2", "0.4", "1.5", "2.5"].contains(&t.as_str())), "n = {n}: {texts:?}");
+        }
     }
 
     #[test]

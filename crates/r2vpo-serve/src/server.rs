@@ -157,13 +157,12 @@ impl IntoResponse for ApiError {
             s if s.is_server_error() => "server_error",
             _ => "invalid_request_error",
         };
+        // A message's first line only: candle's errors append a backtrace
+        // under RUST_BACKTRACE, which is the server's business, not the
+        // client's.
+        let message = self.message.lines().next().unwrap_or_default().to_string();
         let body = ErrorBody {
-            error: ErrorDetail {
-                message: self.message,
-                kind: kind.into(),
-                param: self.param,
-                code: self.status.as_u16(),
-            },
+            error: ErrorDetail { message, kind: kind.into(), param: self.param, code: self.status.as_u16() },
         };
         (self.status, Json(body)).into_response()
     }
@@ -288,7 +287,9 @@ fn router(state: Arc<AppState>) -> Router {
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.cfg.api_key {
         let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-        if given.and_then(|g| g.strip_prefix("Bearer ")) != Some(key.as_str()) {
+        // The scheme is case-insensitive (RFC 7235 §2.1); the token is not.
+        let token = given.and_then(|g| g.split_once(' ')).filter(|(s, _)| s.eq_ignore_ascii_case("bearer"));
+        if token.map(|(_, t)| t.trim_start()) != Some(key.as_str()) {
             return ApiError {
                 status: StatusCode::UNAUTHORIZED,
                 message: "missing or wrong API key (Authorization: Bearer KEY)".into(),
@@ -359,10 +360,21 @@ async fn update_weights(
     let old = st.engine.stats().weight_version;
     let refuse =
         |message: String| ApiError::bad(Some("model_path"), format!("{message}; still serving weight version {old}"));
+    // Only what could be weights is opened: an error about any other file
+    // would tell the client that it exists and something of what it holds.
+    if !(path.is_dir() || path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))) {
+        return Err(refuse(format!("`{}` is neither a model folder nor a .gguf file", req.model_path)));
+    }
     let loaded = tokio::task::spawn_blocking(move || load_model(&path, DType::F32, &Device::Cpu))
         .await
         .map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string(), param: None })?;
-    let model = loaded.map_err(|e| refuse(format!("`{}` did not load: {e}", req.model_path)))?;
+    let model = loaded.map_err(|e| {
+        // candle's GGUF reader quotes the first bytes of a file it cannot
+        // read ("unknown magic 0x…"): not the client's to see.
+        let e = e.to_string();
+        let why = if e.contains("magic") { "not a GGUF file".to_string() } else { e };
+        refuse(format!("`{}` did not load: {why}", req.model_path))
+    })?;
     if model.config().vocab_size != st.engine.vocab_size() {
         return Err(refuse(format!(
             "`{}` has a vocabulary of {}, the served model {}",

@@ -53,9 +53,15 @@ impl Server {
 
     /// [`Server::start`] on a given port.
     pub fn start_on(port: u16, args: &[&str]) -> Server {
+        Self::start_with(port, args, &[])
+    }
+
+    /// [`Server::start_on`] with these environment variables set.
+    pub fn start_with(port: u16, args: &[&str], env: &[(&str, &str)]) -> Server {
         let port = port.to_string();
         let mut child = Command::new(env!("CARGO_BIN_EXE_r2vpo"))
             .current_dir(root())
+            .envs(env.iter().copied())
             .args(["--threads", "1", "serve", "--port", &port])
             .args(args)
             .stdout(Stdio::piped())
