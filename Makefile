@@ -16,6 +16,7 @@ deps:
 	@command -v $(PYTHON) >/dev/null || { echo "deps: error: $(PYTHON) not found; install Python 3 with pip" >&2; exit 1; }
 	@$(PYTHON) scripts/deps.py
 	@bash scripts/redis.sh
+	@PYTHON=$(PYTHON) bash scripts/openai/venv.sh
 
 build: deps
 	$(CARGO) build --release -p r2vpo-cli

@@ -222,8 +222,8 @@ fn concurrent_clients_get_complete_answers_and_bad_requests_get_4xx() {
         (json!({"prompt": [1, 4_000_000]}), 400, "prompt"),
         (json!({"prompt": [1, 2], "temperature": -1.0}), 400, "temperature"),
         (json!({"prompt": [1, 2], "top_p": 0.0}), 400, "top_p"),
-        (json!({"prompt": [1, 2], "stream": true}), 400, "stream"),
-        (json!({"prompt": [1, 2], "logprobs": 5}), 400, "logprobs"),
+        (json!({"prompt": [1, 2], "logprobs": 21}), 400, "logprobs"),
+        (json!({"prompt": [1, 2], "echo": true}), 400, "echo"),
         (json!({"prompt": []}), 400, "prompt"),
         (json!({"prompt": [1, 2], "n": "two"}), 400, "n"),
     ];

@@ -69,6 +69,41 @@ impl Default for EngineConfig {
 /// A stop condition on the tokens generated so far (stop strings).
 pub type StopWhen = Arc<dyn Fn(&[u32]) -> bool + Send + Sync>;
 
+/// The most alternatives [`Job::top_logprobs`] may ask for per token
+/// (vLLM's default limit, and what OpenAI's API allows).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// One token as it is sampled, for a client that streams
+/// ([`Job::on_token`]).
+#[derive(Clone, Debug)]
+pub struct TokenEvent {
+    /// Which sample of the job (index into [`Job::seeds`]).
+    pub sample: usize,
+    /// The sampled token.
+    pub token: u32,
+    /// Its log-prob under the sampling distribution (temperature and
+    /// truncation applied; [`Generation::logprobs`]).
+    pub logprob: f32,
+    /// Its log-prob under the model's T = 1 distribution
+    /// ([`Generation::model_logprobs`]).
+    pub model_logprob: f32,
+    /// The [`Job::top_logprobs`] most likely tokens and their T = 1
+    /// log-probs, most likely first.
+    pub top: Vec<(u32, f32)>,
+    /// Set on the sample's last token.
+    pub finish: Option<FinishReason>,
+    /// The weight version that sampled it.
+    pub weight_version: String,
+}
+
+/// Receives each token of a job as it is sampled; returning false cancels
+/// that sample (a client that went away), which frees its row at the
+/// next step and ends it as [`FinishReason::Stop`].
+pub type TokenSink = Arc<dyn Fn(TokenEvent) -> bool + Send + Sync>;
+
+/// Per token of a generation: its alternatives and their log-probs.
+pub type TopLogprobs = Vec<Vec<(u32, f32)>>;
+
 /// A weight update waiting for the running rows: the model, its version,
 /// and what to call once it serves.
 type PendingWeights = (Box<Transformer>, String, Box<dyn FnOnce() + Send>);
@@ -95,6 +130,13 @@ pub struct Job {
     /// costs one prefill-sized pass per job, run on a scoring thread of its
     /// own so the decode loop is not held up by it.
     pub rescore: bool,
+    /// Alternatives to report per sampled token (0 to
+    /// [`MAX_TOP_LOGPROBS`]): the most likely tokens under the model's
+    /// T = 1 distribution with their log-probs (vLLM's raw mode), in
+    /// [`JobOutput::top_logprobs`] and [`TokenEvent::top`].
+    pub top_logprobs: usize,
+    /// Called with every token as it is sampled (streaming).
+    pub on_token: Option<TokenSink>,
 }
 
 /// The answer to a job.
@@ -105,6 +147,9 @@ pub struct JobOutput {
     pub generations: Vec<Generation>,
     /// The weight version that produced every token of every sample.
     pub weight_version: String,
+    /// Per generation, per token: [`Job::top_logprobs`] alternatives (empty
+    /// lists when none were asked for).
+    pub top_logprobs: Vec<TopLogprobs>,
 }
 
 /// Errors of the engine.
@@ -294,6 +339,11 @@ struct Row {
     eos: Option<u32>,
     gen: Generation,
     done: bool,
+    /// [`Job::top_logprobs`].
+    top_k: usize,
+    /// The alternatives of each token so far.
+    top: TopLogprobs,
+    on_token: Option<TokenSink>,
 }
 
 /// A finished job whose log-probs are rescored ([`Job::rescore`]) on the
@@ -304,12 +354,13 @@ struct ScoreJob {
     model: Arc<Transformer>,
     prompt: Vec<u32>,
     generations: Vec<Generation>,
+    top: Vec<TopLogprobs>,
     version: String,
     reply: Reply,
 }
 
 struct JobState {
-    outputs: Vec<Option<Generation>>,
+    outputs: Vec<Option<(Generation, TopLogprobs)>>,
     left: usize,
     reply: Reply,
     /// The prompt, kept for [`Job::rescore`].
@@ -427,7 +478,11 @@ impl Loop {
                     for mut j in rx {
                         match rescore(&j.model, &j.prompt, &mut j.generations, pad_id) {
                             Ok(()) => {
-                                (j.reply)(Ok(JobOutput { generations: j.generations, weight_version: j.version }));
+                                (j.reply)(Ok(JobOutput {
+                                    generations: j.generations,
+                                    weight_version: j.version,
+                                    top_logprobs: j.top,
+                                }));
                                 stats.lock().expect("stats").completed += 1;
                             }
                             Err(e) => (j.reply)(Err(EngineError::Invalid(e))),
@@ -472,8 +527,14 @@ impl Loop {
         }
         let Some(logits) = self.logits.take() else { return Ok(()) };
         let l = logits.to_dtype(DType::F32).map_err(SampleError::from)?.to_vec2::<f32>().map_err(SampleError::from)?;
+        let version = self.version.as_str();
         self.rows.par_iter_mut().zip(l.par_iter()).for_each(|(row, l)| {
             let s = sample_token(l, &row.sampling, &mut row.rng);
+            if row.top_k > 0 {
+                // log-softmax's normaliser, from the sampled token's T = 1 log-prob.
+                let lse = f64::from(l[s.token as usize]) - s.model_logprob;
+                row.top.push(top_logprobs(l, row.top_k, lse));
+            }
             let g = &mut row.gen;
             g.token_ids.push(s.token);
             g.logprobs.push(s.logprob as f32);
@@ -493,6 +554,22 @@ impl Loop {
             if let Some(f) = finish {
                 g.finish_reason = f;
                 row.done = true;
+            }
+            if let Some(sink) = &row.on_token {
+                let event = TokenEvent {
+                    sample: row.index,
+                    token: s.token,
+                    logprob: s.logprob as f32,
+                    model_logprob: s.model_logprob as f32,
+                    top: row.top.last().cloned().unwrap_or_default(),
+                    finish: row.done.then_some(g.finish_reason),
+                    weight_version: version.to_string(),
+                };
+                if !sink(event) && !row.done {
+                    // Nobody reads this sample any more: free its row.
+                    g.finish_reason = FinishReason::Stop;
+                    row.done = true;
+                }
             }
         });
         let tokens = self.rows.len() as u64;
@@ -533,19 +610,19 @@ impl Loop {
 
     fn finish(&mut self, row: Row) {
         let Some(st) = self.jobs.get_mut(&row.job) else { return };
-        st.outputs[row.index] = Some(row.gen);
+        st.outputs[row.index] = Some((row.gen, row.top));
         st.left -= 1;
         if st.left == 0 {
             let st = self.jobs.remove(&row.job).expect("job");
-            let generations: Vec<Generation> =
-                st.outputs.into_iter().map(|g| g.expect("every sample finished")).collect();
+            let (generations, top): (Vec<Generation>, Vec<_>) =
+                st.outputs.into_iter().map(|g| g.expect("every sample finished")).unzip();
             if let Some(prompt) = st.rescore {
                 let model = self.model.clone();
                 let version = self.version.clone();
-                self.score(ScoreJob { model, prompt, generations, version, reply: st.reply });
+                self.score(ScoreJob { model, prompt, generations, top, version, reply: st.reply });
                 return;
             }
-            (st.reply)(Ok(JobOutput { generations, weight_version: self.version.clone() }));
+            (st.reply)(Ok(JobOutput { generations, weight_version: self.version.clone(), top_logprobs: top }));
             self.stats.lock().expect("stats").completed += 1;
         }
     }
@@ -654,6 +731,9 @@ impl Loop {
                         entropy: Vec::new(),
                     },
                     done: false,
+                    top_k: job.top_logprobs.min(MAX_TOP_LOGPROBS),
+                    top: Vec::new(),
+                    on_token: job.on_token.clone(),
                 });
             }
         }
@@ -697,6 +777,23 @@ impl Loop {
         self.rows.extend(p.rows);
         Ok(())
     }
+}
+
+/// The `k` largest logits' tokens (ties to the lower id) with their
+/// log-probs `l − lse`, most likely first.
+fn top_logprobs(logits: &[f32], k: usize, lse: f64) -> Vec<(u32, f32)> {
+    let desc = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    let k = k.min(idx.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, desc);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(desc);
+    idx.into_iter().map(|t| (t as u32, (f64::from(logits[t]) - lse) as f32)).collect()
 }
 
 /// Replaces each generation's `model_logprobs` with one full-sequence,

@@ -6,7 +6,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use r2vpo_llm::engine::{Engine, EngineConfig, EngineError, Job};
+use r2vpo_llm::engine::{Engine, EngineConfig, EngineError, Job, TokenEvent};
 use r2vpo_llm::model::Transformer;
 use r2vpo_llm::sample::{generate_ids, request_seed, Generation, GenerationRequest, SamplingConfig};
 
@@ -37,6 +37,8 @@ fn job(prompt: &[u32], seeds: &[u64], max_new: usize, temperature: f64) -> Job {
         stop_when: None,
         ignore_eos: false,
         rescore: false,
+        top_logprobs: 0,
+        on_token: None,
     }
 }
 
@@ -228,4 +230,49 @@ fn rescored_jobs_equal_the_learners_pass_for_the_weights_that_sampled_them() {
         }
     }
     engine.shutdown();
+}
+
+/// Top log-probs are the T = 1 distribution's most likely tokens, in
+/// order, with the sampled token's raw log-prob among them where it is one
+/// of them; streamed tokens arrive in order and equal the final answer;
+/// a sink that returns false frees its sample's row at once.
+#[test]
+fn top_logprobs_and_streamed_tokens_match_the_answer_and_a_gone_client_frees_its_row() {
+    let engine = engine(8, 16, 64);
+    let prompt = [3u32, 17, 5, 44];
+    let seeds = [request_seed(5, 0), request_seed(5, 1)];
+    let (ev_tx, ev_rx) = mpsc::channel::<TokenEvent>();
+    let mut j = job(&prompt, &seeds, 12, 1.0);
+    j.top_logprobs = 5;
+    j.on_token = Some(std::sync::Arc::new(move |e: TokenEvent| ev_tx.send(e).is_ok()));
+    let out = engine.run_job(j).unwrap();
+    let events: Vec<TokenEvent> = ev_rx.try_iter().collect();
+    for (i, (g, top)) in out.generations.iter().zip(&out.top_logprobs).enumerate() {
+        let streamed: Vec<&TokenEvent> = events.iter().filter(|e| e.sample == i).collect();
+        assert_eq!(streamed.iter().map(|e| e.token).collect::<Vec<_>>(), g.token_ids, "sample {i}");
+        assert_eq!(streamed.last().unwrap().finish, Some(g.finish_reason));
+        assert!(streamed[..streamed.len() - 1].iter().all(|e| e.finish.is_none()));
+        assert_eq!(top.len(), g.token_ids.len());
+        for (t, alts) in top.iter().enumerate() {
+            assert_eq!(alts.len(), 5);
+            assert!(alts.windows(2).all(|w| w[0].1 >= w[1].1), "not most likely first: {alts:?}");
+            let mass: f32 = alts.iter().map(|&(_, lp)| lp.exp()).sum();
+            assert!(mass <= 1.0 + 1e-5 && alts.iter().all(|&(id, _)| (id as usize) < VOCAB));
+            if let Some(&(_, lp)) = alts.iter().find(|&&(id, _)| id == g.token_ids[t]) {
+                assert!((lp - g.model_logprobs[t]).abs() < 1e-6, "token {t}: {lp} vs {}", g.model_logprobs[t]);
+            }
+            assert_eq!(streamed[t].top, *alts);
+        }
+    }
+    // A client gone after three tokens: its sample ends there, the other
+    // runs to its length.
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = seen.clone();
+    let mut j = job(&prompt, &seeds, 40, 1.0);
+    j.on_token = Some(std::sync::Arc::new(move |e: TokenEvent| {
+        e.sample == 1 || counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 2
+    }));
+    let out = engine.run_job(j).unwrap();
+    assert_eq!(out.generations[0].token_ids.len(), 3, "the cancelled sample kept decoding");
+    assert_eq!(out.generations[1].token_ids.len(), 40);
 }

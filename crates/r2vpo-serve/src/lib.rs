@@ -14,8 +14,10 @@
 //! "Rollouts as a service".
 
 pub mod client;
+pub mod metrics;
 pub mod protocol;
 pub mod server;
+mod stream;
 
 pub use client::HttpRollout;
 pub use server::{serve, ServeConfig, ServeError};

@@ -1,5 +1,6 @@
-//! The wire contract: OpenAI's `/v1/completions` as vLLM extends it, and
-//! SGLang's weight-update endpoints.
+//! The wire contract: OpenAI's `/v1/completions` and
+//! `/v1/chat/completions` as vLLM extends them (with vLLM's `/tokenize` and
+//! `/detokenize`), and SGLang's weight-update endpoints.
 //!
 //! Requests are parsed strictly (an unknown field is a 400 naming it);
 //! answers carry everything a learner needs per token — `token_ids`
@@ -95,16 +96,20 @@ pub struct CompletionRequest {
     /// Token ids that end a sample (vLLM), besides the model's EOS.
     #[serde(default)]
     pub stop_token_ids: Option<Vec<u32>>,
-    /// Log-probs of the sampled tokens are returned when this is present;
-    /// only 0 (no alternatives) is supported.
+    /// Log-probs of the sampled tokens are returned when this is present,
+    /// with this many alternatives per token (0 to 20) in `top_logprobs`.
     #[serde(default)]
     pub logprobs: Option<u32>,
     /// Echoing the prompt is not supported (must be false).
     #[serde(default)]
     pub echo: bool,
-    /// Streaming is not supported (must be false).
+    /// Answer as server-sent events, one chunk per token, ending with
+    /// `data: [DONE]`.
     #[serde(default)]
     pub stream: bool,
+    /// With `stream`: `include_usage` adds a last chunk with the counts.
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
     /// vLLM: `logprobs.tokens` as `token_id:N` strings.
     #[serde(default)]
     pub return_tokens_as_token_ids: bool,
@@ -119,6 +124,18 @@ pub struct CompletionRequest {
     pub user: Option<String>,
 }
 
+/// `stream_options` of a streamed request.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage` (and no choices) before `[DONE]`.
+    #[serde(default)]
+    pub include_usage: bool,
+    /// OpenAI's per-chunk usage flag; accepted, not acted on.
+    #[serde(default)]
+    pub continuous_usage_stats: bool,
+}
+
 /// `logprobs` of a choice (OpenAI's legacy completions shape).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Logprobs {
@@ -126,8 +143,10 @@ pub struct Logprobs {
     pub tokens: Vec<String>,
     /// log-prob of each sampled token (meaning: the answer's `logprobs_mode`).
     pub token_logprobs: Vec<Option<f64>>,
-    /// Alternatives (never computed here: `null`).
-    pub top_logprobs: Option<Vec<serde_json::Value>>,
+    /// Per token, the requested number of most likely tokens → their
+    /// log-probs under the model's T = 1 distribution (vLLM's raw mode);
+    /// `null` when `logprobs` was 0.
+    pub top_logprobs: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
     /// Character offset of each token in `text`.
     pub text_offset: Vec<usize>,
 }
@@ -180,6 +199,264 @@ pub struct CompletionResponse {
     pub weight_version: String,
     /// `raw_logprobs` or `processed_logprobs` (vLLM's names).
     pub logprobs_mode: String,
+}
+
+/// A message's `content`: text, or OpenAI's list of parts (the text parts
+/// are joined).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// Plain text.
+    Text(String),
+    /// `[{"type": "text", "text": …}, …]`.
+    Parts(Vec<ContentPart>),
+}
+
+impl MessageContent {
+    /// The text of the content.
+    pub fn text(&self) -> String {
+        match self {
+            MessageContent::Text(t) => t.clone(),
+            MessageContent::Parts(p) => p.iter().map(|p| p.text.as_str()).collect(),
+        }
+    }
+}
+
+/// One part of a [`MessageContent::Parts`]; only text parts are served.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContentPart {
+    /// Must be `text`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text.
+    #[serde(default)]
+    pub text: String,
+}
+
+/// One message of a chat request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatMessageIn {
+    /// `system`, `user`, `assistant` or `tool` (whatever the template
+    /// knows).
+    pub role: String,
+    /// The message text.
+    pub content: MessageContent,
+    /// OpenAI's participant name; ignored.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// Variables handed to the chat template (vLLM's `chat_template_kwargs`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatTemplateKwargs {
+    /// Qwen3's thinking switch (unset: the template's default).
+    #[serde(default)]
+    pub enable_thinking: Option<bool>,
+}
+
+/// `POST /v1/chat/completions`: OpenAI's request, with vLLM's `top_k`,
+/// `stop_token_ids`, `ignore_eos`, `return_token_ids` and
+/// `chat_template_kwargs`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatCompletionRequest {
+    /// Model name; any value is accepted by a one-model server.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The conversation, rendered by the model's chat template with an
+    /// assistant turn opened.
+    pub messages: Vec<ChatMessageIn>,
+    /// Samples.
+    #[serde(default = "one")]
+    pub n: usize,
+    /// New tokens at most per sample (OpenAI's older name).
+    #[serde(default)]
+    pub max_tokens: Option<usize>,
+    /// New tokens at most per sample (wins over `max_tokens`); default:
+    /// whatever the context leaves after the prompt.
+    #[serde(default)]
+    pub max_completion_tokens: Option<usize>,
+    /// Softmax temperature; 0 is greedy.
+    #[serde(default = "one_f")]
+    pub temperature: f64,
+    /// Nucleus mass in (0, 1].
+    #[serde(default = "one_f")]
+    pub top_p: f64,
+    /// Keep the k most likely tokens; −1 or 0 is off.
+    #[serde(default = "minus_one")]
+    pub top_k: i64,
+    /// Seed, as for completions.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Stop strings.
+    #[serde(default)]
+    pub stop: Option<Stop>,
+    /// Token ids that end a sample, besides the model's EOS.
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// Return each sampled token's log-prob.
+    #[serde(default)]
+    pub logprobs: bool,
+    /// With `logprobs`: this many alternatives per token (0 to 20).
+    #[serde(default)]
+    pub top_logprobs: Option<u32>,
+    /// Answer as server-sent events (`chat.completion.chunk`s).
+    #[serde(default)]
+    pub stream: bool,
+    /// With `stream`: `include_usage`.
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    /// vLLM: add `prompt_token_ids` to the answer (each choice's
+    /// `token_ids` are always there).
+    #[serde(default)]
+    pub return_token_ids: bool,
+    /// vLLM: keep generating past EOS.
+    #[serde(default)]
+    pub ignore_eos: bool,
+    /// Variables for the chat template.
+    #[serde(default)]
+    pub chat_template_kwargs: Option<ChatTemplateKwargs>,
+    /// OpenAI's end-user tag; ignored.
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// One alternative of [`ChatTokenLogprob::top_logprobs`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    /// The token as text.
+    pub token: String,
+    /// Its log-prob under the model's T = 1 distribution.
+    pub logprob: f64,
+    /// The token's UTF-8 bytes (a token may hold part of a character).
+    pub bytes: Option<Vec<u8>>,
+}
+
+/// One sampled token of a chat choice's `logprobs.content`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatTokenLogprob {
+    /// The token as text.
+    pub token: String,
+    /// Its log-prob (meaning: the answer's `logprobs_mode`).
+    pub logprob: f64,
+    /// The token's UTF-8 bytes.
+    pub bytes: Option<Vec<u8>>,
+    /// The requested alternatives, most likely first.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// `logprobs` of a chat choice.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatLogprobs {
+    /// One entry per generated token.
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+/// The assistant's message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    /// `assistant`.
+    pub role: String,
+    /// The generated text (cut at a stop string, without the final EOS).
+    pub content: String,
+}
+
+/// One sample of a chat answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatChoice {
+    /// Sample index.
+    pub index: usize,
+    /// The answer.
+    pub message: AssistantMessage,
+    /// Per-token log-probs when requested.
+    pub logprobs: Option<ChatLogprobs>,
+    /// `stop` or `length`.
+    pub finish_reason: String,
+    /// Generated token ids (vLLM's `return_token_ids`), the final EOS/stop
+    /// token included.
+    pub token_ids: Vec<u32>,
+}
+
+/// The answer to a chat request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionResponse {
+    /// `chatcmpl-…`.
+    pub id: String,
+    /// `chat.completion`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model name.
+    pub model: String,
+    /// `n` samples.
+    pub choices: Vec<ChatChoice>,
+    /// Token counts.
+    pub usage: Usage,
+    /// The rendered prompt's token ids, with `return_token_ids`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// The weight version that produced every token.
+    pub weight_version: String,
+    /// `raw_logprobs` or `processed_logprobs`.
+    pub logprobs_mode: String,
+}
+
+/// `POST /tokenize` (vLLM's shape): a text prompt, or chat messages
+/// rendered by the chat template.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeRequest {
+    /// Model name; ignored.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Text to tokenize.
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// Messages to render and tokenize (instead of `prompt`).
+    #[serde(default)]
+    pub messages: Option<Vec<ChatMessageIn>>,
+    /// With `messages`: open an assistant turn (default true).
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    /// With `prompt`: add the tokenizer's special tokens (default false,
+    /// as `/v1/completions` encodes).
+    #[serde(default)]
+    pub add_special_tokens: bool,
+    /// Variables for the chat template.
+    #[serde(default)]
+    pub chat_template_kwargs: Option<ChatTemplateKwargs>,
+}
+
+/// The answer to `/tokenize`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenizeResponse {
+    /// Number of tokens.
+    pub count: usize,
+    /// The model's context length.
+    pub max_model_len: usize,
+    /// The token ids.
+    pub tokens: Vec<u32>,
+}
+
+/// `POST /detokenize`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetokenizeRequest {
+    /// Model name; ignored.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Token ids.
+    pub tokens: Vec<u32>,
+}
+
+/// The answer to `/detokenize`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DetokenizeResponse {
+    /// The text (special tokens kept).
+    pub prompt: String,
 }
 
 /// `POST /update_weights_from_disk` (SGLang's shape).

@@ -1,10 +1,13 @@
-//! `r2vpo serve`: an OpenAI-compatible completion server over the
-//! continuous-batching [`Engine`], with SGLang's weight-update endpoints.
+//! `r2vpo serve`: an OpenAI-compatible server over the continuous-batching
+//! [`Engine`], with SGLang's weight-update endpoints.
 //!
-//! Routes: `POST /v1/completions`, `GET /v1/models`, `GET /health`,
-//! `GET /get_weight_version`, `POST /update_weights_from_disk`,
-//! `POST /pause_generation`, `POST /continue_generation`. With an API key,
-//! every route wants `Authorization: Bearer KEY`.
+//! Routes: `POST /v1/completions` and `POST /v1/chat/completions` (both
+//! with per-token log-probs, up to 20 alternatives per token, and
+//! `stream`), `GET /v1/models`, `POST /tokenize`, `POST /detokenize`,
+//! `GET /metrics` (Prometheus), `GET /health`, `GET /get_weight_version`,
+//! `POST /update_weights_from_disk`, `POST /pause_generation`,
+//! `POST /continue_generation`. With an API key, every route wants
+//! `Authorization: Bearer KEY`.
 //!
 //! Bad input is answered with a 4xx and OpenAI's error body naming the
 //! field; nothing a client sends can stop the server. SIGINT/SIGTERM stop
@@ -26,16 +29,21 @@ use candle_core::{DType, Device};
 use serde::de::DeserializeOwned;
 use tokio::sync::{oneshot, Mutex};
 
-use r2vpo_llm::engine::{Engine, EngineConfig, EngineError, Job, JobOutput, StopWhen};
+use r2vpo_llm::chat::{ChatMessage, ChatTemplate};
+use r2vpo_llm::engine::{Engine, EngineConfig, EngineError, Job, JobOutput, StopWhen, MAX_TOP_LOGPROBS};
 use r2vpo_llm::model::load_model;
 use r2vpo_llm::rollout::LogprobsMode;
-use r2vpo_llm::sample::{request_seed, FinishReason, SampleError, SamplingConfig};
+use r2vpo_llm::sample::{request_seed, FinishReason, Generation, SampleError, SamplingConfig};
 use r2vpo_llm::tokenizer::Tokenizer;
 
+use crate::metrics::Metrics;
 use crate::protocol::{
-    Choice, CompletionRequest, CompletionResponse, ErrorBody, ErrorDetail, Logprobs, Prompt, UpdateWeightsRequest,
-    UpdateWeightsResponse, Usage,
+    AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs, ChatMessageIn,
+    ChatTemplateKwargs, ChatTokenLogprob, Choice, CompletionRequest, CompletionResponse, DetokenizeRequest,
+    DetokenizeResponse, ErrorBody, ErrorDetail, Logprobs, Prompt, Stop, TokenizeRequest, TokenizeResponse, TopLogprob,
+    UpdateWeightsRequest, UpdateWeightsResponse, Usage,
 };
+use crate::stream;
 
 /// Everything `r2vpo serve` needs.
 #[derive(Clone, Debug)]
@@ -118,10 +126,14 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-struct AppState {
-    engine: Engine,
-    tok: Arc<Tokenizer>,
+pub(crate) struct AppState {
+    pub(crate) engine: Engine,
+    pub(crate) tok: Arc<Tokenizer>,
     cfg: ServeConfig,
+    /// The tokenizer's chat template (`None`: the model has none, and the
+    /// chat route answers 400).
+    chat: Option<ChatTemplate>,
+    pub(crate) metrics: Arc<Metrics>,
     /// One weight update at a time.
     updating: Mutex<()>,
 }
@@ -227,8 +239,15 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
         tok.pad_token_id(),
     );
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let state =
-        Arc::new(AppState { engine: engine.clone(), tok: Arc::new(tok), cfg: cfg.clone(), updating: Mutex::new(()) });
+    let chat = ChatTemplate::from_tokenizer(&tok).ok();
+    let state = Arc::new(AppState {
+        engine: engine.clone(),
+        tok: Arc::new(tok),
+        cfg: cfg.clone(),
+        chat,
+        metrics: Arc::new(Metrics::new()),
+        updating: Mutex::new(()),
+    });
     let on_signal = engine.clone();
     let result = rt.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", cfg.host, cfg.port).parse().map_err(|e| ServeError::Config {
@@ -272,16 +291,146 @@ fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/metrics", get(metrics))
         .route("/get_weight_version", get(weight_version))
         .route("/update_weights_from_disk", post(update_weights))
         .route("/pause_generation", post(pause))
         .route("/continue_generation", post(resume))
         .fallback(|| async { ApiError { status: StatusCode::NOT_FOUND, message: "no such route".into(), param: None } })
         .layer(DefaultBodyLimit::max(limit))
-        // Outermost: every route, the fallback included, wants the key.
+        // Outermost: every route, the fallback included, wants the key;
+        // every answer, refusals included, is counted.
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
         .with_state(state)
+}
+
+/// Counts every answer by route (the known routes by path, anything else
+/// as `other`) and status.
+async fn count_requests(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    const ROUTES: [&str; 11] = [
+        "/health",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/tokenize",
+        "/detokenize",
+        "/metrics",
+        "/get_weight_version",
+        "/update_weights_from_disk",
+        "/pause_generation",
+        "/continue_generation",
+    ];
+    let route = ROUTES.iter().find(|&&r| r == req.uri().path()).copied().unwrap_or("other");
+    let response = next.run(req).await;
+    st.metrics.request(route, response.status().as_u16());
+    response
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let text = st.metrics.render(&st.engine.stats(), st.engine.config().max_batch);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+/// The messages of a request as the chat template takes them, refusing
+/// non-text parts by index.
+fn messages_of(msgs: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+    if msgs.is_empty() {
+        return Err(ApiError::bad(Some("messages"), "at least one message is needed"));
+    }
+    msgs.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if let crate::protocol::MessageContent::Parts(parts) = &m.content {
+                if let Some(p) = parts.iter().find(|p| p.kind != "text") {
+                    return Err(ApiError::bad(
+                        Some(&format!("messages[{i}].content")),
+                        format!("`{}` parts are not served; only text", p.kind),
+                    ));
+                }
+            }
+            Ok(ChatMessage::new(m.role.clone(), m.content.text()))
+        })
+        .collect()
+}
+
+/// `messages` rendered by the model's chat template and tokenized.
+fn render_chat(
+    st: &AppState,
+    msgs: &[ChatMessageIn],
+    add_generation_prompt: bool,
+    kwargs: Option<&ChatTemplateKwargs>,
+) -> Result<Vec<u32>, ApiError> {
+    let Some(template) = &st.chat else {
+        return Err(ApiError::bad(Some("messages"), "the served model has no chat template; use /v1/completions"));
+    };
+    let mut opts = template.default_options(add_generation_prompt);
+    opts.enable_thinking = kwargs.and_then(|k| k.enable_thinking);
+    let text =
+        template.render(&messages_of(msgs)?, &opts).map_err(|e| ApiError::bad(Some("messages"), e.to_string()))?;
+    st.tok.encode(&text, false).map_err(|e| ApiError::bad(Some("messages"), e.to_string()))
+}
+
+async fn tokenize(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<TokenizeResponse>, ApiError> {
+    let req: TokenizeRequest = parse(body)?;
+    let tokens = match (&req.prompt, &req.messages) {
+        (Some(text), None) => {
+            st.tok.encode(text, req.add_special_tokens).map_err(|e| ApiError::bad(Some("prompt"), e.to_string()))?
+        }
+        (None, Some(msgs)) => {
+            render_chat(&st, msgs, req.add_generation_prompt.unwrap_or(true), req.chat_template_kwargs.as_ref())?
+        }
+        _ => return Err(ApiError::bad(Some("prompt"), "send either `prompt` or `messages`")),
+    };
+    Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: st.engine.context(), tokens }))
+}
+
+async fn detokenize(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<DetokenizeResponse>, ApiError> {
+    let req: DetokenizeRequest = parse(body)?;
+    let vocab = st.engine.vocab_size();
+    if let Some((i, t)) = req.tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
+        return Err(ApiError::bad(Some(&format!("tokens[{i}]")), format!("{t} is outside the vocabulary of {vocab}")));
+    }
+    let prompt = st.tok.decode(&req.tokens, false).map_err(|e| ApiError::bad(Some("tokens"), e.to_string()))?;
+    Ok(Json(DetokenizeResponse { prompt }))
+}
+
+/// GPT-2's byte-level alphabet read backwards: the byte a character of a
+/// byte-level BPE token stands for.
+fn byte_of(c: char) -> Option<u8> {
+    let u = c as u32;
+    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+    if u < 256 && printable(u) {
+        return Some(u as u8);
+    }
+    // The other bytes are 256, 257, … in byte order.
+    let k = u.checked_sub(256)?;
+    (0u32..256).filter(|&b| !printable(b)).nth(k as usize).map(|b| b as u8)
+}
+
+/// A token's UTF-8 bytes (OpenAI's `bytes`): its text where that is whole
+/// characters; for a byte-level BPE piece of a character, the bytes its
+/// vocabulary entry stands for; SentencePiece's `<0xNN>` byte tokens.
+pub(crate) fn token_bytes(tok: &Tokenizer, id: u32) -> Option<Vec<u8>> {
+    let text = tok.decode(&[id], false).ok()?;
+    if !text.contains('\u{FFFD}') {
+        return Some(text.into_bytes());
+    }
+    let piece = tok.id_to_token(id)?;
+    if let Some(hex) = piece.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
+        return u8::from_str_radix(hex, 16).ok().map(|b| vec![b]);
+    }
+    piece.chars().map(byte_of).collect()
 }
 
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
@@ -358,8 +507,10 @@ async fn update_weights(
     let _one = st.updating.lock().await;
     let path = PathBuf::from(&req.model_path);
     let old = st.engine.stats().weight_version;
-    let refuse =
-        |message: String| ApiError::bad(Some("model_path"), format!("{message}; still serving weight version {old}"));
+    let refuse = |message: String| {
+        st.metrics.push(false);
+        ApiError::bad(Some("model_path"), format!("{message}; still serving weight version {old}"))
+    };
     // Only what could be weights is opened: an error about any other file
     // would tell the client that it exists and something of what it holds.
     if !(path.is_dir() || path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))) {
@@ -393,6 +544,7 @@ async fn update_weights(
         message: "the engine stopped before the update".into(),
         param: None,
     })?;
+    st.metrics.push(true);
     Ok(Json(UpdateWeightsResponse {
         success: true,
         message: format!("loaded {}", req.model_path),
@@ -404,48 +556,55 @@ fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// Checks a request and turns it into engine jobs (one per prompt).
-fn jobs_for(st: &AppState, req: &CompletionRequest) -> Result<Vec<(Vec<u32>, Job)>, ApiError> {
-    if req.stream {
-        return Err(ApiError::bad(Some("stream"), "streaming is not supported; send stream = false"));
+/// What both OpenAI routes ask of the engine, checked.
+struct Params {
+    n: usize,
+    max_tokens: usize,
+    temperature: f64,
+    top_p: f64,
+    top_k: i64,
+    seed: Option<u64>,
+    stops: Vec<String>,
+    stop_token_ids: Vec<u32>,
+    /// Alternatives per token (0 to [`MAX_TOP_LOGPROBS`]).
+    top_logprobs: usize,
+    ignore_eos: bool,
+    stream: bool,
+}
+
+/// Refuses `top` alternatives above [`MAX_TOP_LOGPROBS`], naming `field`.
+fn check_top(field: &str, top: u32) -> Result<usize, ApiError> {
+    if top as usize > MAX_TOP_LOGPROBS {
+        return Err(ApiError::bad(Some(field), format!("{top}: at most {MAX_TOP_LOGPROBS} alternatives per token")));
     }
-    if req.echo {
-        return Err(ApiError::bad(Some("echo"), "echo is not supported"));
-    }
-    if let Some(k) = req.logprobs {
-        if k > 0 {
-            return Err(ApiError::bad(
-                Some("logprobs"),
-                format!("{k}: only the sampled token's log-prob is returned; send logprobs = 0"),
-            ));
-        }
-    }
-    let max_batch = st.engine.config().max_batch;
-    if req.n == 0 || req.n > max_batch {
+    Ok(top as usize)
+}
+
+/// Checks the parameters and turns the prompts into engine jobs (one per
+/// prompt), each with the metrics' timing sink.
+fn jobs_for(st: &AppState, prompts: Vec<Vec<u32>>, p: &Params) -> Result<Vec<(Vec<u32>, Job)>, ApiError> {
+    if p.stream && st.cfg.rescore_logprobs {
         return Err(ApiError::bad(
-            Some("n"),
-            format!("{} must be in 1..={max_batch} (the server's --max-batch)", req.n),
+            Some("stream"),
+            "this server rescores log-probs once a sample is done (--rescore-logprobs): send stream = false",
         ));
     }
-    if !(req.temperature.is_finite() && req.temperature >= 0.0) {
-        return Err(ApiError::bad(Some("temperature"), format!("{} must be finite and >= 0", req.temperature)));
+    let max_batch = st.engine.config().max_batch;
+    if p.n == 0 || p.n > max_batch {
+        return Err(ApiError::bad(Some("n"), format!("{} must be in 1..={max_batch} (the server's --max-batch)", p.n)));
     }
-    if !(req.top_p > 0.0 && req.top_p <= 1.0) {
-        return Err(ApiError::bad(Some("top_p"), format!("{} must be in (0, 1]", req.top_p)));
+    if !(p.temperature.is_finite() && p.temperature >= 0.0) {
+        return Err(ApiError::bad(Some("temperature"), format!("{} must be finite and >= 0", p.temperature)));
     }
-    if req.max_tokens == 0 {
+    if !(p.top_p > 0.0 && p.top_p <= 1.0) {
+        return Err(ApiError::bad(Some("top_p"), format!("{} must be in (0, 1]", p.top_p)));
+    }
+    if p.max_tokens == 0 {
         return Err(ApiError::bad(Some("max_tokens"), "must be at least 1"));
     }
-    let stops: Vec<String> = req.stop.as_ref().map(|s| s.strings()).unwrap_or_default();
-    if stops.iter().any(String::is_empty) {
+    if p.stops.iter().any(String::is_empty) {
         return Err(ApiError::bad(Some("stop"), "stop strings must not be empty"));
     }
-    let prompts: Vec<Vec<u32>> = match &req.prompt {
-        Prompt::Ids(ids) => vec![ids.clone()],
-        Prompt::IdLists(l) => l.clone(),
-        Prompt::Text(t) => vec![encode(st, t)?],
-        Prompt::Texts(ts) => ts.iter().map(|t| encode(st, t)).collect::<Result<_, _>>()?,
-    };
     if prompts.is_empty() || prompts.len() > st.cfg.max_prompts {
         return Err(ApiError::bad(
             Some("prompt"),
@@ -453,7 +612,7 @@ fn jobs_for(st: &AppState, req: &CompletionRequest) -> Result<Vec<(Vec<u32>, Job
         ));
     }
     let eos = st.tok.eos_token_id();
-    let mut stop_ids = req.stop_token_ids.clone().unwrap_or_default();
+    let mut stop_ids = p.stop_token_ids.clone();
     stop_ids.extend(st.tok.stop_token_ids().iter().filter(|&&s| s != eos));
     let vocab = st.engine.vocab_size();
     if let Some(&bad) = stop_ids.iter().find(|&&t| t as usize >= vocab) {
@@ -463,53 +622,76 @@ fn jobs_for(st: &AppState, req: &CompletionRequest) -> Result<Vec<(Vec<u32>, Job
         ));
     }
     let sampling = SamplingConfig {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        max_new_tokens: req.max_tokens,
+        temperature: p.temperature,
+        top_p: p.top_p,
+        top_k: p.top_k,
+        max_new_tokens: p.max_tokens,
         stop_token_ids: stop_ids,
         seed: 0,
     };
-    let stop_when: Option<StopWhen> = if stops.is_empty() {
+    let stop_when: Option<StopWhen> = if p.stops.is_empty() {
         None
     } else {
         let tok = st.tok.clone();
-        let window = stops.iter().map(|s| s.chars().count()).max().unwrap_or(1) + 2;
-        let stops = stops.clone();
+        let window = p.stops.iter().map(|s| s.chars().count()).max().unwrap_or(1) + 2;
+        let stops = p.stops.clone();
         Some(Arc::new(move |ids: &[u32]| {
             let tail = &ids[ids.len().saturating_sub(window)..];
             tok.decode(tail, false).is_ok_and(|t| stops.iter().any(|s| t.contains(s.as_str())))
         }))
     };
-    let seed = req.seed.unwrap_or_else(rand::random);
+    let seed = p.seed.unwrap_or_else(rand::random);
+    let arrival = std::time::Instant::now();
     let mut jobs = Vec::with_capacity(prompts.len());
-    for (p, ids) in prompts.into_iter().enumerate() {
-        let seeds = (0..req.n).map(|i| request_seed(seed, (p * req.n + i) as u64)).collect();
+    for (k, ids) in prompts.into_iter().enumerate() {
+        let seeds = (0..p.n).map(|i| request_seed(seed, (k * p.n + i) as u64)).collect();
         let job = Job {
             prompt_ids: ids.clone(),
             seeds,
             sampling: sampling.clone(),
             stop_when: stop_when.clone(),
-            ignore_eos: req.ignore_eos,
+            ignore_eos: p.ignore_eos,
             rescore: st.cfg.rescore_logprobs,
+            top_logprobs: p.top_logprobs,
+            on_token: Some(st.metrics.sink(arrival, p.n, None)),
         };
         st.engine.check(&job).map_err(|e| match &e {
             EngineError::Invalid(SampleError::Config { field, message }) => {
-                ApiError::bad(Some(field), format!("prompt {p}: {message}"))
+                ApiError::bad(Some(field), format!("prompt {k}: {message}"))
             }
             EngineError::Invalid(SampleError::BadPrompt { message, .. }) => {
-                ApiError::bad(Some("prompt"), format!("prompt {p} {message}"))
+                ApiError::bad(Some("prompt"), format!("prompt {k} {message}"))
             }
             EngineError::Invalid(SampleError::PromptTooLong { source, .. }) => {
                 // Blame the prompt only when it alone leaves no room.
                 let field = if source.prompt_len >= source.context { "prompt" } else { "max_tokens" };
-                ApiError::bad(Some(field), format!("prompt {p}: {source}"))
+                ApiError::bad(Some(field), format!("prompt {k}: {source}"))
             }
-            _ => ApiError::bad(Some("prompt"), format!("prompt {p}: {e}")),
+            _ => ApiError::bad(Some("prompt"), format!("prompt {k}: {e}")),
         })?;
         jobs.push((ids, job));
     }
+    let prompt_tokens = jobs.iter().map(|(ids, _)| ids.len()).sum();
+    st.metrics.prompt(prompt_tokens);
     Ok(jobs)
+}
+
+/// Submits `jobs` and waits for every answer, in order.
+async fn run_jobs(st: &AppState, jobs: Vec<(Vec<u32>, Job)>) -> Result<Vec<JobOutput>, ApiError> {
+    let mut waits = Vec::with_capacity(jobs.len());
+    for (_, job) in jobs {
+        let (tx, rx) = oneshot::channel::<Result<JobOutput, EngineError>>();
+        st.engine.submit(job, move |r| {
+            let _ = tx.send(r);
+        });
+        waits.push(rx);
+    }
+    let mut outputs = Vec::with_capacity(waits.len());
+    for rx in waits {
+        outputs
+            .push(rx.await.map_err(|_| engine_error(EngineError::Stopped("no answer".into())))?.map_err(engine_error)?);
+    }
+    Ok(outputs)
 }
 
 fn encode(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -528,57 +710,183 @@ fn engine_error(e: EngineError) -> ApiError {
 async fn completions(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<Json<CompletionResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(body)?;
-    let jobs = jobs_for(&st, &req)?;
-    let mut waits = Vec::with_capacity(jobs.len());
-    let mut prompt_tokens = 0;
-    for (ids, job) in jobs {
-        prompt_tokens += ids.len();
-        let (tx, rx) = oneshot::channel::<Result<JobOutput, EngineError>>();
-        st.engine.submit(job, move |r| {
-            let _ = tx.send(r);
-        });
-        waits.push(rx);
+    if req.echo {
+        return Err(ApiError::bad(Some("echo"), "echo is not supported"));
     }
-    let mut outputs = Vec::with_capacity(waits.len());
-    for rx in waits {
-        let out =
-            rx.await.map_err(|_| engine_error(EngineError::Stopped("no answer".into())))?.map_err(engine_error)?;
-        outputs.push(out);
+    let params = Params {
+        n: req.n,
+        max_tokens: req.max_tokens,
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        seed: req.seed,
+        stops: req.stop.as_ref().map(Stop::strings).unwrap_or_default(),
+        stop_token_ids: req.stop_token_ids.clone().unwrap_or_default(),
+        top_logprobs: req.logprobs.map(|k| check_top("logprobs", k)).transpose()?.unwrap_or(0),
+        ignore_eos: req.ignore_eos,
+        stream: req.stream,
+    };
+    let prompts: Vec<Vec<u32>> = match &req.prompt {
+        Prompt::Ids(ids) => vec![ids.clone()],
+        Prompt::IdLists(l) => l.clone(),
+        Prompt::Text(t) => vec![encode(&st, t)?],
+        Prompt::Texts(ts) => ts.iter().map(|t| encode(&st, t)).collect::<Result<_, _>>()?,
+    };
+    let jobs = jobs_for(&st, prompts, &params)?;
+    let prompt_tokens = jobs.iter().map(|(ids, _)| ids.len()).sum();
+    let model = req.model.clone().unwrap_or_else(|| st.cfg.served_model_name.clone());
+    let id = format!("cmpl-{:016x}", rand::random::<u64>());
+    if req.stream {
+        let spec = stream::Spec {
+            kind: stream::Kind::Completion,
+            id,
+            created: now(),
+            model,
+            n: req.n,
+            stops: params.stops,
+            logprobs: req.logprobs.is_some(),
+            tokens_as_ids: req.return_tokens_as_token_ids,
+            include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            prompt_tokens,
+            mode: st.cfg.logprobs_mode,
+        };
+        return Ok(stream::respond(&st, jobs, spec));
     }
+    let outputs = run_jobs(&st, jobs).await?;
     // Prompts are admitted in order, so when a weight update lands between
     // two prompts of one request the first carries the oldest version:
     // reporting it never understates a sample's lag.
     let weight_version = outputs.first().map(|o| o.weight_version.clone()).unwrap_or_default();
-    let stops: Vec<String> = req.stop.as_ref().map(|s| s.strings()).unwrap_or_default();
     let mut choices = Vec::new();
     let mut completion_tokens = 0;
     for (p, out) in outputs.into_iter().enumerate() {
-        for (i, g) in out.generations.into_iter().enumerate() {
+        for (i, (g, top)) in out.generations.into_iter().zip(out.top_logprobs).enumerate() {
             completion_tokens += g.token_ids.len();
-            choices.push(choice(&st, &req, &stops, p * req.n + i, g));
+            choices.push(choice(&st, &req, &params.stops, p * req.n + i, g, &top));
         }
     }
     Ok(Json(CompletionResponse {
-        id: format!("cmpl-{:016x}", rand::random::<u64>()),
+        id,
         object: "text_completion".into(),
         created: now(),
-        model: req.model.clone().unwrap_or_else(|| st.cfg.served_model_name.clone()),
+        model,
         choices,
         usage: Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens },
         weight_version,
         logprobs_mode: mode_name(st.cfg.logprobs_mode).into(),
-    }))
+    })
+    .into_response())
 }
 
-fn choice(
-    st: &AppState,
-    req: &CompletionRequest,
-    stops: &[String],
-    index: usize,
-    g: r2vpo_llm::sample::Generation,
-) -> Choice {
+async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = parse(body)?;
+    let prompt = render_chat(&st, &req.messages, true, req.chat_template_kwargs.as_ref())?;
+    let top = match (req.logprobs, req.top_logprobs) {
+        (false, Some(k)) if k > 0 => {
+            return Err(ApiError::bad(Some("top_logprobs"), "needs logprobs = true"));
+        }
+        (_, k) => check_top("top_logprobs", k.unwrap_or(0))?,
+    };
+    // Without a limit, whatever the context leaves after the prompt.
+    let room = st.engine.context().saturating_sub(prompt.len()).max(1);
+    let params = Params {
+        n: req.n,
+        max_tokens: req.max_completion_tokens.or(req.max_tokens).unwrap_or(room),
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        seed: req.seed,
+        stops: req.stop.as_ref().map(Stop::strings).unwrap_or_default(),
+        stop_token_ids: req.stop_token_ids.clone().unwrap_or_default(),
+        top_logprobs: top,
+        ignore_eos: req.ignore_eos,
+        stream: req.stream,
+    };
+    let jobs = jobs_for(&st, vec![prompt.clone()], &params)?;
+    let prompt_tokens = prompt.len();
+    let model = req.model.clone().unwrap_or_else(|| st.cfg.served_model_name.clone());
+    let id = format!("chatcmpl-{:016x}", rand::random::<u64>());
+    if req.stream {
+        let spec = stream::Spec {
+            kind: stream::Kind::Chat,
+            id,
+            created: now(),
+            model,
+            n: req.n,
+            stops: params.stops,
+            logprobs: req.logprobs,
+            tokens_as_ids: false,
+            include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            prompt_tokens,
+            mode: st.cfg.logprobs_mode,
+        };
+        return Ok(stream::respond(&st, jobs, spec));
+    }
+    let out = run_jobs(&st, jobs).await?.pop().expect("one job");
+    let mut choices = Vec::new();
+    let mut completion_tokens = 0;
+    for (i, (g, top)) in out.generations.into_iter().zip(out.top_logprobs).enumerate() {
+        completion_tokens += g.token_ids.len();
+        let (text, finish_reason) = answer_text(&st, &params.stops, &g);
+        let logprobs = req.logprobs.then(|| ChatLogprobs {
+            content: g
+                .token_ids
+                .iter()
+                .enumerate()
+                .map(|(t, &id)| ChatTokenLogprob {
+                    token: st.tok.decode(&[id], false).unwrap_or_default(),
+                    logprob: f64::from(sampled_logprob(&st, &g, t)),
+                    bytes: token_bytes(&st.tok, id),
+                    top_logprobs: top.get(t).map_or_else(Vec::new, |alts| {
+                        alts.iter()
+                            .map(|&(a, lp)| TopLogprob {
+                                token: st.tok.decode(&[a], false).unwrap_or_default(),
+                                logprob: f64::from(lp),
+                                bytes: token_bytes(&st.tok, a),
+                            })
+                            .collect()
+                    }),
+                })
+                .collect(),
+        });
+        choices.push(ChatChoice {
+            index: i,
+            message: AssistantMessage { role: "assistant".into(), content: text },
+            logprobs,
+            finish_reason: finish_reason.into(),
+            token_ids: g.token_ids,
+        });
+    }
+    Ok(Json(ChatCompletionResponse {
+        id,
+        object: "chat.completion".into(),
+        created: now(),
+        model,
+        choices,
+        usage: Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens },
+        prompt_token_ids: req.return_token_ids.then_some(prompt),
+        weight_version: out.weight_version,
+        logprobs_mode: mode_name(st.cfg.logprobs_mode).into(),
+    })
+    .into_response())
+}
+
+/// Token `t`'s log-prob in the server's `logprobs_mode`.
+fn sampled_logprob(st: &AppState, g: &Generation, t: usize) -> f32 {
+    match st.cfg.logprobs_mode {
+        LogprobsMode::Processed => g.logprobs[t],
+        _ => g.model_logprobs[t],
+    }
+}
+
+/// A generation's text (without the final EOS or stop id, cut at the first
+/// stop string) and its OpenAI finish reason.
+fn answer_text(st: &AppState, stops: &[String], g: &Generation) -> (String, &'static str) {
     let body = match g.finish_reason {
         FinishReason::Length => &g.token_ids[..],
         _ => &g.token_ids[..g.token_ids.len().saturating_sub(1)],
@@ -589,11 +897,30 @@ fn choice(
         text.truncate(cut);
         stopped_by_string = true;
     }
-    let logprobs = req.logprobs.map(|_| {
-        let values = match st.cfg.logprobs_mode {
-            LogprobsMode::Processed => &g.logprobs,
-            _ => &g.model_logprobs,
-        };
+    let finish_reason = match g.finish_reason {
+        FinishReason::Length if !stopped_by_string => "length",
+        _ => "stop",
+    };
+    (text, finish_reason)
+}
+
+fn choice(
+    st: &AppState,
+    req: &CompletionRequest,
+    stops: &[String],
+    index: usize,
+    g: Generation,
+    top: &[Vec<(u32, f32)>],
+) -> Choice {
+    let (text, finish_reason) = answer_text(st, stops, &g);
+    let name = |t: u32| {
+        if req.return_tokens_as_token_ids {
+            format!("token_id:{t}")
+        } else {
+            st.tok.decode(&[t], false).unwrap_or_default()
+        }
+    };
+    let logprobs = req.logprobs.map(|k| {
         let mut offset = 0;
         let mut tokens = Vec::with_capacity(g.token_ids.len());
         let mut text_offset = Vec::with_capacity(g.token_ids.len());
@@ -601,19 +928,20 @@ fn choice(
             let piece = st.tok.decode(&[t], false).unwrap_or_default();
             text_offset.push(offset);
             offset += piece.len();
-            tokens.push(if req.return_tokens_as_token_ids { format!("token_id:{t}") } else { piece });
+            tokens.push(name(t));
         }
+        let top_logprobs = (k > 0).then(|| {
+            top.iter()
+                .map(|alts| alts.iter().map(|&(a, lp)| (name(a), serde_json::json!(f64::from(lp)))).collect())
+                .collect()
+        });
         Logprobs {
             tokens,
-            token_logprobs: values.iter().map(|&x| Some(f64::from(x))).collect(),
-            top_logprobs: None,
+            token_logprobs: (0..g.token_ids.len()).map(|t| Some(f64::from(sampled_logprob(st, &g, t)))).collect(),
+            top_logprobs,
             text_offset,
         }
     });
-    let finish_reason = match g.finish_reason {
-        FinishReason::Length if !stopped_by_string => "length",
-        _ => "stop",
-    };
     Choice { index, text, logprobs, finish_reason: finish_reason.into(), token_ids: g.token_ids, entropies: g.entropy }
 }
 
