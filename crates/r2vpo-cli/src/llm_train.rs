@@ -181,12 +181,13 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         if cfg.queue.backend != QueueBackend::Redis {
             bail!("llm learn: queue.backend must be \"redis\" (actor processes reach the learner through Redis)");
         }
-        let open = open_queue(&cfg)?;
+        let open = open_queue(&cfg, &dir)?;
         let wdir = cfg.queue.weights_dir.as_ref().map_or_else(|| dir.join("actor-weights"), PathBuf::from);
-        let weights = SharedWeights::open(redis_queue(&cfg)?, &wdir)?;
+        let weights =
+            SharedWeights::open(open_owned(&cfg.queue, &dir).map_err(|e| anyhow::anyhow!("queue.url: {e}"))?, &wdir)?;
         trainer.run_learner(&*open, &weights, stop.flag(), &mut on_event)
     } else if cfg.actors.asynchronous {
-        let open = open_queue(&cfg)?;
+        let open = open_queue(&cfg, &dir)?;
         // Actor threads over rollout servers: actor i owns every count-th
         // URL and pushes its weights there, from a folder of its own.
         let actor_sources = |i: usize| -> r2vpo_llm::train::TrainResult<Box<dyn RolloutSource>> {
@@ -202,11 +203,21 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         trainer.run(stop.flag(), &mut on_event)
     };
     progress.finish();
-    match outcome? {
+    let resume_with =
+        format!("r2vpo llm {} --resume {}", if role == Role::Learn { "learn" } else { "train" }, dir.display());
+    let outcome = outcome.map_err(|e| {
+        // A run that failed mid-way (every rollout server gone, its queue
+        // emptied) keeps its newest checkpoint: say how to go on from it.
+        if dir.join("checkpoints/latest").exists() {
+            anyhow::anyhow!("{e}\nthe newest checkpoint is kept; once that is fixed, continue with: {resume_with}")
+        } else {
+            anyhow::Error::from(e)
+        }
+    })?;
+    match outcome {
         Outcome::Stopped => {
             let signal = stop.requested().unwrap_or(StopSignal::Interrupt);
-            let command = if role == Role::Learn { "learn" } else { "train" };
-            return Err(Stopped { signal, resume: format!("r2vpo llm {command} --resume {}", dir.display()) }.into());
+            return Err(Stopped { signal, resume: resume_with }.into());
         }
         Outcome::Finished => {
             // `llm learn` closed its stream through the weight channel;
@@ -289,7 +300,7 @@ fn take_queue(cfg: &TrainConfig, dir: &Path, resume: bool) -> Result<()> {
 /// The opener of the run's experience queue: one shared in-process queue,
 /// or the Redis Stream at `queue.url` under `queue.key` ([`take_queue`]
 /// took it for this run).
-fn open_queue(cfg: &TrainConfig) -> Result<Box<QueueOpener>> {
+fn open_queue(cfg: &TrainConfig, dir: &Path) -> Result<Box<QueueOpener>> {
     Ok(match cfg.queue.backend {
         QueueBackend::Memory => {
             let q = MemoryQueue::new();
@@ -297,7 +308,8 @@ fn open_queue(cfg: &TrainConfig) -> Result<Box<QueueOpener>> {
         }
         QueueBackend::Redis => {
             let q = cfg.queue.clone();
-            Box::new(move || Ok(Box::new(open_redis(&q)?) as Box<dyn ExperienceQueue>))
+            let dir = dir.to_path_buf();
+            Box::new(move || Ok(Box::new(open_owned(&q, &dir)?) as Box<dyn ExperienceQueue>))
         }
     })
 }
@@ -305,6 +317,13 @@ fn open_queue(cfg: &TrainConfig) -> Result<Box<QueueOpener>> {
 /// A handle on the Redis queue `q` names (`url`, `key`, `tls_ca`).
 fn open_redis(q: &QueueConfig) -> Result<RedisQueue, QueueError> {
     RedisQueue::open_tls(&q.url, &q.key, q.tls_ca.as_deref().map(Path::new))
+}
+
+/// [`open_redis`] for the run in `dir`, once it owns the stream: a stream
+/// emptied under it is reported, not silently refilled
+/// ([`RedisQueue::with_owner`]).
+fn open_owned(q: &QueueConfig, dir: &Path) -> Result<RedisQueue, QueueError> {
+    Ok(open_redis(q)?.with_owner(absolute(dir).to_string_lossy()))
 }
 
 /// The run's Redis queue, its errors blamed on `queue.url`.
@@ -353,9 +372,18 @@ pub fn actor(a: &ActorArgs) -> Result<()> {
         );
     }
     let name = a.name.clone().unwrap_or_else(|| format!("actor-{}", std::process::id()));
-    let mut queue = redis_queue(&cfg)?;
+    // The run that owns the stream now (its learner's folder, as that
+    // machine names it): checked on every reconnection, so a stream emptied
+    // under the run stops this actor with the reason instead of refilling
+    // it from batch 0. Unknown (no learner yet, Redis down): not checked.
+    let owner = redis_queue(&cfg)?.owner().ok().flatten();
+    let owned = |q: RedisQueue| match &owner {
+        Some(o) => q.with_owner(o.clone()),
+        None => q,
+    };
+    let mut queue = owned(redis_queue(&cfg)?);
     // The learner announces where each version lives; this folder is unused.
-    let weights = SharedWeights::open(redis_queue(&cfg)?, Path::new("."))?;
+    let weights = SharedWeights::open(owned(redis_queue(&cfg)?), Path::new("."))?;
     let stop = Stop::install().context("installing the SIGINT/SIGTERM handlers")?;
     eprintln!("{name}: producing for stream `{}` at {}", cfg.queue.key, r2vpo_queue::hide_password(&cfg.queue.url));
     let source: Option<Box<dyn RolloutSource>> = match cfg.rollout.backend {

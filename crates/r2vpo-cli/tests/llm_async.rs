@@ -293,6 +293,42 @@ fn a_redis_restart_mid_run_is_retried_and_changes_nothing() {
     assert_eq!(metrics(&run), want, "a Redis restart changed what was learned");
 }
 
+/// A Redis that comes back empty (no persistence) has lost the stream and
+/// the batch counters: actors would make batches from 0 again and the
+/// learner skip them as seen, a silent stall. The run stops instead, says
+/// what happened and how to go on, and `--resume` (which restores the
+/// counters) finishes it with what the synchronous run learns.
+#[test]
+fn a_redis_that_comes_back_empty_stops_the_run_with_the_reason_and_resume_finishes_it() {
+    let (tmp, cfg, want) = setup();
+    let (kept, lost) = (tmp.path().join("redis-kept"), tmp.path().join("redis-empty"));
+    std::fs::create_dir(&kept).unwrap();
+    std::fs::create_dir(&lost).unwrap();
+    let redis = Redis::start_anywhere(&kept);
+    let (port, url) = (redis.port, redis.url());
+    let run = tmp.path().join("wiped");
+    let mut child = train(&cfg, &run, &["--async"])
+        .args(on_redis(&url))
+        .args(["--set", "queue.lease_s=5"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_checkpoint(&mut child, &run, 2);
+    redis.stop();
+    std::thread::sleep(Duration::from_millis(500));
+    // The same port, a data folder of nothing: as a restart without
+    // persistence leaves it.
+    let empty = Redis::start(&lost, port);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the run went on over an emptied queue: {stderr}");
+    assert!(stderr.contains("was emptied") && stderr.contains("--resume"), "{stderr}");
+    assert!(metrics(&run).len() < ITERATIONS, "the run finished");
+    let _back = empty; // on the run's port: resume reads its URL from config.toml
+    ok(&mut resume(&run));
+    assert_eq!(metrics(&run), want, "the resumed run differs from llm train");
+}
+
 /// Kills the processes it names when dropped, so a failing test leaves no
 /// learner or actor behind.
 struct Reaper(Vec<u32>);

@@ -121,11 +121,19 @@ return s
 ";
 
 /// Restores the batch counter and the batches to re-issue, only when the
-/// server lost the run's state (no counter). KEYS: batch, pending,
-/// leases. ARGV: next batch, then the pending batches.
+/// server lost the run's state (no counter); and the slot counter when the
+/// stream went with it. Each published batch took one slot, so every slot
+/// the learner has read is below the next batch: slots from there on sort
+/// after its read position (from slot 0 they sorted before it and were
+/// never read). KEYS: batch, pending, leases, slot, stream. ARGV: next
+/// batch, then the pending batches.
 const RESTORE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
+if redis.call('EXISTS', KEYS[5]) == 0 then
+  local s = tonumber(redis.call('GET', KEYS[4]) or '0')
+  if s < tonumber(ARGV[1]) then redis.call('SET', KEYS[4], ARGV[1]) end
+end
 for i = 2, #ARGV do
   if not redis.call('ZSCORE', KEYS[3], ARGV[i]) then redis.call('ZADD', KEYS[2], ARGV[i], ARGV[i]) end
 end
@@ -139,6 +147,9 @@ pub struct RedisQueue {
     key: String,
     /// The URL without its password, for messages.
     shown: String,
+    /// The run this handle works for ([`RedisQueue::with_owner`]),
+    /// checked on every new connection.
+    owner: Option<String>,
 }
 
 /// `redis://:secret@host` → `redis://***@host`: a Redis URL fit for logs.
@@ -201,15 +212,27 @@ impl RedisQueue {
                     .map_err(|e| refused(format!("the CA file {}: {e}", ca.display())))?
             }
         };
-        Ok(RedisQueue { client, conn: None, key: key.to_string(), shown })
+        Ok(RedisQueue { client, conn: None, key: key.to_string(), shown, owner: None })
+    }
+
+    /// This handle, checking on every new connection that the stream is
+    /// still `owner`'s ([`RedisQueue::take_for`]). A server that restarted
+    /// without persistence, or keys deleted by hand, lose the stream and
+    /// its batch counters: carrying on would make batches from 0 again,
+    /// which the learner skips as already seen (a long, unexplained stall),
+    /// so every call is refused instead, saying so.
+    pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
     }
 
     /// Runs `f` on a live connection, reconnecting first if the last call
-    /// lost it; a connection error drops the connection and reports
+    /// lost it (and checking the owner, [`RedisQueue::with_owner`]); a
+    /// connection error drops the connection and reports
     /// [`QueueError::Unavailable`].
     fn call<T>(&mut self, f: impl FnOnce(&mut Connection, &str) -> Result<T, RedisError>) -> Result<T, QueueError> {
         if self.conn.is_none() {
-            let c = self.client.get_connection().map_err(|e| {
+            let mut c = self.client.get_connection().map_err(|e| {
                 if let Some(why) = tls_refusal(&e) {
                     // A certificate the client does not trust stays
                     // untrusted: said once, not retried forever.
@@ -218,6 +241,24 @@ impl RedisQueue {
                     QueueError::Unavailable(format!("{}: {e}", self.shown))
                 }
             })?;
+            if let Some(owner) = &self.owner {
+                let now: Option<String> = c
+                    .get(format!("{}:run", self.key))
+                    .map_err(|e| QueueError::Unavailable(format!("{}: {e}", self.shown)))?;
+                if now.as_deref() != Some(owner.as_str()) {
+                    let what = match now {
+                        None => "was emptied (a Redis restarted without persistence, or keys deleted): its groups, \
+                                 batch counters and leases are gone"
+                            .to_string(),
+                        Some(other) => format!("now belongs to the run in {other}"),
+                    };
+                    return Err(QueueError::Refused(format!(
+                        "the queue `{}` on {} {what}; this run ({owner}) stops here and resumes with its \
+                         command's --resume (the learner restores its batch counters)",
+                        self.key, self.shown
+                    )));
+                }
+            }
             self.conn = Some(c);
         }
         let conn = self.conn.as_mut().expect("connected");
@@ -403,7 +444,7 @@ impl ExperienceQueue for RedisQueue {
         let strings: Vec<String> =
             std::iter::once(next).chain(pending.iter().copied()).map(|b| b.to_string()).collect();
         let args: Vec<&[u8]> = strings.iter().map(String::as_bytes).collect();
-        self.eval::<i64>(RESTORE, &["batch", "pending", "leases"], &args).map(|_| ())
+        self.eval::<i64>(RESTORE, &["batch", "pending", "leases", "slot", ""], &args).map(|_| ())
     }
 }
 
