@@ -329,6 +329,41 @@ fn a_redis_that_comes_back_empty_stops_the_run_with_the_reason_and_resume_finish
     assert_eq!(metrics(&run), want, "the resumed run differs from llm train");
 }
 
+/// SIGTERM of `llm learn` names `llm learn --resume`: `llm train
+/// --resume` would start actor threads of its own beside the actor
+/// processes.
+#[test]
+fn a_stopped_learner_names_its_own_resume_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path());
+    let redis = Redis::start_anywhere(tmp.path());
+    let run = tmp.path().join("learner");
+    let learner = Command::new(env!("CARGO_BIN_EXE_r2vpo"))
+        .current_dir(root())
+        .args(["llm", "learn", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&run)
+        .args(["--no-export", "--quiet"])
+        .args(on_redis(&redis.url()))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // With no actor, the learner waits for groups once it has started.
+    let t0 = Instant::now();
+    while !run.join("metrics.jsonl").exists() && !run.join("config.toml").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the learner never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    // SAFETY: signals the child this test started.
+    unsafe { libc::kill(learner.id() as i32, libc::SIGTERM) };
+    let out = learner.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{err}");
+    assert!(err.contains(&format!("Continue with: r2vpo llm learn --resume {}", run.display())), "{err}");
+}
+
 /// Kills the processes it names when dropped, so a failing test leaves no
 /// learner or actor behind.
 struct Reaper(Vec<u32>);

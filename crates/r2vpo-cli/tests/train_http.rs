@@ -146,6 +146,8 @@ fn http_rollouts_fail_over_resume_and_stop_with_a_checkpoint() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(err.contains("no rollout server is available"), "{err}");
+    let hint = format!("continue with: r2vpo llm train --resume {}", out.display());
+    assert!(err.contains(&hint), "the error does not say how to resume: {err}");
     assert_eq!(metrics(&out).len(), 9);
     // ...and continues once a server is back on B's address.
     let _b2 = Server::start_on(b_port, &["--model", m]);
