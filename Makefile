@@ -64,10 +64,13 @@ demo: build
 	@bash scripts/demo.sh $(BIN)
 
 # --no-fail-fast: every suite runs even when one fails, and the totals
-# (scripts/test_totals.py) close the output; the exit status is cargo's.
+# (scripts/test_totals.py) close the output, after what the pinned and
+# kernel checks compared (their check-report.txt); the exit status is cargo's.
+CHECK_REPORT := $(or $(CARGO_TARGET_DIR),target)/tmp/check-report.txt
 test: deps
+	@rm -f $(CHECK_REPORT)
 	@set -o pipefail; $(CARGO) test --workspace --no-fail-fast 2>&1 | tee .deps/test.log; rc=$$?; \
-	  $(PYTHON) scripts/test_totals.py .deps/test.log; exit $$rc
+	  $(PYTHON) scripts/test_totals.py .deps/test.log $(CHECK_REPORT); exit $$rc
 
 # Opt-in: the rollout/log-prob contract against llama.cpp's server
 # (llama-cpp-python, compiled on first use, ~5 min), which nobody here wrote.

@@ -4,7 +4,11 @@ prints one closing line, so a failure in one suite neither hides the others'
 results nor scrolls out of sight: the failed tests by name, then
 `tests: N passed, N failed, N skipped` (cargo's "ignored").
 
-Usage: test_totals.py LOG
+Before the totals it prints REPORT (the lines the pinned and kernel checks
+append through r2vpo_report::golden::report: which kernel paths ran, which
+were skipped and why, what each pin was compared with), when given.
+
+Usage: test_totals.py LOG [REPORT]
 """
 import re
 import sys
@@ -14,7 +18,7 @@ FAILED_TEST = re.compile(r"^test (\S+) \.\.\. FAILED$")
 FAILED_TARGET = re.compile(r"^\s+`(.+)`$")
 
 
-def main(path: str) -> int:
+def main(path: str, report: str | None = None) -> int:
     passed = failed = ignored = 0
     names, targets, in_targets = [], [], False
     with open(path, encoding="utf-8", errors="replace") as f:
@@ -36,6 +40,15 @@ def main(path: str) -> int:
                     targets.append(m.group(1))
                 else:
                     in_targets = False
+    if report:
+        try:
+            with open(report, encoding="utf-8") as f:
+                lines = [l.rstrip("\n") for l in f if l.strip()]
+        except FileNotFoundError:
+            lines = ["(no check wrote a report: the pinned tests did not run)"]
+        print("\nchecks:")
+        for l in lines:
+            print(f"  {l}")
     if names or targets:
         print("\nfailed:")
         for n in names:
@@ -50,6 +63,6 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:]))

@@ -258,25 +258,31 @@ fn a_killed_async_learner_resumes_exactly_and_garbage_in_the_stream_is_skipped()
     ok(train(&cfg, &thief, &["--async", "--set", &format!("queue.key=\"{key}\"")]).args(on_redis(&url)));
 }
 
+/// A Redis with its data in `data`, and an `llm train --async` run into
+/// `run` on it that has written its checkpoint after iteration 2. A batch
+/// leased while Redis is down can be lost with it; it is leased again when
+/// its lease runs out (600 s by default: once, on a slow machine, a test
+/// took 606 s), so a short one.
+fn running_on_redis(cfg: &Path, data: &Path, run: &Path) -> (Redis, PathBuf, Child) {
+    std::fs::create_dir_all(data).unwrap();
+    let redis = Redis::start_anywhere(data);
+    let mut child = train(cfg, run, &["--async"])
+        .args(on_redis(&redis.url()))
+        .args(["--set", "queue.lease_s=5"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_checkpoint(&mut child, run, 2);
+    (redis, run.to_path_buf(), child)
+}
+
 #[test]
 fn a_redis_restart_mid_run_is_retried_and_changes_nothing() {
     let (tmp, cfg, want) = setup();
 
     let data = tmp.path().join("redis-data");
-    std::fs::create_dir(&data).unwrap();
-    let redis = Redis::start_anywhere(&data);
-    let (port, url) = (redis.port, redis.url());
-    let run = tmp.path().join("restart");
-    // A batch leased while Redis is down can be lost with it; it is leased
-    // again when its lease runs out (600 s by default: once, on a slow
-    // machine, this test took 606 s), so a short one.
-    let mut child = train(&cfg, &run, &["--async"])
-        .args(on_redis(&url))
-        .args(["--set", "queue.lease_s=5"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_checkpoint(&mut child, &run, 2);
+    let (redis, run, child) = running_on_redis(&cfg, &data, &tmp.path().join("restart"));
+    let port = redis.port;
     redis.stop(); // SIGTERM: Redis writes its append-only file and exits
     std::thread::sleep(Duration::from_millis(1500));
     let _back = Redis::start(&data, port);
@@ -301,19 +307,10 @@ fn a_redis_restart_mid_run_is_retried_and_changes_nothing() {
 #[test]
 fn a_redis_that_comes_back_empty_stops_the_run_with_the_reason_and_resume_finishes_it() {
     let (tmp, cfg, want) = setup();
-    let (kept, lost) = (tmp.path().join("redis-kept"), tmp.path().join("redis-empty"));
-    std::fs::create_dir(&kept).unwrap();
+    let lost = tmp.path().join("redis-empty");
     std::fs::create_dir(&lost).unwrap();
-    let redis = Redis::start_anywhere(&kept);
-    let (port, url) = (redis.port, redis.url());
-    let run = tmp.path().join("wiped");
-    let mut child = train(&cfg, &run, &["--async"])
-        .args(on_redis(&url))
-        .args(["--set", "queue.lease_s=5"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_checkpoint(&mut child, &run, 2);
+    let (redis, run, child) = running_on_redis(&cfg, &tmp.path().join("redis-kept"), &tmp.path().join("wiped"));
+    let port = redis.port;
     redis.stop();
     std::thread::sleep(Duration::from_millis(500));
     // The same port, a data folder of nothing: as a restart without

@@ -30,6 +30,11 @@ use r2vpo_kernels::Matmul;
 /// The tests here switch the process's kernel choice: one at a time.
 static KERNEL_CHOICE: Mutex<()> = Mutex::new(());
 
+/// [`r2vpo_report::golden::report`] into this build's test folder.
+fn report(line: &str) {
+    r2vpo_report::golden::report(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")), line);
+}
+
 fn config(algo: &str) -> TrainConfig {
     let mut cfg = TrainConfig {
         task: "cartpole-swingup".into(),
@@ -81,24 +86,15 @@ fn seeded_runs_are_unchanged_bit_for_bit() {
         None
     };
     match why_not {
-        Some(why) if std::env::var_os("R2VPO_BLESS").is_none() => {
-            eprintln!("pin: ran 3 seeded runs on the reference product; NOT compared with {}: {why}", path.display())
-        }
+        Some(why) if std::env::var_os("R2VPO_BLESS").is_none() => report(&format!(
+            "pin: ran 3 seeded runs on the reference product; NOT compared with {}: {why}",
+            path.display()
+        )),
         _ => {
             r2vpo_report::golden::assert_golden(&path, &got);
-            eprintln!("pin: 3 seeded runs on the reference product equal {} bit for bit", path.display());
+            report(&format!("pin: 3 seeded runs on the reference product equal {} bit for bit", path.display()));
         }
     }
-}
-
-/// `‖a − b‖ / ‖b‖` in f64.
-fn normwise(a: &[f32], b: &[f32]) -> f64 {
-    let (mut d, mut n) = (0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        d += (f64::from(x) - f64::from(y)).powi(2);
-        n += f64::from(y).powi(2);
-    }
-    (d / n.max(f64::MIN_POSITIVE)).sqrt()
 }
 
 /// Means, values and every gradient of one minibatch under the current
@@ -145,19 +141,19 @@ fn the_fast_products_agree_with_the_reference() {
         let path = kernel_path();
         let mut worst = (0f64, String::new());
         for ((n, g), (_, w)) in got.iter().zip(&want) {
-            let e = normwise(g, w);
+            let e = r2vpo_kernels::distance(g, w);
             assert!(e <= BOUND, "{path}, {} × {:?}: {n} {e:e} from the reference", hidden.len(), hidden[0]);
             if e >= worst.0 {
                 worst = (e, n.clone());
             }
         }
-        eprintln!(
+        report(&format!(
             "kernels: {path} against the reference on {} × {} {activation:?}: ≤ {:.1e} ({}), bound {BOUND:e}",
             hidden.len(),
             hidden[0],
             worst.0,
             worst.1
-        );
+        ));
     }
     // The pinned runs on the fast path, to the end and finite.
     for (name, ms) in runs() {

@@ -253,6 +253,19 @@ pub fn product<T: Real>(
     }
 }
 
+/// How far `a` lies from `b`: `‖a − b‖ / ‖b‖` (Euclidean norms, summed in
+/// f64). What the kernel checks compare to their bounds: a fast kernel's
+/// output against the reference product's.
+pub fn distance(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "distance: different lengths");
+    let (mut d, mut n) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        d += (f64::from(x) - f64::from(y)).powi(2);
+        n += f64::from(y).powi(2);
+    }
+    (d / n.max(f64::MIN_POSITIVE)).sqrt()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

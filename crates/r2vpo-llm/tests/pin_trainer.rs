@@ -59,6 +59,11 @@ impl RewardFn for EvenTokens {
     }
 }
 
+/// [`r2vpo_report::golden::report`] into this build's test folder.
+fn report(line: &str) {
+    r2vpo_report::golden::report(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")), line);
+}
+
 fn config(algo: &str) -> TrainConfig {
     let gguf = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(gguf.exists(), "{} missing (run `make deps`)", gguf.display());
@@ -124,12 +129,13 @@ fn seeded_runs_are_unchanged_bit_for_bit() {
     let got = serde_json::to_string_pretty(&all).unwrap() + "\n";
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/pin/llm-train-reference.json");
     match reference_pin_does_not_hold() {
-        Some(why) if std::env::var_os("R2VPO_BLESS").is_none() => {
-            eprintln!("pin: ran 5 seeded runs on the reference kernels; NOT compared with {}: {why}", path.display())
-        }
+        Some(why) if std::env::var_os("R2VPO_BLESS").is_none() => report(&format!(
+            "pin: ran 5 seeded runs on the reference kernels; NOT compared with {}: {why}",
+            path.display()
+        )),
         _ => {
             r2vpo_report::golden::assert_golden(&path, &got);
-            eprintln!("pin: 5 seeded runs on the reference kernels equal {} bit for bit", path.display());
+            report(&format!("pin: 5 seeded runs on the reference kernels equal {} bit for bit", path.display()));
         }
     }
 }
@@ -150,16 +156,6 @@ fn step_values(m: &Transformer) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
     let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let grads = m.named_vars().into_iter().map(|(n, v)| (n, flat(g.get(v.as_tensor()).unwrap()))).collect();
     (flat(&lp), grads)
-}
-
-/// `‖a − b‖ / ‖b‖` in f64.
-fn normwise(a: &[f32], b: &[f32]) -> f64 {
-    let (mut d, mut n) = (0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        d += (f64::from(x) - f64::from(y)).powi(2);
-        n += f64::from(y).powi(2);
-    }
-    (d / n.max(f64::MIN_POSITIVE)).sqrt()
 }
 
 /// The kernels differ from the reference only in the order (and, on AMX,
@@ -192,17 +188,17 @@ fn every_kernel_this_cpu_runs_agrees_with_the_reference() {
             continue;
         }
         if !runnable.contains(&choice) {
-            eprintln!("kernels: {choice:<9} skipped: {}", kernels::unsupported(choice).unwrap_or_default());
+            report(&format!("kernels: {choice:<9} skipped: {}", kernels::unsupported(choice).unwrap_or_default()));
             continue;
         }
         r2vpo_kernels::set_matmul(choice);
         let path = kernels::path();
         let (lp, grads) = step_values(&m);
-        let lp_err = normwise(&lp, &lp_ref);
+        let lp_err = r2vpo_kernels::distance(&lp, &lp_ref);
         assert!(lp_err <= LOGPROB_BOUND, "{choice} ({path}): log-probs {lp_err:e} from the reference");
         let mut worst = (0f64, String::new());
         for ((n, g), (_, gr)) in grads.iter().zip(&grads_ref) {
-            let e = normwise(g, gr);
+            let e = r2vpo_kernels::distance(g, gr);
             assert!(e <= GRAD_BOUND, "{choice} ({path}): gradient of {n} {e:e} from the reference");
             if e >= worst.0 {
                 worst = (e, n.clone());
@@ -218,11 +214,11 @@ fn every_kernel_this_cpu_runs_agrees_with_the_reference() {
                 assert!(x.is_finite(), "{choice} ({path}): iteration {} {key} = {x}", it.iter);
             }
         }
-        eprintln!(
+        report(&format!(
             "kernels: {choice:<9} ({path}): log-probs {lp_err:.1e}, gradients ≤ {:.1e} ({}) from the reference \
              (bounds {LOGPROB_BOUND:e}, {GRAD_BOUND:e}); the pinned r2vpo-on run finished, finite",
             worst.0, worst.1
-        );
+        ));
     }
     r2vpo_kernels::set_matmul(Matmul::Auto);
 }

@@ -23,3 +23,17 @@ pub fn assert_golden(path: &Path, got: &str) {
     }
     assert_eq!(want.lines().count(), got.lines().count(), "{}: different length", path.display());
 }
+
+/// Says what a check compared and how: on standard error, and appended as
+/// a line to `dir/check-report.txt` (tests pass `CARGO_TARGET_TMPDIR`), which
+/// `make test` prints above its totals, so that a pin compared on another
+/// path, or not compared at all, is seen even when the test passes and
+/// cargo hides its output.
+pub fn report(dir: &Path, line: &str) {
+    use std::io::Write;
+    eprintln!("{line}");
+    let _ = std::fs::create_dir_all(dir);
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("check-report.txt")) {
+        let _ = writeln!(f, "{line}");
+    }
+}

@@ -259,7 +259,10 @@ pub struct ChatTemplateKwargs {
 
 /// `POST /v1/chat/completions`: OpenAI's request, with vLLM's `top_k`,
 /// `stop_token_ids`, `ignore_eos`, `return_token_ids` and
-/// `chat_template_kwargs`.
+/// `chat_template_kwargs`. The sampling fields repeat
+/// [`CompletionRequest`]'s rather than sharing a flattened struct: serde's
+/// `deny_unknown_fields`, which names a misspelt field in the 400, does not
+/// work together with `flatten`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChatCompletionRequest {

@@ -570,6 +570,36 @@ struct Params {
     top_logprobs: usize,
     ignore_eos: bool,
     stream: bool,
+    /// Return each token's log-prob.
+    logprobs: bool,
+    /// `stream_options.include_usage`.
+    include_usage: bool,
+}
+
+/// A streamed answer to `jobs` ([`stream`]) of route `kind`: its id and
+/// model name, and the request's checked parameters.
+fn streamed(
+    st: &Arc<AppState>,
+    jobs: Vec<(Vec<u32>, Job)>,
+    kind: stream::Kind,
+    (id, model, prompt_tokens): (String, String, usize),
+    params: Params,
+    tokens_as_ids: bool,
+) -> Response {
+    let spec = stream::Spec {
+        kind,
+        id,
+        created: now(),
+        model,
+        n: params.n,
+        stops: params.stops,
+        logprobs: params.logprobs,
+        tokens_as_ids,
+        include_usage: params.include_usage,
+        prompt_tokens,
+        mode: st.cfg.logprobs_mode,
+    };
+    stream::respond(st, jobs, spec)
 }
 
 /// Refuses `top` alternatives above [`MAX_TOP_LOGPROBS`], naming `field`.
@@ -727,6 +757,8 @@ async fn completions(
         top_logprobs: req.logprobs.map(|k| check_top("logprobs", k)).transpose()?.unwrap_or(0),
         ignore_eos: req.ignore_eos,
         stream: req.stream,
+        logprobs: req.logprobs.is_some(),
+        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
     };
     let prompts: Vec<Vec<u32>> = match &req.prompt {
         Prompt::Ids(ids) => vec![ids.clone()],
@@ -739,20 +771,8 @@ async fn completions(
     let model = req.model.clone().unwrap_or_else(|| st.cfg.served_model_name.clone());
     let id = format!("cmpl-{:016x}", rand::random::<u64>());
     if req.stream {
-        let spec = stream::Spec {
-            kind: stream::Kind::Completion,
-            id,
-            created: now(),
-            model,
-            n: req.n,
-            stops: params.stops,
-            logprobs: req.logprobs.is_some(),
-            tokens_as_ids: req.return_tokens_as_token_ids,
-            include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
-            prompt_tokens,
-            mode: st.cfg.logprobs_mode,
-        };
-        return Ok(stream::respond(&st, jobs, spec));
+        let head = (id, model, prompt_tokens);
+        return Ok(streamed(&st, jobs, stream::Kind::Completion, head, params, req.return_tokens_as_token_ids));
     }
     let outputs = run_jobs(&st, jobs).await?;
     // Prompts are admitted in order, so when a weight update lands between
@@ -806,26 +826,15 @@ async fn chat_completions(
         top_logprobs: top,
         ignore_eos: req.ignore_eos,
         stream: req.stream,
+        logprobs: req.logprobs,
+        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
     };
     let jobs = jobs_for(&st, vec![prompt.clone()], &params)?;
     let prompt_tokens = prompt.len();
     let model = req.model.clone().unwrap_or_else(|| st.cfg.served_model_name.clone());
     let id = format!("chatcmpl-{:016x}", rand::random::<u64>());
     if req.stream {
-        let spec = stream::Spec {
-            kind: stream::Kind::Chat,
-            id,
-            created: now(),
-            model,
-            n: req.n,
-            stops: params.stops,
-            logprobs: req.logprobs,
-            tokens_as_ids: false,
-            include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
-            prompt_tokens,
-            mode: st.cfg.logprobs_mode,
-        };
-        return Ok(stream::respond(&st, jobs, spec));
+        return Ok(streamed(&st, jobs, stream::Kind::Chat, (id, model, prompt_tokens), params, false));
     }
     let out = run_jobs(&st, jobs).await?.pop().expect("one job");
     let mut choices = Vec::new();
