@@ -122,7 +122,7 @@ struct StepResult {
     tokens_per_s: f64,
     loss: f64,
     /// The kernel behind the CPU's many-row f32 products
-    /// (`r2vpo_llm::model::openblas::backend`).
+    /// (`r2vpo_llm::model::kernels::path`).
     matmul: String,
 }
 
@@ -329,7 +329,7 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         times_s: times,
         tokens_per_s: tokens as f64 / step_s,
         loss,
-        matmul: r2vpo_llm::model::openblas::backend(),
+        matmul: r2vpo_llm::model::kernels::path(),
     };
     let what = if a.score {
         "scoring pass (no-grad log-probs of the response tokens; `loss` is their mean)"

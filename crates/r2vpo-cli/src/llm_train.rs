@@ -157,7 +157,7 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     trainer.set_warning_handler(progress.printer());
     if cfg.model.device == "cpu" && !a.run.quiet {
         // Runs on different kernels round differently (README "CPU speed").
-        progress.println(&format!("learner's products on the CPU: {}", r2vpo_llm::model::openblas::backend()));
+        progress.println(&format!("learner's products on the CPU: {}", r2vpo_llm::model::kernels::path()));
     }
     let mut last = String::new();
     let mut on_event = |e: Event| match e {

@@ -348,7 +348,7 @@ fn linear_matches_matmul_in_value_and_gradient() {
         use r2vpo_llm::model::kernels::{forward, Forward};
         let exact = m > 32 && matches!(forward(), Forward::Gemm | Forward::Avx2);
         let tol = if exact { f64::MIN_POSITIVE } else { 2e-4 };
-        let gemm_backward = !r2vpo_llm::model::openblas::available() && forward() == Forward::Gemm;
+        let gemm_backward = !r2vpo_llm::model::kernels::backward_blas() && forward() == Forward::Gemm;
         let grad_tol = if exact && gemm_backward { f64::MIN_POSITIVE } else { 2e-4 };
         compare_split(
             &|t| ops::linear(&t[0], &t[1]).unwrap(),

@@ -43,7 +43,7 @@ use crate::protocol::{
     DetokenizeResponse, ErrorBody, ErrorDetail, Logprobs, Prompt, Stop, TokenizeRequest, TokenizeResponse, TopLogprob,
     UpdateWeightsRequest, UpdateWeightsResponse, Usage,
 };
-use crate::stream;
+use crate::stream::{self, token_bytes};
 
 /// Everything `r2vpo serve` needs.
 #[derive(Clone, Debug)]
@@ -126,14 +126,14 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-pub(crate) struct AppState {
-    pub(crate) engine: Engine,
-    pub(crate) tok: Arc<Tokenizer>,
+struct AppState {
+    engine: Engine,
+    tok: Arc<Tokenizer>,
     cfg: ServeConfig,
     /// The tokenizer's chat template (`None`: the model has none, and the
     /// chat route answers 400).
     chat: Option<ChatTemplate>,
-    pub(crate) metrics: Arc<Metrics>,
+    metrics: Arc<Metrics>,
     /// One weight update at a time.
     updating: Mutex<()>,
 }
@@ -405,34 +405,6 @@ async fn detokenize(
     Ok(Json(DetokenizeResponse { prompt }))
 }
 
-/// GPT-2's byte-level alphabet read backwards: the byte a character of a
-/// byte-level BPE token stands for.
-fn byte_of(c: char) -> Option<u8> {
-    let u = c as u32;
-    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
-    if u < 256 && printable(u) {
-        return Some(u as u8);
-    }
-    // The other bytes are 256, 257, … in byte order.
-    let k = u.checked_sub(256)?;
-    (0u32..256).filter(|&b| !printable(b)).nth(k as usize).map(|b| b as u8)
-}
-
-/// A token's UTF-8 bytes (OpenAI's `bytes`): its text where that is whole
-/// characters; for a byte-level BPE piece of a character, the bytes its
-/// vocabulary entry stands for; SentencePiece's `<0xNN>` byte tokens.
-pub(crate) fn token_bytes(tok: &Tokenizer, id: u32) -> Option<Vec<u8>> {
-    let text = tok.decode(&[id], false).ok()?;
-    if !text.contains('\u{FFFD}') {
-        return Some(text.into_bytes());
-    }
-    let piece = tok.id_to_token(id)?;
-    if let Some(hex) = piece.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
-        return u8::from_str_radix(hex, 16).ok().map(|b| vec![b]);
-    }
-    piece.chars().map(byte_of).collect()
-}
-
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.cfg.api_key {
         let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
@@ -599,7 +571,7 @@ fn streamed(
         prompt_tokens,
         mode: st.cfg.logprobs_mode,
     };
-    stream::respond(st, jobs, spec)
+    stream::respond(&st.engine, &st.metrics, st.tok.clone(), jobs, spec)
 }
 
 /// Refuses `top` alternatives above [`MAX_TOP_LOGPROBS`], naming `field`.

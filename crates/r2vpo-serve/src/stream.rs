@@ -20,12 +20,12 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use r2vpo_llm::engine::{EngineError, Job, JobOutput, TokenEvent};
+use r2vpo_llm::engine::{Engine, EngineError, Job, JobOutput, TokenEvent};
 use r2vpo_llm::rollout::LogprobsMode;
 use r2vpo_llm::sample::FinishReason;
 use r2vpo_llm::tokenizer::Tokenizer;
 
-use crate::server::{token_bytes, AppState};
+use crate::metrics::Metrics;
 
 /// Which route's chunk format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,9 +70,15 @@ struct ChoiceState {
     finished: bool,
 }
 
-/// Submits `jobs` (one per prompt) with sinks that feed the stream, and
-/// answers with the event stream.
-pub(crate) fn respond(st: &Arc<AppState>, jobs: Vec<(Vec<u32>, Job)>, spec: Spec) -> Response {
+/// Submits `jobs` (one per prompt) to `engine` with sinks that feed the
+/// stream (and `metrics`' timing), and answers with the event stream.
+pub(crate) fn respond(
+    engine: &Engine,
+    metrics: &Arc<Metrics>,
+    tok: Arc<Tokenizer>,
+    jobs: Vec<(Vec<u32>, Job)>,
+    spec: Spec,
+) -> Response {
     let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Msg>();
     let arrival = std::time::Instant::now();
     let prompts = jobs.len();
@@ -80,15 +86,15 @@ pub(crate) fn respond(st: &Arc<AppState>, jobs: Vec<(Vec<u32>, Job)>, spec: Spec
         let tx = ev_tx.clone();
         let forward: Arc<dyn Fn(TokenEvent) -> bool + Send + Sync> =
             Arc::new(move |e: TokenEvent| tx.send(Msg::Token(p, e)).is_ok());
-        job.on_token = Some(st.metrics.sink(arrival, job.seeds.len(), Some(forward)));
+        job.on_token = Some(metrics.sink(arrival, job.seeds.len(), Some(forward)));
         let tx = ev_tx.clone();
-        st.engine.submit(job, move |r| {
+        engine.submit(job, move |r| {
             let _ = tx.send(Msg::Done(r));
         });
     }
     drop(ev_tx);
     let (out_tx, out_rx) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(drive(ev_rx, out_tx, spec, prompts, st.tok.clone()));
+    tokio::spawn(drive(ev_rx, out_tx, spec, prompts, tok));
     let body = Body::from_stream(futures_util::stream::unfold(out_rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), rx))
     }));
@@ -255,6 +261,34 @@ async fn drive(
         }
     }
     let _ = out.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+}
+
+/// GPT-2's byte-level alphabet read backwards: the byte a character of a
+/// byte-level BPE token stands for.
+fn byte_of(c: char) -> Option<u8> {
+    let u = c as u32;
+    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+    if u < 256 && printable(u) {
+        return Some(u as u8);
+    }
+    // The other bytes are 256, 257, … in byte order.
+    let k = u.checked_sub(256)?;
+    (0u32..256).filter(|&b| !printable(b)).nth(k as usize).map(|b| b as u8)
+}
+
+/// A token's UTF-8 bytes (OpenAI's `bytes`): its text where that is whole
+/// characters; for a byte-level BPE piece of a character, the bytes its
+/// vocabulary entry stands for; SentencePiece's `<0xNN>` byte tokens.
+pub(crate) fn token_bytes(tok: &Tokenizer, id: u32) -> Option<Vec<u8>> {
+    let text = tok.decode(&[id], false).ok()?;
+    if !text.contains('\u{FFFD}') {
+        return Some(text.into_bytes());
+    }
+    let piece = tok.id_to_token(id)?;
+    if let Some(hex) = piece.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
+        return u8::from_str_radix(hex, 16).ok().map(|b| vec![b]);
+    }
+    piece.chars().map(byte_of).collect()
 }
 
 #[cfg(test)]

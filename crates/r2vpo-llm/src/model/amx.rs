@@ -16,10 +16,10 @@
 //! Why C: Rust's AMX intrinsics are unstable and no crate multiplies f32 on
 //! AMX; gcc's intrinsics are stable, and `build.rs` compiles the file with
 //! AMX and AVX-512 enabled per function, so the library still loads on any
-//! x86-64 and [`available`] asks the CPU and the kernel at run time.
+//! x86-64 and [`hardware`] asks the CPU and the kernel at run time.
 //!
-//! `R2VPO_MATMUL=gemm` (or any choice but `auto` and `amx`) turns it off
-//! ([`super::kernels`]).
+//! Whether it runs is [`super::kernels`]' decision (`R2VPO_MATMUL=gemm`,
+//! or any choice but `auto` and `amx`, turns it off).
 
 use std::sync::OnceLock;
 
@@ -68,15 +68,9 @@ extern "C" {
     );
 }
 
-/// Whether f32 products run on AMX now: the many-row forward's kernel in
-/// [`super::kernels`]' table.
-pub fn available() -> bool {
-    super::kernels::forward() == super::kernels::Forward::Amx
-}
-
 /// Whether this CPU can run AMX here: it has AMX-BF16 (and AVX-512 with
 /// AVX512_BF16) and Linux grants the tile state. Asked once.
-pub(crate) fn hardware() -> bool {
+pub fn hardware() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
         #[cfg(r2vpo_amx)]
@@ -111,7 +105,7 @@ impl<T> Shared<T> {
 /// output element is summed over `k` in the same order whatever `m` is and
 /// wherever its row falls, so a row's values do not depend on the rows
 /// beside it (the chunked LM head relies on this). Call only where
-/// [`available`]; errors if the kernel's scratch cannot be allocated.
+/// [`hardware`]; errors if the kernel's scratch cannot be allocated.
 pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Result<Vec<f32>, String> {
     assert!(hardware(), "amx::linear called without AMX");
     assert!(x.len() >= m * k && w.len() >= n * k, "amx::linear: operands shorter than ({m}, {k}) and ({n}, {k})");
@@ -177,7 +171,7 @@ pub const SMALL_MAX_ROWS: usize = 32;
 /// table). Each output sums its k blocks in one order whatever `m` is, so
 /// a row's values do not depend on the rows beside it. Several weights
 /// that read the same input (q, k and v; gate and up) share one parallel
-/// pass. Call only where [`available`].
+/// pass. Call only where [`hardware`].
 pub fn linear_small(x: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Vec<Vec<f32>> {
     assert!(hardware(), "amx::linear_small called without AMX");
     assert!(m <= SMALL_MAX_ROWS, "amx::linear_small: {m} rows (at most {SMALL_MAX_ROWS})");
@@ -285,7 +279,7 @@ pub const FEW_ROWS: usize = 64;
 /// `y = x · wᵀ` as [`linear`], for up to [`FEW_ROWS`] rows: [`linear_small`]
 /// on each block of [`SMALL_MAX_ROWS`] rows in turn (rows are independent
 /// of their neighbours, so the blocks' values are those of one call). Call
-/// only where [`available`].
+/// only where [`hardware`].
 pub fn linear_few(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32> {
     let mut y = Vec::with_capacity(m * n);
     for r0 in (0..m).step_by(SMALL_MAX_ROWS) {

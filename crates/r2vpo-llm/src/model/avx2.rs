@@ -96,24 +96,16 @@ pub const IN_PLACE_MAX_COLS: usize = 4096;
 /// the same runs, `results/bench/ab-session-20/`).
 pub const WHOLE_A_MAX: usize = 16 << 20;
 
-/// Whether the forward's many-row products run on this kernel now
-/// ([`super::kernels`]' table: by default on x86-64 Linux with AVX2 and FMA
-/// but neither AVX-512 nor AMX; anywhere AVX2 and FMA are under
-/// `R2VPO_MATMUL=avx2`).
-pub fn available() -> bool {
-    super::kernels::forward() == super::kernels::Forward::Avx2
-}
-
 /// Whether this build and CPU can run the kernel at all: x86-64 Linux
 /// (where `build.rs` compiles `avx2.c`) with AVX2 and FMA.
-pub(crate) fn runs() -> bool {
+pub fn runs() -> bool {
     cfg!(all(r2vpo_amx, target_arch = "x86_64")) && r2vpo_kernels::has_avx2_fma()
 }
 
 /// `y (m, n) = x (m, k) · w (n, k)ᵀ`, all row-major f32: x packed once
 /// (rows split over rayon's threads), then the columns split over them in
 /// multiples of 16. A row's values do not depend on `m`, on the rows or
-/// columns beside it, or on the split. Call only where [`available`];
+/// columns beside it, or on the split. Call only where [`runs`];
 /// errors if a weight block's buffer cannot be allocated.
 pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Result<Vec<f32>, String> {
     assert!(x.len() >= m * k && w.len() >= n * k, "avx2::linear: operands shorter than ({m}, {k}) and ({n}, {k})");
@@ -169,7 +161,7 @@ impl Layout {
 /// whole (rows split over rayon's threads); then the columns split over
 /// the threads in multiples of 16. Each output is one FMA chain over `k` in order, so a
 /// row's values do not depend on `m`, the rows or columns beside it, the
-/// split or the layouts. Call only where [`available`]; errors if a `b`
+/// split or the layouts. Call only where [`runs`]; errors if a `b`
 /// block's buffer cannot be allocated.
 pub fn product(
     [m, k, n]: [usize; 3],
@@ -238,7 +230,7 @@ pub fn product(
 /// `ldy`, on the calling thread alone: the attention's small per-head
 /// products (`ops::attention`, one (row, kv head) per thread). Each
 /// output is one FMA chain over `k` in order, from zero or from y's value.
-/// Call only where [`available`]; errors if a buffer cannot be allocated.
+/// Call only where [`runs`]; errors if a buffer cannot be allocated.
 #[allow(clippy::too_many_arguments)]
 pub fn product_here(
     [m, k, n]: [usize; 3],
@@ -286,11 +278,10 @@ mod tests {
 
     /// True (after saying why) where this CPU does not run the kernel.
     fn skip() -> bool {
-        let why = crate::model::kernels::unsupported(r2vpo_kernels::Matmul::Avx2);
-        if let Some(why) = &why {
-            eprintln!("skipped: {why}");
+        if !runs() {
+            eprintln!("skipped: this CPU lacks AVX2 and FMA (or the build has no AVX2 kernel)");
         }
-        why.is_some()
+        !runs()
     }
 
     /// `len` values in [−1, 1] from `i · step mod modulus`: no two

@@ -2,7 +2,9 @@
 //! every product in [`super::ops`], `small_gemm`, [`super::amx`],
 //! [`super::avx2`] and [`super::openblas`].
 //!
-//! The choice is `r2vpo_kernels::matmul()` (`R2VPO_MATMUL`, or
+//! The table asks the kernels' modules what this CPU can run (never the
+//! reverse, so the decision lives here alone). The choice is
+//! `r2vpo_kernels::matmul()` (`R2VPO_MATMUL`, or
 //! `r2vpo_kernels::set_matmul`); what each choice means on this crate's
 //! products:
 //!
@@ -84,6 +86,17 @@ pub fn forward() -> Forward {
         Matmul::Auto if super::avx2::runs() && !r2vpo_kernels::has_avx512f() => Forward::Avx2,
         Matmul::Auto => Forward::Gemm,
     }
+}
+
+/// Whether the many-row forward runs on AMX now.
+pub fn on_amx() -> bool {
+    forward() == Forward::Amx
+}
+
+/// Whether the many-row forward (and the layers' backward) runs on the
+/// AVX2 kernel now.
+pub fn on_avx2() -> bool {
+    forward() == Forward::Avx2
 }
 
 /// Whether the backward's products that the AVX2 kernel does not take run

@@ -28,7 +28,7 @@
 //! `.deps/openblas/lib`): `DYNAMIC_ARCH`, so it picks its kernels for the
 //! CPU when it loads. It is loaded at run time rather than linked, so a
 //! binary without it (a GPU build carried elsewhere, a checkout without
-//! `make deps`) still runs, on gemm; [`backend`] says which, and `r2vpo
+//! `make deps`) still runs, on gemm; [`super::kernels::path`] says which, and `r2vpo
 //! bench` and `llm train` print it. Where it is looked for, first found
 //! wins: `R2VPO_OPENBLAS` (a path to the `.so`; then only there),
 //! `libscipy_openblas.so` beside the executable, this checkout's
@@ -132,12 +132,6 @@ fn blas() -> Option<&'static Blas> {
     .as_ref()
 }
 
-/// Whether the backward's f32 products run on OpenBLAS now
-/// ([`super::kernels::backward_blas`]).
-pub fn available() -> bool {
-    super::kernels::backward_blas()
-}
-
 /// Whether the library loads here (loading it on first call).
 pub(crate) fn loads() -> bool {
     blas().is_some()
@@ -147,12 +141,6 @@ pub(crate) fn loads() -> bool {
 /// (`Haswell`, `SkylakeX`, …), or `None` where it does not load.
 pub(crate) fn core() -> Option<&'static str> {
     blas().map(|b| b.core.as_str())
-}
-
-/// The CPU kernels behind the many-row f32 products now, for logs and
-/// result files ([`super::kernels::path`]).
-pub fn backend() -> String {
-    super::kernels::path()
 }
 
 /// An operand for [`sgemm`]: its data and `[column stride, row stride]`.
@@ -175,9 +163,6 @@ fn layout(s: [isize; 2], rows: usize, cols: usize) -> Option<(c_int, usize)> {
 /// only, so each element is summed over `k` in the kernel's order
 /// whichever block it falls in.
 pub(crate) fn sgemm([m, k, n]: [usize; 3], (a, sa): Operand, (b, sb): Operand) -> Option<Vec<f32>> {
-    if !available() {
-        return None;
-    }
     let blas = blas()?;
     let fits = |v: usize| v <= c_int::MAX as usize;
     if m == 0 || n == 0 || k == 0 || ![m, k, n].into_iter().all(fits) {

@@ -159,7 +159,7 @@ impl_float!(
         (brs, bcs): (usize, usize),
     ) -> bool {
         // `mm` returns before calling this on an empty product.
-        if !super::avx2::available() {
+        if !super::kernels::on_avx2() {
             return false;
         }
         let la = super::avx2::Layout::of([acs as isize, ars as isize], m, k);
@@ -591,11 +591,11 @@ impl CustomOp2 for Linear {
             y
         } else if super::small_gemm::takes(m) {
             super::small_gemm::linear(x, m, k, &[(w, o)]).into_iter().next().expect("one weight")
-        } else if super::amx::available() && m <= super::amx::FEW_ROWS {
+        } else if super::kernels::on_amx() && m <= super::amx::FEW_ROWS {
             super::amx::linear_few(x, m, k, w, o)
-        } else if super::amx::available() {
+        } else if super::kernels::on_amx() {
             super::amx::linear(x, m, k, w, o).map_err(Error::Msg)?
-        } else if super::avx2::available() {
+        } else if super::kernels::on_avx2() {
             super::avx2::linear(x, m, k, w, o).map_err(Error::Msg)?
         } else {
             // wᵀ as gemm's (k, o) right-hand side: row stride 1, column stride k.
@@ -640,13 +640,14 @@ fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     // (the forward's log-probs may not: scoring must equal training bit
     // for bit); the AVX2 kernel ran the layers' gradients faster in a step
     // (`avx2.rs`).
-    if super::avx2::available() && m * k <= super::avx2::WHOLE_A_MAX {
+    if super::kernels::on_avx2() && m * k <= super::avx2::WHOLE_A_MAX {
         if let (Some(la), Some(lb)) = (super::avx2::Layout::of(lhs.1, m, k), super::avx2::Layout::of(rhs.1, k, n)) {
             let y = super::avx2::product([m, k, n], (lhs.0, la), (rhs.0, lb)).map_err(Error::Msg)?;
             return Tensor::from_vec(y, (m, n), a.device());
         }
     }
-    let y = super::openblas::sgemm([m, k, n], lhs, rhs).unwrap_or_else(|| gemm_uninit([m, k, n], lhs, rhs));
+    let blas = if super::kernels::backward_blas() { super::openblas::sgemm([m, k, n], lhs, rhs) } else { None };
+    let y = blas.unwrap_or_else(|| gemm_uninit([m, k, n], lhs, rhs));
     Tensor::from_vec(y, (m, n), a.device())
 }
 
@@ -1115,7 +1116,7 @@ fn attend_any(q: &[f32], kv: KvRows, o: &mut [f32]) {
 /// 6-row tile). The block changes a score's bits (the products' shapes), so
 /// the gemm and AMX paths keep the 64 their pinned runs were recorded with.
 fn attention_rows() -> usize {
-    if super::avx2::available() {
+    if super::kernels::on_avx2() {
         48
     } else {
         64

@@ -47,7 +47,7 @@ pub(crate) fn takes(m: usize) -> bool {
 /// one per matrix, and the small k/v projections split too. Panics if a
 /// slice is shorter than its shape says.
 pub(crate) fn linear(x: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Vec<Vec<f32>> {
-    if m >= AMX_MIN_ROWS && super::amx::available() {
+    if m >= AMX_MIN_ROWS && super::kernels::on_amx() {
         return super::amx::linear_small(x, m, k, ws);
     }
     linear_f32(x, m, k, ws)
@@ -293,7 +293,7 @@ mod timing {
     #[ignore]
     fn smollm2_shapes() {
         let shapes = [(576, 960), (576, 3072), (1536, 576), (576, 49152)];
-        let amx = super::super::amx::available();
+        let amx = super::super::kernels::on_amx();
         for m in [1usize, 4, 8, 12, 16, 24, 32] {
             for kernel in if amx { &["f32", "amx"][..] } else { &["f32"][..] } {
                 let mut line = format!("m={m:2} {kernel}");
