@@ -78,6 +78,14 @@ fn train(cfg: &Path, out: &Path, extra: &[&str]) -> Command {
     c
 }
 
+/// `llm learn` into `out` on the Redis at `url`.
+fn learn(cfg: &Path, out: &Path, url: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
+    c.current_dir(root()).args(["llm", "learn", "--config"]).arg(cfg).arg("--out").arg(out);
+    c.args(["--no-export", "--quiet"]).args(on_redis(url));
+    c
+}
+
 fn resume(out: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
     c.current_dir(root()).args(["llm", "train", "--resume"]).arg(out).args(["--no-export", "--quiet"]);
@@ -335,17 +343,7 @@ fn a_stopped_learner_names_its_own_resume_command() {
     let cfg = write_config(tmp.path());
     let redis = Redis::start_anywhere(tmp.path());
     let run = tmp.path().join("learner");
-    let learner = Command::new(env!("CARGO_BIN_EXE_r2vpo"))
-        .current_dir(root())
-        .args(["llm", "learn", "--config"])
-        .arg(&cfg)
-        .arg("--out")
-        .arg(&run)
-        .args(["--no-export", "--quiet"])
-        .args(on_redis(&redis.url()))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let learner = learn(&cfg, &run, &redis.url()).stderr(Stdio::piped()).spawn().unwrap();
     // With no actor, the learner waits for groups once it has started.
     let t0 = Instant::now();
     while !run.join("metrics.jsonl").exists() && !run.join("config.toml").exists() {
@@ -384,14 +382,7 @@ fn learn_with_actor_processes_survives_a_killed_actor_and_equals_the_synchronous
     let run = tmp.path().join("multi");
     let r2vpo = env!("CARGO_BIN_EXE_r2vpo");
     let log = |name: &str| std::fs::File::create(tmp.path().join(name)).unwrap();
-    let mut learner = Command::new(r2vpo)
-        .current_dir(root())
-        .args(["llm", "learn", "--config"])
-        .arg(&cfg)
-        .arg("--out")
-        .arg(&run)
-        .args(["--no-export", "--quiet"])
-        .args(on_redis(&url))
+    let mut learner = learn(&cfg, &run, &url)
         // A killed actor's batch goes to the other actor after 2 s.
         .args(["--set", "queue.lease_s=2"])
         .stdout(Stdio::null())

@@ -78,23 +78,9 @@ fn seeded_runs_are_unchanged_bit_for_bit() {
     let got = serde_json::to_string_pretty(&runs()).unwrap() + "\n";
     r2vpo_kernels::set_matmul(Matmul::Auto);
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/pin/control-train-reference.json");
-    let why_not = if !cfg!(target_arch = "x86_64") {
-        Some("the reference golden is x86-64's; this architecture's libm rounds in its own ways (record one with R2VPO_BLESS=1 on it)")
-    } else if !r2vpo_kernels::has_avx2_fma() {
-        Some("this x86-64 CPU has no FMA, so glibc's libm runs its non-FMA variants, which may round differently")
-    } else {
-        None
-    };
-    match why_not {
-        Some(why) if std::env::var_os("R2VPO_BLESS").is_none() => report(&format!(
-            "pin: ran 3 seeded runs on the reference product; NOT compared with {}: {why}",
-            path.display()
-        )),
-        _ => {
-            r2vpo_report::golden::assert_golden(&path, &got);
-            report(&format!("pin: 3 seeded runs on the reference product equal {} bit for bit", path.display()));
-        }
-    }
+    let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let what = "3 seeded runs on the reference product";
+    r2vpo_report::golden::assert_pinned(tmp, &path, &got, what, r2vpo_kernels::reference_bits_caveat());
 }
 
 /// Means, values and every gradient of one minibatch under the current

@@ -130,6 +130,21 @@ pub fn reference() -> bool {
     matmul() == Matmul::Reference
 }
 
+/// Why [`product`]'s runs may not reproduce here bit for bit what an
+/// x86-64 CPU with FMA recorded, or `None` where they do: the product is
+/// the same everywhere, but the rest of a run calls libm (glibc takes its
+/// FMA variants on every x86-64 CPU with FMA), and on other architectures
+/// candle's compiled-in NEON reductions sum in their own order.
+pub fn reference_bits_caveat() -> Option<&'static str> {
+    if !cfg!(target_arch = "x86_64") {
+        Some("reference goldens are x86-64's; this architecture's libm and candle's NEON reductions round in their own ways (record one with R2VPO_BLESS=1 on it)")
+    } else if !has_avx2_fma() {
+        Some("this x86-64 CPU has no FMA, so glibc's libm runs its non-FMA variants, which may round differently")
+    } else {
+        None
+    }
+}
+
 /// Whether the CPU has AVX2 and FMA (x86-64 only).
 pub fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]

@@ -104,20 +104,6 @@ fn run(algo: &str) -> Vec<IterMetrics> {
     text.lines().map(|l| IterMetrics { timing: Default::default(), ..serde_json::from_str(l).unwrap() }).collect()
 }
 
-/// Why the reference golden cannot hold bit for bit on this machine, if it
-/// cannot: it was recorded on x86-64 with FMA, where glibc's libm runs its
-/// FMA variants; elsewhere libm (and candle's compiled-in reductions, on
-/// other architectures) may round differently.
-fn reference_pin_does_not_hold() -> Option<&'static str> {
-    if !cfg!(target_arch = "x86_64") {
-        Some("the reference golden is x86-64's; this architecture's libm and candle's NEON reductions round in their own ways (record one with R2VPO_BLESS=1 on it)")
-    } else if !r2vpo_kernels::has_avx2_fma() {
-        Some("this x86-64 CPU has no FMA, so glibc's libm runs its non-FMA variants, which may round differently")
-    } else {
-        None
-    }
-}
-
 #[test]
 fn seeded_runs_are_unchanged_bit_for_bit() {
     let _one = KERNEL_CHOICE.lock().unwrap_or_else(|e| e.into_inner());
@@ -128,16 +114,9 @@ fn seeded_runs_are_unchanged_bit_for_bit() {
     }
     let got = serde_json::to_string_pretty(&all).unwrap() + "\n";
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/pin/llm-train-reference.json");
-    match reference_pin_does_not_hold() {
-        Some(why) if std::env::var_os("R2VPO_BLESS").is_none() => report(&format!(
-            "pin: ran 5 seeded runs on the reference kernels; NOT compared with {}: {why}",
-            path.display()
-        )),
-        _ => {
-            r2vpo_report::golden::assert_golden(&path, &got);
-            report(&format!("pin: 5 seeded runs on the reference kernels equal {} bit for bit", path.display()));
-        }
-    }
+    let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let what = "5 seeded runs on the reference kernels";
+    r2vpo_report::golden::assert_pinned(tmp, &path, &got, what, r2vpo_kernels::reference_bits_caveat());
 }
 
 /// Log-probs and every gradient of one left-padded micro-batch through a

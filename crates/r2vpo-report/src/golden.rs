@@ -37,3 +37,19 @@ pub fn report(dir: &Path, line: &str) {
         let _ = writeln!(f, "{line}");
     }
 }
+
+/// [`assert_golden`] for a pinned run that holds bit for bit only where
+/// `caveat` is `None`: elsewhere (unless re-recording) it is not compared,
+/// and the reason is reported instead. Either way the outcome is a line of
+/// [`report`] into `dir`, naming `what` ran.
+pub fn assert_pinned(dir: &Path, path: &Path, got: &str, what: &str, caveat: Option<&str>) {
+    match caveat {
+        Some(why) if std::env::var_os("R2VPO_BLESS").is_none() => {
+            report(dir, &format!("pin: ran {what}; NOT compared with {}: {why}", path.display()))
+        }
+        _ => {
+            assert_golden(path, got);
+            report(dir, &format!("pin: {what} equal {} bit for bit", path.display()));
+        }
+    }
+}
