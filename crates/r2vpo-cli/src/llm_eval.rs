@@ -235,7 +235,7 @@ pub fn eval(a: &EvalArgs) -> Result<()> {
 /// another form than `verify.format` expects, and every one is then scored
 /// wrong; say so instead of reporting a silent 0 %.
 fn no_answer_warning(cfg: &EvalConfig, report: &EvalReport) -> Option<String> {
-    use r2vpo_llm::reward::AnswerFormat;
+    use r2vpo_verify::AnswerFormat;
     let o = &report.overall;
     if o.samples == 0 || o.extracted_fraction > 0.0 || cfg.verify.format == AnswerFormat::Auto {
         return None;
@@ -251,7 +251,7 @@ fn no_answer_warning(cfg: &EvalConfig, report: &EvalReport) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use r2vpo_llm::reward::{AnswerFormat, VerifyConfig};
+    use r2vpo_verify::{AnswerFormat, VerifyConfig};
 
     fn root() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")

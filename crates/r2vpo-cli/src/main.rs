@@ -300,7 +300,7 @@ fn control_info(a: &ControlInfoArgs) -> Result<()> {
 }
 
 fn llm_verify(a: &LlmVerifyArgs) -> Result<()> {
-    use r2vpo_llm::reward::{verify, AnswerFormat, Equivalence, VerifyConfig};
+    use r2vpo_verify::{verify, AnswerFormat, Equivalence, VerifyConfig};
     let format: AnswerFormat = serde_json::from_value(serde_json::Value::String(a.format.clone()))
         .map_err(|_| anyhow::anyhow!("--format `{}`: expected auto, boxed, answer-line or last-number", a.format))?;
     let equivalence = if a.minerva { Equivalence::MinervaExact } else { Equivalence::Math };

@@ -41,7 +41,7 @@ use crate::data::{
     DataConfig, Fitted, OverlongPrompt, OverlongPrompts, Problem, PromptError, PromptFitter, PromptTemplate,
 };
 use crate::model::Transformer;
-use crate::reward::{verify, Verdict, VerifyConfig};
+use r2vpo_verify::{verify, Verdict, VerifyConfig};
 use crate::sample::{generate, request_seed, FinishReason, GenerationRequest, SampleError, SamplingConfig};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 

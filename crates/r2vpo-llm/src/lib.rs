@@ -2,8 +2,8 @@
 //!
 //! The paper's main domain (Section 4.1). This crate grows into: a trainable
 //! Llama/Qwen decoder in candle, loading from Hugging Face folders and GGUF
-//! files, batched sampling with behaviour log-probs, math answer
-//! verification, datasets and evaluation. It depends on the algorithm core
+//! files, batched sampling with behaviour log-probs, datasets, training and
+//! evaluation. Rewards come from the math verifier, `r2vpo-verify`. It depends on the algorithm core
 //! `r2vpo`, never the reverse.
 
 #![warn(missing_docs)]
@@ -15,7 +15,6 @@ pub mod eval;
 pub mod gguf;
 pub mod model;
 pub mod queue;
-pub mod reward;
 pub mod rollout;
 pub mod sample;
 pub mod tokenizer;

@@ -16,7 +16,7 @@ use r2vpo_llm::data::{
 };
 use r2vpo_llm::eval::{evaluate, EvalConfig, EvalError};
 use r2vpo_llm::model::{load_model, Architecture, ModelConfig, Transformer};
-use r2vpo_llm::reward::{AnswerFormat, VerifyConfig};
+use r2vpo_verify::{AnswerFormat, VerifyConfig};
 use r2vpo_llm::sample::{
     check_prompt_fits, generate_ids, max_prompt_len, ContextOverflow, GenerationRequest, SampleError, SamplingConfig,
 };

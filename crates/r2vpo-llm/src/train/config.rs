@@ -9,7 +9,7 @@ use r2vpo::replay::ReplayConfig;
 
 use crate::data::{DataConfig, OverlongPrompts, PromptTemplate};
 use crate::eval::EvalConfig;
-use crate::reward::VerifyConfig;
+use r2vpo_verify::VerifyConfig;
 use crate::sample::SamplingConfig;
 
 use super::{TrainError, TrainResult};

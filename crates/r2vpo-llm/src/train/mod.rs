@@ -43,7 +43,7 @@ use r2vpo_report::{JsonlWriter, TensorBoardWriter};
 use crate::data::{load_problems_reporting, Problem, PromptError, SkippedRecord};
 use crate::model::{load_model, ModelConfig, Transformer};
 use crate::queue::GroupEntry;
-use crate::reward::{verify, VerifyConfig};
+use r2vpo_verify::{verify, VerifyConfig};
 use crate::rollout::{RolloutError, RolloutSource};
 use crate::sample::Generation;
 use crate::tokenizer::Tokenizer;
@@ -148,7 +148,7 @@ pub trait RewardFn: Send + Sync {
     fn score(&self, problem: &Problem, generation: &Generation) -> Scored;
 }
 
-/// Reward from the math verifier (`reward/`): `correct_reward` if the
+/// Reward from the math verifier (`r2vpo_verify`): `correct_reward` if the
 /// extracted answer is equivalent to the gold one, else `incorrect_reward`.
 pub struct VerifierReward(pub VerifyConfig);
 

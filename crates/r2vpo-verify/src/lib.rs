@@ -1,6 +1,27 @@
-//! Math answer verification: the reward of RL with verifiable rewards.
+//! # r2vpo-verify — math answer verification
 //!
-//! Three steps, each inspectable through a [`Verdict`]:
+//! The reward of RL with verifiable rewards: whether a model's response
+//! states the gold answer. r2vpo's LLM training, `r2vpo llm eval` and
+//! `r2vpo llm verify` use it; it depends on nothing but `serde`, so any
+//! Rust program can score responses with it.
+//!
+//! ```
+//! use r2vpo_verify::{reward, verify, Reason, VerifyConfig};
+//!
+//! let cfg = VerifyConfig::default();
+//! let v = verify("<think>…</think> The area is \\boxed{\\dfrac{3}{4}}.", "0.75", &cfg);
+//! assert!(v.correct);
+//! assert_eq!(v.extracted.as_deref(), Some("\\dfrac{3}{4}"));
+//! assert_eq!(v.reason, Reason::NumericMatch);
+//!
+//! // DAPO-Math-17k's "Answer:" line, rewarded ±1.
+//! let dapo = VerifyConfig::dapo();
+//! assert_eq!(reward("…\nAnswer: 204", "204", &dapo), 1.0);
+//! assert_eq!(reward("…\nAnswer: 205", "204", &dapo), -1.0);
+//! ```
+//!
+//! The crate's README holds a table of verdicts that its tests check row by
+//! row. Three steps, each inspectable through a [`Verdict`]:
 //!
 //! 1. **Extraction** ([`extract_answer`]): optionally drop the `<think>` block,
 //!    then take the answer in the dataset's [`AnswerFormat`]: the last
@@ -50,6 +71,8 @@
 //! For bit-exact parity with verl's `math_dapo` reward, set
 //! [`VerifyConfig::equivalence`] to [`Equivalence::MinervaExact`].
 
+#![warn(missing_docs)]
+
 mod equiv;
 mod expr;
 pub mod extract;
@@ -85,7 +108,7 @@ pub enum AnswerFormat {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Equivalence {
-    /// Normalisation plus numeric and structural equivalence (this module).
+    /// Normalisation plus numeric and structural equivalence (this crate).
     #[default]
     Math,
     /// verl `math_dapo`: Minerva string normalisation, then exact string
@@ -151,7 +174,7 @@ impl Default for VerifyConfig {
 
 impl VerifyConfig {
     /// DAPO-Math-17k: "Answer:" line in the last 300 characters, reward ±1,
-    /// with this module's equivalence (use [`Equivalence::MinervaExact`] for
+    /// with this crate's equivalence (use [`Equivalence::MinervaExact`] for
     /// verl's exact string match).
     pub fn dapo() -> Self {
         Self { format: AnswerFormat::AnswerLine, incorrect_reward: -1.0, ..Self::default() }
@@ -252,6 +275,17 @@ fn too_long(s: &str, cfg: &VerifyConfig) -> bool {
 }
 
 /// Extracts the final answer from a full response per `cfg.format`.
+///
+/// ```
+/// use r2vpo_verify::{extract_answer, VerifyConfig};
+///
+/// let cfg = VerifyConfig::default();
+/// // The last box after the reasoning block counts; boxes inside it do not.
+/// let text = "<think>maybe \\boxed{3}</think> so \\boxed{4}";
+/// assert_eq!(extract_answer(text, &cfg).as_deref(), Some("4"));
+/// // An unclosed reasoning block has no answer.
+/// assert_eq!(extract_answer("<think>still \\boxed{4}", &cfg), None);
+/// ```
 pub fn extract_answer(response: &str, cfg: &VerifyConfig) -> Option<String> {
     let text = if cfg.strip_think { strip_think(response) } else { response };
     let found = match cfg.format {
@@ -283,6 +317,10 @@ fn reads_as_math(s: &str, cfg: &VerifyConfig) -> bool {
 
 /// Normalises an answer the way [`is_equivalent`] does (inputs longer than
 /// `max_input_chars` of the default config are cut there first).
+///
+/// ```
+/// assert_eq!(r2vpo_verify::normalize_answer("\\text{ } 90^\\circ."), "90");
+/// ```
 pub fn normalize_answer(answer: &str) -> String {
     let limit = VerifyConfig::default().max_input_chars;
     let cut: String = answer.chars().take(limit).collect();
@@ -290,6 +328,15 @@ pub fn normalize_answer(answer: &str) -> String {
 }
 
 /// Compares an already-extracted answer with the gold answer.
+///
+/// ```
+/// use r2vpo_verify::{is_equivalent, VerifyConfig};
+///
+/// let cfg = VerifyConfig::default();
+/// assert!(is_equivalent("2, 1", "\\{1, 2\\}", &cfg).correct); // a list is a set
+/// assert!(!is_equivalent("(2, 1)", "(1, 2)", &cfg).correct); // a tuple is ordered
+/// assert!(!is_equivalent("0.333", "\\frac{1}{3}", &cfg).correct); // rationals are exact
+/// ```
 pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
     let mut v = Verdict {
         correct: false,

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use r2vpo_llm::reward::{extract_answer, is_equivalent, normalize_answer, verify, AnswerFormat, VerifyConfig};
+use r2vpo_verify::{extract_answer, is_equivalent, normalize_answer, verify, AnswerFormat, VerifyConfig};
 
 const BOUND: Duration = Duration::from_millis(50);
 
@@ -20,7 +20,7 @@ fn configs() -> Vec<VerifyConfig> {
     for format in [AnswerFormat::Auto, AnswerFormat::Boxed, AnswerFormat::AnswerLine, AnswerFormat::LastNumber] {
         out.push(VerifyConfig { format, answer_line_window: None, ..VerifyConfig::default() });
     }
-    out.push(VerifyConfig { equivalence: r2vpo_llm::reward::Equivalence::MinervaExact, ..VerifyConfig::dapo() });
+    out.push(VerifyConfig { equivalence: r2vpo_verify::Equivalence::MinervaExact, ..VerifyConfig::dapo() });
     out
 }
 
