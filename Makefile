@@ -10,11 +10,12 @@ export RAYON_NUM_THREADS ?= $(shell nproc 2>/dev/null || echo 2)
 export CARGO_BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BIN := target/release/r2vpo
 
-.PHONY: deps build build-gpu spike-tch venv-hf bench-hf demo test test-conformance bench lint clippy fmt fmt-check clean-deps
+.PHONY: vendor-check deps build build-gpu spike-tch venv-hf bench-hf demo test test-conformance bench lint clippy fmt fmt-check clean-deps
 
 deps:
 	@command -v $(PYTHON) >/dev/null || { echo "deps: error: $(PYTHON) not found; install Python 3 with pip" >&2; exit 1; }
 	@$(PYTHON) scripts/deps.py
+	@$(PYTHON) scripts/vendor_check.py fetch
 	@bash scripts/redis.sh
 	@PYTHON=$(PYTHON) bash scripts/openai/venv.sh
 
@@ -63,14 +64,18 @@ spike-tch:
 demo: build
 	@bash scripts/demo.sh $(BIN)
 
-# --no-fail-fast: every suite runs even when one fails, and the totals
-# (scripts/test_totals.py) close the output, after what the pinned and
-# kernel checks compared (their check-report.txt); the exit status is cargo's.
+# First the vendored candle-core against crates.io's source plus its patch
+# (scripts/vendor_check.py). Then --no-fail-fast: every suite runs even when
+# one fails, and the totals (scripts/test_totals.py) close the output, after
+# what the pinned and kernel checks compared (their check-report.txt). The
+# exit status fails if the vendor check or cargo failed.
 CHECK_REPORT := $(or $(CARGO_TARGET_DIR),target)/tmp/check-report.txt
 test: deps
 	@rm -f $(CHECK_REPORT)
-	@set -o pipefail; $(CARGO) test --workspace --no-fail-fast 2>&1 | tee .deps/test.log; rc=$$?; \
-	  $(PYTHON) scripts/test_totals.py .deps/test.log $(CHECK_REPORT); exit $$rc
+	@vrc=0; $(PYTHON) scripts/vendor_check.py check || vrc=$$?; \
+	  set -o pipefail; $(CARGO) test --workspace --no-fail-fast 2>&1 | tee .deps/test.log; rc=$$?; \
+	  $(PYTHON) scripts/test_totals.py .deps/test.log $(CHECK_REPORT); \
+	  if [ $$vrc -ne 0 ]; then echo "make test: the vendor check failed (above the test output)" >&2; exit $$vrc; fi; exit $$rc
 
 # Opt-in: the rollout/log-prob contract against llama.cpp's server
 # (llama-cpp-python, compiled on first use, ~5 min), which nobody here wrote.
@@ -83,13 +88,21 @@ bench: build
 
 # CPU speed and memory against PyTorch + transformers, side by side (#16):
 # a pinned venv (scripts/hf/requirements.txt, ~4.7 GB with torch's CUDA
-# libraries from PyPI) and one run of scripts/hf/compare.sh.
+# libraries from PyPI) and one run of scripts/hf/compare.sh, written to
+# runs/bench/hf-compare/<date>-<machine>/ (a run kept in git goes to
+# results/bench/hf-compare/ under the same name: results/bench/README.md).
 venv-hf:
 	@test -x .deps/venv-hf/bin/python || $(PYTHON) -m venv .deps/venv-hf
 	.deps/venv-hf/bin/pip install -q --disable-pip-version-check -r scripts/hf/requirements.txt
 
 bench-hf: build venv-hf
 	bash scripts/hf/compare.sh
+
+# What `make test` checks first: vendor/candle-core is the published crate
+# plus vendor/candle-core.patch, byte for byte.
+vendor-check:
+	@$(PYTHON) scripts/vendor_check.py fetch
+	@$(PYTHON) scripts/vendor_check.py check
 
 lint clippy: deps
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
