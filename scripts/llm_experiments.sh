@@ -7,8 +7,8 @@
 # checkpoint is resumed (`--resume`, same metrics as an uninterrupted run);
 # a finished run (its folder has a non-empty eval.jsonl: the final held-out
 # evaluation; the file is created empty at the start) is skipped; anything else is
-# started afresh. Checkpoints are written every iteration so a stopped
-# session loses at most one iteration per lane; a finished run's checkpoint
+# started afresh. Checkpoints are written every iteration so stopping the
+# lanes loses at most one iteration per lane; a finished run's checkpoint
 # (1.6 GB) is deleted, since results/ keeps only logs. Kill the lanes with
 # `pkill -f llm_experiments.sh; pkill -f "llm train"`.
 set -euo pipefail

@@ -13,10 +13,25 @@
 #   limit:  PyTorch's f32 GEMM rate on the same threads (scripts/hf/peak.py),
 #           which the batch-32 decode's and the scoring pass's shares divide by.
 # Needs the release binary and the pinned venv (`make venv-hf`).
-# Usage: scripts/hf/compare.sh [OUT_DIR]    (default runs/bench/hf-compare)
+# Usage: scripts/hf/compare.sh [OUT_DIR]
+#   default OUT_DIR: runs/bench/hf-compare/<YYYY-MM-DD>-<machine>, the machine
+#   named from lscpu: its model name's first two words and its widest SIMD
+#   (e.g. 2026-11-27-amd-epyc-avx2, 2026-11-26-intel-xeon-avx512-amx). To
+#   commit a run, move it to results/bench/hf-compare/ under that name and
+#   `git rm` the earlier run of the same machine there (results/bench/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${1:-runs/bench/hf-compare}
+machine() {
+    local model flags isa=generic
+    model=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | sed 's/([^)]*)//g' | tr '[:upper:]' '[:lower:]' |
+        tr -c 'a-z0-9\n' ' ' | awk 'NR == 1 { print ($2 == "" ? $1 : $1 "-" $2) }')
+    flags=" $(lscpu | sed -n 's/^Flags:[[:space:]]*//p') "
+    case "$flags" in *" avx2 "*) isa=avx2 ;; esac
+    case "$flags" in *" avx512f "*) isa=avx512 ;; esac
+    case "$flags" in *" amx_tile "*) isa=$isa-amx ;; esac
+    echo "${model:-cpu}-$isa"
+}
+OUT=${1:-runs/bench/hf-compare/$(date +%F)-$(machine)}
 PY=${HF_PY:-.deps/venv-hf/bin/python}
 BIN=${R2VPO_BIN:-target/release/r2vpo}
 T=${THREADS:-2}

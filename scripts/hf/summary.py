@@ -60,7 +60,8 @@ def paired_steps(d: Path, load, rss, name, md: list[str]):
 
 def round_steps(d: Path, load, rss, name, md: list[str]):
     """Step and scoring pass in rounds of separate processes, one after the
-    other (hf-compare-27 and before)."""
+    other: the layout compare.sh wrote before a4c572f (e.g.
+    results/bench/hf-compare/2026-11-26-intel-xeon-avx512-amx/)."""
     srounds = sorted(p.stem.rsplit("-", 1)[1] for p in d.glob("r2vpo-step-[0-9]*.json")) or [None]
     md += ["", f"## Training step, 8 × (44 + 256) tokens, {len(srounds)} round(s) in turn "
                "(goals: time ≤ 0.67×, peak RSS ≤ 1×)\n",

@@ -254,9 +254,13 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
     let total = a.tasks.len() * a.algos.len() * a.seeds.len();
     let mut progress = Progress::new(total as u64, "runs", false, Duration::ZERO);
     let mut done = 0;
-    let mut table = String::from(
-        "| task | algorithm | seeds | env steps | final eval return | final training return |\n|---|---|---|---|---|---|\n",
-    );
+    // Each return cell is the mean ± the population SD over the seeds
+    // (`mean_std` divides by n); the header and the caption under the table
+    // say so.
+    let mut table = String::from(concat!(
+        "| task | algorithm | seeds | env steps | final eval return, mean ± SD ",
+        "| final training return, mean ± SD |\n|---|---|---|---|---|---|\n"
+    ));
     let mut panels = Vec::new();
     let mut eval_panels = Vec::new();
     for task in &a.tasks {
@@ -314,6 +318,10 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
         eval_panels.push(echart);
     }
     progress.finish();
+    table.push_str(concat!(
+        "\nmean ± SD over the seeds: SD is the population standard deviation ",
+        "(divides by n, the seeds column).\n"
+    ));
     let cols = panels.len().min(2);
     let mut written = Grid::new(cols, panels).save(&root.join("learning_curves"))?;
     written.extend(Grid::new(cols, eval_panels).save(&root.join("eval_curves"))?);

@@ -2,7 +2,7 @@
 //! check's CPU parts (every phase the GPU machine runs that has a CPU
 //! meaning: correctness against the fused kernels, the sampler check, the
 //! steps, `llm train` end to end and a checkpoint resumed across runs, the
-//! summary), so the script a scarce GPU session runs cannot rot unseen.
+//! summary), so the script run on a scarce borrowed GPU cannot rot unseen.
 
 use std::path::PathBuf;
 use std::process::Command;

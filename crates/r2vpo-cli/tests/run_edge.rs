@@ -76,7 +76,7 @@ fn llm_train_sigterm_checkpoints_exits_143_and_resumes() {
     assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
     assert_eq!(lines(&metrics), 30);
     // TensorBoard draws each (tag, step) once: the steps replayed after the
-    // checkpoint were cut from the first session's file.
+    // checkpoint were cut from the interrupted process's file.
     let scalars = r2vpo_report::read_scalars(&out).unwrap();
     let mut seen = std::collections::HashSet::new();
     for (tag, step, _) in &scalars {

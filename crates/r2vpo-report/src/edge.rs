@@ -182,7 +182,7 @@ impl Progress {
     }
 
     /// Starts the count at `pos` (a resumed run), so rates and the ETA
-    /// cover only this session's work. Without it the first update's
+    /// cover only this process's work. Without it the first update's
     /// position is taken, and the first plain line has no ETA.
     pub fn starting_at(mut self, pos: u64) -> Progress {
         self.start_pos = Some(pos);

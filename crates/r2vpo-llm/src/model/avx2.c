@@ -28,9 +28,11 @@
 // for each FMA and moved accumulators between registers (perf annotate),
 // and the kernel ran 43-66 GFLOP/s on one core against OpenBLAS's 70-78; with
 // the loop in asm (15 of the 16 ymm registers: 12 sums, 2 of w, 1 of x) it
-// ran level with OpenBLAS (results/bench/ab-session-17), and runs the
-// forward's shapes in 0.93-0.96x that time since it reads and writes y in
-// place and prefetches x only (results/bench/ab-session-18).
+// ran level with OpenBLAS
+// (results/bench/kernel-ab/avx2-forward-kernel-vs-openblas-2026-11-26), and
+// runs the forward's shapes in 0.93-0.96x that time since it reads and
+// writes y in place and prefetches x only
+// (results/bench/kernel-ab/avx2-kernel-y-in-place-2026-11-27).
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -277,7 +279,7 @@ T static void pack_b(const float *b, size_t ldb, int bt, size_t n, size_t j0, si
 // over kc steps (from zero when `first`), each sum one FMA chain in k
 // order. y is read and written in place: copying it through an aligned
 // buffer around the loop cost 3-5 % (forward shapes, paired runs in one
-// process, `results/bench/ab-session-18/`).
+// process, `results/bench/kernel-ab/avx2-kernel-y-in-place-2026-11-27/`).
 T static void kernel(size_t kc, const float *ap, const float *bp, float *y, size_t ldy, int first) {
     size_t k4 = kc / 4, k1 = kc % 4, l = ldy * sizeof(float);
     float *y3 = y + 3 * ldy;
@@ -285,7 +287,7 @@ T static void kernel(size_t kc, const float *ap, const float *bp, float *y, size
         LOAD_OR_ZERO_Y
         // Only x is prefetched: software prefetches of the weight panel
         // (which streams in order, and the hardware prefetcher follows it)
-        // cost 3-5 % (paired runs, ab-session-18).
+        // cost 3-5 % (paired runs, kernel-ab/avx2-kernel-y-in-place-2026-11-27).
         K_LOOP("prefetcht0 384(%[a])\n\t", STEP, "add $96, %[a]\n\t", "add $24, %[a]\n\t")
         STORE_Y
         : [a] "+r"(ap), [b] "+r"(bp), [k4] "+r"(k4), [k1] "+r"(k1)
@@ -303,7 +305,8 @@ T static void kernel_rows(size_t kc, const float *a, size_t lda, const float *bp
     __asm__ volatile(
         LOAD_OR_ZERO_Y
         // No software prefetch: six row prefetches per four k steps cost
-        // 2.5 % over the forward's shapes (paired runs, ab-session-20).
+        // 2.5 % over the forward's shapes (paired runs,
+        // kernel-ab/avx2-kernel-x-in-place-2026-11-27).
         K_LOOP("", STEP_ROWS, "add $16, %[a0]\n\t" "add $16, %[a3]\n\t", "add $4, %[a0]\n\t" "add $4, %[a3]\n\t")
         STORE_Y
         : [a0] "+r"(a), [a3] "+r"(a3), [b] "+r"(bp), [k4] "+r"(k4), [k1] "+r"(k1)

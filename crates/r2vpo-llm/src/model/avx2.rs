@@ -13,14 +13,16 @@
 //! output as one FMA chain over `k` in order, so its rows and columns are
 //! independent of their neighbours and of the thread split (tested). It
 //! ran level with OpenBLAS at first (137.7–148.3 against 136.3–137.5
-//! GFLOP/s over the five forward shapes, `results/bench/ab-session-17/`);
+//! GFLOP/s over the five forward shapes,
+//! `results/bench/kernel-ab/avx2-forward-kernel-vs-openblas-2026-11-26/`);
 //! reading y in place and prefetching x only made it faster again, the
 //! forward's products taking 0.93–0.96× their time and the scoring pass
-//! 0.88–0.99× (`results/bench/ab-session-18/`).
+//! 0.88–0.99× (`results/bench/kernel-ab/avx2-kernel-y-in-place-2026-11-27/`).
 //!
 //! The backward's products came here too once each call was timed inside
-//! a training step (`results/bench/ab-session-19/`): there, where the
-//! operands come from memory rather than a harness's warm caches, OpenBLAS
+//! a training step
+//! (`results/bench/kernel-ab/avx2-backward-vs-openblas-2026-11-27/`): there,
+//! where the operands come from memory rather than a harness's warm caches, OpenBLAS
 //! ran the layers' gradients at 102–127 GFLOP/s and this kernel, packing
 //! the transposed operands along their rows, at 107–140. The LM head's
 //! gradients stay on OpenBLAS ([`WHOLE_A_MAX`]).
@@ -84,7 +86,7 @@ const NR: usize = 16;
 /// pairs); training steps stayed level within their noise (0.98–1.02, 4
 /// pairs). The LM head's product (49 152 columns, which sweep x once per
 /// 288 of them) took 1.04× in place, so it is still packed
-/// (`results/bench/ab-session-20/`).
+/// (`results/bench/kernel-ab/avx2-kernel-x-in-place-2026-11-27/`).
 pub const IN_PLACE_MAX_COLS: usize = 4096;
 
 /// Most values of `a` that the backward hands [`product`], which may pack
@@ -93,7 +95,7 @@ pub const IN_PLACE_MAX_COLS: usize = 4096;
 /// a block at a time. Its weight gradient would pack 403 MB here; its input
 /// gradient, which this kernel could read in place, ran level with
 /// OpenBLAS inside a step (0.98–1.02× relative to the head's forward in
-/// the same runs, `results/bench/ab-session-20/`).
+/// the same runs, `results/bench/kernel-ab/avx2-kernel-x-in-place-2026-11-27/`).
 pub const WHOLE_A_MAX: usize = 16 << 20;
 
 /// Whether this build and CPU can run the kernel at all: x86-64 Linux

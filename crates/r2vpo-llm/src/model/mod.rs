@@ -54,7 +54,8 @@ pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// paid a futex wake-up and a reschedule (≈ 8 % of decode time at batch
 /// 32, perf). Measured on 2 threads, alternating: decode at batch 1 / 8 /
 /// 32 35.3–42.1 → 41.2–44.3, 223–243 → 251–261, 549–582 → 585–626
-/// tokens/s (`results/bench/ab-session-14`).
+/// tokens/s, on a 2-core Intel Xeon with AMX
+/// (`results/bench/kernel-ab/decode-amx-few-row-awake-threads-2026-11-26/`).
 /// The learner's passes keep [`on_pool`]: their kernels are long, and the
 /// training step took 7.5–8.9 s with the spinning against 7.5–8.1 without.
 /// It costs a core's spinning while the caller is alone, so it assumes one

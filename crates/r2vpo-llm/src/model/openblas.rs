@@ -9,9 +9,10 @@
 //! forward, input and weight gradients) at 85–100 GFLOP/s and PyTorch's
 //! MKL at 89–111, where OpenBLAS's kernels ran them at 141–150
 //! (`ops::timing::learner_products` against `scripts/hf/products.py` and
-//! numpy's OpenBLAS, alternating; this machine's FMA peak on 2 threads is
-//! 172–182 GFLOP/s; `results/bench/ab-session-16/`). The backward is two
-//! thirds of a training step's products.
+//! numpy's OpenBLAS, alternating; that 2-core AMD EPYC's FMA peak on 2
+//! threads is 172–182 GFLOP/s;
+//! `results/bench/kernel-ab/openblas-backward-vs-gemm-2026-11-26/`). The
+//! backward is two thirds of a training step's products.
 //!
 //! Why only the backward: OpenBLAS's f32 kernels sum a row's products in
 //! an order that depends on the rows beside it (the row count and the

@@ -1109,8 +1109,8 @@ fn attend_any(q: &[f32], kv: KvRows, o: &mut [f32]) {
 /// about `(T + ROWS) / 2T` of the full scores (SmolLM2's step, T = 300:
 /// 0.61 at 64 rows, 0.58 at 48). Smaller blocks skip more but give the
 /// products thinner shapes. Timed inside a SmolLM2 step
-/// (`results/bench/ab-session-19/`), the attention's forward + backward:
-/// on gemm 32, 64, 128 and 300 rows 0.49 + 1.08, 0.47 + 1.05, 0.52 + 1.15
+/// (`results/bench/kernel-ab/avx2-backward-vs-openblas-2026-11-27/`), the
+/// attention's forward + backward: on gemm 32, 64, 128 and 300 rows 0.49 + 1.08, 0.47 + 1.05, 0.52 + 1.15
 /// and 0.65 + 1.57 s; on the AVX2 kernel 48, 60, 64 and 96 rows 0.40 +
 /// 0.91, 0.44 + 0.92, 0.43 + 1.01 and 0.46 + 0.98 s (48: a multiple of its
 /// 6-row tile). The block changes a score's bits (the products' shapes), so
@@ -1231,7 +1231,8 @@ fn key_bounds<T: Float>(mask: &[T], tk: usize) -> Vec<usize> {
 /// one thread (the callers run heads in parallel): in f32 on the AVX2
 /// kernel where it runs ([`Float::mm_avx2`]: inside a SmolLM2 step the
 /// attention's forward and backward took 0.43 + 1.01 s on it against gemm's
-/// 0.47 + 1.05 s at 64-row blocks, `results/bench/ab-session-19/`), else on
+/// 0.47 + 1.05 s at 64-row blocks,
+/// `results/bench/kernel-ab/avx2-backward-vs-openblas-2026-11-27/`), else on
 /// gemm's microkernels.
 #[allow(clippy::too_many_arguments)]
 fn mm<T: Float>(
