@@ -18,6 +18,7 @@ deps:
 	@$(PYTHON) scripts/vendor_check.py fetch
 	@bash scripts/redis.sh
 	@PYTHON=$(PYTHON) bash scripts/openai/venv.sh
+	@PYTHON=$(PYTHON) bash scripts/math_verify/venv.sh
 
 build: deps
 	$(CARGO) build --release -p r2vpo-cli

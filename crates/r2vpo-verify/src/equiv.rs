@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::expr::{eval, EvalFailure};
+use super::expr::{eval, eval_with, EvalFailure};
 use super::normalize::{split_top_level, strip_assignment};
 use super::num::{EvalError, Num};
 
@@ -29,6 +29,372 @@ pub(crate) enum Value {
     List(Vec<Value>),
     /// `A \cup B`: order does not matter.
     Union(Vec<Value>),
+    /// An expression in variables (`x+1`, `2\sin x\cos x`), compared by
+    /// evaluation at fixed points ([`POINTS`]).
+    Expr { text: String, vars: Vec<String> },
+    /// An equation or inequality, a chain read left to right with `>` and
+    /// `\ge` turned round (`5 \ge x` is `x \le 5`), so that `sides[k]
+    /// ops[k] sides[k+1]`.
+    Relation { sides: Vec<String>, ops: Vec<Rel> },
+    /// `\begin{pmatrix}…\end{pmatrix}` and its kin, row by row.
+    Matrix(Vec<Vec<Value>>),
+    /// Named parts: `a = 2, b = 3` or `(a, b) = (2, 3)`.
+    Labelled(Vec<(String, Value)>),
+}
+
+/// A relation operator after turning `>`-type relations round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rel {
+    /// `=`
+    Eq,
+    /// `\ne`
+    Ne,
+    /// `<` (and `>` turned round)
+    Lt,
+    /// `\le` (and `\ge` turned round)
+    Le,
+}
+
+impl Rel {
+    fn symbol(self) -> &'static str {
+        match self {
+            Rel::Eq => "=",
+            Rel::Ne => "≠",
+            Rel::Lt => "<",
+            Rel::Le => "≤",
+        }
+    }
+}
+
+/// Relation operators as normalised answers write them: (text, operator,
+/// whether the operator points the other way).
+const RELATIONS: &[(&str, Rel, bool)] = &[
+    ("\\leq", Rel::Le, false),
+    ("\\leqslant", Rel::Le, false),
+    ("\\le", Rel::Le, false),
+    ("\\geq", Rel::Le, true),
+    ("\\geqslant", Rel::Le, true),
+    ("\\ge", Rel::Le, true),
+    ("\\neq", Rel::Ne, false),
+    ("\\ne", Rel::Ne, false),
+    ("\\lt", Rel::Lt, false),
+    ("\\gt", Rel::Lt, true),
+    ("<=", Rel::Le, false),
+    (">=", Rel::Le, true),
+    ("!=", Rel::Ne, false),
+    ("≤", Rel::Le, false),
+    ("≥", Rel::Le, true),
+    ("≠", Rel::Ne, false),
+    ("<", Rel::Lt, false),
+    (">", Rel::Lt, true),
+    ("=", Rel::Eq, false),
+];
+
+/// Where two expressions are compared: fixed, irregular values, negative
+/// and positive, away from the small integers and simple fractions where
+/// different expressions tend to coincide. Variable `k` of an expression
+/// takes `POINTS[(p + 3k) % len]` at point `p`, so variables differ.
+const POINTS: &[f64] = &[0.5381, -1.2377, 1.8913, 0.3127, 2.4461, -0.7219, 1.3373, -2.1049];
+
+/// An expression that reads as arithmetic in single-letter (or Greek)
+/// variables. A run of three or more letters is a word, not a product of
+/// variables: `odd` is not `o·d·d`.
+fn as_expression(s: &str) -> Option<Value> {
+    let mut run = 0usize;
+    let mut in_command = false;
+    for c in s.chars() {
+        if c == '\\' {
+            in_command = true;
+            run = 0;
+            continue;
+        }
+        if c.is_ascii_alphabetic() {
+            if !in_command {
+                run += 1;
+                if run >= 3 {
+                    return None;
+                }
+            }
+        } else {
+            in_command = false;
+            run = 0;
+        }
+    }
+    let (_, vars) = eval_with(s, &|_| 0.7).ok()?;
+    (!vars.is_empty()).then(|| Value::Expr { text: s.to_string(), vars })
+}
+
+/// The values of `text` at every point, with `vars` in that order (NaN where
+/// the expression has no value there).
+fn sample(text: &str, vars: &[String]) -> Vec<f64> {
+    (0..POINTS.len())
+        .map(|p| {
+            let bind = |name: &str| {
+                let k = vars.iter().position(|v| v == name).unwrap_or(vars.len());
+                POINTS[(p + 3 * k) % POINTS.len()] + 0.01 * k as f64
+            };
+            match eval_with(text, &bind) {
+                Ok((v, _)) => v.to_f64(),
+                Err(_) => f64::NAN,
+            }
+        })
+        .collect()
+}
+
+fn union_vars(a: &[String], b: &[String]) -> Vec<String> {
+    let mut v = a.to_vec();
+    for x in b {
+        if !v.contains(x) {
+            v.push(x.clone());
+        }
+    }
+    v.sort();
+    v
+}
+
+/// `f(point)` equal to `c · g(point)` at every point where both have a
+/// value, with at least three such points; `c` is returned. Where only one
+/// has a value, they differ (`\sqrt{x^2}` is not `x`: at negative points).
+fn proportional(f: &[f64], g: &[f64], tol: Tolerance) -> Option<f64> {
+    let mut c = None;
+    let mut valid = 0;
+    for (&x, &y) in f.iter().zip(g) {
+        match (x.is_finite(), y.is_finite()) {
+            (false, false) => continue,
+            (true, true) => {}
+            _ => return None,
+        }
+        valid += 1;
+        if y.abs() <= tol.abs {
+            if x.abs() > tol.abs {
+                return None;
+            }
+            continue;
+        }
+        let r = x / y;
+        match c {
+            None => c = Some(r),
+            Some(c0) if (r - c0).abs() <= tol.rel.max(1e-9) * 10.0 * c0.abs().max(1.0) => {}
+            Some(_) => return None,
+        }
+    }
+    if valid >= 3 {
+        Some(c.unwrap_or(1.0))
+    } else {
+        None
+    }
+}
+
+fn expr_equal(a: &str, av: &[String], b: &str, bv: &[String], tol: Tolerance) -> bool {
+    let vars = union_vars(av, bv);
+    let (f, g) = (sample(a, &vars), sample(b, &vars));
+    proportional(&f, &g, tol).is_some_and(|c| (c - 1.0).abs() <= tol.rel.max(1e-9) * 10.0)
+}
+
+/// Splits at depth-0 relation operators: sides and operators, or `None`.
+fn split_relation(s: &str) -> Option<(Vec<String>, Vec<(Rel, bool)>)> {
+    let mut sides = Vec::new();
+    let mut ops = Vec::new();
+    let mut depth = 0i64;
+    let mut start = 0;
+    let mut i = 0;
+    let b = s.as_bytes();
+    while i < b.len() {
+        match b[i] {
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => depth -= 1,
+            _ => {}
+        }
+        if depth == 0 && s.is_char_boundary(i) {
+            let hit = RELATIONS.iter().find(|(t, _, _)| {
+                s[i..].starts_with(t)
+                    && !(t.starts_with('\\') && s[i + t.len()..].starts_with(|c: char| c.is_ascii_alphabetic()))
+            });
+            if let Some(&(t, rel, flip)) = hit {
+                sides.push(s[start..i].trim().to_string());
+                ops.push((rel, flip));
+                i += t.len();
+                start = i;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    if ops.is_empty() {
+        return None;
+    }
+    sides.push(s[start..].trim().to_string());
+    if sides.iter().any(String::is_empty) {
+        return None;
+    }
+    Some((sides, ops))
+}
+
+/// A relation with `>`-type operators turned round; a chain must point one
+/// way (`1 < x > 0` is no relation).
+fn relation(s: &str) -> Option<Value> {
+    let (mut sides, raw) = split_relation(s)?;
+    let flips: Vec<bool> = raw.iter().filter(|(r, _)| matches!(r, Rel::Lt | Rel::Le)).map(|(_, f)| *f).collect();
+    if flips.iter().any(|&f| f != flips[0]) {
+        return None;
+    }
+    let mut ops: Vec<Rel> = raw.iter().map(|(r, _)| *r).collect();
+    if flips.first() == Some(&true) {
+        sides.reverse();
+        ops.reverse();
+    }
+    Some(Value::Relation { sides, ops })
+}
+
+/// A side of a relation at every point.
+fn side_samples(side: &str, vars: &[String]) -> Vec<f64> {
+    match eval(side) {
+        Ok(n) => vec![n.to_f64(); POINTS.len()],
+        Err(_) => sample(side, vars),
+    }
+}
+
+fn side_vars(side: &str) -> Vec<String> {
+    eval_with(side, &|_| 0.7).map(|(_, v)| v).unwrap_or_default()
+}
+
+/// Two relations state the same thing: the same operators, and each
+/// `right − left` a positive multiple of the other's (any non-zero multiple
+/// for `=` and `≠`, whose sides may be swapped), so `x^2 + y^2 = 25` is
+/// `y^2 + x^2 = 25` and `x \le 5` is `5 \ge x`. Sides that are not
+/// arithmetic compare as text.
+fn relation_equal(s1: &[String], o1: &[Rel], s2: &[String], o2: &[Rel], tol: Tolerance) -> bool {
+    if o1 != o2 || s1.len() != s2.len() {
+        return false;
+    }
+    if s1.iter().zip(s2).all(|(a, b)| squash(a) == squash(b)) {
+        return true;
+    }
+    if s1.len() != 2 {
+        // Chains: side by side.
+        return s1.iter().zip(s2).all(|(a, b)| equal(&parse(a, 1), &parse(b, 1), tol));
+    }
+    let vars = s1.iter().chain(s2).fold(Vec::new(), |acc, s| union_vars(&acc, &side_vars(s)));
+    let diff = |s: &[String]| -> Vec<f64> {
+        let (l, r) = (side_samples(&s[0], &vars), side_samples(&s[1], &vars));
+        l.iter().zip(&r).map(|(l, r)| r - l).collect()
+    };
+    let (f, g) = (diff(s1), diff(s2));
+    if f.iter().chain(&g).all(|x| !x.is_finite()) {
+        return false;
+    }
+    match proportional(&f, &g, tol) {
+        Some(c) if matches!(o1[0], Rel::Eq | Rel::Ne) => c.abs() > 1e-12,
+        Some(c) => c > 1e-12,
+        None => false,
+    }
+}
+
+/// An inequality in one variable as the interval it describes:
+/// `1 \le x < 3` is `[1, 3)`, `x > 2` is `(2, \infty)`.
+fn relation_interval(sides: &[String], ops: &[Rel]) -> Option<(char, Num, Num, char)> {
+    if ops.iter().any(|r| !matches!(r, Rel::Lt | Rel::Le)) {
+        return None;
+    }
+    let var = |s: &str| !side_vars(s).is_empty() && eval(s).is_err() && s.len() <= 8;
+    let bracket = |r: Rel, open: bool| match (r, open) {
+        (Rel::Le, true) => '[',
+        (Rel::Le, false) => ']',
+        (_, true) => '(',
+        (_, false) => ')',
+    };
+    let num = |s: &str| eval(s).ok();
+    match (sides.len(), ops) {
+        (2, [r]) if var(&sides[0]) => Some(('(', Num::Approx(f64::NEG_INFINITY), num(&sides[1])?, bracket(*r, false))),
+        (2, [r]) if var(&sides[1]) => Some((bracket(*r, true), num(&sides[0])?, Num::Approx(f64::INFINITY), ')')),
+        (3, [r1, r2]) if var(&sides[1]) => Some((bracket(*r1, true), num(&sides[0])?, num(&sides[2])?, bracket(*r2, false))),
+        _ => None,
+    }
+}
+
+/// `\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}` (also `bmatrix`,
+/// `matrix`, `smallmatrix`, `array` with its column spec), possibly inside
+/// `(…)` as `\left(\begin{array}…\right)` leaves it: the rows' cells.
+fn matrix_rows(s: &str) -> Option<Vec<Vec<String>>> {
+    let mut t = s.trim();
+    if t.starts_with('(') && t.ends_with(')') || t.starts_with('[') && t.ends_with(']') {
+        let inner = t[1..t.len() - 1].trim();
+        if inner.starts_with("\\begin{") {
+            t = inner;
+        }
+    }
+    let rest = t.strip_prefix("\\begin{")?;
+    let close = rest.find('}')?;
+    let env = &rest[..close];
+    if !["pmatrix", "bmatrix", "Bmatrix", "matrix", "smallmatrix", "array"].contains(&env) {
+        return None;
+    }
+    let mut body = rest[close + 1..].strip_suffix(&format!("\\end{{{env}}}"))?.trim();
+    if env == "array" {
+        let spec_end = body.strip_prefix('{').and_then(|b| b.find('}'))?;
+        body = &body[spec_end + 2..];
+    }
+    let rows: Vec<Vec<String>> = split_top_level(body, "\\\\")
+        .into_iter()
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map(|r| split_top_level(r, "&").into_iter().map(|c| c.trim().to_string()).collect())
+        .collect();
+    let width = rows.first()?.len();
+    (rows.iter().all(|r| r.len() == width && r.iter().all(|c| !c.is_empty()))).then_some(rows)
+}
+
+/// `a=2,b=3` (every element a name and a value) or `(a,b)=(2,3)`.
+fn labelled(s: &str, depth: usize) -> Option<Value> {
+    let name = |n: &str| {
+        let n = n.trim();
+        !n.is_empty()
+            && n.len() <= 6
+            && n.starts_with(|c: char| c.is_ascii_alphabetic() || c == '\\')
+            && n.chars().all(|c| c.is_ascii_alphanumeric() || "_\\{}'".contains(c))
+    };
+    let sides = split_top_level(s, "=");
+    if sides.len() == 2 {
+        let (l, r) = (sides[0].trim(), sides[1].trim());
+        if l.starts_with('(') && l.ends_with(')') && r.starts_with('(') && r.ends_with(')') {
+            let names = split_top_level(&l[1..l.len() - 1], ",");
+            let values = split_top_level(&r[1..r.len() - 1], ",");
+            if names.len() > 1 && names.len() == values.len() && names.iter().all(|n| name(n)) {
+                return Some(Value::Labelled(
+                    names.iter().zip(values).map(|(n, v)| (n.trim().to_string(), parse(v, depth + 1))).collect(),
+                ));
+            }
+        }
+    }
+    let elems = split_top_level(s, ",");
+    if elems.len() < 2 {
+        return None;
+    }
+    let mut parts = Vec::new();
+    for e in elems {
+        let kv = split_top_level(e, "=");
+        if kv.len() != 2 || !name(kv[0]) {
+            return None;
+        }
+        parts.push((kv[0].trim().to_string(), parse(kv[1], depth + 1)));
+    }
+    Some(Value::Labelled(parts))
+}
+
+/// `a \pm b` as the list `a + b, a - b` (`\pm 3` is `3, -3`); at most one
+/// `\pm` per element.
+fn plus_minus(s: &str) -> Option<(String, String)> {
+    let parts = split_top_level(s, "\\pm");
+    if parts.len() != 2 {
+        return None;
+    }
+    let (a, b) = (parts[0].trim(), parts[1].trim());
+    if b.is_empty() {
+        return None;
+    }
+    let b_needs_parens = split_top_level(b, "+").len() > 1 || split_top_level(b, "-").iter().skip(1).any(|p| !p.is_empty());
+    let neg = if b_needs_parens { format!("-({b})") } else { format!("-{b}") };
+    Some(if a.is_empty() { (b.to_string(), neg) } else { (format!("{a}+{b}"), format!("{a}{neg}")) })
 }
 
 impl Value {
@@ -42,17 +408,25 @@ impl Value {
             Value::Set(_) => "set",
             Value::List(_) => "list",
             Value::Union(_) => "union",
+            Value::Expr { .. } => "expression",
+            Value::Relation { .. } => "relation",
+            Value::Matrix(_) => "matrix",
+            Value::Labelled(_) => "labelled answer",
         }
     }
 
-    /// True when no part of the value fell back to text.
+    /// True when no part of the value fell back to text and none is in
+    /// variables: what extraction may take as a whole answer from prose
+    /// (`$x$` in "with $x$ apples" is not one).
     pub(crate) fn is_mathematical(&self) -> bool {
         match self {
             Value::Num(_) | Value::Unevaluated { .. } => true,
-            Value::Text(_) => false,
+            Value::Text(_) | Value::Expr { .. } | Value::Relation { .. } => false,
             Value::Tuple { items, .. } | Value::Set(items) | Value::List(items) | Value::Union(items) => {
                 items.iter().all(Value::is_mathematical)
             }
+            Value::Matrix(rows) => rows.iter().flatten().all(Value::is_mathematical),
+            Value::Labelled(parts) => parts.iter().all(|(_, v)| v.is_mathematical()),
         }
     }
 
@@ -79,8 +453,34 @@ impl fmt::Display for Value {
             Value::Set(items) => write!(f, "set {{{}}}", join(items, ", ")),
             Value::List(items) => write!(f, "list [{}]", join(items, ", ")),
             Value::Union(items) => write!(f, "{}", join(items, " ∪ ")),
+            Value::Expr { text, vars } => write!(f, "expression {text:?} in {}", vars.join(", ")),
+            Value::Relation { sides, ops } => {
+                write!(f, "relation {}", sides[0])?;
+                for (op, side) in ops.iter().zip(&sides[1..]) {
+                    write!(f, " {} {side}", op.symbol())?;
+                }
+                Ok(())
+            }
+            Value::Matrix(rows) => {
+                let rows: Vec<String> = rows.iter().map(|r| join(r, ", ")).collect();
+                write!(f, "matrix [{}]", rows.join("; "))
+            }
+            Value::Labelled(parts) => {
+                let parts: Vec<String> = parts.iter().map(|(n, v)| format!("{n} = {v}")).collect();
+                write!(f, "labelled ({})", parts.join(", "))
+            }
         }
     }
+}
+
+/// The last side of an equation chain (`m+n=47` → `47`), when the text is
+/// one: only `=` at depth 0, no other relation.
+pub(crate) fn equation_result(s: &str) -> Option<String> {
+    if split_top_level(s, ",").len() > 1 {
+        return None; // `x=-1,x=4` is a list of values
+    }
+    let (sides, ops) = split_relation(s)?;
+    ops.iter().all(|(r, _)| *r == Rel::Eq).then(|| sides.last().cloned()).flatten()
 }
 
 /// Reads a normalised answer.
@@ -89,12 +489,19 @@ pub(crate) fn parse_value(s: &str) -> Value {
 }
 
 fn items(inner: &str, depth: usize) -> Vec<Value> {
-    split_top_level(inner, ",")
-        .into_iter()
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-        .map(|e| parse(strip_assignment(e), depth + 1))
-        .collect()
+    let mut out = Vec::new();
+    for e in split_top_level(inner, ",").into_iter().map(str::trim).filter(|e| !e.is_empty()) {
+        let e = strip_assignment(e);
+        // `\pm 1, \pm i`: each element's two values join the list.
+        match plus_minus(e) {
+            Some((p, m)) => {
+                out.push(parse(&p, depth + 1));
+                out.push(parse(&m, depth + 1));
+            }
+            None => out.push(parse(e, depth + 1)),
+        }
+    }
+    out
 }
 
 /// Index of the bracket closing the one at byte 0, counting all bracket kinds.
@@ -128,6 +535,12 @@ fn parse(s: &str, depth: usize) -> Value {
     if s.len() >= 4 && s.starts_with("\\{") && s.ends_with("\\}") && closing_index(&s[1..]) == Some(s.len() - 2) {
         return Value::Set(items(&s[2..s.len() - 2], depth));
     }
+    if let Some(rows) = matrix_rows(s) {
+        return Value::Matrix(rows.iter().map(|r| r.iter().map(|c| parse(c, depth + 1)).collect()).collect());
+    }
+    if let Some(v) = labelled(s, depth) {
+        return v;
+    }
     let first = s.chars().next().unwrap_or(' ');
     let last = s.chars().last().unwrap_or(' ');
     if matches!(first, '(' | '[') && matches!(last, ')' | ']') && closing_index(s) == Some(s.len() - 1) {
@@ -139,10 +552,16 @@ fn parse(s: &str, depth: usize) -> Value {
     if split_top_level(s, ",").len() > 1 {
         return Value::List(items(s, depth));
     }
+    if let Some(r) = relation(s) {
+        return r;
+    }
+    if plus_minus(s).is_some() {
+        return Value::List(items(s, depth));
+    }
     match eval(s) {
         Ok(n) => Value::Num(n),
         Err(EvalFailure::NoValue(why)) => Value::Unevaluated { text: s.to_string(), why },
-        Err(EvalFailure::Syntax(_)) => Value::Text(s.to_string()),
+        Err(EvalFailure::Syntax(_)) => as_expression(s).unwrap_or_else(|| Value::Text(s.to_string())),
     }
 }
 
@@ -212,7 +631,13 @@ fn multiset_eq(a: &[Value], b: &[Value], tol: Tolerance) -> bool {
 pub(crate) fn equal(a: &Value, b: &Value, tol: Tolerance) -> bool {
     match (a, b) {
         (Value::Num(x), Value::Num(y)) => x.close_to(*y, tol.rel, tol.abs),
-        (Value::Text(x), Value::Text(y)) => x == y || squash(x) == squash(y),
+        // Words (`Yes`, `\text{odd}`) ignore case; single letters do not,
+        // since `A` and `a` may be different unknowns.
+        (Value::Text(x), Value::Text(y)) => {
+            x == y
+                || squash(x) == squash(y)
+                || x.len() > 1 && x.chars().all(|c| c.is_ascii_alphabetic()) && x.eq_ignore_ascii_case(y)
+        }
         // Same expression only. Not `squash`: dropping braces changes
         // arithmetic (`9^{9^{9}}9` and `9^{9^{99}}` squash alike).
         (Value::Unevaluated { text: x, .. }, Value::Unevaluated { text: y, .. }) => {
@@ -232,8 +657,66 @@ pub(crate) fn equal(a: &Value, b: &Value, tol: Tolerance) -> bool {
                 x.len() == y.len() && x.iter().zip(y).all(|(p, q)| equal(p, q, tol))
             }
         }
+        (Value::Expr { text: x, vars: xv }, Value::Expr { text: y, vars: yv }) => expr_equal(x, xv, y, yv, tol),
+        (Value::Relation { sides: s1, ops: o1 }, Value::Relation { sides: s2, ops: o2 }) => {
+            relation_equal(s1, o1, s2, o2, tol)
+        }
+        (Value::Relation { sides, ops }, Value::Tuple { open, close, items })
+        | (Value::Tuple { open, close, items }, Value::Relation { sides, ops }) => {
+            relation_interval(sides, ops).is_some_and(|(o, lo, hi, c)| {
+                items.len() == 2
+                    && (o, c) == (*open, *close)
+                    && equal(&Value::Num(lo), &items[0], tol)
+                    && equal(&Value::Num(hi), &items[1], tol)
+            })
+        }
+        (Value::Matrix(x), Value::Matrix(y)) => {
+            x.len() == y.len()
+                && x.iter().zip(y).all(|(r, q)| r.len() == q.len() && r.iter().zip(q).all(|(p, q)| equal(p, q, tol)))
+        }
+        // A vector written as a tuple: `(1, 2, 3)` and a 3 × 1 matrix.
+        (Value::Matrix(m), Value::Tuple { open: '(', close: ')', items })
+        | (Value::Tuple { open: '(', close: ')', items }, Value::Matrix(m)) => {
+            let flat: Vec<&Value> = m.iter().flatten().collect();
+            (m.len() == 1 || m.iter().all(|r| r.len() == 1))
+                && flat.len() == items.len()
+                && flat.iter().zip(items).all(|(p, q)| equal(p, q, tol))
+        }
+        (Value::Labelled(x), Value::Labelled(y)) => labelled_equal(x, y, tol),
+        // Named parts against plain ones: in the order the names were given.
+        (Value::Labelled(x), Value::Tuple { open: '(', close: ')', items: y })
+        | (Value::Tuple { open: '(', close: ')', items: y }, Value::Labelled(x))
+        | (Value::Labelled(x), Value::List(y))
+        | (Value::List(y), Value::Labelled(x)) => {
+            if repeated_names(x) {
+                // `x = -1, x = 4`: several values of one unknown, a list.
+                let values: Vec<Value> = x.iter().map(|(_, v)| v.clone()).collect();
+                equal(&Value::List(values), &Value::List(y.clone()), tol)
+            } else {
+                x.len() == y.len() && x.iter().zip(y).all(|((_, p), q)| equal(p, q, tol))
+            }
+        }
+        (Value::Labelled(x), other) | (other, Value::Labelled(x)) if repeated_names(x) => {
+            let values: Vec<Value> = x.iter().map(|(_, v)| v.clone()).collect();
+            equal(&Value::List(values), other, tol)
+        }
         _ => false,
     }
+}
+
+fn repeated_names(parts: &[(String, Value)]) -> bool {
+    parts.iter().enumerate().any(|(i, (n, _))| parts[..i].iter().any(|(m, _)| m == n))
+}
+
+/// The same names with equal values, in any order; answers that repeat a
+/// name are lists of that unknown's values.
+fn labelled_equal(x: &[(String, Value)], y: &[(String, Value)], tol: Tolerance) -> bool {
+    if repeated_names(x) || repeated_names(y) {
+        let xs: Vec<Value> = x.iter().map(|(_, v)| v.clone()).collect();
+        let ys: Vec<Value> = y.iter().map(|(_, v)| v.clone()).collect();
+        return equal(&Value::List(xs), &Value::List(ys), tol);
+    }
+    x.len() == y.len() && x.iter().all(|(n, v)| y.iter().any(|(m, w)| squash(n) == squash(m) && equal(v, w, tol)))
 }
 
 /// A one-line reason why `a` (answer) and `b` (gold) differ, for users
@@ -280,7 +763,53 @@ mod tests {
         assert_eq!(parse_value("1,2").kind(), "list");
         assert_eq!(parse_value("(-\\infty,1)\\cup(2,\\infty)").kind(), "union");
         assert_eq!(parse_value("(5)").kind(), "number");
-        assert_eq!(parse_value("2x").kind(), "text");
+        assert_eq!(parse_value("2x").kind(), "expression");
+        assert_eq!(parse_value("odd").kind(), "text");
+        assert_eq!(parse_value("x\\leq5").kind(), "relation");
+        assert_eq!(parse_value("\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}").kind(), "matrix");
+        assert_eq!(parse_value("a=2,b=3").kind(), "labelled answer");
+        assert_eq!(parse_value("\\pm3").kind(), "list");
+    }
+
+    #[test]
+    fn expressions_compare_by_value_at_fixed_points() {
+        assert!(eq("x+1", "1+x"));
+        assert!(eq("(x+1)^2", "x^2+2x+1"));
+        assert!(eq("\\frac{x^2-1}{x-1}", "x+1"));
+        assert!(eq("2\\sin x\\cos x", "\\sin2x"));
+        assert!(eq("a^2-b^2", "(a-b)(a+b)"));
+        assert!(!eq("x+1", "x+2"));
+        assert!(!eq("x+1", "y+1"));
+        assert!(!eq("\\sqrt{x^2}", "x"), "they differ at negative x");
+        assert!(!eq("2x", "2"));
+    }
+
+    #[test]
+    fn relations_compare_as_statements() {
+        assert!(eq("x\\leq5", "5\\geq x"));
+        assert!(eq("x>-3", "-3<x"));
+        assert!(eq("x^2+y^2=25", "y^2+x^2=25"));
+        assert!(eq("2x-y+1=0", "y-2x-1=0"));
+        assert!(!eq("x<5", "x\\leq5"));
+        assert!(!eq("x\\leq5", "x\\geq5"));
+        assert!(eq("1\\le x<3", "[1,3)"));
+        assert!(eq("x>2", "(2,\\infty)"));
+        assert!(!eq("x\\ge2", "(2,\\infty)"));
+    }
+
+    #[test]
+    fn matrices_labels_and_plus_minus() {
+        assert!(eq("\\begin{bmatrix}1&2\\\\3&4\\end{bmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}"));
+        assert!(eq("\\begin{pmatrix}1/2\\\\3\\end{pmatrix}", "(\\frac{1}{2},3)"));
+        assert!(!eq("\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}", "\\begin{pmatrix}1&3\\\\2&4\\end{pmatrix}"));
+        assert!(eq("a=2,b=3", "(a,b)=(2,3)"));
+        assert!(eq("b=3,a=2", "a=2,b=3"));
+        assert!(!eq("a=3,b=2", "a=2,b=3"));
+        assert!(eq("x=6,y=-4", "(6,-4)"));
+        assert!(!eq("(3,2)", "a=2,b=3"));
+        assert!(eq("\\pm3", "-3,3"));
+        assert!(eq("1\\pm\\sqrt{2}", "1+\\sqrt{2},1-\\sqrt{2}"));
+        assert!(!eq("\\pm3", "3"));
     }
 
     #[test]

@@ -37,7 +37,20 @@ pub(crate) enum EvalFailure {
 /// Parses `s` completely (trailing unparsed input is a syntax error) and
 /// evaluates it.
 pub(crate) fn eval(s: &str) -> Result<Num, EvalFailure> {
-    let mut p = Parser { c: s.chars().collect(), i: 0, depth: 0, no_value: None };
+    run(s, None).map(|(v, _)| v)
+}
+
+/// Evaluates `s` as a function of its variables, each bound by `bind` (a
+/// letter such as `x`, a subscripted `a_1`, or a Greek letter's command
+/// name such as `theta`), and returns the variables it met, in order of
+/// first use. Only [`crate::equiv`]'s symbolic comparison binds variables:
+/// plain [`eval`] still refuses them.
+pub(crate) fn eval_with(s: &str, bind: &dyn Fn(&str) -> f64) -> Result<(Num, Vec<String>), EvalFailure> {
+    run(s, Some(bind))
+}
+
+fn run(s: &str, bind: Option<&dyn Fn(&str) -> f64>) -> Result<(Num, Vec<String>), EvalFailure> {
+    let mut p = Parser { c: s.chars().collect(), i: 0, depth: 0, no_value: None, bind, seen: Vec::new() };
     let v = p.expr().map_err(EvalFailure::Syntax)?;
     p.ws();
     if p.i != p.c.len() {
@@ -45,25 +58,61 @@ pub(crate) fn eval(s: &str) -> Result<Num, EvalFailure> {
     }
     match p.no_value {
         Some(why) => Err(EvalFailure::NoValue(why)),
-        None => Ok(v),
+        None => Ok((v, p.seen)),
     }
 }
 
 /// Methods return `Err` only for syntax errors; arithmetic failures are
 /// recorded in `no_value` and parsing goes on, so that the whole input is
 /// still checked for being an expression.
-struct Parser {
+struct Parser<'a> {
     c: Vec<char>,
     i: usize,
     depth: usize,
     /// The first arithmetic failure; later values are placeholders.
     no_value: Option<EvalError>,
+    /// Values of variables, when they are allowed at all.
+    bind: Option<&'a dyn Fn(&str) -> f64>,
+    /// Variables met so far.
+    seen: Vec<String>,
 }
 
 /// Commands that can begin an operand, so that juxtaposition means product.
 const PRIMARY_COMMANDS: &[&str] = &["frac", "dfrac", "tfrac", "sqrt", "pi", "infty"];
 
-impl Parser {
+/// Functions of one argument: `\sin x`, `\sin(2x)`, `\sin^2 x`, `\log_2 8`.
+const FUNCTIONS: &[&str] = &[
+    "sin", "cos", "tan", "sec", "csc", "cot", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "ln", "log", "exp",
+];
+
+/// Greek letters read as variables when variables are bound (`\pi` is the
+/// constant, never a variable).
+const GREEK: &[&str] = &[
+    "alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "zeta", "eta", "theta", "vartheta", "iota", "kappa",
+    "lambda", "mu", "nu", "xi", "rho", "sigma", "tau", "phi", "varphi", "chi", "psi", "omega",
+];
+
+fn apply(name: &str, x: f64) -> f64 {
+    match name {
+        "sin" => x.sin(),
+        "cos" => x.cos(),
+        "tan" => x.tan(),
+        "sec" => 1.0 / x.cos(),
+        "csc" => 1.0 / x.sin(),
+        "cot" => 1.0 / x.tan(),
+        "arcsin" => x.asin(),
+        "arccos" => x.acos(),
+        "arctan" => x.atan(),
+        "sinh" => x.sinh(),
+        "cosh" => x.cosh(),
+        "tanh" => x.tanh(),
+        "ln" | "log" => x.ln(),
+        "exp" => x.exp(),
+        _ => f64::NAN,
+    }
+}
+
+impl Parser<'_> {
     /// The value of an arithmetic step, or a NaN placeholder after recording
     /// why it has none (NaN keeps failing, so it never becomes a value).
     fn value(&mut self, r: Result<Num, EvalError>) -> Num {
@@ -157,11 +206,82 @@ impl Parser {
 
     fn starts_operand(&mut self) -> bool {
         self.ws();
+        let vars = self.bind.is_some();
         match self.peek() {
             Some(c) if c.is_ascii_digit() || c == '.' || c == '(' || c == '{' => true,
-            Some('\\') => self.peek_command().is_some_and(|(n, _)| PRIMARY_COMMANDS.contains(&n.as_str())),
+            Some(c) if vars && c.is_ascii_alphabetic() => true,
+            Some('\\') => self.peek_command().is_some_and(|(n, _)| {
+                PRIMARY_COMMANDS.contains(&n.as_str())
+                    || FUNCTIONS.contains(&n.as_str())
+                    || vars && GREEK.contains(&n.as_str())
+            }),
             _ => false,
         }
+    }
+
+    /// A variable's value, recording the variable; `x_1`/`x_{12}` subscripts
+    /// are part of the name.
+    fn variable(&mut self, mut name: String) -> Result<Num, EvalError> {
+        let bind = self.bind.ok_or("variables are not numbers")?;
+        if self.peek() == Some('_') {
+            let save = self.i;
+            self.i += 1;
+            match self.peek() {
+                Some('{') => {
+                    let start = self.i;
+                    while self.peek().is_some_and(|c| c != '}') {
+                        self.i += 1;
+                    }
+                    if self.peek() != Some('}') {
+                        self.i = save;
+                        return Err("unbalanced brackets");
+                    }
+                    self.i += 1;
+                    name.push('_');
+                    name.extend(&self.c[start + 1..self.i - 1]);
+                }
+                Some(c) if c.is_ascii_alphanumeric() => {
+                    self.i += 1;
+                    name.push('_');
+                    name.push(c);
+                }
+                _ => self.i = save,
+            }
+        }
+        let x = bind(&name);
+        if !self.seen.contains(&name) {
+            self.seen.push(name);
+        }
+        Ok(Num::Approx(x))
+    }
+
+    /// `\sin x`: the argument without brackets is one factor with the
+    /// letters glued to it (`\sin 2x` is sin(2x)); `\sin x \cos x` is a
+    /// product of two functions.
+    fn function(&mut self, name: &str) -> Result<Num, EvalError> {
+        let power = if self.eat_pow() { Some(self.exponent()?) } else { None };
+        let base = if name == "log" && self.eat('_') { Some(self.arg()?) } else { None };
+        self.ws();
+        let mut x = match self.peek() {
+            Some('(' | '{') => self.primary()?,
+            _ => {
+                let mut v = self.power()?;
+                while self.bind.is_some() && self.peek().is_some_and(|c| c.is_ascii_alphabetic()) {
+                    let f = self.power()?;
+                    v = self.value(v.mul(f));
+                }
+                v
+            }
+        };
+        let mut y = apply(name, x.to_f64());
+        if let Some(b) = base {
+            y /= b.to_f64().ln();
+        }
+        x = self.value(if y.is_finite() { Ok(Num::Approx(y)) } else { Err("outside the function's domain") });
+        Ok(match power {
+            Some(e) => self.value(x.pow(e)),
+            None => x,
+        })
     }
 
     fn term(&mut self) -> Result<Num, EvalError> {
@@ -315,8 +435,14 @@ impl Parser {
                     }
                     "pi" => Num::Approx(std::f64::consts::PI),
                     "infty" => Num::Approx(f64::INFINITY),
+                    f if FUNCTIONS.contains(&f) => self.function(f)?,
+                    g if self.bind.is_some() && GREEK.contains(&g) => self.variable(g.to_string())?,
                     _ => return Err("unsupported command"),
                 }
+            }
+            Some(c) if self.bind.is_some() && c.is_ascii_alphabetic() => {
+                self.i += 1;
+                self.variable(c.to_string())?
             }
             _ => return Err("expected a number"),
         };
@@ -512,10 +638,39 @@ mod tests {
     }
 
     #[test]
-    fn rejects_variables_functions_and_garbage() {
-        for s in ["x", "2x", "\\sin(1)", "(1", "1)", "", "1+", "\\frac{1}", "e", "5!x", "10^{400}x"] {
+    fn rejects_variables_and_garbage() {
+        for s in ["x", "2x", "\\sin(x)", "(1", "1)", "", "1+", "\\frac{1}", "e", "5!x", "10^{400}x", "\\foo(1)"] {
             assert!(matches!(eval(s), Err(EvalFailure::Syntax(_))), "{s}: {:?}", eval(s));
         }
+    }
+
+    #[test]
+    fn functions_of_numbers_have_values() {
+        assert!(close(val("\\sin(\\pi/6)"), 0.5));
+        assert!(close(val("2\\cos\\frac{\\pi}{3}"), 1.0));
+        assert!(close(val("\\log_2 8"), 3.0));
+        assert!(close(val("\\sin^2(1)+\\cos^2(1)"), 1.0));
+        assert!(matches!(eval("\\ln(-1)"), Err(EvalFailure::NoValue(_))));
+    }
+
+    #[test]
+    fn variables_are_bound_and_reported() {
+        let bind = |v: &str| match v {
+            "x" => 2.0,
+            "y" => 3.0,
+            "theta" => 0.5,
+            "a_1" => 10.0,
+            _ => 1.0,
+        };
+        let at = |s: &str| eval_with(s, &bind).unwrap();
+        assert_eq!(at("2x+y").0.to_f64(), 7.0);
+        assert_eq!(at("2x+y").1, ["x", "y"]);
+        assert_eq!(at("xy^2").0.to_f64(), 18.0);
+        assert_eq!(at("a_1 x").0.to_f64(), 20.0);
+        assert!(close(at("2\\sin x\\cos x").0.to_f64(), (4.0f64).sin()));
+        assert!(close(at("\\sin 2x").0.to_f64(), (4.0f64).sin()));
+        assert!(close(at("\\cos\\theta").0.to_f64(), (0.5f64).cos()));
+        assert!(close(at("\\frac{x^2-1}{x-1}").0.to_f64(), 3.0));
     }
 
     fn no_value(s: &str) -> bool {

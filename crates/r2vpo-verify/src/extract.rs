@@ -11,11 +11,18 @@
 /// closing tag; that case is covered by the same rule. A response with an
 /// opening `<think>` and no closing tag was cut off while thinking, so it has
 /// no final answer and this returns an empty string: an unfinished thought's
-/// last number must not earn reward.
+/// last number must not earn reward. So does a second `<think>` opened after
+/// the last `</think>` and never closed.
 pub fn strip_think(text: &str) -> &str {
     const CLOSE: &str = "</think>";
     if let Some(i) = text.rfind(CLOSE) {
-        &text[i + CLOSE.len()..]
+        let after = &text[i + CLOSE.len()..];
+        // A second reasoning block opened and never closed: cut off again.
+        if after.contains("<think>") {
+            ""
+        } else {
+            after
+        }
     } else if text.contains("<think>") {
         ""
     } else {
@@ -74,6 +81,195 @@ pub fn last_boxed(text: &str) -> Option<&str> {
     };
     let content = content.trim();
     (!content.is_empty()).then_some(content)
+}
+
+/// Every `\boxed{…}` / `\fbox{…}` in `text`: (start of the command, end
+/// past the closing brace, content). Unclosed boxes end the scan. Linear:
+/// each box is scanned once, and nested boxes are part of their parent.
+pub(crate) fn all_boxed(text: &str) -> Vec<(usize, usize, &str)> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some((start, name_len)) = ["\\boxed", "\\fbox"]
+        .iter()
+        .filter_map(|name| text[from..].find(name).map(|i| (from + i, name.len())))
+        .min_by_key(|&(i, _)| i)
+    {
+        let body_start = start + name_len;
+        let Some(body) = text[body_start..].strip_prefix('{') else {
+            from = body_start;
+            continue;
+        };
+        let mut depth = 1usize;
+        let mut escaped = false;
+        let mut end = None;
+        for (i, c) in body.char_indices() {
+            if escaped {
+                escaped = false;
+                continue;
+            }
+            match c {
+                '\\' => escaped = true,
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(i);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let Some(end) = end else { break };
+        let content_start = body_start + 1;
+        out.push((start, content_start + end + 1, text[content_start..content_start + end].trim()));
+        from = content_start + end + 1;
+    }
+    out
+}
+
+/// The final boxed answer, joining boxes that together state it.
+///
+/// Models box each part of a several-part answer (`\boxed{2}` and
+/// `\boxed{3}`, `$x = \boxed{-1}$ or $x = \boxed{4}$`, `(a) \boxed{5}
+/// \quad (b) \boxed{7}`). Boxes count as one answer when only connectives
+/// separate them: `$`, spaces, commas, "and"/"or", `\quad`, part labels
+/// such as `(b)` or `Part (b):`, and a `name =` label, which is kept with
+/// its box (`a = \boxed{3}` reads as `a=3`). Anything longer between two
+/// boxes ("but after checking, the answer is") makes the earlier box a
+/// draft, and only the last counts, as in [`last_boxed`].
+///
+/// The joined answer is a comma list, so it matches a gold list or set and
+/// never a single value: listing candidates earns nothing.
+pub fn final_boxed(text: &str) -> Option<String> {
+    let last = last_boxed(text)?;
+    let boxes = all_boxed(text);
+    if boxes.last().is_none_or(|b| b.2 != last) {
+        // The last box is `\boxed 5`-style, which only `last_boxed` reads.
+        return Some(last.to_string());
+    }
+    let mut first = boxes.len() - 1;
+    while first > 0 && connective(&text[boxes[first - 1].1..boxes[first].0]) {
+        first -= 1;
+    }
+    let parts: Vec<String> = (first..boxes.len())
+        .filter(|&k| !boxes[k].2.is_empty())
+        .map(|k| {
+            let before = if k == first {
+                let mut from = boxes[k].0.saturating_sub(12);
+                while !text.is_char_boundary(from) {
+                    from -= 1;
+                }
+                &text[from..boxes[k].0]
+            } else {
+                &text[boxes[k - 1].1..boxes[k].0]
+            };
+            match label_before(before) {
+                Some(name) if !boxes[k].2.contains('=') => format!("{name}={}", boxes[k].2),
+                _ => boxes[k].2.to_string(),
+            }
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+/// Whether the text between two boxes only joins them (see [`final_boxed`]).
+fn connective(gap: &str) -> bool {
+    if gap.chars().count() > 40 {
+        return false;
+    }
+    let mut t = gap.to_ascii_lowercase();
+    for w in ["\\text{", "\\quad", "\\qquad", "\\\\", "\\,", "\\;", "part", "and", "or", "}", "$", ",", ";", ":", "\n"] {
+        t = t.replace(w, " ");
+    }
+    // Part labels `(a)`/`(ii)` and a `name =` label before the next box.
+    let mut rest = t.trim().to_string();
+    loop {
+        let r = rest.trim_start();
+        if let Some(after) = r.strip_prefix('(') {
+            if let Some(close) = after.find(')') {
+                if close <= 4 && after[..close].chars().all(|c| c.is_ascii_alphanumeric()) {
+                    rest = after[close + 1..].to_string();
+                    continue;
+                }
+            }
+        }
+        break;
+    }
+    let r = rest.trim();
+    r.is_empty() || label_before(r).is_some_and(|name| r.trim_end_matches('=').trim() == name)
+}
+
+/// `x =` (or `a_1 =`) right before a box: the label a several-part answer
+/// gives each box.
+fn label_before(before: &str) -> Option<&str> {
+    let t = before.trim_end_matches(['$', ' ']).strip_suffix('=')?.trim_end();
+    let start = t
+        .char_indices()
+        .rev()
+        .find(|&(_, c)| !(c.is_ascii_alphanumeric() || c == '_'))
+        .map_or(0, |(i, c)| i + c.len_utf8());
+    let name = &t[start..];
+    (!name.is_empty() && name.len() <= 4 && name.starts_with(|c: char| c.is_ascii_alphabetic())).then_some(name)
+}
+
+/// The answer a prose sentence states: the last "the final answer is …",
+/// "the answer is …" or GSM8K's `#### …`, to the end of its sentence.
+pub fn answer_phrase(text: &str) -> Option<String> {
+    let lower = text.to_ascii_lowercase();
+    let mut best: Option<(usize, usize)> = None;
+    for phrase in ["final answer is", "the answer is", "####"] {
+        if let Some(i) = lower.rfind(phrase) {
+            if best.is_none_or(|(b, _)| i > b) {
+                best = Some((i, phrase.len()));
+            }
+        }
+    }
+    let (i, len) = best?;
+    let line = text[i + len..].split('\n').next().unwrap_or("");
+    let answer = clean_answer(line);
+    (!answer.is_empty()).then_some(answer)
+}
+
+/// An answer line's text without what surrounds the answer in prose:
+/// Markdown bold, "The final answer is", math delimiters, and a trailing
+/// sentence such as "I hope it is correct." (Minerva's and Qwen-Math's
+/// answer line). A decimal point is not a sentence end.
+pub fn clean_answer(line: &str) -> String {
+    let mut t = line.trim().trim_start_matches([':', '*', ' ']).trim();
+    for lead in ["the final answer is", "final answer is", "the answer is", "answer is"] {
+        if t.len() >= lead.len() && t.is_char_boundary(lead.len()) && t[..lead.len()].eq_ignore_ascii_case(lead) {
+            t = t[lead.len()..].trim_start_matches([':', ' ']).trim();
+        }
+    }
+    // Cut at the first sentence end outside math: ". " or a final ".".
+    let mut in_math = false;
+    let mut end = t.len();
+    let b = t.as_bytes();
+    for (k, &c) in b.iter().enumerate() {
+        match c {
+            b'$' => in_math = !in_math,
+            b'.' if !in_math && (k + 1 == b.len() || b[k + 1] == b' ') && !(k > 0 && b[k - 1].is_ascii_digit() && k + 1 < b.len() && b[k + 1].is_ascii_digit()) => {
+                end = k;
+                break;
+            }
+            _ => {}
+        }
+    }
+    let mut t = t[..end].trim().trim_end_matches(['*', ' ']).trim();
+    // "$12$ apples": the math span is the answer, the words after it are not.
+    if let Some(inner) = t.strip_prefix('$') {
+        let inner = inner.strip_prefix('$').unwrap_or(inner);
+        // The closing `$`, not a currency `\$` inside the span.
+        let close = inner.char_indices().find(|&(k, c)| c == '$' && !inner[..k].ends_with('\\')).map(|(k, _)| k);
+        if let Some(close) = close {
+            t = &t[..t.len() - inner.len() + close];
+            t = t.trim_start_matches('$');
+        }
+    }
+    let t = t.strip_prefix("\\(").and_then(|r| r.strip_suffix("\\)")).unwrap_or(t);
+    let t = t.strip_prefix("\\[").and_then(|r| r.strip_suffix("\\]")).unwrap_or(t);
+    t.trim().to_string()
 }
 
 /// The answer on the last "Answer:" line, as verl's `math_dapo` finds it.
@@ -135,7 +331,8 @@ fn tail_chars(text: &str, n: usize) -> &str {
 /// number, so "the answer is $\frac{1}{2}$" yields `\frac{1}{2}`, not `2`.
 /// With an odd number of `$` the spans are ambiguous and this returns `None`.
 pub fn last_math_span(text: &str) -> Option<String> {
-    let text = text.replace("\\$", "").replace("$$", "$");
+    // `\(…\)` and `\[…\]` are the same spans as `$…$` and `$$…$$`.
+    let text = text.replace("\\$", "").replace("$$", "$").replace("\\(", "$").replace("\\)", "$").replace("\\[", "$").replace("\\]", "$");
     let segments: Vec<&str> = text.split('$').collect();
     if segments.len() % 2 == 0 {
         return None;

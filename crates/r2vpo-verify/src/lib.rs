@@ -38,10 +38,24 @@
 //! Decisions worth knowing when reading rewards:
 //!
 //! - **Tolerance.** Two exact rationals (integers, decimals, fractions) must
-//!   be exactly equal, so `0.333` ≠ `1/3` and large integers never collide.
-//!   When either side is irrational or too large for `i128`, numbers are equal
-//!   when `|a − b| ≤ max(rel_tol·max(|a|,|b|), abs_tol)` (defaults 1e-6 and
+//!   be exactly equal, so `0.333` ≠ `1/3`, and integers of any size compare
+//!   digit by digit. A terminating decimal never equals an irrational value
+//!   (`3.14159` ≠ `\pi`; see [`VerifyConfig::accept_decimal_approximation`]).
+//!   Otherwise, when either side is irrational, numbers are equal when
+//!   `|a − b| ≤ max(rel_tol·max(|a|,|b|), abs_tol)` (defaults 1e-6 and
 //!   1e-9; the absolute floor makes 0 comparable).
+//! - **Expressions and relations.** Expressions in variables are equal when
+//!   they agree at eight fixed points (`x+1` = `1+x`, `\frac{x^2-1}{x-1}` =
+//!   `x+1`, `2\sin x\cos x` = `\sin 2x`); equations and inequalities when
+//!   one's `right − left` is a constant multiple of the other's, positive for
+//!   inequalities (`x \le 5` = `5 \ge x`, `2x-y+1=0` = `y-2x-1=0`). An
+//!   inequality in one variable equals its interval (`1 \le x < 3` =
+//!   `[1, 3)`).
+//! - **Structures.** Matrices (`pmatrix`, `bmatrix`, `array`) compare cell by
+//!   cell, and a one-column matrix equals the tuple of its entries. Labelled
+//!   parts compare by name (`a=2, b=3` = `(a,b)=(2,3)`), and against plain
+//!   parts in the order named. `a \pm b` is the list `a+b, a-b`. Several
+//!   boxes joined only by "and", commas or part labels are one list answer.
 //! - **Percent.** `%`, `\%` and "percent" are removed, so `50\%` = `50`. When
 //!   exactly one side carried a percent mark, the value divided by 100 is also
 //!   accepted (`50\%` = `0.5`), as math-verify does; turn this off with
@@ -66,7 +80,10 @@
 //!   are rejected, evaluation depth and exponents are bounded, and nothing
 //!   panics: a verifier that crashes or hangs inside a rollout worker turns
 //!   into silent zero rewards, the failure verl hit with math-verify.
-//! - **Not done.** No symbolic algebra: `x+1` and `1+x` are different texts.
+//! - **Echoes.** An unevaluated expression (`\sqrt{49}`) against a plain
+//!   number is wrong when the response already wrote it before the answer:
+//!   the question restated. [`VerifyConfig::require_literal_answer`] goes
+//!   further and wants a plain number whenever the gold is one.
 //!
 //! For bit-exact parity with verl's `math_dapo` reward, set
 //! [`VerifyConfig::equivalence`] to [`Equivalence::MinervaExact`].
@@ -84,7 +101,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-pub use extract::{answer_line, last_boxed, last_math_span, last_number, strip_think};
+pub use extract::{answer_line, answer_phrase, clean_answer, final_boxed, last_boxed, last_math_span, last_number, strip_think};
 
 /// Where a dataset's responses put their final answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,16 +153,26 @@ pub struct VerifyConfig {
     pub abs_tol: f64,
     /// Accept `p%` for `p/100` when only one side has a percent mark.
     pub percent_as_fraction: bool,
+    /// Accept a terminating decimal within tolerance of an irrational gold
+    /// (`3.14159` for `\pi`). Off by default: a decimal is rational, so it
+    /// is an approximation however many digits it has, and graders of
+    /// exact-answer benchmarks mark it wrong.
+    pub accept_decimal_approximation: bool,
     /// Bare comma lists ignore order (sets always do, tuples never do).
     pub unordered_lists: bool,
     /// Longer extracted answers or gold strings are rejected unverified.
     pub max_input_chars: usize,
-    /// When the gold answer is a plain number, accept only a plain number:
-    /// an answer that still holds arithmetic (`92 + 35` for 127) is wrong
-    /// even though it evaluates to the gold value. Arithmetic tasks need
-    /// this, or restating the question earns the reward: GRPO on the
+    /// When the gold answer is a plain number, accept only a plain number
+    /// (a decimal, or a fraction in lowest terms): an answer that still
+    /// holds arithmetic (`92 + 35`, `\sqrt{49}`, `\frac{254}{2}` for 127)
+    /// is wrong even though it evaluates to the gold value, since
+    /// restating the question earns the reward otherwise: GRPO on the
     /// built-in task learned exactly that (see `results/llm/README.md`).
-    /// Off by default, as math benchmarks accept equivalent expressions.
+    /// An equation chain is judged by its last side (`x = 10 - 3 = 7`).
+    /// Off by default, as math benchmarks accept equivalent expressions
+    /// (`2^{100}`, `\frac{2}{4}`); the arithmetic training configs turn it
+    /// on. Without it, [`verify`] still refuses an answer that restates an
+    /// expression written earlier in the response.
     pub require_literal_answer: bool,
     /// Reward for a correct answer.
     pub correct_reward: f64,
@@ -163,6 +190,7 @@ impl Default for VerifyConfig {
             rel_tol: 1e-6,
             abs_tol: 1e-9,
             percent_as_fraction: true,
+            accept_decimal_approximation: false,
             unordered_lists: true,
             max_input_chars: 1000,
             require_literal_answer: false,
@@ -196,8 +224,12 @@ pub enum Reason {
     NumericMatch,
     /// Equal once the percent-marked side is divided by 100.
     PercentMatch,
-    /// Tuples, intervals, sets, unions or lists with matching elements.
+    /// Tuples, intervals, sets, unions, lists, matrices or labelled parts
+    /// with matching elements.
     StructuralMatch,
+    /// Expressions in variables, or equations and inequalities, that agree
+    /// at every test point.
+    SymbolicMatch,
     /// Equal after verl's Minerva normalisation ([`Equivalence::MinervaExact`]).
     MinervaMatch,
     /// The response holds no answer in the configured format.
@@ -218,6 +250,7 @@ impl fmt::Display for Reason {
             Reason::NumericMatch => write!(f, "numerically equal"),
             Reason::PercentMatch => write!(f, "equal reading the percentage as a fraction"),
             Reason::StructuralMatch => write!(f, "same structure, elements equal"),
+            Reason::SymbolicMatch => write!(f, "equal as expressions or relations at every test point"),
             Reason::MinervaMatch => write!(f, "equal after Minerva normalisation"),
             Reason::NoAnswer => write!(f, "no answer found in the response"),
             Reason::EmptyGold => write!(f, "gold answer is empty after normalisation"),
@@ -288,26 +321,39 @@ fn too_long(s: &str, cfg: &VerifyConfig) -> bool {
 /// ```
 pub fn extract_answer(response: &str, cfg: &VerifyConfig) -> Option<String> {
     let text = if cfg.strip_think { strip_think(response) } else { response };
-    let found = match cfg.format {
-        AnswerFormat::Boxed => last_boxed(text),
-        AnswerFormat::AnswerLine => answer_line(text, cfg.answer_line_window),
-        AnswerFormat::LastNumber => last_number(text),
-        AnswerFormat::Auto => {
-            let explicit = last_boxed(text).or_else(|| answer_line(text, cfg.answer_line_window));
-            if explicit.is_none() {
-                let whole = text.trim();
-                if reads_as_math(whole, cfg) {
-                    return Some(whole.to_string());
-                }
-                if let Some(span) = last_math_span(text).filter(|m| reads_as_math(m, cfg)) {
-                    return Some(span);
-                }
-            }
-            explicit.or_else(|| last_number(text))
-        }
+    // verl parity (`MinervaExact`) sees exactly what verl captures; the math
+    // equivalence reads answers the way models phrase them: joined boxes,
+    // and an answer line without its prose ("The final answer is $5$. I
+    // hope it is correct.").
+    let math = cfg.equivalence == Equivalence::Math;
+    let boxed = || if math { final_boxed(text) } else { last_boxed(text).map(str::to_string) };
+    let line = || {
+        answer_line(text, cfg.answer_line_window)
+            .map(|l| if math { extract::clean_answer(l) } else { l.to_string() })
+            .filter(|l| !l.is_empty())
     };
-    found.map(str::to_string)
+    match cfg.format {
+        AnswerFormat::Boxed => boxed(),
+        AnswerFormat::AnswerLine => line(),
+        AnswerFormat::LastNumber => last_number(text).map(str::to_string),
+        AnswerFormat::Auto => boxed().or_else(line).or_else(|| {
+            let whole = text.trim();
+            if reads_as_math(whole, cfg) {
+                return Some(whole.to_string());
+            }
+            if let Some(p) = answer_phrase(text).filter(|p| p.chars().count() <= MAX_PHRASE_ANSWER) {
+                return Some(p);
+            }
+            if let Some(span) = last_math_span(text).filter(|m| reads_as_math(m, cfg)) {
+                return Some(span);
+            }
+            last_number(text).map(str::to_string)
+        }),
+    }
 }
+
+/// A "the answer is …" sentence longer than this is prose, not an answer.
+const MAX_PHRASE_ANSWER: usize = 100;
 
 /// Whether `s` is short enough and normalises to a value with no text parts
 /// (arithmetic too large to evaluate counts: it is still one whole answer).
@@ -364,10 +410,31 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
         };
         return v;
     }
-    let a = normalize::normalize(answer);
+    let mut a = normalize::normalize(answer);
     let g = normalize::normalize(gold);
-    let va = equiv::parse_value(&a.text);
     let vg = equiv::parse_value(&g.text);
+    // `m + n = 47`, `x = 10 - 3 = 7`: against a bare value, an equation
+    // chain states its last side.
+    if vg.as_num().is_some() {
+        if let Some(last) = equiv::equation_result(&a.text) {
+            a.text = last;
+        }
+    }
+    let mut va = equiv::parse_value(&a.text);
+    let mut vg = vg;
+    // An equation against an assignment (`2x - y + 1 = 0` against
+    // `y = 2x+1`): the assignment is an equation too.
+    if let (equiv::Value::Relation { .. }, false) = (&va, matches!(vg, equiv::Value::Relation { .. })) {
+        let whole = equiv::parse_value(&normalize::normalize_with(gold, false).text);
+        if matches!(whole, equiv::Value::Relation { .. }) {
+            vg = whole;
+        }
+    } else if let (false, equiv::Value::Relation { .. }) = (matches!(va, equiv::Value::Relation { .. }), &vg) {
+        let whole = equiv::parse_value(&normalize::normalize_with(answer, false).text);
+        if matches!(whole, equiv::Value::Relation { .. }) {
+            va = whole;
+        }
+    }
     v.normalized_answer = a.text;
     v.normalized_gold = g.text;
     v.parsed_answer = va.to_string();
@@ -385,11 +452,32 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
     } else if v.normalized_answer == v.normalized_gold {
         v.correct = true;
         Reason::StringMatch
+    } else if let (Some(x), Some(y)) = (integer_digits(&v.normalized_answer), integer_digits(&v.normalized_gold)) {
+        // Integers of any size compare digit by digit, never in floating
+        // point, where two 40-digit integers one apart are "equal".
+        v.correct = x == y;
+        if v.correct {
+            Reason::NumericMatch
+        } else {
+            Reason::Mismatch(format!("integers differ: {x} vs {y}"))
+        }
+    } else if !cfg.accept_decimal_approximation
+        && (decimal_against_irrational(&v.normalized_answer, &vg) || decimal_against_irrational(&v.normalized_gold, &va))
+    {
+        Reason::Mismatch("a terminating decimal is rational and never equals an irrational value".to_string())
+    } else if let Some(letter) = choice_against_letter(&v.normalized_answer, &v.normalized_gold) {
+        v.correct = letter;
+        if letter {
+            Reason::StringMatch
+        } else {
+            Reason::Mismatch("a different choice".to_string())
+        }
     } else if equiv::equal(&va, &vg, tol) {
         v.correct = true;
         match va {
             equiv::Value::Num(_) => Reason::NumericMatch,
             equiv::Value::Text(_) | equiv::Value::Unevaluated { .. } => Reason::StringMatch,
+            equiv::Value::Expr { .. } | equiv::Value::Relation { .. } => Reason::SymbolicMatch,
             _ => Reason::StructuralMatch,
         }
     } else if cfg.percent_as_fraction && a.percent != g.percent && percent_scaled_equal(&va, &vg, a.percent, tol) {
@@ -401,8 +489,72 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
     v
 }
 
-/// A plain decimal number: optional sign, digits, at most one decimal point.
-fn is_number_literal(s: &str) -> bool {
+/// An answer that is arithmetic left undone (`2+3`, `\sqrt{49}`) where the
+/// gold is a plain number, and that already stood in the response before the
+/// answer ("Find the value of $2+3$ … $\boxed{2+3}$"): the question echoed
+/// back, not answered. Rewarding it teaches a policy to copy the question.
+fn restates_earlier_math(response: &str, answer: &str, v: &Verdict) -> bool {
+    if is_number_literal(&v.normalized_answer) || !is_number_literal(&v.normalized_gold) {
+        return false;
+    }
+    let answer = answer.trim();
+    let Some(at) = response.rfind(answer) else { return false };
+    let before = &response[..at];
+    // The same text earlier (`2+3` in "the value of $2+3$"), or a math span
+    // that normalises to the same expression. Spans are read only within
+    // the last paragraph-sized stretch, where `$` pairs are reliable.
+    if before.contains(answer) {
+        return true;
+    }
+    let mut from = before.len().saturating_sub(2000);
+    while !before.is_char_boundary(from) {
+        from -= 1;
+    }
+    let text = before[from..].replace("\\$", "").replace("$$", "$").replace("\\(", "$").replace("\\)", "$");
+    text.split('$')
+        .skip(1)
+        .step_by(2)
+        .any(|span| !span.trim().is_empty() && normalize::normalize(span).text == v.normalized_answer)
+}
+
+/// `-007` → `-7`: the canonical digits of an integer literal.
+fn integer_digits(s: &str) -> Option<String> {
+    let t = s.trim();
+    let (sign, body) = match t.strip_prefix('-') {
+        Some(b) => ("-", b),
+        None => ("", t.strip_prefix('+').unwrap_or(t)),
+    };
+    if body.is_empty() || !body.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = body.trim_start_matches('0');
+    Some(if digits.is_empty() { "0".to_string() } else { format!("{sign}{digits}") })
+}
+
+/// A decimal literal with a fractional part (`3.14159`) against a value the
+/// evaluator could only approximate (`\pi`, `\sqrt{2}`): an approximation,
+/// however many digits it has.
+fn decimal_against_irrational(text: &str, other: &equiv::Value) -> bool {
+    text.contains('.') && is_decimal(text) && matches!(other.as_num(), Some(num::Num::Approx(x)) if x.is_finite())
+}
+
+/// Multiple choice: when the gold is one of the letters A–E, an answer
+/// that opens with a choice in parentheses (`(E) 8`, from `\textbf{(E) }8`)
+/// is that choice; `None` when this rule does not apply.
+fn choice_against_letter(answer: &str, gold: &str) -> Option<bool> {
+    let g = gold.chars().collect::<Vec<_>>();
+    if !(g.len() == 1 && ('A'..='E').contains(&g[0])) {
+        return None;
+    }
+    let a: Vec<char> = answer.chars().collect();
+    match a.as_slice() {
+        ['(', l, ')', ..] if l.is_ascii_uppercase() => Some(*l == g[0]),
+        _ => None,
+    }
+}
+
+/// Optional sign, digits, at most one decimal point.
+fn is_decimal(s: &str) -> bool {
     let t = s.trim();
     let t = t.strip_prefix(['-', '+']).unwrap_or(t);
     let mut digits = 0usize;
@@ -415,6 +567,40 @@ fn is_number_literal(s: &str) -> bool {
         }
     }
     digits > 0 && points <= 1
+}
+
+/// A number written plainly: a decimal (in scientific notation too:
+/// `1.5e3`, `2.5\times10^{-3}`), or a fraction in lowest terms
+/// (`\frac{3}{4}`, `-3/4`); `\frac{254}{2}` is arithmetic left undone.
+fn is_number_literal(s: &str) -> bool {
+    if is_decimal(s) {
+        return true;
+    }
+    let t = s.trim();
+    for times in ["e", "E", "\\times10^", "\\cdot10^"] {
+        if let Some((m, e)) = t.split_once(times) {
+            let e = e.strip_prefix('{').and_then(|e| e.strip_suffix('}')).unwrap_or(e);
+            let e = e.strip_prefix(['-', '+']).unwrap_or(e);
+            if is_decimal(m) && !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit()) {
+                return true;
+            }
+        }
+    }
+    let t = t.strip_prefix(['-', '+']).unwrap_or(t);
+    let parts = if let Some(rest) = t.strip_prefix("\\frac{") {
+        rest.strip_suffix('}').and_then(|r| r.split_once("}{"))
+    } else {
+        t.split_once('/')
+    };
+    let Some((n, d)) = parts else { return false };
+    let (Ok(n), Ok(d)) = (n.parse::<u128>(), d.parse::<u128>()) else { return false };
+    let gcd = |mut a: u128, mut b: u128| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    d > 1 && gcd(n, d) == 1
 }
 
 /// `p%` against `p/100`, with `answer_has_percent` saying which side to scale.
@@ -432,7 +618,16 @@ fn percent_scaled_equal(a: &equiv::Value, g: &equiv::Value, answer_has_percent: 
 /// bare answer.
 pub fn verify(response: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
     match extract_answer(response, cfg) {
-        Some(answer) => is_equivalent(&answer, gold, cfg),
+        Some(answer) => {
+            let mut v = is_equivalent(&answer, gold, cfg);
+            if v.correct && cfg.equivalence == Equivalence::Math && restates_earlier_math(response, &answer, &v) {
+                v.correct = false;
+                v.reason = Reason::Mismatch(
+                    "the answer restates an expression from earlier in the response, left unevaluated".to_string(),
+                );
+            }
+            v
+        }
         None => {
             let cut: String = gold.chars().take(cfg.max_input_chars).collect();
             let g = match cfg.equivalence {

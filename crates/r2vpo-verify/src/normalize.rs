@@ -115,7 +115,8 @@ const UNIT_WORDS: &[&str] = &[
 ];
 
 /// Units recognised only when they are the whole `\text{…}` content.
-const TEXT_ONLY_UNITS: &[&str] = &["m", "s", "g", "h", "l", "mi", "min", "th", "st", "nd", "rd"];
+const TEXT_ONLY_UNITS: &[&str] =
+    &["m", "s", "g", "h", "l", "mi", "min", "th", "st", "nd", "rd", "m/s", "km/h", "m/s^2", "m^2", "cm^2", "m^3", "cm^3"];
 
 /// Commands whose braced argument is plain text to keep.
 const TEXT_COMMANDS: &[&str] =
@@ -126,6 +127,13 @@ const SPACING_COMMANDS: &[&str] = &["\\displaystyle", "\\qquad", "\\quad", "\\!"
 
 /// Normalises `s`; the caller bounds its length.
 pub(crate) fn normalize(s: &str) -> Normalized {
+    normalize_with(s, true)
+}
+
+/// [`normalize`], keeping a top-level `name = value` whole when
+/// `strip_assignments` is false: `y = 2x+1` is then the equation of a line,
+/// which an answer written as `2x - y + 1 = 0` can be compared with.
+pub(crate) fn normalize_with(s: &str, strip_assignments: bool) -> Normalized {
     let mut t = map_unicode(s.trim());
     t = strip_math_wrappers(&t);
     if let Some(inner) = last_boxed(&t) {
@@ -133,10 +141,20 @@ pub(crate) fn normalize(s: &str) -> Normalized {
     }
     t = t.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac");
     t = remove_delimiter_sizing(&t);
+    t = join_digit_groups(&t);
+    for (from, to) in [("\\varnothing", "\\emptyset"), ("\\{\\}", "\\emptyset"), ("\\mathbb{R}", "(-\\infty,\\infty)")] {
+        t = t.replace(from, to);
+    }
+    // A matrix's row break `\\\\` must survive the spacing commands (its
+    // second backslash and a space read as `\ `).
+    t = t.replace("\\\\", "\u{2}");
     for cmd in SPACING_COMMANDS {
         t = t.replace(cmd, " ");
     }
+    t = t.replace('\u{2}', "\\\\");
+    t = decimal_comma(&t);
     t = t.replace('~', " ").replace("{,}", "");
+    t = repeating_decimals(&t);
     t = unwrap_text_commands(&t);
     t = remove_degrees(&t);
     let (t2, percent) = remove_percent(&t);
@@ -147,13 +165,92 @@ pub(crate) fn normalize(s: &str) -> Normalized {
     t = trim_trailing_punctuation(&t);
     t = remove_thousands_separators(&t);
     t = collapse_whitespace(&t);
-    t = strip_assignment_top(&t);
+    if strip_assignments {
+        t = strip_assignment_top(&t);
+    }
     t = expand_shorthand(&t);
     t = strip_outer_braces(&t);
     if let Some(letter) = choice_letter(&t) {
         t = letter;
     }
     Normalized { text: t, percent }
+}
+
+/// Thousands groups that LaTeX spells out: `32,\!349`, `32,\! 349`,
+/// `14{,}916`, `1\,000`, `1\!000`. Unlike a bare comma these marks are
+/// never list separators, so they go wherever a digit precedes them and
+/// exactly three digits follow.
+fn join_digit_groups(s: &str) -> String {
+    const MARKS: &[&str] = &[",\\!", ",\\,", ",\\ ", "{,}", "\\,", "\\!", "\\ "];
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while !rest.is_empty() {
+        let prev_digit = out.chars().last().is_some_and(|c| c.is_ascii_digit());
+        if prev_digit {
+            if let Some(m) = MARKS.iter().find(|m| rest.starts_with(**m)) {
+                let after = rest[m.len()..].trim_start_matches(' ');
+                let digits = after.chars().take_while(char::is_ascii_digit).count();
+                if digits == 3 {
+                    rest = after;
+                    continue;
+                }
+            }
+        }
+        let c = rest.chars().next().unwrap_or(' ');
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
+/// `3{,}5`: LaTeX's braced comma between digits, when it is not a
+/// thousands group ([`join_digit_groups`] took those), is a decimal comma.
+fn decimal_comma(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find("{,}") {
+        let before_digit = rest[..i].ends_with(|c: char| c.is_ascii_digit());
+        let after_digit = rest[i + 3..].starts_with(|c: char| c.is_ascii_digit());
+        out.push_str(&rest[..i]);
+        out.push_str(if before_digit && after_digit { "." } else { "{,}" });
+        rest = &rest[i + 3..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `0.\overline{3}` → `\frac{1}{3}`, `0.1\overline{6}` → `\frac{15}{90}`:
+/// a repeating decimal is the exact rational it denotes (so
+/// `0.\overline{9}` is 1).
+fn repeating_decimals(s: &str) -> String {
+    let Some(at) = s.find("\\overline{") else { return s.to_string() };
+    let head = &s[..at];
+    let tail = &s[at + "\\overline{".len()..];
+    let Some(close) = tail.find('}') else { return s.to_string() };
+    let rep = tail[..close].trim();
+    let int_start = head.rfind(|c: char| !(c.is_ascii_digit() || c == '.')).map_or(0, |i| i + 1);
+    let number = &head[int_start..];
+    let Some((int_part, fixed)) = number.split_once('.') else { return s.to_string() };
+    if rep.is_empty() || !rep.chars().all(|c| c.is_ascii_digit()) || rep.len() + fixed.len() > 18 {
+        return s.to_string();
+    }
+    let int_part = if int_part.is_empty() { "0" } else { int_part };
+    let (Ok(whole), Ok(with_rep), Ok(without)) = (
+        int_part.parse::<u128>(),
+        format!("{fixed}{rep}").parse::<u128>(),
+        if fixed.is_empty() { Ok(0) } else { fixed.parse::<u128>() },
+    ) else {
+        return s.to_string();
+    };
+    let den = 10u128.pow(fixed.len() as u32) * (10u128.pow(rep.len() as u32) - 1);
+    let num = whole * den + with_rep - without;
+    let (mut a, mut b) = (num, den);
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    let (num, den) = (num / a, den / a);
+    let value = if den == 1 { num.to_string() } else { format!("\\frac{{{num}}}{{{den}}}") };
+    format!("{}{value}{}", &head[..int_start], &tail[close + 1..])
 }
 
 fn map_unicode(s: &str) -> String {
@@ -169,6 +266,17 @@ fn map_unicode(s: &str) -> String {
             '∞' => out.push_str("\\infty "),
             '°' => out.push_str("^\\circ "),
             '∪' => out.push_str("\\cup "),
+            '∅' => out.push_str("\\emptyset "),
+            '½' => out.push_str("\\frac{1}{2}"),
+            '⅓' => out.push_str("\\frac{1}{3}"),
+            '⅔' => out.push_str("\\frac{2}{3}"),
+            '¼' => out.push_str("\\frac{1}{4}"),
+            '¾' => out.push_str("\\frac{3}{4}"),
+            '⅕' => out.push_str("\\frac{1}{5}"),
+            '⅛' => out.push_str("\\frac{1}{8}"),
+            '≤' => out.push_str("\\le "),
+            '≥' => out.push_str("\\ge "),
+            '≠' => out.push_str("\\ne "),
             '，' => out.push(','),
             c if c.is_whitespace() => out.push(' '),
             c => out.push(c),
@@ -358,14 +466,14 @@ fn replace_words(s: &str, f: impl Fn(&str) -> Option<String>) -> String {
     out
 }
 
-/// Drops unit words; "and" between answers becomes a list comma.
+/// Drops unit words; "and" or "or" between answers becomes a list comma.
 /// Nothing is dropped if that would leave no answer at all ("points" alone).
 fn remove_unit_words(s: &str) -> String {
     let out = replace_words(s, |w| {
         let lw = w.to_ascii_lowercase();
         if UNIT_WORDS.contains(&lw.as_str()) {
             Some(String::new())
-        } else if lw == "and" {
+        } else if lw == "and" || lw == "or" {
             Some(",".to_string())
         } else {
             None
@@ -694,8 +802,16 @@ mod tests {
         assert_eq!(n("x \\le 3"), "x\\le3");
         assert_eq!(n("x=1, y=2"), "x=1,y=2");
         assert_eq!(n("x \\in [1, 3)"), "[1,3)");
-        assert_eq!(n("x \\in \\mathbb{R}"), "\\mathbb{R}");
+        assert_eq!(n("x \\in \\mathbb{R}"), "(-\\infty,\\infty)");
+        assert_eq!(n("32,\\! 349"), "32349");
+        assert_eq!(n("1\\,000"), "1000");
+        assert_eq!(n("1,\\!2"), "1,2");
         assert_eq!(n("\\infty"), "\\infty");
+        assert_eq!(n("3{,}5"), "3.5");
+        assert_eq!(n("0.\\overline{3}"), "\\frac{1}{3}");
+        assert_eq!(n("0.1\\overline{6}"), "\\frac{1}{6}");
+        assert_eq!(n("0.\\overline{9}"), "1");
+        assert_eq!(n("½"), "\\frac{1}{2}");
     }
 
     #[test]

@@ -294,9 +294,15 @@ fn boxed_gold_is_unwrapped() {
 #[test]
 fn relative_tolerance_with_absolute_floor() {
     yes("1.0000000001\\sqrt{2}", "\\sqrt{2}");
-    yes("0.7071067811865476", "\\frac{\\sqrt{2}}{2}");
+    // A terminating decimal is rational: never the irrational gold, to any
+    // number of digits, unless decimal approximations are accepted.
+    no("0.7071067811865476", "\\frac{\\sqrt{2}}{2}");
+    no("3.14159265358979323846264338327950288", "\\pi");
     no("0.7071", "\\frac{\\sqrt{2}}{2}");
-    let loose = VerifyConfig { rel_tol: 1e-3, ..cfg() };
+    let approx = VerifyConfig { accept_decimal_approximation: true, ..cfg() };
+    assert!(is_equivalent("0.7071067811865476", "\\frac{\\sqrt{2}}{2}", &approx).correct);
+    assert!(!is_equivalent("0.7071", "\\frac{\\sqrt{2}}{2}", &approx).correct);
+    let loose = VerifyConfig { rel_tol: 1e-3, accept_decimal_approximation: true, ..cfg() };
     assert!(is_equivalent("0.7071", "\\frac{\\sqrt{2}}{2}", &loose).correct);
     // Near zero the absolute floor decides.
     yes("\\sqrt{2}-\\sqrt{2}", "0");
@@ -437,6 +443,10 @@ fn literal_answers_when_required() {
     // A gold that is not a plain number keeps full equivalence; a plain
     // number gold wants a plain number.
     assert!(is_equivalent("0.5", "\\frac{1}{2}", &strict).correct);
-    assert!(!is_equivalent("\\frac{1}{2}", "0.5", &strict).correct);
+    // A fraction in lowest terms is a number written plainly; an unreduced
+    // one is arithmetic left undone.
+    assert!(is_equivalent("\\frac{1}{2}", "0.5", &strict).correct);
+    assert!(!is_equivalent("\\frac{2}{4}", "0.5", &strict).correct);
+    assert!(is_equivalent("1.5e3", "1500", &strict).correct);
     assert!(is_equivalent("x^{2}", "x^2", &strict).correct);
 }

@@ -21,6 +21,7 @@ fn reason_name(r: &Reason) -> &'static str {
         Reason::NumericMatch => "numeric_match",
         Reason::PercentMatch => "percent_match",
         Reason::StructuralMatch => "structural_match",
+        Reason::SymbolicMatch => "symbolic_match",
         Reason::MinervaMatch => "minerva_match",
         Reason::NoAnswer => "no_answer",
         Reason::EmptyGold => "empty_gold",
