@@ -46,28 +46,7 @@ pub fn last_boxed(text: &str) -> Option<&str> {
         .max_by_key(|&(i, _)| i)?;
     let rest = &text[start + name_len..];
     let content = if let Some(body) = rest.strip_prefix('{') {
-        let mut depth = 1usize;
-        let mut escaped = false;
-        let mut end = None;
-        for (i, c) in body.char_indices() {
-            if escaped {
-                escaped = false;
-                continue;
-            }
-            match c {
-                '\\' => escaped = true,
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = Some(i);
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        &body[..end?]
+        &body[..group_close(body)?]
     } else if rest.starts_with([' ', '\t']) {
         let body = rest.trim_start_matches([' ', '\t']);
         body.split(['$', '\n']).next().unwrap_or("")
@@ -99,28 +78,7 @@ pub(crate) fn all_boxed(text: &str) -> Vec<(usize, usize, &str)> {
             from = body_start;
             continue;
         };
-        let mut depth = 1usize;
-        let mut escaped = false;
-        let mut end = None;
-        for (i, c) in body.char_indices() {
-            if escaped {
-                escaped = false;
-                continue;
-            }
-            match c {
-                '\\' => escaped = true,
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = Some(i);
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        let Some(end) = end else { break };
+        let Some(end) = group_close(body) else { break };
         let content_start = body_start + 1;
         out.push((start, content_start + end + 1, text[content_start..content_start + end].trim()));
         from = content_start + end + 1;
@@ -270,6 +228,31 @@ pub fn clean_answer(line: &str) -> String {
     let t = t.strip_prefix("\\(").and_then(|r| r.strip_suffix("\\)")).unwrap_or(t);
     let t = t.strip_prefix("\\[").and_then(|r| r.strip_suffix("\\]")).unwrap_or(t);
     t.trim().to_string()
+}
+
+/// Byte index of the `}` closing a group whose `{` came just before `body`;
+/// escaped braces `\{ \}` do not nest.
+fn group_close(body: &str) -> Option<usize> {
+    let mut depth = 1usize;
+    let mut escaped = false;
+    for (i, c) in body.char_indices() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match c {
+            '\\' => escaped = true,
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// The answer on the last "Answer:" line, as verl's `math_dapo` finds it.

@@ -341,7 +341,13 @@ pub fn extract_answer(response: &str, cfg: &VerifyConfig) -> Option<String> {
             if reads_as_math(whole, cfg) {
                 return Some(whole.to_string());
             }
-            if let Some(p) = answer_phrase(text).filter(|p| p.chars().count() <= MAX_PHRASE_ANSWER) {
+            // "The answer is 12." or "the answer is no", but not "the answer
+            // is determined by the equation itself": prose is no answer, and
+            // a number later in the text may be.
+            if let Some(p) = answer_phrase(text).filter(|p| {
+                p.chars().count() <= MAX_PHRASE_ANSWER
+                    && (reads_as_math(p, cfg) || p.split_whitespace().count() <= MAX_PHRASE_WORDS)
+            }) {
                 return Some(p);
             }
             if let Some(span) = last_math_span(text).filter(|m| reads_as_math(m, cfg)) {
@@ -354,6 +360,10 @@ pub fn extract_answer(response: &str, cfg: &VerifyConfig) -> Option<String> {
 
 /// A "the answer is …" sentence longer than this is prose, not an answer.
 const MAX_PHRASE_ANSWER: usize = 100;
+
+/// Words a "the answer is …" answer that does not read as mathematics may
+/// have (`no`, `\textbf{(B)}`, `x = 5 \text{ or } 7`): more is a sentence.
+const MAX_PHRASE_WORDS: usize = 3;
 
 /// Whether `s` is short enough and normalises to a value with no text parts
 /// (arithmetic too large to evaluate counts: it is still one whole answer).
