@@ -191,8 +191,12 @@ fn expr_equal(a: &str, av: &[String], b: &str, bv: &[String], tol: Tolerance) ->
     proportional(&f, &g, tol).is_some_and(|c| (c - 1.0).abs() <= tol.rel.max(1e-9) * 10.0)
 }
 
+/// A relation's sides and its operators, each with whether it points the
+/// other way (`>`, `\ge`).
+type SplitRelation = (Vec<String>, Vec<(Rel, bool)>);
+
 /// Splits at depth-0 relation operators: sides and operators, or `None`.
-fn split_relation(s: &str) -> Option<(Vec<String>, Vec<(Rel, bool)>)> {
+fn split_relation(s: &str) -> Option<SplitRelation> {
     let mut sides = Vec::new();
     let mut ops = Vec::new();
     let mut depth = 0i64;
