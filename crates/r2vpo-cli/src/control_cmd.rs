@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use r2vpo_control::run::{check_same_config, sweep_state, train_in_folder, SweepRun};
 use r2vpo_control::trainer::{algo_overrides, evaluate_policy, load_policy, TrainConfig, Trainer, UpdateMetrics};
+use r2vpo_control::native::NativeNet;
 use r2vpo_control::{VecEnv, VecEnvConfig};
 use r2vpo_report::edge::{Existing, Progress, Stop, StopSignal};
 use r2vpo_report::plot::{mean_std_band, Grid, LineChart, Series};
@@ -97,9 +98,16 @@ pub struct BenchArgs {
     /// Seconds per raw physics measurement.
     #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
-    /// Timed training updates (after one warm-up update).
+    /// Timed training updates (after one warm-up update); 0 skips the
+    /// training measurement (a `paper.toml` update takes minutes).
     #[arg(long, default_value_t = 3)]
     pub updates: usize,
+    /// Timed learner passes (one minibatch's forward and backward at the
+    /// config's network and minibatch size, after one warm-up pass; more
+    /// when they are short, to fill 0.3 s) on one thread and on all; 0
+    /// skips the learner table.
+    #[arg(long, default_value_t = 3)]
+    pub learner_reps: usize,
     /// Where the JSON results go.
     #[arg(long, default_value = "runs/bench/control.json")]
     pub out: PathBuf,
@@ -347,6 +355,15 @@ struct BenchRow {
     train_config: String,
 }
 
+/// The learner table's row.
+#[derive(Serialize)]
+struct LearnerRow {
+    task: String,
+    rows: usize,
+    gflops_1_thread: f64,
+    gflops_all_threads: f64,
+}
+
 /// Env steps per second of `envs` environments under uniform random
 /// actions, on a pool of `threads` threads.
 fn raw_rate(task: &str, envs: usize, threads: usize, seconds: f64) -> Result<f64> {
@@ -374,18 +391,95 @@ fn raw_rate(task: &str, envs: usize, threads: usize, seconds: f64) -> Result<f64
     })
 }
 
+/// The learner's products on one minibatch: the fastest of `reps` timed
+/// forward + backward passes after a warm-up, as GFLOP/s.
+fn learner_rate(net: &NativeNet, (d, a): (usize, usize), rows: usize, reps: usize, threads: usize) -> Result<f64> {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let obs: Vec<f32> = (0..rows * d).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let actions: Vec<f32> = (0..rows * a).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let ones = vec![1f32 / rows as f32; rows];
+    pool.install(|| {
+        let pass = || {
+            let t0 = Instant::now();
+            let f = net.forward(&obs, rows);
+            let mut grads = net.zero_grads();
+            net.backward(&f, &actions, &ones, &ones, 0.0, &mut grads);
+            std::hint::black_box(&grads);
+            t0.elapsed().as_secs_f64()
+        };
+        // Small networks' passes take microseconds: time at least 0.3 s of
+        // them so the best is not one lucky or unlucky pass.
+        let warm = pass();
+        let reps = reps.max((0.3 / warm.max(1e-9)) as usize).min(10_000);
+        let best = (0..reps).map(|_| pass()).fold(f64::INFINITY, f64::min);
+        Ok(net.learn_flops(rows) / best / 1e9)
+    })
+}
+
+/// The fastest f32 product this binary has, on all threads: the best of
+/// gemm (`Parallelism::Rayon`) and, where it runs, the AVX2 kernel of the
+/// LLM learner, on a 2048³ product (best of 3). The share of it that the
+/// control learner reaches says how far its products are from this
+/// project's best kernel; the machine's own peak (PyTorch's GEMM,
+/// `make bench-hf`) is higher.
+fn best_product_rate() -> (f64, &'static str) {
+    let n = 2048;
+    let flops = 2.0 * (n * n * n) as f64;
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let x: Vec<f32> = (0..n * n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let w: Vec<f32> = (0..n * n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let time = |f: &dyn Fn()| (0..3).map(|_| {
+        let t0 = Instant::now();
+        f();
+        t0.elapsed().as_secs_f64()
+    }).fold(f64::INFINITY, f64::min);
+    let gemm_s = time(&|| {
+        let mut out = vec![0f32; n * n];
+        // SAFETY: all three buffers are n×n row-major and distinct.
+        unsafe {
+            gemm::gemm(n, n, n, out.as_mut_ptr(), 1, n as isize, false, x.as_ptr(), 1, n as isize, w.as_ptr(), 1,
+                n as isize, 1.0, 1.0, false, false, false, gemm::Parallelism::Rayon(rayon::current_num_threads()));
+        }
+        std::hint::black_box(&out);
+    });
+    let mut best = (flops / gemm_s / 1e9, "gemm");
+    if r2vpo_llm::model::avx2::runs() {
+        let avx2_s = time(&|| {
+            std::hint::black_box(r2vpo_llm::model::avx2::linear(&x, n, n, &w, n).ok());
+        });
+        if flops / avx2_s / 1e9 > best.0 {
+            best = (flops / avx2_s / 1e9, "avx2");
+        }
+    }
+    best
+}
+
 /// `r2vpo bench control`.
 pub fn bench(a: &BenchArgs) -> Result<()> {
     let threads = std::env::var("RAYON_NUM_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize);
     let file = default_config(a.cfg.config.as_deref());
     let mut rows = Vec::new();
+    let mut learner_rows = Vec::new();
     for task in &a.tasks {
-        let r1 = raw_rate(task, a.envs, 1, a.seconds)?;
-        let r2 = raw_rate(task, a.envs, 2, a.seconds)?;
         let mut sets = vec![format!("task=\"{task}\""), "eval_episodes=0".to_string()];
         sets.extend(a.cfg.sets.iter().cloned());
         let cfg: TrainConfig = config::load(file.as_deref(), &sets)?;
         let cfg = TrainConfig { total_env_steps: u64::MAX / 2, ..cfg };
+        if a.learner_reps > 0 {
+            let t = Trainer::new(cfg.clone())?;
+            let net = NativeNet::from_net(t.net())?;
+            let dims = (t.net().obs_dim(), t.net().act_dim());
+            let mb = cfg.minibatch_size();
+            let one = learner_rate(&net, dims, mb, a.learner_reps, 1)?;
+            let all = learner_rate(&net, dims, mb, a.learner_reps, threads.max(1))?;
+            learner_rows.push(LearnerRow { task: task.clone(), rows: mb, gflops_1_thread: one, gflops_all_threads: all });
+        }
+        if a.updates == 0 {
+            continue;
+        }
+        let r1 = raw_rate(task, a.envs, 1, a.seconds)?;
+        let r2 = raw_rate(task, a.envs, 2, a.seconds)?;
         let mut t = Trainer::new(cfg.clone())?;
         t.update()?; // warm-up: allocations, first-touch
         let t0 = Instant::now();
@@ -407,6 +501,30 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             train_threads: threads,
             train_config: file.as_ref().map_or("defaults".into(), |p| p.display().to_string()),
         });
+    }
+    if !learner_rows.is_empty() {
+        let (limit, kernel) = best_product_rate();
+        println!(
+            "control learner products ({}; {}): one minibatch's forward + backward, the fastest pass; \
+             against this binary's fastest 2048³ product on {threads} threads ({kernel}: {limit:.0} GFLOP/s)",
+            file.as_ref().map_or("defaults".into(), |p| p.display().to_string()),
+            r2vpo_control::native::kernel_path(),
+        );
+        println!("| task | minibatch rows | GFLOP/s, 1 thread | GFLOP/s, {threads} threads | speed-up | share of {limit:.0} |\n|---|---|---|---|---|---|");
+        for r in &learner_rows {
+            println!(
+                "| {} | {} | {:.1} | {:.1} | {:.2}× | {:.0}% |",
+                r.task,
+                r.rows,
+                r.gflops_1_thread,
+                r.gflops_all_threads,
+                r.gflops_all_threads / r.gflops_1_thread,
+                100.0 * r.gflops_all_threads / limit
+            );
+        }
+    }
+    if rows.is_empty() {
+        return Ok(());
     }
     println!(
         "control throughput ({} envs for raw physics; training with {}, {threads} threads)",

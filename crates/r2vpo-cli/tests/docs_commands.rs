@@ -93,7 +93,17 @@ fn commands(text: &str) -> Vec<String> {
         let l = l.trim().trim_end_matches('&').trim();
         // Several commands on a line (`r2vpo serve … & r2vpo serve …`).
         for part in l.split(" & ") {
-            let part = part.trim();
+            // Environment assignments before the command (`RAYON_NUM_THREADS=2 r2vpo …`).
+            let mut part = part.trim();
+            while let Some((word, rest)) = part.split_once(' ') {
+                let is_env = word.split_once('=').is_some_and(|(k, _)| {
+                    !k.is_empty() && k.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                });
+                if !is_env {
+                    break;
+                }
+                part = rest.trim_start();
+            }
             if part.starts_with("r2vpo ") {
                 out.push(part.to_string());
             }

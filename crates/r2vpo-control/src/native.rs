@@ -13,13 +13,18 @@
 //! working copy the trainer syncs back after each update. Gradients are
 //! tested against candle's autograd.
 //!
-//! The passes run on one thread. Two ways of using a second one were
-//! measured on cheetah-run (2-core machine) and dropped: cutting each
-//! 128-row minibatch into 64-row chunks on two threads (26–28k vs 30–36k
-//! env-steps/s: each chunk repeats the small products' fixed costs and the
-//! gradients must be summed), and running the actor's and the critic's
-//! passes side by side with `rayon::join` (no gain: each of the hundreds of
-//! joins per update has to wake a sleeping worker).
+//! Small passes run on one thread. Two ways of using a second one for
+//! `cpu.toml`'s 128-row minibatches were measured on cheetah-run (2-core
+//! machine) and dropped: cutting each minibatch into 64-row chunks on two
+//! threads (26–28k vs 30–36k env-steps/s: each chunk repeats the small
+//! products' fixed costs and the gradients must be summed), and running the
+//! actor's and the critic's passes side by side with `rayon::join` (no
+//! gain: each of the hundreds of joins per update has to wake a sleeping
+//! worker). Large products (`paper.toml`'s 30,720-row minibatches through
+//! 256-wide layers) split their output tiles over the rayon pool
+//! ([`PARALLEL_MACS`]), and their activations split over rows: neither
+//! changes any output's summation order, so the bits are those of one
+//! thread (tested).
 
 use crate::policy::{Activation, ActorCritic, LogStdMode};
 
@@ -39,6 +44,19 @@ pub fn kernel_path() -> String {
         format!("gemm-{}", r2vpo_kernels::gemm_simd())
     }
 }
+
+/// Products of at least this many multiply-adds run on every thread of the
+/// rayon pool (gemm's `Parallelism::Rayon`, which splits output tiles and
+/// keeps each output's `k` order); smaller ones stay on one thread, where a
+/// second thread's wake-up costs more than it saves (module doc). A 128-row
+/// 64×64 product is 2¹⁹; a 30,720-row 256×256 one is ≈ 2³¹.
+pub const PARALLEL_MACS: usize = 1 << 22;
+
+/// Elementwise passes over at least this many values split over rows.
+const PARALLEL_ELEMENTS: usize = 1 << 16;
+
+/// Rows of elementwise work per rayon task.
+const ELEMENT_CHUNK: usize = 1 << 14;
 
 /// `out (m×n) = a (m×k) · b (k×n)` (or `+=` when `accumulate`), row-major,
 /// with `a` read transposed from a `k×m` buffer when `a_t` and `b` from an
@@ -88,8 +106,17 @@ fn matmul(out: &mut [f32], a: &[f32], a_t: bool, b: &[f32], b_t: bool, m: usize,
             false,
             false,
             false,
-            gemm::Parallelism::None,
+            parallelism(m * n * k),
         );
+    }
+}
+
+fn parallelism(macs: usize) -> gemm::Parallelism {
+    let threads = rayon::current_num_threads();
+    if macs >= PARALLEL_MACS && threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
     }
 }
 
@@ -117,9 +144,20 @@ fn fast_tanh(x: f32) -> f32 {
     x * p / q
 }
 
-/// `act` applied to every element of `h`. One loop per activation (the
-/// `match` outside), so each loop is a plain map the compiler vectorises.
+/// `act` applied to every element of `h`, in parallel chunks when `h` is
+/// large (elementwise, so the values do not depend on the split).
 fn activate_in_place(act: Activation, h: &mut [f32]) {
+    use rayon::prelude::*;
+    if h.len() >= PARALLEL_ELEMENTS && rayon::current_num_threads() > 1 {
+        h.par_chunks_mut(ELEMENT_CHUNK).for_each(|c| activate_chunk(act, c));
+    } else {
+        activate_chunk(act, h);
+    }
+}
+
+/// One loop per activation (the `match` outside), so each loop is a plain
+/// map the compiler vectorises.
+fn activate_chunk(act: Activation, h: &mut [f32]) {
     match act {
         Activation::Tanh => h.iter_mut().for_each(|v| *v = fast_tanh(*v)),
         Activation::Relu => h.iter_mut().for_each(|v| *v = v.max(0.0)),
@@ -133,8 +171,20 @@ fn activate_in_place(act: Activation, h: &mut [f32]) {
 }
 
 /// `g *= d act(x)/dx` elementwise, from the pre-activations `x` and the
-/// outputs `y`.
+/// outputs `y`; in parallel chunks when large, as [`activate_in_place`].
 fn scale_by_activation_grad(act: Activation, g: &mut [f32], x: &[f32], y: &[f32]) {
+    use rayon::prelude::*;
+    if g.len() >= PARALLEL_ELEMENTS && rayon::current_num_threads() > 1 {
+        g.par_chunks_mut(ELEMENT_CHUNK)
+            .zip(x.par_chunks(ELEMENT_CHUNK))
+            .zip(y.par_chunks(ELEMENT_CHUNK))
+            .for_each(|((g, x), y)| scale_chunk(act, g, x, y));
+    } else {
+        scale_chunk(act, g, x, y);
+    }
+}
+
+fn scale_chunk(act: Activation, g: &mut [f32], x: &[f32], y: &[f32]) {
     let it = g.iter_mut().zip(x).zip(y);
     match act {
         Activation::Tanh => it.for_each(|((g, _), &y)| *g *= 1.0 - y * y),
@@ -413,6 +463,25 @@ impl NativeNet {
         f.log_std.iter().map(|&ls| ls + ENTROPY_CONST).sum::<f32>() / rows as f32
     }
 
+    /// Floating-point operations of the products of one [`NativeNet::forward`]
+    /// and [`NativeNet::backward`] over `rows` rows: every layer's forward
+    /// and weight-gradient product, and every input-gradient product but the
+    /// first layer's (2 per multiply-add). Elementwise work is not counted.
+    pub fn learn_flops(&self, rows: usize) -> f64 {
+        [&self.actor, &self.critic]
+            .iter()
+            .map(|mlp| {
+                mlp.layers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| (l.n_in * l.n_out) as f64 * if i == 0 { 2.0 } else { 3.0 })
+                    .sum::<f64>()
+            })
+            .sum::<f64>()
+            * 2.0
+            * rows as f64
+    }
+
     /// Gradients of `Σ_i dlogp_i · log π(a_i) + Σ_i dvalue_i · V(s_i) +
     /// dentropy · mean-entropy` with respect to every parameter, in
     /// [`NativeNet::params`] order (added to `grads`).
@@ -465,6 +534,40 @@ impl NativeNet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Large products and activations split over threads give the bits of
+    /// one thread: every operand layout of the passes, at a size above
+    /// [`PARALLEL_MACS`], on a 1-thread and a 2-thread pool.
+    #[test]
+    fn parallel_products_equal_one_thread_bit_for_bit() {
+        let (m, k, n) = (2048, 256, 192);
+        assert!(m * k * n >= PARALLEL_MACS);
+        let fill = |len: usize, seed: u32| -> Vec<f32> {
+            (0..len).map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / 16_777_216.0 - 0.5).collect()
+        };
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| {
+                let mut outs = Vec::new();
+                for (a_t, b_t) in [(false, false), (true, false), (false, true)] {
+                    let a = fill(m * k, 1);
+                    let b = fill(k * n, 2);
+                    let mut out = fill(m * n, 3);
+                    matmul(&mut out, &a, a_t, &b, b_t, m, n, k, true);
+                    activate_in_place(Activation::Silu, &mut out);
+                    let mut g = fill(m * n, 4);
+                    scale_by_activation_grad(Activation::Silu, &mut g, &a[..m * n], &out);
+                    outs.push((out, g));
+                }
+                outs
+            })
+        };
+        let (one, two) = (run(1), run(2));
+        for ((o1, g1), (o2, g2)) in one.iter().zip(&two) {
+            assert!(o1.iter().zip(o2).all(|(x, y)| x.to_bits() == y.to_bits()), "products differ across threads");
+            assert!(g1.iter().zip(g2).all(|(x, y)| x.to_bits() == y.to_bits()), "activation gradients differ");
+        }
+    }
     use crate::policy::{gaussian_entropy, gaussian_log_prob, Init, PolicyConfig};
     use candle_core::{Device, Tensor};
 
