@@ -14,9 +14,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use r2vpo_control::native::NativeNet;
 use r2vpo_control::run::{check_same_config, sweep_state, train_in_folder, SweepRun};
 use r2vpo_control::trainer::{algo_overrides, evaluate_policy, load_policy, TrainConfig, Trainer, UpdateMetrics};
-use r2vpo_control::native::NativeNet;
 use r2vpo_control::{VecEnv, VecEnvConfig};
 use r2vpo_report::edge::{Existing, Progress, Stop, StopSignal};
 use r2vpo_report::plot::{mean_std_band, Grid, LineChart, Series};
@@ -429,17 +429,40 @@ fn best_product_rate() -> (f64, &'static str) {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     let x: Vec<f32> = (0..n * n).map(|_| rng.random_range(-1.0..1.0)).collect();
     let w: Vec<f32> = (0..n * n).map(|_| rng.random_range(-1.0..1.0)).collect();
-    let time = |f: &dyn Fn()| (0..3).map(|_| {
-        let t0 = Instant::now();
-        f();
-        t0.elapsed().as_secs_f64()
-    }).fold(f64::INFINITY, f64::min);
+    let time = |f: &dyn Fn()| {
+        (0..3)
+            .map(|_| {
+                let t0 = Instant::now();
+                f();
+                t0.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
     let gemm_s = time(&|| {
         let mut out = vec![0f32; n * n];
         // SAFETY: all three buffers are n×n row-major and distinct.
         unsafe {
-            gemm::gemm(n, n, n, out.as_mut_ptr(), 1, n as isize, false, x.as_ptr(), 1, n as isize, w.as_ptr(), 1,
-                n as isize, 1.0, 1.0, false, false, false, gemm::Parallelism::Rayon(rayon::current_num_threads()));
+            gemm::gemm(
+                n,
+                n,
+                n,
+                out.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                x.as_ptr(),
+                1,
+                n as isize,
+                w.as_ptr(),
+                1,
+                n as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(rayon::current_num_threads()),
+            );
         }
         std::hint::black_box(&out);
     });
@@ -473,7 +496,12 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             let mb = cfg.minibatch_size();
             let one = learner_rate(&net, dims, mb, a.learner_reps, 1)?;
             let all = learner_rate(&net, dims, mb, a.learner_reps, threads.max(1))?;
-            learner_rows.push(LearnerRow { task: task.clone(), rows: mb, gflops_1_thread: one, gflops_all_threads: all });
+            learner_rows.push(LearnerRow {
+                task: task.clone(),
+                rows: mb,
+                gflops_1_thread: one,
+                gflops_all_threads: all,
+            });
         }
         if a.updates == 0 {
             continue;

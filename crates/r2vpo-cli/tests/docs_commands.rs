@@ -136,8 +136,11 @@ fn run(args: &[String]) -> std::process::Output {
 fn every_documented_command_parses_and_resolves() {
     let root = repo();
     let mut files = vec![root.join("README.md")];
-    let mut docs: Vec<PathBuf> =
-        std::fs::read_dir(root.join("docs")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "md")).collect();
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
     docs.sort();
     files.extend(docs);
 
@@ -178,7 +181,10 @@ fn every_documented_command_parses_and_resolves() {
                 }
                 let out = run(&show);
                 if !out.status.success() {
-                    failures.push(fail(format!("its config does not resolve: {}", String::from_utf8_lossy(&out.stderr).trim())));
+                    failures.push(fail(format!(
+                        "its config does not resolve: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    )));
                 }
             }
             // The short read-only commands run for real.
@@ -202,5 +208,8 @@ fn every_documented_command_parses_and_resolves() {
 
 #[test]
 fn shell_words_follow_the_quoting_the_docs_use() {
-    assert_eq!(shell_words(r#"a --set 'k=["x", "y"]' --set q="\"r\"" b"#), ["a", "--set", r#"k=["x", "y"]"#, "--set", r#"q="r""#, "b"]);
+    assert_eq!(
+        shell_words(r#"a --set 'k=["x", "y"]' --set q="\"r\"" b"#),
+        ["a", "--set", r#"k=["x", "y"]"#, "--set", r#"q="r""#, "b"]
+    );
 }

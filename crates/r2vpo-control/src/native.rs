@@ -543,7 +543,9 @@ mod tests {
         let (m, k, n) = (2048, 256, 192);
         assert!(m * k * n >= PARALLEL_MACS);
         let fill = |len: usize, seed: u32| -> Vec<f32> {
-            (0..len).map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / 16_777_216.0 - 0.5).collect()
+            (0..len)
+                .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / 16_777_216.0 - 0.5)
+                .collect()
         };
         let run = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();

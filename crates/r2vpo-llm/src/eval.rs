@@ -41,9 +41,9 @@ use crate::data::{
     DataConfig, Fitted, OverlongPrompt, OverlongPrompts, Problem, PromptError, PromptFitter, PromptTemplate,
 };
 use crate::model::Transformer;
-use r2vpo_verify::{verify, Verdict, VerifyConfig};
 use crate::sample::{generate, request_seed, FinishReason, GenerationRequest, SampleError, SamplingConfig};
 use crate::tokenizer::{Tokenizer, TokenizerError};
+use r2vpo_verify::{verify, Verdict, VerifyConfig};
 
 /// Errors from configuring or running an evaluation.
 #[derive(Debug, thiserror::Error)]

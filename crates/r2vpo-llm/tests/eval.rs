@@ -9,9 +9,9 @@ use candle_core::{DType, Device, Tensor};
 use r2vpo_llm::data::{builtin_split, ArithmeticConfig, Problem, PromptTemplate};
 use r2vpo_llm::eval::{evaluate, pass_at_k, EvalConfig, EvalError, EvalReport};
 use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
-use r2vpo_verify::{AnswerFormat, VerifyConfig};
 use r2vpo_llm::sample::SamplingConfig;
 use r2vpo_llm::tokenizer::Tokenizer;
+use r2vpo_verify::{AnswerFormat, VerifyConfig};
 
 /// New tokens per response: short, so some responses are cut off.
 const MAX_TOKENS: usize = 4;

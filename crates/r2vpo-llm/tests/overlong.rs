@@ -16,12 +16,12 @@ use r2vpo_llm::data::{
 };
 use r2vpo_llm::eval::{evaluate, EvalConfig, EvalError};
 use r2vpo_llm::model::{load_model, Architecture, ModelConfig, Transformer};
-use r2vpo_verify::{AnswerFormat, VerifyConfig};
 use r2vpo_llm::sample::{
     check_prompt_fits, generate_ids, max_prompt_len, ContextOverflow, GenerationRequest, SampleError, SamplingConfig,
 };
 use r2vpo_llm::tokenizer::Tokenizer;
 use r2vpo_llm::train::{ModelSource, TrainConfig, TrainError, Trainer};
+use r2vpo_verify::{AnswerFormat, VerifyConfig};
 
 fn gguf() -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");

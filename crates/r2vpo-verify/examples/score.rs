@@ -27,8 +27,12 @@ fn main() {
     args.retain(|a| a != "--literal");
     let out_at = args.iter().position(|a| a == "--out");
     let out_path = out_at.map(|i| args.get(i + 1).expect("--out needs a path").clone());
-    let files: Vec<&String> =
-        args.iter().enumerate().filter(|(i, _)| out_at.is_none_or(|o| *i != o && *i != o + 1)).map(|(_, a)| a).collect();
+    let files: Vec<&String> = args
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| out_at.is_none_or(|o| *i != o && *i != o + 1))
+        .map(|(_, a)| a)
+        .collect();
     let Some(cases_path) = files.first() else {
         eprintln!("usage: score CASES.jsonl [MATH_VERIFY.jsonl] [--out VERDICTS.jsonl]");
         std::process::exit(2);
@@ -45,12 +49,18 @@ fn main() {
     let cases = read(cases_path);
     let reference: BTreeMap<String, bool> = files
         .get(1)
-        .map(|p| read(p).into_iter().map(|v| (v["id"].as_str().unwrap().to_string(), v["math_verify"].as_bool().unwrap())).collect())
+        .map(|p| {
+            read(p)
+                .into_iter()
+                .map(|v| (v["id"].as_str().unwrap().to_string(), v["math_verify"].as_bool().unwrap()))
+                .collect()
+        })
         .unwrap_or_default();
 
     let cfg = VerifyConfig { require_literal_answer: literal, ..VerifyConfig::default() };
     let mut out = out_path.as_ref().map(|p| std::io::BufWriter::new(std::fs::File::create(p).unwrap()));
-    let (mut n, mut labelled, mut agree, mut fp, mut fneg, mut ref_agree, mut ref_fp, mut ref_label_agree) = (0, 0, 0, 0, 0, 0, 0, 0);
+    let (mut n, mut labelled, mut agree, mut fp, mut fneg, mut ref_agree, mut ref_fp, mut ref_label_agree) =
+        (0, 0, 0, 0, 0, 0, 0, 0);
     let mut total = Duration::ZERO;
     let mut slowest = (Duration::ZERO, String::new());
     let mut disagreements = Vec::new();

@@ -311,7 +311,9 @@ fn relation_interval(sides: &[String], ops: &[Rel]) -> Option<(char, Num, Num, c
     match (sides.len(), ops) {
         (2, [r]) if var(&sides[0]) => Some(('(', Num::Approx(f64::NEG_INFINITY), num(&sides[1])?, bracket(*r, false))),
         (2, [r]) if var(&sides[1]) => Some((bracket(*r, true), num(&sides[0])?, Num::Approx(f64::INFINITY), ')')),
-        (3, [r1, r2]) if var(&sides[1]) => Some((bracket(*r1, true), num(&sides[0])?, num(&sides[2])?, bracket(*r2, false))),
+        (3, [r1, r2]) if var(&sides[1]) => {
+            Some((bracket(*r1, true), num(&sides[0])?, num(&sides[2])?, bracket(*r2, false)))
+        }
         _ => None,
     }
 }
@@ -396,7 +398,8 @@ fn plus_minus(s: &str) -> Option<(String, String)> {
     if b.is_empty() {
         return None;
     }
-    let b_needs_parens = split_top_level(b, "+").len() > 1 || split_top_level(b, "-").iter().skip(1).any(|p| !p.is_empty());
+    let b_needs_parens =
+        split_top_level(b, "+").len() > 1 || split_top_level(b, "-").iter().skip(1).any(|p| !p.is_empty());
     let neg = if b_needs_parens { format!("-({b})") } else { format!("-{b}") };
     Some(if a.is_empty() { (b.to_string(), neg) } else { (format!("{a}+{b}"), format!("{a}{neg}")) })
 }
@@ -666,14 +669,13 @@ pub(crate) fn equal(a: &Value, b: &Value, tol: Tolerance) -> bool {
             relation_equal(s1, o1, s2, o2, tol)
         }
         (Value::Relation { sides, ops }, Value::Tuple { open, close, items })
-        | (Value::Tuple { open, close, items }, Value::Relation { sides, ops }) => {
-            relation_interval(sides, ops).is_some_and(|(o, lo, hi, c)| {
+        | (Value::Tuple { open, close, items }, Value::Relation { sides, ops }) => relation_interval(sides, ops)
+            .is_some_and(|(o, lo, hi, c)| {
                 items.len() == 2
                     && (o, c) == (*open, *close)
                     && equal(&Value::Num(lo), &items[0], tol)
                     && equal(&Value::Num(hi), &items[1], tol)
-            })
-        }
+            }),
         (Value::Matrix(x), Value::Matrix(y)) => {
             x.len() == y.len()
                 && x.iter().zip(y).all(|(r, q)| r.len() == q.len() && r.iter().zip(q).all(|(p, q)| equal(p, q, tol)))

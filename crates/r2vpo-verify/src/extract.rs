@@ -137,7 +137,8 @@ fn connective(gap: &str) -> bool {
         return false;
     }
     let mut t = gap.to_ascii_lowercase();
-    for w in ["\\text{", "\\quad", "\\qquad", "\\\\", "\\,", "\\;", "part", "and", "or", "}", "$", ",", ";", ":", "\n"] {
+    for w in ["\\text{", "\\quad", "\\qquad", "\\\\", "\\,", "\\;", "part", "and", "or", "}", "$", ",", ";", ":", "\n"]
+    {
         t = t.replace(w, " ");
     }
     // Part labels `(a)`/`(ii)` and a `name =` label before the next box.
@@ -207,7 +208,10 @@ pub fn clean_answer(line: &str) -> String {
     for (k, &c) in b.iter().enumerate() {
         match c {
             b'$' => in_math = !in_math,
-            b'.' if !in_math && (k + 1 == b.len() || b[k + 1] == b' ') && !(k > 0 && b[k - 1].is_ascii_digit() && k + 1 < b.len() && b[k + 1].is_ascii_digit()) => {
+            b'.' if !in_math
+                && (k + 1 == b.len() || b[k + 1] == b' ')
+                && !(k > 0 && b[k - 1].is_ascii_digit() && k + 1 < b.len() && b[k + 1].is_ascii_digit()) =>
+            {
                 end = k;
                 break;
             }
@@ -315,7 +319,13 @@ fn tail_chars(text: &str, n: usize) -> &str {
 /// With an odd number of `$` the spans are ambiguous and this returns `None`.
 pub fn last_math_span(text: &str) -> Option<String> {
     // `\(…\)` and `\[…\]` are the same spans as `$…$` and `$$…$$`.
-    let text = text.replace("\\$", "").replace("$$", "$").replace("\\(", "$").replace("\\)", "$").replace("\\[", "$").replace("\\]", "$");
+    let text = text
+        .replace("\\$", "")
+        .replace("$$", "$")
+        .replace("\\(", "$")
+        .replace("\\)", "$")
+        .replace("\\[", "$")
+        .replace("\\]", "$");
     let segments: Vec<&str> = text.split('$').collect();
     if segments.len() % 2 == 0 {
         return None;

@@ -101,7 +101,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-pub use extract::{answer_line, answer_phrase, clean_answer, final_boxed, last_boxed, last_math_span, last_number, strip_think};
+pub use extract::{
+    answer_line, answer_phrase, clean_answer, final_boxed, last_boxed, last_math_span, last_number, strip_think,
+};
 
 /// Where a dataset's responses put their final answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -472,7 +474,8 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
             Reason::Mismatch(format!("integers differ: {x} vs {y}"))
         }
     } else if !cfg.accept_decimal_approximation
-        && (decimal_against_irrational(&v.normalized_answer, &vg) || decimal_against_irrational(&v.normalized_gold, &va))
+        && (decimal_against_irrational(&v.normalized_answer, &vg)
+            || decimal_against_irrational(&v.normalized_gold, &va))
     {
         Reason::Mismatch("a terminating decimal is rational and never equals an irrational value".to_string())
     } else if let Some(letter) = choice_against_letter(&v.normalized_answer, &v.normalized_gold) {

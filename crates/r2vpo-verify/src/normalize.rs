@@ -115,8 +115,9 @@ const UNIT_WORDS: &[&str] = &[
 ];
 
 /// Units recognised only when they are the whole `\text{…}` content.
-const TEXT_ONLY_UNITS: &[&str] =
-    &["m", "s", "g", "h", "l", "mi", "min", "th", "st", "nd", "rd", "m/s", "km/h", "m/s^2", "m^2", "cm^2", "m^3", "cm^3"];
+const TEXT_ONLY_UNITS: &[&str] = &[
+    "m", "s", "g", "h", "l", "mi", "min", "th", "st", "nd", "rd", "m/s", "km/h", "m/s^2", "m^2", "cm^2", "m^3", "cm^3",
+];
 
 /// Commands whose braced argument is plain text to keep.
 const TEXT_COMMANDS: &[&str] =
@@ -142,7 +143,8 @@ pub(crate) fn normalize_with(s: &str, strip_assignments: bool) -> Normalized {
     t = t.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac");
     t = remove_delimiter_sizing(&t);
     t = join_digit_groups(&t);
-    for (from, to) in [("\\varnothing", "\\emptyset"), ("\\{\\}", "\\emptyset"), ("\\mathbb{R}", "(-\\infty,\\infty)")] {
+    for (from, to) in [("\\varnothing", "\\emptyset"), ("\\{\\}", "\\emptyset"), ("\\mathbb{R}", "(-\\infty,\\infty)")]
+    {
         t = t.replace(from, to);
     }
     // A matrix's row break `\\\\` must survive the spacing commands (its

@@ -457,7 +457,10 @@ fn literal_answers_when_required() {
 fn answer_phrases_take_answers_not_prose() {
     let c = cfg();
     assert_eq!(extract_answer("So the answer is $12$ apples.", &c).as_deref(), Some("12"));
-    assert_eq!(extract_answer("Final Answer: The final answer is $100$. I hope it is correct.", &c).as_deref(), Some("100"));
+    assert_eq!(
+        extract_answer("Final Answer: The final answer is $100$. I hope it is correct.", &c).as_deref(),
+        Some("100")
+    );
     assert_eq!(extract_answer("Hence the answer is no.", &c).as_deref(), Some("no"));
     assert_eq!(extract_answer("#### 72", &c).as_deref(), Some("72"));
     let prose = "The answer is determined by the equation itself. It is simply 78.";

@@ -71,7 +71,11 @@ fn dependency_tree_holds_no_model_stack() {
     let tree = String::from_utf8_lossy(&out.stdout);
     let crates: Vec<&str> = tree.lines().filter_map(|l| l.split_whitespace().next()).collect();
     assert_eq!(crates.first(), Some(&"r2vpo-verify"), "cargo tree printed {tree}");
-    let banned: Vec<&&str> =
-        crates.iter().filter(|c| c.starts_with("candle") || c.starts_with("tokenizers") || c.starts_with("r2vpo-") && **c != "r2vpo-verify").collect();
+    let banned: Vec<&&str> = crates
+        .iter()
+        .filter(|c| {
+            c.starts_with("candle") || c.starts_with("tokenizers") || c.starts_with("r2vpo-") && **c != "r2vpo-verify"
+        })
+        .collect();
     assert!(banned.is_empty(), "r2vpo-verify depends on {banned:?}:\n{tree}");
 }

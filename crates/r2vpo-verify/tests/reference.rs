@@ -137,15 +137,22 @@ fn fixture_set_against_labels_and_math_verify() {
         t.ref_label_agree += usize::from(mv == c.correct);
         t.ref_false_pos += usize::from(mv && !c.correct);
 
-        let show = format!("{} (label {}, r2vpo {us}, math-verify {mv}): {:?} vs gold {:?}", c.id, c.correct, c.response, c.gold);
+        let show = format!(
+            "{} (label {}, r2vpo {us}, math-verify {mv}): {:?} vs gold {:?}",
+            c.id, c.correct, c.response, c.gold
+        );
         if us && !c.correct {
             fooled.push(show);
             continue;
         }
         let differs = us != c.correct || us != mv;
         match allowed.get(&c.id) {
-            Some(a) if !differs => stale.push(format!("{} is listed but r2vpo now agrees with the label and math-verify", a.id)),
-            Some(a) if a.r2vpo != us => stale.push(format!("{} is listed with r2vpo = {}, but r2vpo now says {us}", a.id, a.r2vpo)),
+            Some(a) if !differs => {
+                stale.push(format!("{} is listed but r2vpo now agrees with the label and math-verify", a.id))
+            }
+            Some(a) if a.r2vpo != us => {
+                stale.push(format!("{} is listed with r2vpo = {}, but r2vpo now says {us}", a.id, a.r2vpo))
+            }
             Some(_) => {}
             None if differs => unlisted.push(show),
             None => {}

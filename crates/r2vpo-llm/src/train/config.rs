@@ -9,8 +9,8 @@ use r2vpo::replay::ReplayConfig;
 
 use crate::data::{DataConfig, OverlongPrompts, PromptTemplate};
 use crate::eval::EvalConfig;
-use r2vpo_verify::VerifyConfig;
 use crate::sample::SamplingConfig;
+use r2vpo_verify::VerifyConfig;
 
 use super::{TrainError, TrainResult};
 

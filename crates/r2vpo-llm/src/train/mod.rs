@@ -43,10 +43,10 @@ use r2vpo_report::{JsonlWriter, TensorBoardWriter};
 use crate::data::{load_problems_reporting, Problem, PromptError, SkippedRecord};
 use crate::model::{load_model, ModelConfig, Transformer};
 use crate::queue::GroupEntry;
-use r2vpo_verify::{verify, VerifyConfig};
 use crate::rollout::{RolloutError, RolloutSource};
 use crate::sample::Generation;
 use crate::tokenizer::Tokenizer;
+use r2vpo_verify::{verify, VerifyConfig};
 
 pub use actor::{Actor, Produced};
 pub use batch::Sample;
