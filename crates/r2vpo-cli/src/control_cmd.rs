@@ -15,6 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use r2vpo_control::native::NativeNet;
+use r2vpo_control::policy::ActorCritic;
 use r2vpo_control::run::{check_same_config, sweep_state, train_in_folder, SweepRun};
 use r2vpo_control::trainer::{algo_overrides, evaluate_policy, load_policy, TrainConfig, Trainer, UpdateMetrics};
 use r2vpo_control::{VecEnv, VecEnvConfig};
@@ -490,9 +491,11 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         let cfg: TrainConfig = config::load(file.as_deref(), &sets)?;
         let cfg = TrainConfig { total_env_steps: u64::MAX / 2, ..cfg };
         if a.learner_reps > 0 {
-            let t = Trainer::new(cfg.clone())?;
-            let net = NativeNet::from_net(t.net())?;
-            let dims = (t.net().obs_dim(), t.net().act_dim());
+            // The network alone: a Trainer would also build `num_envs`
+            // environments and an optimizer the timing does not use.
+            let env = VecEnv::new(VecEnvConfig::new(task, 1, 0))?;
+            let dims = (env.observation_dim(), env.action_dim());
+            let net = NativeNet::from_net(&ActorCritic::new(&cfg.policy, dims.0, dims.1, 0)?)?;
             let mb = cfg.minibatch_size();
             let one = learner_rate(&net, dims, mb, a.learner_reps, 1)?;
             let all = learner_rate(&net, dims, mb, a.learner_reps, threads.max(1))?;

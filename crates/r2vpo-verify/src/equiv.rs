@@ -696,18 +696,19 @@ pub(crate) fn equal(a: &Value, b: &Value, tol: Tolerance) -> bool {
         | (Value::List(y), Value::Labelled(x)) => {
             if repeated_names(x) {
                 // `x = -1, x = 4`: several values of one unknown, a list.
-                let values: Vec<Value> = x.iter().map(|(_, v)| v.clone()).collect();
-                equal(&Value::List(values), &Value::List(y.clone()), tol)
+                equal(&values(x), &Value::List(y.clone()), tol)
             } else {
                 x.len() == y.len() && x.iter().zip(y).all(|((_, p), q)| equal(p, q, tol))
             }
         }
-        (Value::Labelled(x), other) | (other, Value::Labelled(x)) if repeated_names(x) => {
-            let values: Vec<Value> = x.iter().map(|(_, v)| v.clone()).collect();
-            equal(&Value::List(values), other, tol)
-        }
+        (Value::Labelled(x), other) | (other, Value::Labelled(x)) if repeated_names(x) => equal(&values(x), other, tol),
         _ => false,
     }
+}
+
+/// Named parts without their names, as a list of values.
+fn values(parts: &[(String, Value)]) -> Value {
+    Value::List(parts.iter().map(|(_, v)| v.clone()).collect())
 }
 
 fn repeated_names(parts: &[(String, Value)]) -> bool {
@@ -718,9 +719,7 @@ fn repeated_names(parts: &[(String, Value)]) -> bool {
 /// name are lists of that unknown's values.
 fn labelled_equal(x: &[(String, Value)], y: &[(String, Value)], tol: Tolerance) -> bool {
     if repeated_names(x) || repeated_names(y) {
-        let xs: Vec<Value> = x.iter().map(|(_, v)| v.clone()).collect();
-        let ys: Vec<Value> = y.iter().map(|(_, v)| v.clone()).collect();
-        return equal(&Value::List(xs), &Value::List(ys), tol);
+        return equal(&values(x), &values(y), tol);
     }
     x.len() == y.len() && x.iter().all(|(n, v)| y.iter().any(|(m, w)| squash(n) == squash(m) && equal(v, w, tol)))
 }

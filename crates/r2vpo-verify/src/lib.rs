@@ -435,17 +435,13 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
     let mut va = equiv::parse_value(&a.text);
     let mut vg = vg;
     // An equation against an assignment (`2x - y + 1 = 0` against
-    // `y = 2x+1`): the assignment is an equation too.
-    if let (equiv::Value::Relation { .. }, false) = (&va, matches!(vg, equiv::Value::Relation { .. })) {
-        let whole = equiv::parse_value(&normalize::normalize_with(gold, false).text);
-        if matches!(whole, equiv::Value::Relation { .. }) {
-            vg = whole;
-        }
-    } else if let (false, equiv::Value::Relation { .. }) = (matches!(va, equiv::Value::Relation { .. }), &vg) {
-        let whole = equiv::parse_value(&normalize::normalize_with(answer, false).text);
-        if matches!(whole, equiv::Value::Relation { .. }) {
-            va = whole;
-        }
+    // `y = 2x+1`): the assignment, read whole, is an equation too.
+    let is_relation = |v: &equiv::Value| matches!(v, equiv::Value::Relation { .. });
+    let read_whole = |s: &str| Some(equiv::parse_value(&normalize::normalize_with(s, false).text)).filter(is_relation);
+    match (is_relation(&va), is_relation(&vg)) {
+        (true, false) => vg = read_whole(gold).unwrap_or(vg),
+        (false, true) => va = read_whole(answer).unwrap_or(va),
+        _ => {}
     }
     v.normalized_answer = a.text;
     v.normalized_gold = g.text;
