@@ -19,6 +19,7 @@ use r2vpo_control::policy::ActorCritic;
 use r2vpo_control::run::{check_same_config, sweep_state, train_in_folder, SweepRun};
 use r2vpo_control::trainer::{algo_overrides, evaluate_policy, load_policy, TrainConfig, Trainer, UpdateMetrics};
 use r2vpo_control::{VecEnv, VecEnvConfig};
+use r2vpo_kernels::Matmul;
 use r2vpo_report::edge::{Existing, Progress, Stop, StopSignal};
 use r2vpo_report::plot::{mean_std_band, Grid, LineChart, Series};
 use r2vpo_report::RunDir;
@@ -354,15 +355,42 @@ struct BenchRow {
     learn_share: f64,
     train_threads: usize,
     train_config: String,
+    /// The products' kernel (`native::kernel_path`).
+    kernel: String,
 }
 
 /// The learner table's row.
 #[derive(Serialize)]
 struct LearnerRow {
     task: String,
+    /// The products' kernel (`native::kernel_path`).
+    kernel: String,
     rows: usize,
     gflops_1_thread: f64,
     gflops_all_threads: f64,
+    /// This binary's fastest 2048³ product on all threads, measured in
+    /// the same run.
+    limit_gflops: f64,
+}
+
+/// What `r2vpo bench control` writes.
+#[derive(Serialize)]
+struct BenchOut {
+    /// The kernel `auto` (or `R2VPO_MATMUL`) runs the networks on here.
+    kernel_chosen: String,
+    learner: Vec<LearnerRow>,
+    training: Vec<BenchRow>,
+}
+
+/// The kernels the control networks can run on this CPU other than the
+/// reference (whose sums are sequential and single-threaded): gemm, and
+/// the AVX2 kernel where it runs. The bench measures each in the same run.
+fn fast_kernels() -> Vec<Matmul> {
+    let mut ks = vec![Matmul::Gemm];
+    if r2vpo_kernels::avx2::runs() {
+        ks.push(Matmul::Avx2);
+    }
+    ks
 }
 
 /// Env steps per second of `envs` environments under uniform random
@@ -468,9 +496,9 @@ fn best_product_rate() -> (f64, &'static str) {
         std::hint::black_box(&out);
     });
     let mut best = (flops / gemm_s / 1e9, "gemm");
-    if r2vpo_llm::model::avx2::runs() {
+    if r2vpo_kernels::avx2::runs() {
         let avx2_s = time(&|| {
-            std::hint::black_box(r2vpo_llm::model::avx2::linear(&x, n, n, &w, n).ok());
+            std::hint::black_box(r2vpo_kernels::avx2::linear(&x, n, n, &w, n).ok());
         });
         if flops / avx2_s / 1e9 > best.0 {
             best = (flops / avx2_s / 1e9, "avx2");
@@ -479,101 +507,134 @@ fn best_product_rate() -> (f64, &'static str) {
     best
 }
 
-/// `r2vpo bench control`.
+/// `r2vpo bench control`: per task, the learner's products on every
+/// kernel this CPU has (against the fastest 2048³ product, measured in
+/// the same run), the raw physics rate, and end-to-end training on every
+/// kernel, so a kernel's speed-up is read from one run.
 pub fn bench(a: &BenchArgs) -> Result<()> {
     let threads = std::env::var("RAYON_NUM_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize);
     let file = default_config(a.cfg.config.as_deref());
+    let config_name = file.as_ref().map_or("defaults".into(), |p| p.display().to_string());
+    let chosen = r2vpo_kernels::matmul();
+    let kernel_chosen = r2vpo_control::native::kernel_path();
+    let kernels = fast_kernels();
     let mut rows = Vec::new();
     let mut learner_rows = Vec::new();
+    let limit = if a.learner_reps > 0 { Some(best_product_rate()) } else { None };
     for task in &a.tasks {
         let mut sets = vec![format!("task=\"{task}\""), "eval_episodes=0".to_string()];
         sets.extend(a.cfg.sets.iter().cloned());
         let cfg: TrainConfig = config::load(file.as_deref(), &sets)?;
         let cfg = TrainConfig { total_env_steps: u64::MAX / 2, ..cfg };
-        if a.learner_reps > 0 {
+        if let Some((limit, _)) = limit {
             // The network alone: a Trainer would also build `num_envs`
             // environments and an optimizer the timing does not use.
             let env = VecEnv::new(VecEnvConfig::new(task, 1, 0))?;
             let dims = (env.observation_dim(), env.action_dim());
             let net = NativeNet::from_net(&ActorCritic::new(&cfg.policy, dims.0, dims.1, 0)?)?;
             let mb = cfg.minibatch_size();
-            let one = learner_rate(&net, dims, mb, a.learner_reps, 1)?;
-            let all = learner_rate(&net, dims, mb, a.learner_reps, threads.max(1))?;
-            learner_rows.push(LearnerRow {
-                task: task.clone(),
-                rows: mb,
-                gflops_1_thread: one,
-                gflops_all_threads: all,
-            });
+            for &k in &kernels {
+                r2vpo_kernels::set_matmul(k);
+                let one = learner_rate(&net, dims, mb, a.learner_reps, 1)?;
+                let all = learner_rate(&net, dims, mb, a.learner_reps, threads.max(1))?;
+                learner_rows.push(LearnerRow {
+                    task: task.clone(),
+                    kernel: r2vpo_control::native::kernel_path(),
+                    rows: mb,
+                    gflops_1_thread: one,
+                    gflops_all_threads: all,
+                    limit_gflops: limit,
+                });
+            }
         }
         if a.updates == 0 {
             continue;
         }
         let r1 = raw_rate(task, a.envs, 1, a.seconds)?;
         let r2 = raw_rate(task, a.envs, 2, a.seconds)?;
-        let mut t = Trainer::new(cfg.clone())?;
-        t.update()?; // warm-up: allocations, first-touch
-        let t0 = Instant::now();
-        let mut steps = 0u64;
-        let (mut rollout_s, mut learn_s) = (0.0, 0.0);
-        for _ in 0..a.updates.max(1) {
-            let m = t.update()?;
-            rollout_s += m.rollout_s;
-            learn_s += m.learn_s;
-            steps += cfg.steps_per_update();
+        for &k in &kernels {
+            r2vpo_kernels::set_matmul(k);
+            let mut t = Trainer::new(cfg.clone())?;
+            t.update()?; // warm-up: allocations, first-touch
+            let t0 = Instant::now();
+            let mut steps = 0u64;
+            let (mut rollout_s, mut learn_s) = (0.0, 0.0);
+            for _ in 0..a.updates.max(1) {
+                let m = t.update()?;
+                rollout_s += m.rollout_s;
+                learn_s += m.learn_s;
+                steps += cfg.steps_per_update();
+            }
+            rows.push(BenchRow {
+                task: task.clone(),
+                raw_env_steps_per_s_1_thread: r1,
+                raw_env_steps_per_s_2_threads: r2,
+                train_env_steps_per_s: steps as f64 / t0.elapsed().as_secs_f64(),
+                learn_share: learn_s / (rollout_s + learn_s).max(1e-12),
+                train_threads: threads,
+                train_config: config_name.clone(),
+                kernel: r2vpo_control::native::kernel_path(),
+            });
         }
-        let train = steps as f64 / t0.elapsed().as_secs_f64();
-        rows.push(BenchRow {
-            task: task.clone(),
-            raw_env_steps_per_s_1_thread: r1,
-            raw_env_steps_per_s_2_threads: r2,
-            train_env_steps_per_s: train,
-            learn_share: learn_s / (rollout_s + learn_s).max(1e-12),
-            train_threads: threads,
-            train_config: file.as_ref().map_or("defaults".into(), |p| p.display().to_string()),
-        });
     }
-    if !learner_rows.is_empty() {
-        let (limit, kernel) = best_product_rate();
+    r2vpo_kernels::set_matmul(chosen);
+    // Each row against the first kernel's (gemm's) on the same task.
+    let vs_first = |task: &str, x: f64, of: &dyn Fn(usize) -> Option<f64>| {
+        let i = kernels.len() * a.tasks.iter().position(|t| t == task).unwrap_or(0);
+        of(i).map_or(f64::NAN, |b| x / b)
+    };
+    if let Some((limit, kernel)) = limit {
         println!(
-            "control learner products ({}; {}): one minibatch's forward + backward, the fastest pass; \
-             against this binary's fastest 2048³ product on {threads} threads ({kernel}: {limit:.0} GFLOP/s)",
-            file.as_ref().map_or("defaults".into(), |p| p.display().to_string()),
-            r2vpo_control::native::kernel_path(),
+            "control learner products ({config_name}; `auto` runs {kernel_chosen} here): one minibatch's forward + \
+             backward, the fastest pass; against this binary's fastest 2048³ product on {threads} threads \
+             ({kernel}: {limit:.0} GFLOP/s), measured in the same run"
         );
-        println!("| task | minibatch rows | GFLOP/s, 1 thread | GFLOP/s, {threads} threads | speed-up | share of {limit:.0} |\n|---|---|---|---|---|---|");
+        println!(
+            "| task | kernel | minibatch rows | GFLOP/s, 1 thread | GFLOP/s, {threads} threads | speed-up | vs gemm, {threads} threads | share of {limit:.0} |\n|---|---|---|---|---|---|---|---|"
+        );
         for r in &learner_rows {
+            let vs = vs_first(&r.task, r.gflops_all_threads, &|i| learner_rows.get(i).map(|b| b.gflops_all_threads));
             println!(
-                "| {} | {} | {:.1} | {:.1} | {:.2}× | {:.0}% |",
+                "| {} | {} | {} | {:.1} | {:.1} | {:.2}× | {:.2}× | {:.0}% |",
                 r.task,
+                r.kernel,
                 r.rows,
                 r.gflops_1_thread,
                 r.gflops_all_threads,
                 r.gflops_all_threads / r.gflops_1_thread,
+                vs,
                 100.0 * r.gflops_all_threads / limit
             );
         }
     }
-    if rows.is_empty() {
+    if !rows.is_empty() {
+        println!(
+            "control throughput ({} envs for raw physics; training with {config_name}, {threads} threads, {} timed updates per kernel)",
+            a.envs,
+            a.updates.max(1)
+        );
+        println!(
+            "| task | kernel | raw env-steps/s, 1 thread | raw, 2 threads | training env-steps/s | vs gemm | training / raw(2) | learning share |\n|---|---|---|---|---|---|---|---|"
+        );
+        for r in &rows {
+            let vs = vs_first(&r.task, r.train_env_steps_per_s, &|i| rows.get(i).map(|b| b.train_env_steps_per_s));
+            println!(
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2}× | {:.2} | {:.0}% |",
+                r.task,
+                r.kernel,
+                r.raw_env_steps_per_s_1_thread,
+                r.raw_env_steps_per_s_2_threads,
+                r.train_env_steps_per_s,
+                vs,
+                r.train_env_steps_per_s / r.raw_env_steps_per_s_2_threads,
+                100.0 * r.learn_share
+            );
+        }
+    }
+    if learner_rows.is_empty() && rows.is_empty() {
         return Ok(());
     }
-    println!(
-        "control throughput ({} envs for raw physics; training with {}, {threads} threads)",
-        a.envs, rows[0].train_config
-    );
-    println!("| task | raw env-steps/s, 1 thread | raw, 2 threads | training env-steps/s | training / raw(2) | learning share |\n|---|---|---|---|---|---|");
-    for r in &rows {
-        println!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0}% |",
-            r.task,
-            r.raw_env_steps_per_s_1_thread,
-            r.raw_env_steps_per_s_2_threads,
-            r.train_env_steps_per_s,
-            r.train_env_steps_per_s / r.raw_env_steps_per_s_2_threads,
-            100.0 * r.learn_share
-        );
-    }
-    r2vpo_report::atomic_write_json(&a.out, &rows)?;
+    r2vpo_report::atomic_write_json(&a.out, &BenchOut { kernel_chosen, learner: learner_rows, training: rows })?;
     println!("written: {}", a.out.display());
     Ok(())
 }

@@ -33,15 +33,58 @@ const ENTROPY_CONST: f32 = 1.418_938_5;
 /// `½ ln 2π`.
 const HALF_LN_2PI: f32 = 0.918_938_5;
 
+/// The kernel that runs the networks' products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// `r2vpo_kernels::product`: the same bits on every CPU.
+    Reference,
+    /// `r2vpo_kernels::avx2`, the LLM learner's AVX2 + FMA kernel.
+    Avx2,
+    /// The `gemm` crate at its widest SIMD level for this CPU.
+    Gemm,
+}
+
+/// The kernel for `R2VPO_MATMUL`'s current choice: the one table of the
+/// control networks' products.
+///
+/// | choice | products |
+/// |---|---|
+/// | `auto` | gemm |
+/// | `reference` | `r2vpo_kernels::product` |
+/// | `avx2` | the AVX2 kernel (needs AVX2 + FMA) |
+/// | `gemm`, `openblas`, `amx` | gemm (OpenBLAS and AMX run only the LLM learner's products) |
+///
+/// Why gemm under `auto`: `r2vpo bench control` measures the learner on
+/// both kernels in one run, and on a 2-core AMD EPYC (Zen 3) the AVX2
+/// kernel ran the paper's 256 × 5 networks level with gemm (0.98–1.01× at
+/// 960-row minibatches, 2 threads) and `cpu.toml`'s 2 × 64 ones at 0.91×
+/// (128 rows), where the products are too small for its blocking
+/// (`results/bench/control-learner/`). On AVX-512 and AMX CPUs gemm's
+/// AVX-512 kernels run. Both kernels' outputs keep each row's sums apart
+/// from the rows beside it, so a rollout's action log-probs are the
+/// learner's first recomputation of them whatever the batch. Panics under
+/// `R2VPO_MATMUL=avx2` on a CPU that cannot run it (the CLI refuses that
+/// value first).
+pub fn kernel() -> Kernel {
+    use r2vpo_kernels::Matmul;
+    match r2vpo_kernels::matmul() {
+        Matmul::Reference => Kernel::Reference,
+        Matmul::Avx2 if !r2vpo_kernels::avx2::runs() => {
+            panic!("{}=avx2: this CPU lacks AVX2 and FMA (or the build has no AVX2 kernel)", r2vpo_kernels::ENV)
+        }
+        Matmul::Avx2 => Kernel::Avx2,
+        Matmul::Auto | Matmul::Gemm | Matmul::OpenBlas | Matmul::Amx => Kernel::Gemm,
+    }
+}
+
 /// The kernels behind the networks' products now, for logs and result
-/// files: `"reference"` under `R2VPO_MATMUL=reference`
-/// (`r2vpo_kernels::product`, the same bits on every CPU), else
-/// `"gemm-<simd>"` (the widest kernels the `gemm` crate picks here).
+/// files: `"reference"`, `"avx2"`, or `"gemm-<simd>"` (the widest kernels
+/// the `gemm` crate picks here).
 pub fn kernel_path() -> String {
-    if r2vpo_kernels::reference() {
-        "reference".into()
-    } else {
-        format!("gemm-{}", r2vpo_kernels::gemm_simd())
+    match kernel() {
+        Kernel::Reference => "reference".into(),
+        Kernel::Avx2 => "avx2".into(),
+        Kernel::Gemm => format!("gemm-{}", r2vpo_kernels::gemm_simd()),
     }
 }
 
@@ -60,10 +103,28 @@ const ELEMENT_CHUNK: usize = 1 << 14;
 
 /// `out (m×n) = a (m×k) · b (k×n)` (or `+=` when `accumulate`), row-major,
 /// with `a` read transposed from a `k×m` buffer when `a_t` and `b` from an
-/// `n×k` buffer when `b_t`: on gemm, or on `r2vpo_kernels::product` under
-/// `R2VPO_MATMUL=reference`.
+/// `n×k` buffer when `b_t`, on [`kernel`]'s choice. Products of at least
+/// [`PARALLEL_MACS`] run on every thread of the rayon pool, smaller ones on
+/// the calling thread; on every kernel the bits are the same either way.
 #[allow(clippy::too_many_arguments)]
 fn matmul(out: &mut [f32], a: &[f32], a_t: bool, b: &[f32], b_t: bool, m: usize, n: usize, k: usize, accumulate: bool) {
+    matmul_on(kernel(), out, a, a_t, b, b_t, m, n, k, accumulate)
+}
+
+/// [`matmul`] on a given kernel (the tests run every one this CPU has).
+#[allow(clippy::too_many_arguments)]
+fn matmul_on(
+    kernel: Kernel,
+    out: &mut [f32],
+    a: &[f32],
+    a_t: bool,
+    b: &[f32],
+    b_t: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+) {
     assert!(out.len() == m * n && a.len() == m * k && b.len() == k * n, "matmul shapes");
     if m == 0 || n == 0 {
         return;
@@ -74,11 +135,28 @@ fn matmul(out: &mut [f32], a: &[f32], a_t: bool, b: &[f32], b_t: bool, m: usize,
         }
         return;
     }
-    if r2vpo_kernels::reference() {
-        let a_s = if a_t { (1, m) } else { (k, 1) };
-        let b_s = if b_t { (1, k) } else { (n, 1) };
-        r2vpo_kernels::product([m, k, n], (a, a_s), (b, b_s), out, n, accumulate);
-        return;
+    match kernel {
+        Kernel::Reference => {
+            let a_s = if a_t { (1, m) } else { (k, 1) };
+            let b_s = if b_t { (1, k) } else { (n, 1) };
+            r2vpo_kernels::product([m, k, n], (a, a_s), (b, b_s), out, n, accumulate);
+            return;
+        }
+        Kernel::Avx2 => {
+            use r2vpo_kernels::avx2::{self, Layout};
+            let la = if a_t { Layout::Cols(m) } else { Layout::Rows(k) };
+            let lb = if b_t { Layout::Cols(k) } else { Layout::Rows(n) };
+            let parallel = m * n * k >= PARALLEL_MACS && rayon::current_num_threads() > 1;
+            let done = if parallel {
+                avx2::product_into([m, k, n], (a, la), (b, lb), out, n, accumulate)
+            } else {
+                avx2::product_here([m, k, n], (a, la), (b, lb), out, n, accumulate)
+            };
+            // Only a failed allocation of a few hundred KiB gets here.
+            done.unwrap_or_else(|e| panic!("{e}"));
+            return;
+        }
+        Kernel::Gemm => {}
     }
     // (column stride, row stride) of each operand as gemm wants them.
     let (a_cs, a_rs) = if a_t { (m as isize, 1) } else { (1, k as isize) };
@@ -547,28 +625,48 @@ mod tests {
                 .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / 16_777_216.0 - 0.5)
                 .collect()
         };
-        let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            pool.install(|| {
-                let mut outs = Vec::new();
-                for (a_t, b_t) in [(false, false), (true, false), (false, true)] {
-                    let a = fill(m * k, 1);
-                    let b = fill(k * n, 2);
-                    let mut out = fill(m * n, 3);
-                    matmul(&mut out, &a, a_t, &b, b_t, m, n, k, true);
-                    activate_in_place(Activation::Silu, &mut out);
-                    let mut g = fill(m * n, 4);
-                    scale_by_activation_grad(Activation::Silu, &mut g, &a[..m * n], &out);
-                    outs.push((out, g));
-                }
-                outs
-            })
-        };
-        let (one, two) = (run(1), run(2));
-        for ((o1, g1), (o2, g2)) in one.iter().zip(&two) {
-            assert!(o1.iter().zip(o2).all(|(x, y)| x.to_bits() == y.to_bits()), "products differ across threads");
-            assert!(g1.iter().zip(g2).all(|(x, y)| x.to_bits() == y.to_bits()), "activation gradients differ");
+        for kernel in fast_kernels() {
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                pool.install(|| {
+                    let mut outs = Vec::new();
+                    for (a_t, b_t) in [(false, false), (true, false), (false, true)] {
+                        let a = fill(m * k, 1);
+                        let b = fill(k * n, 2);
+                        let mut out = fill(m * n, 3);
+                        matmul_on(kernel, &mut out, &a, a_t, &b, b_t, m, n, k, true);
+                        activate_in_place(Activation::Silu, &mut out);
+                        let mut g = fill(m * n, 4);
+                        scale_by_activation_grad(Activation::Silu, &mut g, &a[..m * n], &out);
+                        outs.push((out, g));
+                    }
+                    outs
+                })
+            };
+            let (one, two) = (run(1), run(2));
+            for ((o1, g1), (o2, g2)) in one.iter().zip(&two) {
+                assert!(
+                    o1.iter().zip(o2).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{kernel:?}: products differ across threads"
+                );
+                assert!(
+                    g1.iter().zip(g2).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{kernel:?}: activation gradients differ"
+                );
+            }
         }
+    }
+
+    /// The kernels other than the reference that [`kernel`] can choose
+    /// here; those this CPU cannot run are named on stderr as skipped.
+    fn fast_kernels() -> Vec<Kernel> {
+        let mut ks = vec![Kernel::Gemm];
+        if r2vpo_kernels::avx2::runs() {
+            ks.push(Kernel::Avx2);
+        } else {
+            eprintln!("skipped: the AVX2 kernel (this CPU lacks AVX2 and FMA, or the build has none)");
+        }
+        ks
     }
     use crate::policy::{gaussian_entropy, gaussian_log_prob, Init, PolicyConfig};
     use candle_core::{Device, Tensor};
@@ -676,13 +774,15 @@ mod tests {
         let b: Vec<f32> = (0..k * n).map(|i| 1.0 - i as f32 * 0.25).collect();
         let at = |i: usize, p: usize, t: bool| if t { a[p * m + i] } else { a[i * k + p] };
         let bt = |p: usize, j: usize, t: bool| if t { b[j * k + p] } else { b[p * n + j] };
-        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-            let mut out = vec![1f32; m * n];
-            matmul(&mut out, &a, ta, &b, tb, m, n, k, true);
-            for i in 0..m {
-                for j in 0..n {
-                    let want = 1.0 + (0..k).map(|p| at(i, p, ta) * bt(p, j, tb)).sum::<f32>();
-                    assert!((out[i * n + j] - want).abs() < 1e-5, "{ta} {tb} ({i},{j})");
+        for kernel in [Kernel::Reference].into_iter().chain(fast_kernels()) {
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                let mut out = vec![1f32; m * n];
+                matmul_on(kernel, &mut out, &a, ta, &b, tb, m, n, k, true);
+                for i in 0..m {
+                    for j in 0..n {
+                        let want = 1.0 + (0..k).map(|p| at(i, p, ta) * bt(p, j, tb)).sum::<f32>();
+                        assert!((out[i * n + j] - want).abs() < 1e-5, "{kernel:?} {ta} {tb} ({i},{j})");
+                    }
                 }
             }
         }

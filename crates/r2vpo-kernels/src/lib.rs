@@ -26,6 +26,34 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use rayon::prelude::*;
 
+pub mod avx2;
+
+/// A raw pointer that rayon's tasks may share: each writes a disjoint part
+/// (rows of a split input, columns of an output, a BLAS call's row or
+/// column blocks), joined before the buffer is read.
+#[derive(Clone, Copy)]
+pub struct Shared<T>(pub *mut T);
+// SAFETY: only used for disjoint writes, joined before the buffer is read
+// (each user says which parts in its own SAFETY comment).
+unsafe impl<T> Send for Shared<T> {}
+unsafe impl<T> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    /// The pointer (a method, so closures capture the `Send` wrapper and
+    /// not its raw field).
+    pub fn ptr(self) -> *mut T {
+        self.0
+    }
+}
+
+/// `0..units` in one contiguous range per thread of rayon's pool (fewer
+/// where there are fewer units), in parallel: each thread streams its own
+/// row blocks or column panels ([`avx2`], and r2vpo-llm's AMX kernel).
+pub fn per_thread(units: usize) -> impl ParallelIterator<Item = (usize, usize)> {
+    let per = units.div_ceil(rayon::current_num_threads().max(1)).max(1);
+    (0..units.div_ceil(per)).into_par_iter().map(move |t| (t * per, ((t + 1) * per).min(units)))
+}
+
 /// The environment variable [`matmul`] reads on first use.
 pub const ENV: &str = "R2VPO_MATMUL";
 

@@ -23,6 +23,7 @@
 
 use std::sync::OnceLock;
 
+use r2vpo_kernels::{per_thread, Shared};
 use rayon::prelude::*;
 
 #[cfg(r2vpo_amx)]
@@ -82,23 +83,6 @@ pub fn hardware() -> bool {
         #[cfg(not(r2vpo_amx))]
         false
     })
-}
-
-/// A raw pointer that rayon's tasks may share: each writes a disjoint part.
-#[derive(Clone, Copy)]
-pub(crate) struct Shared<T>(pub(crate) *mut T);
-// SAFETY: only used for disjoint writes (rows of the split input, columns of
-// the output; `openblas::sgemm`'s row or column blocks), joined before the
-// buffer is read.
-unsafe impl<T> Send for Shared<T> {}
-unsafe impl<T> Sync for Shared<T> {}
-
-impl<T> Shared<T> {
-    /// The pointer (a method, so closures capture the `Send` wrapper and
-    /// not its raw field).
-    pub(crate) fn ptr(self) -> *mut T {
-        self.0
-    }
 }
 
 /// `y (m, n) = x (m, k) · w (n, k)ᵀ`, all row-major f32, on AMX. Each
@@ -287,14 +271,6 @@ pub fn linear_few(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32
         y.extend(linear_small(&x[r0 * k..(r0 + rows) * k], rows, k, &[(w, n)]).concat());
     }
     y
-}
-
-/// `0..units` in one contiguous range per thread of rayon's pool (fewer
-/// where there are fewer units), in parallel: each thread streams its own
-/// row blocks or column panels (here and in [`super::avx2`]).
-pub(crate) fn per_thread(units: usize) -> impl ParallelIterator<Item = (usize, usize)> {
-    let per = units.div_ceil(rayon::current_num_threads().max(1)).max(1);
-    (0..units.div_ceil(per)).into_par_iter().map(move |t| (t * per, ((t + 1) * per).min(units)))
 }
 
 #[cfg(test)]

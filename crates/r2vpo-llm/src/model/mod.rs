@@ -13,7 +13,8 @@
 //!   updates without retaining a graph.
 
 pub mod amx;
-pub mod avx2;
+/// The AVX2 + FMA product kernel, shared with the control networks.
+pub use r2vpo_kernels::avx2;
 pub mod config;
 pub mod kernels;
 pub mod load_gguf;

@@ -182,7 +182,7 @@ pub(crate) fn sgemm([m, k, n]: [usize; 3], (a, sa): Operand, (b, sb): Operand) -
         "openblas::sgemm: operands shorter than their shapes"
     );
     let mut y = Vec::<f32>::with_capacity(m * n);
-    let out = super::amx::Shared(y.as_mut_ptr());
+    let out = r2vpo_kernels::Shared(y.as_mut_ptr());
     // Blocks of 64 rows or columns (a multiple of every OpenBLAS f32
     // kernel's unroll), as even as that allows.
     // At most 32 blocks: OpenBLAS keeps a fixed table of per-call buffers

@@ -6,7 +6,7 @@
 //! Why: there the forward ran on gemm's AVX2 kernels at 85–100 GFLOP/s on
 //! SmolLM2's learner shapes (2 threads, a 2-core AMD EPYC whose FMA peak is
 //! 172–182), and OpenBLAS, which ran the backward at 100–150
-//! ([`super::openblas`]), cannot take the forward: a row's values there
+//! (r2vpo-llm's `model::openblas`), cannot take the forward: a row's values there
 //! depend on the rows beside it, and the chunked LM head and the served
 //! log-probs need them not to. This kernel (GotoBLAS's blocking around
 //! BLIS's 6 × 16 register tile, the inner loop in assembly) sums each
@@ -28,14 +28,16 @@
 //! gradients stay on OpenBLAS ([`WHOLE_A_MAX`]).
 //!
 //! On AVX-512 CPUs it is unmeasured (gemm's AVX-512 kernels run there) and
-//! on AMX ones [`super::amx`] runs the forward; `R2VPO_MATMUL=avx2` runs it
-//! on any CPU with AVX2 and FMA ([`super::kernels`]).
+//! on AMX ones r2vpo-llm's `model::amx` runs the forward; `R2VPO_MATMUL=avx2` runs it
+//! on any CPU with AVX2 and FMA (r2vpo-llm's `model::kernels` table).
+//! The control networks (`r2vpo_control::native`) run their products here
+//! too where this kernel runs.
 
 use rayon::prelude::*;
 
-use super::amx::{per_thread, Shared};
+use crate::{per_thread, Shared};
 
-#[cfg(r2vpo_amx)]
+#[cfg(r2vpo_avx2_c)]
 extern "C" {
     #[allow(clippy::too_many_arguments)]
     fn r2vpo_avx2_pack_a(a: *const f32, lda: usize, at: i32, m: usize, k: usize, r0: usize, r1: usize, ap: *mut f32);
@@ -101,7 +103,7 @@ pub const WHOLE_A_MAX: usize = 16 << 20;
 /// Whether this build and CPU can run the kernel at all: x86-64 Linux
 /// (where `build.rs` compiles `avx2.c`) with AVX2 and FMA.
 pub fn runs() -> bool {
-    cfg!(all(r2vpo_amx, target_arch = "x86_64")) && r2vpo_kernels::has_avx2_fma()
+    cfg!(all(r2vpo_avx2_c, target_arch = "x86_64")) && crate::has_avx2_fma()
 }
 
 /// `y (m, n) = x (m, k) · w (n, k)ᵀ`, all row-major f32: x packed once
@@ -174,6 +176,61 @@ pub fn product(
     if m == 0 || n == 0 || k == 0 {
         return Ok(vec![0.0; m * n]);
     }
+    let mut y: Vec<f32> = Vec::with_capacity(m * n);
+    // SAFETY: y's capacity holds the m × n outputs, which the call writes
+    // (acc off: nothing is read from y) before `set_len`.
+    unsafe { product_raw([m, k, n], (a, la), (b, lb), Shared(y.as_mut_ptr()), n, false)? };
+    // SAFETY: the column ranges covered 0..n of every row once.
+    unsafe { y.set_len(m * n) };
+    Ok(y)
+}
+
+/// [`product`] into `y` with row stride `ldy` (`y = a · b`, or `y += a ·
+/// b` with `acc`, each output one FMA chain over `k` from zero or from y's
+/// value), on every thread of rayon's pool: the control networks' products
+/// (`r2vpo_control::native`), which write into buffers they keep. The
+/// same bits as [`product`] and [`product_here`]. Call only where
+/// [`runs`]; errors if a `b` block's buffer cannot be allocated.
+#[allow(clippy::too_many_arguments)]
+pub fn product_into(
+    [m, k, n]: [usize; 3],
+    (a, la): (&[f32], Layout),
+    (b, lb): (&[f32], Layout),
+    y: &mut [f32],
+    ldy: usize,
+    acc: bool,
+) -> Result<(), String> {
+    assert!(runs(), "avx2::product_into called on a CPU without AVX2 and FMA");
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    assert!(ldy >= n && (m - 1) * ldy + n <= y.len(), "avx2::product_into: y shorter than ({m}, {n}) at stride {ldy}");
+    if k == 0 {
+        if !acc {
+            y.chunks_mut(ldy).take(m).for_each(|r| r[..n].fill(0.0));
+        }
+        return Ok(());
+    }
+    // SAFETY: the assert keeps every write inside `y`, which the `&mut`
+    // borrow owns.
+    unsafe { product_raw([m, k, n], (a, la), (b, lb), Shared(y.as_mut_ptr()), ldy, acc) }
+}
+
+/// The body of [`product`] and [`product_into`]: `a` packed or read in
+/// place, then the columns split over the threads in multiples of 16.
+///
+/// # Safety
+/// `y` must be valid for writes (and, with `acc`, reads) of rows
+/// `0..m`, columns `0..n` at stride `ldy`, and alias neither operand;
+/// `m`, `n` and `k` are nonzero.
+unsafe fn product_raw(
+    [m, k, n]: [usize; 3],
+    (a, la): (&[f32], Layout),
+    (b, lb): (&[f32], Layout),
+    ys: Shared<f32>,
+    ldy: usize,
+    acc: bool,
+) -> Result<(), String> {
     assert!(
         la.extent(m, k) <= a.len() && lb.extent(k, n) <= b.len(),
         "avx2::product: operands shorter than ({m}, {k}) and ({k}, {n})"
@@ -189,11 +246,11 @@ pub fn product(
         per_thread(m.div_ceil(MR)).for_each(|(r0, r1)| {
             // SAFETY: panels [r0, r1) of every k block, inside the capacity
             // and no other task's; the assert keeps every read inside `a`.
-            #[cfg(r2vpo_amx)]
+            #[cfg(r2vpo_avx2_c)]
             unsafe {
                 r2vpo_avx2_pack_a(a.as_ptr(), lda, at, m, k, r0, r1, aps.ptr())
             };
-            #[cfg(not(r2vpo_amx))]
+            #[cfg(not(r2vpo_avx2_c))]
             let _ = (r0, r1, aps, at);
         });
         // SAFETY: the panels cover all m.div_ceil(6) · 6 rows (zeros past
@@ -203,29 +260,26 @@ pub fn product(
     // `avx2.c` reads the packed panels, or a's rows in place where none.
     let packed = if in_place { std::ptr::null() } else { ap.as_ptr() };
     let packed = Shared(packed.cast_mut());
-    let mut y: Vec<f32> = Vec::with_capacity(m * n);
-    let ys = Shared(y.as_mut_ptr());
+    let acc = i32::from(acc);
     let failed = per_thread(n.div_ceil(NR)).any(|(p0, p1)| {
         let (c0, c1) = (p0 * NR, (p1 * NR).min(n));
-        // SAFETY: columns [c0, c1) of every row, inside y's capacity and no
-        // other task's; a, its packed copy and b outlive the call, and the
-        // assert keeps every read of a and b inside them.
-        #[cfg(r2vpo_amx)]
+        // SAFETY: columns [c0, c1) of every row, inside y (the caller's
+        // contract) and no other task's; a, its packed copy and b outlive
+        // the call, and the assert keeps every read of a and b inside them.
+        #[cfg(r2vpo_avx2_c)]
         return unsafe {
-            r2vpo_avx2_cols(packed.ptr(), a.as_ptr(), lda, m, k, b.as_ptr(), ldb, bt, n, c0, c1, ys.ptr(), n, 0)
+            r2vpo_avx2_cols(packed.ptr(), a.as_ptr(), lda, m, k, b.as_ptr(), ldb, bt, n, c0, c1, ys.ptr(), ldy, acc)
         } != 0;
-        #[cfg(not(r2vpo_amx))]
+        #[cfg(not(r2vpo_avx2_c))]
         {
-            let _ = (c0, c1, ys, ldb, bt, lda, packed);
+            let _ = (c0, c1, ys, ldb, bt, lda, packed, ldy, acc);
             true
         }
     });
     if failed {
         return Err(format!("AVX2 product ({m} × {k}) · ({k} × {n}): could not allocate a block's buffer"));
     }
-    // SAFETY: the column ranges cover 0..n of every row once.
-    unsafe { y.set_len(m * n) };
-    Ok(y)
+    Ok(())
 }
 
 /// `y (m, n) = a · b`, or `y += a · b` with `acc`, into `y` with row stride
@@ -259,11 +313,11 @@ pub fn product_here(
     let ((lda, at), (ldb, bt)) = (la.flag(), lb.flag());
     // SAFETY: the assert keeps every read inside `a` and `b` and every
     // write inside `y`, which the `&mut` borrow owns.
-    #[cfg(r2vpo_amx)]
+    #[cfg(r2vpo_avx2_c)]
     let rc = unsafe {
         r2vpo_avx2_product_here(a.as_ptr(), lda, at, b.as_ptr(), ldb, bt, m, k, n, y.as_mut_ptr(), ldy, i32::from(acc))
     };
-    #[cfg(not(r2vpo_amx))]
+    #[cfg(not(r2vpo_avx2_c))]
     let rc = {
         let _ = (lda, at, ldb, bt);
         -1
@@ -341,11 +395,11 @@ mod tests {
         }
     }
 
-    /// `product_here` writes `product`'s bits into a strided `y`, leaving
-    /// the columns past `n` alone, and with `acc` adds to what `y` holds
-    /// (against f64, each sum one chain from y's value).
+    /// `product_here` and `product_into` write `product`'s bits into a
+    /// strided `y`, leaving the columns past `n` alone, and with `acc` add
+    /// to what `y` holds (against f64, each sum one chain from y's value).
     #[test]
-    fn product_here_writes_and_adds_in_place() {
+    fn product_here_and_into_write_and_add_in_place() {
         if skip() {
             return;
         }
@@ -360,7 +414,13 @@ mod tests {
                 assert_eq!(y[i * ldy..i * ldy + n], want[i * n..(i + 1) * n], "({m},{k},{n}) row {i}");
                 assert!(y[i * ldy + n..(i + 1) * ldy].iter().all(|&v| v == 7.0), "({m},{k},{n}) past n");
             }
+            // `product_into` on every thread: the same bits, in place.
+            let mut z = vec![7.0f32; m * ldy];
+            product_into([m, k, n], (&a, la), (&b, lb), &mut z, ldy, false).unwrap();
+            assert_eq!(z, y, "({m},{k},{n}): product_into differs from product_here");
+            product_into([m, k, n], (&a, la), (&b, lb), &mut z, ldy, true).unwrap();
             product_here([m, k, n], (&a, la), (&b, lb), &mut y, ldy, true).unwrap();
+            assert_eq!(z, y, "({m},{k},{n}): product_into with acc differs from product_here");
             for i in 0..m {
                 for j in 0..n {
                     let r: f64 = (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum();
