@@ -38,6 +38,7 @@ mod bench_serve;
 mod bench_step;
 mod config;
 mod control_cmd;
+mod control_stats;
 mod llm_eval;
 mod llm_plot;
 mod llm_train;
@@ -107,6 +108,10 @@ enum ControlCmd {
     Eval(control_cmd::EvalArgs),
     /// Run algorithms × seeds × tasks and plot learning curves.
     Compare(control_cmd::CompareArgs),
+    /// Compare two methods over a `control compare` folder: per-task score
+    /// differences with bootstrap intervals and exact Mann–Whitney tests,
+    /// IQM and P(improvement) over tasks, collapses, and a verdict.
+    Stats(control_stats::StatsArgs),
 }
 
 #[derive(Args, Debug)]
@@ -239,6 +244,7 @@ fn run(cli: Cli) -> Result<()> {
             ControlCmd::Train(a) => control_cmd::train(&a),
             ControlCmd::Eval(a) => control_cmd::eval(&a),
             ControlCmd::Compare(a) => control_cmd::compare(&a),
+            ControlCmd::Stats(a) => control_stats::stats(&a),
         },
         Command::Llm(cmd) => match cmd {
             LlmCmd::Info(a) => llm_info(&a),
