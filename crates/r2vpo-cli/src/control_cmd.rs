@@ -510,7 +510,8 @@ fn best_product_rate() -> (f64, &'static str) {
 /// `r2vpo bench control`: per task, the learner's products on every
 /// kernel this CPU has (against the fastest 2048³ product, measured in
 /// the same run), the raw physics rate, and end-to-end training on every
-/// kernel, so a kernel's speed-up is read from one run.
+/// kernel and, for `auto`'s kernel, on one thread too, so the speed-ups
+/// of a kernel and of the second core are read from one run.
 pub fn bench(a: &BenchArgs) -> Result<()> {
     let threads = std::env::var("RAYON_NUM_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1usize);
     let file = default_config(a.cfg.config.as_deref());
@@ -552,37 +553,40 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         }
         let r1 = raw_rate(task, a.envs, 1, a.seconds)?;
         let r2 = raw_rate(task, a.envs, 2, a.seconds)?;
-        for &k in &kernels {
+        // Every kernel on all threads, then `auto`'s on one thread: the
+        // learner as it ran before it used a second core.
+        let plan: Vec<(Matmul, usize)> =
+            kernels.iter().map(|&k| (k, threads)).chain((threads > 1).then_some((chosen, 1))).collect();
+        for (k, n) in plan {
             r2vpo_kernels::set_matmul(k);
-            let mut t = Trainer::new(cfg.clone())?;
-            t.update()?; // warm-up: allocations, first-touch
-            let t0 = Instant::now();
-            let mut steps = 0u64;
-            let (mut rollout_s, mut learn_s) = (0.0, 0.0);
-            for _ in 0..a.updates.max(1) {
-                let m = t.update()?;
-                rollout_s += m.rollout_s;
-                learn_s += m.learn_s;
-                steps += cfg.steps_per_update();
-            }
+            let (rate, learn_share) =
+                rayon::ThreadPoolBuilder::new().num_threads(n).build()?.install(|| -> Result<(f64, f64)> {
+                    let mut t = Trainer::new(cfg.clone())?;
+                    t.update()?; // warm-up: allocations, first-touch
+                    let t0 = Instant::now();
+                    let mut steps = 0u64;
+                    let (mut rollout_s, mut learn_s) = (0.0, 0.0);
+                    for _ in 0..a.updates.max(1) {
+                        let m = t.update()?;
+                        rollout_s += m.rollout_s;
+                        learn_s += m.learn_s;
+                        steps += cfg.steps_per_update();
+                    }
+                    Ok((steps as f64 / t0.elapsed().as_secs_f64(), learn_s / (rollout_s + learn_s).max(1e-12)))
+                })?;
             rows.push(BenchRow {
                 task: task.clone(),
                 raw_env_steps_per_s_1_thread: r1,
                 raw_env_steps_per_s_2_threads: r2,
-                train_env_steps_per_s: steps as f64 / t0.elapsed().as_secs_f64(),
-                learn_share: learn_s / (rollout_s + learn_s).max(1e-12),
-                train_threads: threads,
+                train_env_steps_per_s: rate,
+                learn_share,
+                train_threads: n,
                 train_config: config_name.clone(),
                 kernel: r2vpo_control::native::kernel_path(),
             });
         }
     }
     r2vpo_kernels::set_matmul(chosen);
-    // Each row against the first kernel's (gemm's) on the same task.
-    let vs_first = |task: &str, x: f64, of: &dyn Fn(usize) -> Option<f64>| {
-        let i = kernels.len() * a.tasks.iter().position(|t| t == task).unwrap_or(0);
-        of(i).map_or(f64::NAN, |b| x / b)
-    };
     if let Some((limit, kernel)) = limit {
         println!(
             "control learner products ({config_name}; `auto` runs {kernel_chosen} here): one minibatch's forward + \
@@ -593,7 +597,9 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
             "| task | kernel | minibatch rows | GFLOP/s, 1 thread | GFLOP/s, {threads} threads | speed-up | vs gemm, {threads} threads | share of {limit:.0} |\n|---|---|---|---|---|---|---|---|"
         );
         for r in &learner_rows {
-            let vs = vs_first(&r.task, r.gflops_all_threads, &|i| learner_rows.get(i).map(|b| b.gflops_all_threads));
+            // Against the task's first row: gemm on all threads.
+            let first = learner_rows.iter().find(|b| b.task == r.task).map_or(f64::NAN, |b| b.gflops_all_threads);
+            let vs = r.gflops_all_threads / first;
             println!(
                 "| {} | {} | {} | {:.1} | {:.1} | {:.2}× | {:.2}× | {:.0}% |",
                 r.task,
@@ -609,19 +615,21 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     }
     if !rows.is_empty() {
         println!(
-            "control throughput ({} envs for raw physics; training with {config_name}, {threads} threads, {} timed updates per kernel)",
+            "control throughput ({} envs for raw physics; training with {config_name}, {} timed updates per row)",
             a.envs,
             a.updates.max(1)
         );
         println!(
-            "| task | kernel | raw env-steps/s, 1 thread | raw, 2 threads | training env-steps/s | vs gemm | training / raw(2) | learning share |\n|---|---|---|---|---|---|---|---|"
+            "| task | kernel | threads | raw env-steps/s, 1 thread | raw, 2 threads | training env-steps/s | vs gemm, {threads} threads | training / raw(2) | learning share |\n|---|---|---|---|---|---|---|---|---|"
         );
         for r in &rows {
-            let vs = vs_first(&r.task, r.train_env_steps_per_s, &|i| rows.get(i).map(|b| b.train_env_steps_per_s));
+            let first = rows.iter().find(|b| b.task == r.task).map_or(f64::NAN, |b| b.train_env_steps_per_s);
+            let vs = r.train_env_steps_per_s / first;
             println!(
-                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2}× | {:.2} | {:.0}% |",
+                "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.2}× | {:.2} | {:.0}% |",
                 r.task,
                 r.kernel,
+                r.train_threads,
                 r.raw_env_steps_per_s_1_thread,
                 r.raw_env_steps_per_s_2_threads,
                 r.train_env_steps_per_s,
