@@ -82,8 +82,12 @@
 //!   into silent zero rewards, the failure verl hit with math-verify.
 //! - **Echoes.** An unevaluated expression (`\sqrt{49}`) against a plain
 //!   number is wrong when the response already wrote it before the answer:
-//!   the question restated. [`VerifyConfig::require_literal_answer`] goes
-//!   further and wants a plain number whenever the gold is one.
+//!   the question restated. And by default an answer that is arithmetic on
+//!   numbers left undone (`17 \times 23` for 391) is wrong whether or not
+//!   the response wrote it before
+//!   ([`VerifyConfig::refuse_undone_arithmetic`]);
+//!   [`VerifyConfig::require_literal_answer`] goes further and wants a
+//!   plain number in lowest terms whenever the gold is one.
 //!
 //! For bit-exact parity with verl's `math_dapo` reward, set
 //! [`VerifyConfig::equivalence`] to [`Equivalence::MinervaExact`].
@@ -176,6 +180,20 @@ pub struct VerifyConfig {
     /// on. Without it, [`verify`] still refuses an answer that restates an
     /// expression written earlier in the response.
     pub require_literal_answer: bool,
+    /// When the gold answer is a plain number, refuse an answer that is
+    /// arithmetic on numbers left undone (`17 \times 23`, `\frac{1}{2} +
+    /// \frac{1}{3}`, `5!`, `\sqrt{49}`) even though it evaluates to the
+    /// gold value: a reward that does the policy's arithmetic for it can be
+    /// earned without solving anything, and graders of exact-answer
+    /// benchmarks mark an unfinished computation wrong. Unlike
+    /// [`VerifyConfig::require_literal_answer`], every way of writing one
+    /// number still counts: unreduced fractions (`\frac{28}{6}`), mixed
+    /// numbers (`4\frac{2}{3}`), signs and parentheses, scientific
+    /// notation and powers of integers (`2^{100}`, the usual final form of
+    /// a large count). On by default; math-verify evaluates
+    /// such answers (the differences are allow-listed in the differential
+    /// test).
+    pub refuse_undone_arithmetic: bool,
     /// Reward for a correct answer.
     pub correct_reward: f64,
     /// Reward for a wrong or missing answer.
@@ -196,6 +214,7 @@ impl Default for VerifyConfig {
             unordered_lists: true,
             max_input_chars: 1000,
             require_literal_answer: false,
+            refuse_undone_arithmetic: true,
             correct_reward: 1.0,
             incorrect_reward: 0.0,
         }
@@ -457,6 +476,11 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
         && !is_number_literal(&v.normalized_answer)
     {
         Reason::Mismatch("the answer is an expression, not a number (require_literal_answer)".to_string())
+    } else if cfg.refuse_undone_arithmetic
+        && is_number_literal(&v.normalized_gold)
+        && undone_arithmetic(&v.normalized_answer)
+    {
+        Reason::Mismatch("arithmetic left undone: the answer still computes a number (refuse_undone_arithmetic)".to_string())
     } else if v.normalized_answer == v.normalized_gold {
         v.correct = true;
         Reason::StringMatch
@@ -610,6 +634,66 @@ fn is_number_literal(s: &str) -> bool {
         a
     };
     d > 1 && gcd(n, d) == 1
+}
+
+/// One number however written: a [`is_number_literal`] form, any fraction
+/// of integers (`\frac{28}{6}`, `\frac{-3}{4}`, `28/6`), a mixed number
+/// (`4\frac{2}{3}`), a power of integers (`2^{100}`, `10^{6}`), each with
+/// a sign and in parentheses or not.
+fn is_number_form(s: &str) -> bool {
+    let mut t = s.trim();
+    while let Some(inner) = t.strip_prefix('(').and_then(|r| r.strip_suffix(')')) {
+        t = inner.trim();
+    }
+    let t = t.strip_prefix(['-', '+']).unwrap_or(t);
+    if is_number_literal(t) {
+        return true;
+    }
+    let int = |x: &str| {
+        let x = x.strip_prefix(['-', '+']).unwrap_or(x);
+        !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit())
+    };
+    // A power of integers (`2^{100}`, `10^6`) is how large numbers are
+    // written as final answers (the fixture set's labels say so).
+    if let Some((b, e)) = t.split_once('^') {
+        let e = e.strip_prefix('{').and_then(|e| e.strip_suffix('}')).unwrap_or(e);
+        return int(b) && !b.starts_with(['-', '+']) && int(e);
+    }
+    if let Some((n, d)) = t.split_once('/') {
+        return int(n) && int(d);
+    }
+    // A whole part before a fraction makes a mixed number.
+    let whole = t.bytes().take_while(u8::is_ascii_digit).count();
+    let frac = &t[whole..];
+    if let Some((n, d)) = frac.strip_prefix("\\frac{").and_then(|r| r.strip_suffix('}')).and_then(|r| r.split_once("}{")) {
+        return int(n) && int(d) && (whole == 0 || !n.starts_with(['-', '+']));
+    }
+    false
+}
+
+/// Arithmetic on numbers left undone: no variables or constants (only the
+/// commands of arithmetic, roots and logarithms), at least one operation,
+/// and not one number however written ([`is_number_form`]).
+fn undone_arithmetic(s: &str) -> bool {
+    if is_number_form(s) {
+        return false;
+    }
+    let mut rest = s.to_string();
+    let mut operation = false;
+    for cmd in ["\\times", "\\cdot", "\\div", "\\dfrac", "\\tfrac", "\\frac", "\\sqrt", "\\log", "\\ln", "\\binom"] {
+        if rest.contains(cmd) {
+            operation = true;
+            rest = rest.replace(cmd, " ");
+        }
+    }
+    for cmd in ["\\left", "\\right"] {
+        rest = rest.replace(cmd, " ");
+    }
+    let t = rest.trim().trim_start_matches(['-', '+']);
+    operation |= t.contains(['+', '-', '*', '/', '^', '!']);
+    operation
+        && t.bytes().any(|b| b.is_ascii_digit())
+        && t.bytes().all(|b| b.is_ascii_digit() || b" .+-*/^!(){}[]_".contains(&b))
 }
 
 /// `p%` against `p/100`, with `answer_has_percent` saying which side to scale.

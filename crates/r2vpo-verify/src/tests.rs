@@ -2,8 +2,12 @@
 
 use super::*;
 
+/// The default config with the evaluator reachable from a plain-number
+/// gold: most rules below test how answers are evaluated (`\sqrt[3]{8}`
+/// is 2), which `refuse_undone_arithmetic` would cut short;
+/// [`undone_arithmetic_is_refused_by_default`] tests that switch.
 fn cfg() -> VerifyConfig {
-    VerifyConfig::default()
+    VerifyConfig { refuse_undone_arithmetic: false, ..VerifyConfig::default() }
 }
 
 #[track_caller]
@@ -421,6 +425,53 @@ fn negative_numbers_inside_structures() {
     yes("(-1, -\\frac{1}{2})", "(-1,-0.5)");
     yes("\\{-2, 2\\}", "\\{2,-2\\}");
     no("(-1, 2)", "(1, 2)");
+}
+
+/// `refuse_undone_arithmetic` (on by default): a computation is not an
+/// answer when the gold is a number, but every way of writing one number is.
+#[test]
+fn undone_arithmetic_is_refused_by_default() {
+    let d = VerifyConfig::default();
+    assert!(d.refuse_undone_arithmetic);
+    for (hack, gold) in [
+        ("17 \\times 23", "391"),
+        ("\\frac{1}{2} + \\frac{1}{3}", "\\frac{5}{6}"),
+        ("92 + 35", "127"),
+        ("\\sqrt{49}", "7"),
+        ("5!", "120"),
+        ("\\log_2 8", "3"),
+        ("2 \\cdot 3", "6"),
+        ("\\left(6-1\\right)", "5"),
+        ("\\dfrac{3}{4} \\div 3", "\\frac{1}{4}"),
+    ] {
+        let v = is_equivalent(hack, gold, &d);
+        assert!(!v.correct, "{hack} against {gold}: {v}");
+        assert!(matches!(&v.reason, Reason::Mismatch(m) if m.contains("arithmetic left undone")), "{hack}: {v}");
+        assert!(is_equivalent(hack, gold, &cfg()).correct, "{hack} evaluates to {gold} with the switch off");
+    }
+    for (ok, gold) in [
+        ("\\frac{28}{6}", "\\frac{14}{3}"),
+        ("4\\frac{2}{3}", "\\frac{14}{3}"),
+        ("\\frac{-3}{4}", "-0.75"),
+        ("-\\frac{3}{4}", "-0.75"),
+        ("(-3)", "-3"),
+        ("10^{6}", "1000000"),
+        ("2^{10}", "1024"),
+        ("-2^{3}", "-8"),
+        ("1.5 \\times 10^{3}", "1500"),
+        ("28/6", "\\frac{14}{3}"),
+        ("x = 10 - 3 = 7", "7"),
+        ("391", "391"),
+        ("\\frac{1}{4}", "25\\%"),
+    ] {
+        let v = is_equivalent(ok, gold, &d);
+        assert!(v.correct, "{ok} against {gold}: {v}");
+    }
+    // Golds that are not one number keep full equivalence.
+    for (ok, gold) in [("2^{10}", "2^{10}"), ("\\sqrt{8}", "2\\sqrt{2}"), ("\\frac{\\pi}{2}", "\\pi/2")] {
+        let v = is_equivalent(ok, gold, &d);
+        assert!(v.correct, "{ok} against {gold}: {v}");
+    }
 }
 
 /// `require_literal_answer`: restating the question is not an answer when
