@@ -451,6 +451,11 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
             a.text = last;
         }
     }
+    // `\textbf{(C)}\ 12` against the value `12`: the choice's value is the
+    // answer (a letter gold is judged by `choice_against_letter`).
+    if let Some(value) = choice_value(&a.text).filter(|_| choice_label(&g.text).is_none() && !is_choice_letter(&g.text)) {
+        a.text = value.to_string();
+    }
     let mut va = equiv::parse_value(&a.text);
     let mut vg = vg;
     // An equation against an assignment (`2x - y + 1 = 0` against
@@ -584,6 +589,26 @@ fn choice_against_letter(answer: &str, gold: &str) -> Option<bool> {
         ['(', l, ')', ..] if l.is_ascii_uppercase() => Some(*l == g[0]),
         _ => None,
     }
+}
+
+/// The letter of a normalised answer that starts with a choice label
+/// `(A)` … `(E)`.
+fn choice_label(s: &str) -> Option<char> {
+    match s.as_bytes() {
+        [b'(', l @ b'A'..=b'E', b')', ..] => Some(*l as char),
+        _ => None,
+    }
+}
+
+/// A gold that is one choice letter, `A` … `E`.
+fn is_choice_letter(s: &str) -> bool {
+    matches!(s.as_bytes(), [b'A'..=b'E'])
+}
+
+/// What follows a choice label (`(C)12` → `12`), if anything does.
+fn choice_value(s: &str) -> Option<&str> {
+    choice_label(s)?;
+    Some(s[3..].trim()).filter(|v| !v.is_empty())
 }
 
 /// Optional sign, digits, at most one decimal point.

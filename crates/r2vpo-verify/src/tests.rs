@@ -427,6 +427,27 @@ fn negative_numbers_inside_structures() {
     no("(-1, 2)", "(1, 2)");
 }
 
+/// A multiple-choice letter with its value, against the value: the value
+/// is the answer; against a letter gold, the letter is.
+#[test]
+fn choice_letters_with_values() {
+    let d = VerifyConfig::default();
+    for (answer, gold, want) in [
+        ("\\boxed{\\textbf{(C)}\\ 12}", "12", true),
+        ("$\\boxed{\\textbf{(E)}~36}$", "36", true),
+        ("$\\boxed{\\text{(C) } \\frac{3}{4}}$", "\\frac{3}{4}", true),
+        ("The answer is $\\boxed{\\mathrm{(A)}\\ 2\\sqrt{2}}$.", "2\\sqrt{2}", true),
+        ("\\boxed{\\textbf{(C)}\\ 12}", "13", false),
+        ("\\boxed{\\textbf{(C)}\\ 12}", "C", true),
+        ("\\boxed{\\textbf{(C)}\\ 12}", "\\text{(D)}", false),
+        ("\\boxed{(B)}", "6", false),
+        ("\\boxed{\\textbf{(B)}\\ 2+4}", "6", false),
+    ] {
+        let v = verify(answer, gold, &d);
+        assert_eq!(v.correct, want, "{answer} against {gold}: {v}");
+    }
+}
+
 /// `refuse_undone_arithmetic` (on by default): a computation is not an
 /// answer when the gold is a number, but every way of writing one number is.
 #[test]
