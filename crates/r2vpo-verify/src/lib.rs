@@ -453,7 +453,8 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
     }
     // `\textbf{(C)}\ 12` against the value `12`: the choice's value is the
     // answer (a letter gold is judged by `choice_against_letter`).
-    if let Some(value) = choice_value(&a.text).filter(|_| choice_label(&g.text).is_none() && !is_choice_letter(&g.text)) {
+    if let Some(value) = choice_value(&a.text).filter(|_| choice_label(&g.text).is_none() && !is_choice_letter(&g.text))
+    {
         a.text = value.to_string();
     }
     let mut va = equiv::parse_value(&a.text);
@@ -485,7 +486,9 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
         && is_number_literal(&v.normalized_gold)
         && undone_arithmetic(&v.normalized_answer)
     {
-        Reason::Mismatch("arithmetic left undone: the answer still computes a number (refuse_undone_arithmetic)".to_string())
+        Reason::Mismatch(
+            "arithmetic left undone: the answer still computes a number (refuse_undone_arithmetic)".to_string(),
+        )
     } else if v.normalized_answer == v.normalized_gold {
         v.correct = true;
         Reason::StringMatch
@@ -690,7 +693,9 @@ fn is_number_form(s: &str) -> bool {
     // A whole part before a fraction makes a mixed number.
     let whole = t.bytes().take_while(u8::is_ascii_digit).count();
     let frac = &t[whole..];
-    if let Some((n, d)) = frac.strip_prefix("\\frac{").and_then(|r| r.strip_suffix('}')).and_then(|r| r.split_once("}{")) {
+    if let Some((n, d)) =
+        frac.strip_prefix("\\frac{").and_then(|r| r.strip_suffix('}')).and_then(|r| r.split_once("}{"))
+    {
         return int(n) && int(d) && (whole == 0 || !n.starts_with(['-', '+']));
     }
     false

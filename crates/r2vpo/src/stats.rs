@@ -57,7 +57,21 @@ pub fn prob_greater(x: &[f64], y: &[f64]) -> f64 {
 
 /// `U_x = Σᵢⱼ [xᵢ > yⱼ] + ½ [xᵢ = yⱼ]`.
 pub fn mann_whitney_u(x: &[f64], y: &[f64]) -> f64 {
-    x.iter().map(|&a| y.iter().map(|&b| if a > b { 1.0 } else if a == b { 0.5 } else { 0.0 }).sum::<f64>()).sum()
+    x.iter()
+        .map(|&a| {
+            y.iter()
+                .map(|&b| {
+                    if a > b {
+                        1.0
+                    } else if a == b {
+                        0.5
+                    } else {
+                        0.0
+                    }
+                })
+                .sum::<f64>()
+        })
+        .sum()
 }
 
 /// Most ways of splitting the pooled values that [`mann_whitney_exact`]
@@ -85,13 +99,7 @@ pub fn mann_whitney_exact(x: &[f64], y: &[f64]) -> Option<(f64, f64)> {
     // In half-units, so ties count exactly.
     let (u2, mut le, mut ge) = ((2.0 * u).round() as i64, 0u64, 0u64);
     let mut chosen = Vec::with_capacity(k);
-    fn walk(
-        pooled: &[f64],
-        start: usize,
-        k: usize,
-        chosen: &mut Vec<usize>,
-        visit: &mut dyn FnMut(&[usize]),
-    ) {
+    fn walk(pooled: &[f64], start: usize, k: usize, chosen: &mut Vec<usize>, visit: &mut dyn FnMut(&[usize])) {
         if chosen.len() == k {
             visit(chosen);
             return;
@@ -168,7 +176,9 @@ pub fn stratified_bootstrap(
                 .map(|tasks| {
                     tasks
                         .iter()
-                        .map(|runs| (0..runs.len()).map(|_| runs[rand::Rng::random_range(&mut rng, 0..runs.len())]).collect())
+                        .map(|runs| {
+                            (0..runs.len()).map(|_| runs[rand::Rng::random_range(&mut rng, 0..runs.len())]).collect()
+                        })
                         .collect()
                 })
                 .collect();
