@@ -181,6 +181,21 @@ pub fn stats(a: &StatsArgs) -> Result<()> {
     if a.method == a.baseline {
         bail!("--method and --baseline are both {:?}", a.method);
     }
+    // A repeated seed would count one run twice (narrower intervals, a
+    // different p); a repeated task would compare a task with itself.
+    let repeated = |v: Vec<String>| {
+        let mut seen = std::collections::BTreeSet::new();
+        v.into_iter().find(|x| !seen.insert(x.clone()))
+    };
+    if let Some(s) = repeated(a.seeds.iter().map(u64::to_string).collect()) {
+        bail!("--seeds names seed {s} twice");
+    }
+    if let Some(t) = repeated(a.tasks.clone()) {
+        bail!("--tasks names {t} twice");
+    }
+    if a.seeds.is_empty() {
+        bail!("--seeds is empty");
+    }
     let tasks = if a.tasks.is_empty() {
         let mut t: Vec<String> = std::fs::read_dir(&a.dir)
             .with_context(|| format!("reading {}", a.dir.display()))?
@@ -228,7 +243,7 @@ pub fn stats(a: &StatsArgs) -> Result<()> {
         let (u, p) = mann_whitney_exact(&ms, &bs).context("too many runs for the exact Mann–Whitney test")?;
         rows.push(TaskRow {
             task: task.clone(),
-            difference: bootstrap_mean_difference(&ms, &bs, a.reps, a.level, a.bootstrap_seed + i as u64),
+            difference: bootstrap_mean_difference(&ms, &bs, a.reps, a.level, a.bootstrap_seed.wrapping_add(i as u64)),
             mann_whitney_u: u,
             mann_whitney_p: p,
             baseline: base,
@@ -242,13 +257,13 @@ pub fn stats(a: &StatsArgs) -> Result<()> {
             rows.iter().map(|r| (if m { &r.method } else { &r.baseline }).iter().map(|s| s.score).collect()).collect()
         })
         .collect();
-    let seed = a.bootstrap_seed + 1000;
+    let seed = a.bootstrap_seed.wrapping_add(1000);
     let pooled_iqm = |s: &[Vec<Vec<f64>>]| iqm(&s[0].concat());
     let iqm_method = stratified_bootstrap(&matrix[..1], &pooled_iqm, a.reps, a.level, seed);
-    let iqm_baseline = stratified_bootstrap(&matrix[1..], &pooled_iqm, a.reps, a.level, seed + 1);
+    let iqm_baseline = stratified_bootstrap(&matrix[1..], &pooled_iqm, a.reps, a.level, seed.wrapping_add(1));
     let poi =
         |s: &[Vec<Vec<f64>>]| s[0].iter().zip(&s[1]).map(|(m, b)| prob_greater(m, b)).sum::<f64>() / s[0].len() as f64;
-    let probability_of_improvement = stratified_bootstrap(&matrix, &poi, a.reps, a.level, seed + 2);
+    let probability_of_improvement = stratified_bootstrap(&matrix, &poi, a.reps, a.level, seed.wrapping_add(2));
     let report = Report {
         method: a.method.clone(),
         baseline: a.baseline.clone(),
@@ -491,6 +506,11 @@ mod tests {
         let runs = r["tasks"][0]["baseline"].as_array().unwrap();
         assert_eq!(runs.iter().filter(|x| x["collapsed"] == true).count(), 1);
         assert!((runs[2]["score"].as_f64().unwrap() - 0.65).abs() < 1e-12);
+
+        let dup = StatsArgs { seeds: vec![0, 1, 1], ..args(d.path()) };
+        assert!(stats(&dup).unwrap_err().to_string().contains("seed 1 twice"));
+        let dup = StatsArgs { tasks: vec!["a-run".into(), "a-run".into()], ..args(d.path()) };
+        assert!(stats(&dup).unwrap_err().to_string().contains("a-run twice"));
 
         std::fs::remove_dir_all(d.path().join("b-catch/r2vpo-seed4")).unwrap();
         std::fs::remove_file(d.path().join("a-run/ppo-seed1/summary.json")).unwrap();

@@ -669,11 +669,17 @@ fn is_number_literal(s: &str) -> bool {
 /// (`4\frac{2}{3}`), a power of integers (`2^{100}`, `10^{6}`), each with
 /// a sign and in parentheses or not.
 fn is_number_form(s: &str) -> bool {
+    // Signs and enclosing parentheses, in any order: `-(1/2)`, `(-3)`.
     let mut t = s.trim();
-    while let Some(inner) = t.strip_prefix('(').and_then(|r| r.strip_suffix(')')) {
-        t = inner.trim();
+    loop {
+        if let Some(rest) = t.strip_prefix(['-', '+']) {
+            t = rest.trim();
+        } else if let Some(inner) = enclosed(t) {
+            t = inner.trim();
+        } else {
+            break;
+        }
     }
-    let t = t.strip_prefix(['-', '+']).unwrap_or(t);
     if is_number_literal(t) {
         return true;
     }
@@ -701,6 +707,24 @@ fn is_number_form(s: &str) -> bool {
     false
 }
 
+/// The inside of `(…)` when the first parenthesis closes at the end (not
+/// `(1)+(2)`).
+fn enclosed(t: &str) -> Option<&str> {
+    let inner = t.strip_prefix('(')?.strip_suffix(')')?;
+    let mut depth = 0i32;
+    for c in inner.chars() {
+        depth += match c {
+            '(' => 1,
+            ')' => -1,
+            _ => 0,
+        };
+        if depth < 0 {
+            return None;
+        }
+    }
+    (depth == 0).then_some(inner)
+}
+
 /// Arithmetic on numbers left undone: no variables or constants (only the
 /// commands of arithmetic, roots and logarithms), at least one operation,
 /// and not one number however written ([`is_number_form`]).
@@ -710,7 +734,12 @@ fn undone_arithmetic(s: &str) -> bool {
     }
     let mut rest = s.to_string();
     let mut operation = false;
-    for cmd in ["\\times", "\\cdot", "\\div", "\\dfrac", "\\tfrac", "\\frac", "\\sqrt", "\\log", "\\ln", "\\binom"] {
+    // The evaluator's operators and functions (`expr.rs`), longest first
+    // where one is a prefix of another.
+    for cmd in [
+        "\\times", "\\cdot", "\\ast", "\\div", "\\dfrac", "\\tfrac", "\\frac", "\\sqrt", "\\log", "\\ln", "\\binom",
+        "\\sin", "\\cos", "\\tan", "\\exp",
+    ] {
         if rest.contains(cmd) {
             operation = true;
             rest = rest.replace(cmd, " ");
@@ -721,6 +750,11 @@ fn undone_arithmetic(s: &str) -> bool {
     }
     let t = rest.trim().trim_start_matches(['-', '+']);
     operation |= t.contains(['+', '-', '*', '/', '^', '!']);
+    // A product by juxtaposition: `17(23)`, `(17)(23)`, `(17)23`.
+    let b = t.as_bytes();
+    operation |= b
+        .windows(2)
+        .any(|w| (w[1] == b'(' && (w[0].is_ascii_digit() || w[0] == b')')) || (w[0] == b')' && w[1].is_ascii_digit()));
     operation
         && t.bytes().any(|b| b.is_ascii_digit())
         && t.bytes().all(|b| b.is_ascii_digit() || b" .+-*/^!(){}[]_".contains(&b))

@@ -464,6 +464,10 @@ fn undone_arithmetic_is_refused_by_default() {
         ("2 \\cdot 3", "6"),
         ("\\left(6-1\\right)", "5"),
         ("\\dfrac{3}{4} \\div 3", "\\frac{1}{4}"),
+        ("17\\ast23", "391"),
+        ("17(23)", "391"),
+        ("(17)(23)", "391"),
+        ("\\cos 0", "1"),
     ] {
         let v = is_equivalent(hack, gold, &d);
         assert!(!v.correct, "{hack} against {gold}: {v}");
@@ -476,6 +480,9 @@ fn undone_arithmetic_is_refused_by_default() {
         ("\\frac{-3}{4}", "-0.75"),
         ("-\\frac{3}{4}", "-0.75"),
         ("(-3)", "-3"),
+        ("-(1/2)", "-\\frac{1}{2}"),
+        ("-\\left(\\frac{1}{2}\\right)", "-0.5"),
+        ("(((7)))", "7"),
         ("10^{6}", "1000000"),
         ("2^{10}", "1024"),
         ("-2^{3}", "-8"),
