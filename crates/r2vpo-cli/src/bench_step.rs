@@ -14,9 +14,9 @@ use serde::Serialize;
 use r2vpo::aggregate::{aggregate, GlobalBatch};
 use r2vpo::objective::{ObjectiveConfig, PolicyBatch};
 use r2vpo::stats::median;
+use r2vpo_llm::backend::adamw::{global_norm, AdamW};
 use r2vpo_llm::model::{ModelConfig, Transformer};
 use r2vpo_llm::train::config::OptimConfig;
-use r2vpo_llm::train::optim::{global_norm, AdamW};
 
 /// `r2vpo bench step` arguments.
 #[derive(clap::Args, Debug, Clone)]

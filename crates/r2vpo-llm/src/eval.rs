@@ -36,12 +36,12 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::Policy;
 use crate::chat::{ChatError, ChatTemplate};
 use crate::data::{
     DataConfig, Fitted, OverlongPrompt, OverlongPrompts, Problem, PromptError, PromptFitter, PromptTemplate,
 };
-use crate::model::Transformer;
-use crate::sample::{generate, request_seed, FinishReason, GenerationRequest, SampleError, SamplingConfig};
+use crate::sample::{request_seed, FinishReason, GenerationRequest, SampleError, SamplingConfig};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use r2vpo_verify::{verify, Verdict, VerifyConfig};
 
@@ -398,7 +398,7 @@ impl EvalReport {
 /// problem is left, [`EvalError::Config`] on `sampling.max_new_tokens` when
 /// it leaves no room for any prompt.
 pub fn evaluate(
-    model: &Transformer,
+    model: &dyn Policy,
     tok: &Tokenizer,
     problems: &[Problem],
     cfg: &EvalConfig,
@@ -473,7 +473,7 @@ pub fn evaluate(
     let mut gens = Vec::with_capacity(total);
     progress(0, total);
     for chunk in requests.chunks(cfg.batch_size) {
-        gens.extend(generate(model, tok, chunk, &cfg.sampling)?);
+        gens.extend(model.generate(tok, chunk, &cfg.sampling)?);
         progress(gens.len(), total);
     }
 
@@ -514,7 +514,10 @@ pub fn evaluate(
     Ok(EvalReport {
         model_path: String::new(),
         model_type: model.config().model_type.clone(),
-        parameters: model.num_parameters(),
+        parameters: crate::model::transformer::expected_params(model.config())
+            .iter()
+            .map(|(_, shape)| shape.iter().product::<usize>())
+            .sum(),
         config: cfg.clone(),
         pass_k,
         overall,

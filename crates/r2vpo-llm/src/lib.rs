@@ -8,10 +8,12 @@
 
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod chat;
 pub mod data;
 pub mod engine;
 pub mod eval;
+pub mod experience;
 pub mod gguf;
 pub mod model;
 pub mod queue;
@@ -19,3 +21,4 @@ pub mod rollout;
 pub mod sample;
 pub mod tokenizer;
 pub mod train;
+pub mod weights;

@@ -189,23 +189,43 @@ impl GroupEntry {
     }
 }
 
-impl GroupEntry {
-    /// The trainer's samples of this group (the replay buffer's items; a
-    /// reference-KL term is recomputed by the learner, never shipped).
-    pub fn to_samples(&self) -> Vec<crate::train::Sample> {
-        (0..self.responses.len())
-            .map(|i| crate::train::Sample {
-                problem: self.problem,
-                prompt_ids: self.prompt_ids.clone(),
-                response_ids: self.responses[i].clone(),
-                reward: self.rewards[i],
-                correct: self.correct[i],
-                advantage: self.advantages[i],
-                behaviour_logp: self.behaviour_logp[i].clone(),
-                ref_logp: None,
-                version: self.weight_version,
-            })
-            .collect()
+/// Where an asynchronous learner stands in its queue; part of every
+/// checkpoint, so a resumed learner neither re-applies nor skips a group.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuePosition {
+    /// The last entry read (taken, dropped or rejected).
+    pub read: Option<EntryId>,
+    /// Every batch below this one was consumed (taken or dropped).
+    pub done_below: u64,
+    /// Consumed batches at or above `done_below`, ascending.
+    pub done_above: Vec<u64>,
+}
+
+impl QueuePosition {
+    /// Records batch `batch` as consumed.
+    pub fn mark_done(&mut self, batch: u64) {
+        if batch < self.done_below || self.done_above.contains(&batch) {
+            return;
+        }
+        self.done_above.push(batch);
+        self.done_above.sort_unstable();
+        while self.done_above.first() == Some(&self.done_below) {
+            self.done_above.remove(0);
+            self.done_below += 1;
+        }
+    }
+
+    /// Batches consumed so far.
+    pub fn consumed(&self) -> u64 {
+        self.done_below + self.done_above.len() as u64
+    }
+
+    /// The next new batch and the batches below it that were never
+    /// consumed (for [`ExperienceQueue::restore_batches`]).
+    pub fn restore_plan(&self) -> (u64, Vec<u64>) {
+        let next = self.done_above.last().map_or(self.done_below, |&b| b + 1);
+        let pending = (self.done_below..next).filter(|b| !self.done_above.contains(b)).collect();
+        (next, pending)
     }
 }
 
@@ -441,13 +461,12 @@ impl ExperienceQueue for MemoryQueue {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::train::Sample;
 
-    #[test]
-    fn an_entry_round_trips_through_its_bytes_into_samples() {
-        let e = GroupEntry {
+    /// A group entry for the tests here and in [`crate::experience`].
+    pub(crate) fn an_entry() -> GroupEntry {
+        GroupEntry {
             schema: ENTRY_SCHEMA,
             iteration: 4,
             problem: 3,
@@ -461,26 +480,14 @@ mod tests {
             entropy_sum: vec![1.5, 0.0],
             entropy_tokens: vec![3, 0],
             weight_version: 9,
-        };
+        }
+    }
+
+    #[test]
+    fn an_entry_round_trips_through_its_bytes() {
+        let e = an_entry();
         let back = GroupEntry::decode(&e.encode(), &EntryLimits::default()).unwrap();
         assert_eq!(back, e);
-        let s = back.to_samples();
-        assert_eq!(s.len(), 2);
-        assert_eq!((s[0].problem, s[0].version, s[0].advantage), (3, 9, 0.7));
-        assert_eq!(
-            s[1],
-            Sample {
-                problem: 3,
-                prompt_ids: vec![1, 2],
-                response_ids: vec![8],
-                reward: 0.0,
-                correct: false,
-                advantage: -0.7,
-                behaviour_logp: vec![-0.5],
-                ref_logp: None,
-                version: 9,
-            }
-        );
         let mut bad = e.clone();
         bad.entropy_tokens[1] = 2;
         assert!(bad.check(&EntryLimits::default()).unwrap_err().contains("entropies of 2 tokens"));
@@ -497,5 +504,18 @@ mod tests {
         assert!("12".parse::<EntryId>().is_err());
         assert!("a-3".parse::<EntryId>().is_err());
         assert!(EntryId { iteration: 2, seq: 9 } < EntryId { iteration: 3, seq: 0 });
+    }
+
+    #[test]
+    fn positions_track_consumed_batches_and_what_to_reissue() {
+        let mut p = QueuePosition::default();
+        for b in [1, 0, 4, 2] {
+            p.mark_done(b);
+        }
+        assert_eq!((p.done_below, p.done_above.clone(), p.consumed()), (3, vec![4], 4));
+        assert_eq!(p.restore_plan(), (5, vec![3]));
+        p.mark_done(4);
+        assert_eq!(p.consumed(), 4);
+        assert_eq!(QueuePosition::default().restore_plan(), (0, vec![]));
     }
 }

@@ -1,8 +1,8 @@
 //! The rollout seam: where a trainer's samples come from.
 //!
 //! [`RolloutSource`] has one implementation per real thing: [`LocalRollout`]
-//! samples in-process with [`crate::sample::generate`] (the embedded
-//! default, bit for bit what `llm train` always did), and the HTTP client of
+//! samples in-process with the policy's own backend ([`Policy::generate`];
+//! the embedded default), and the HTTP client of
 //! `r2vpo serve` / vLLM / SGLang lives in the `r2vpo-serve` crate, so this
 //! crate stays free of network code.
 //!
@@ -14,8 +14,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::Transformer;
-use crate::sample::{generate, Generation, GenerationRequest, SamplingConfig};
+use crate::backend::Policy;
+use crate::sample::{Generation, GenerationRequest, SamplingConfig};
 use crate::tokenizer::Tokenizer;
 
 /// One prompt to sample once per seed.
@@ -120,17 +120,18 @@ pub trait RolloutSource: Send {
 
     /// Samples every group with `sampling` (its `seed` is ignored: groups
     /// carry theirs) and decodes the texts with `tok`. `policy` is the
-    /// learner's current model (used by in-process sources only).
+    /// learner's current policy (used by in-process sources only).
     fn generate(
         &mut self,
-        policy: &Transformer,
+        policy: &dyn Policy,
         tok: &Tokenizer,
         groups: &[GroupRequest],
         sampling: &SamplingConfig,
     ) -> Result<Vec<GroupRollout>, RolloutError>;
 
-    /// Makes later rollouts come from `policy` as weight version `version`.
-    fn sync_weights(&mut self, policy: &Transformer, tok: &Tokenizer, version: u64) -> Result<(), RolloutError>;
+    /// Makes later rollouts come from `policy` as weight version `version`
+    /// (a source that samples elsewhere takes `policy.export(version)`).
+    fn sync_weights(&mut self, policy: &dyn Policy, tok: &Tokenizer, version: u64) -> Result<(), RolloutError>;
 
     /// The counters so far.
     fn counters(&self) -> RolloutCounters {
@@ -165,7 +166,7 @@ impl RolloutSource for LocalRollout {
 
     fn generate(
         &mut self,
-        policy: &Transformer,
+        policy: &dyn Policy,
         tok: &Tokenizer,
         groups: &[GroupRequest],
         sampling: &SamplingConfig,
@@ -178,7 +179,7 @@ impl RolloutSource for LocalRollout {
         let chunk = (self.batch / per).max(1) * per;
         let mut gens = Vec::with_capacity(reqs.len());
         for part in reqs.chunks(chunk) {
-            gens.extend(generate(policy, tok, part, sampling)?);
+            gens.extend(policy.generate(tok, part, sampling)?);
         }
         let mut it = gens.into_iter();
         Ok(groups
@@ -187,7 +188,7 @@ impl RolloutSource for LocalRollout {
             .collect())
     }
 
-    fn sync_weights(&mut self, _: &Transformer, _: &Tokenizer, version: u64) -> Result<(), RolloutError> {
+    fn sync_weights(&mut self, _: &dyn Policy, _: &Tokenizer, version: u64) -> Result<(), RolloutError> {
         self.version = version;
         Ok(())
     }

@@ -29,9 +29,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use r2vpo_llm::model::Transformer;
-use r2vpo_llm::train::asynchronous::{load_weights, snapshot, Fetched, WeightChannel};
-use r2vpo_llm::train::{TrainError, TrainResult};
+use r2vpo_llm::model::ModelError;
+use r2vpo_llm::weights::{Fetched, WeightChannel, Weights, WeightsError};
 use redis::{Commands, Connection, RedisError};
 
 /// The keys beside the stream: the next new batch, the next slot, batch
@@ -494,7 +493,7 @@ impl SharedWeights {
 
     /// Calls `f` until Redis answers, reporting an outage once; a refused
     /// call is an error.
-    fn patiently<T>(&self, what: &str, mut f: impl FnMut() -> Result<T, QueueError>) -> TrainResult<T> {
+    fn patiently<T>(&self, what: &str, mut f: impl FnMut() -> Result<T, QueueError>) -> Result<T, WeightsError> {
         let mut reported = false;
         let mut backoff = self.poll;
         loop {
@@ -508,18 +507,19 @@ impl SharedWeights {
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
-                Err(e) => return Err(TrainError::Queue(e.to_string())),
+                Err(e) => return Err(WeightsError::Channel(e.to_string())),
             }
         }
     }
 
-    fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
-        move |source| TrainError::Io { path: path.to_path_buf(), source }
+    fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WeightsError + '_ {
+        move |source| WeightsError::Model(ModelError::Io { path: path.to_path_buf(), source })
     }
 }
 
 impl WeightChannel for SharedWeights {
-    fn publish(&self, version: u64, consumed: u64, model: &Transformer) -> TrainResult<()> {
+    fn publish(&self, weights: &Weights, consumed: u64) -> Result<(), WeightsError> {
+        let version = weights.version;
         let folder = self.dir.join(format!("v{version:06}"));
         let tmp = self.dir.join(format!(".tmp-v{version:06}"));
         if tmp.exists() {
@@ -527,7 +527,7 @@ impl WeightChannel for SharedWeights {
         }
         std::fs::create_dir_all(&tmp).map_err(Self::io(&tmp))?;
         let file = tmp.join("weights.safetensors");
-        candle_core::safetensors::save(&snapshot(model)?, &file)?;
+        weights.save_safetensors(&file)?;
         std::fs::File::open(&file).and_then(|f| f.sync_all()).map_err(Self::io(&file))?;
         if folder.exists() {
             std::fs::remove_dir_all(&folder).map_err(Self::io(&folder))?;
@@ -551,7 +551,7 @@ impl WeightChannel for SharedWeights {
         Ok(())
     }
 
-    fn fetch(&self, consumed: u64, have: Option<u64>, policy: &Transformer, wait: Duration) -> TrainResult<Fetched> {
+    fn fetch(&self, consumed: u64, have: Option<u64>, wait: Duration) -> Result<Fetched, WeightsError> {
         let deadline = std::time::Instant::now() + wait;
         loop {
             if self.closed() {
@@ -573,21 +573,20 @@ impl WeightChannel for SharedWeights {
                     }
                     None
                 }
-                Err(e) => return Err(TrainError::Queue(e.to_string())),
+                Err(e) => return Err(WeightsError::Channel(e.to_string())),
             };
             if let Some(text) = text {
                 let a: Announcement = serde_json::from_str(&text).map_err(|e| {
-                    TrainError::Queue(format!("{}:weights is not an announcement ({e}): {text}", self.key))
+                    WeightsError::Channel(format!("{}:weights is not an announcement ({e}): {text}", self.key))
                 })?;
                 if a.consumed >= consumed {
                     if have == Some(a.version) {
-                        return Ok(Fetched::Ready(a.version));
+                        return Ok(Fetched::Current(a.version));
                     }
                     // The file can be pruned between the read and the load
                     // when the learner moves on; the next poll sees a newer one.
-                    if let Ok(w) = candle_core::safetensors::load(&a.path, &candle_core::Device::Cpu) {
-                        load_weights(policy, &w)?;
-                        return Ok(Fetched::Ready(a.version));
+                    if let Ok(w) = Weights::load_safetensors(Path::new(&a.path), a.version) {
+                        return Ok(Fetched::New(w));
                     }
                 }
             }
@@ -598,7 +597,7 @@ impl WeightChannel for SharedWeights {
         }
     }
 
-    fn close(&self) -> TrainResult<()> {
+    fn close(&self) -> Result<(), WeightsError> {
         self.patiently("ending the run", || {
             self.redis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).close()
         })

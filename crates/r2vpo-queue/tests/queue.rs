@@ -154,7 +154,7 @@ fn redis_stream_keeps_the_contract() {
 /// afresh; a server that lost its data lets the owner resume.
 #[test]
 fn a_stream_is_owned_by_one_run_until_it_closes() {
-    use r2vpo_llm::train::asynchronous::WeightChannel;
+    use r2vpo_llm::weights::WeightChannel;
     let tmp = tempfile::tempdir().unwrap();
     let r = Redis::start_anywhere(tmp.path());
     let url = r.url();

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use r2vpo_llm::model::Transformer;
+use r2vpo_llm::backend::Policy;
 use r2vpo_llm::rollout::{GroupRequest, GroupRollout, LogprobsMode, RolloutCounters, RolloutError, RolloutSource};
 use r2vpo_llm::sample::{FinishReason, Generation, SamplingConfig};
 use r2vpo_llm::tokenizer::Tokenizer;
@@ -424,7 +424,7 @@ impl RolloutSource for HttpRollout {
 
     fn generate(
         &mut self,
-        _policy: &Transformer,
+        _policy: &dyn Policy,
         tok: &Tokenizer,
         groups: &[GroupRequest],
         sampling: &SamplingConfig,
@@ -510,7 +510,7 @@ impl RolloutSource for HttpRollout {
             .collect()
     }
 
-    fn sync_weights(&mut self, policy: &Transformer, tok: &Tokenizer, version: u64) -> Result<(), RolloutError> {
+    fn sync_weights(&mut self, policy: &dyn Policy, tok: &Tokenizer, version: u64) -> Result<(), RolloutError> {
         if self.loader.is_none() {
             return Ok(());
         }
@@ -524,7 +524,10 @@ impl RolloutSource for HttpRollout {
                 std::fs::remove_dir_all(d).map_err(|e| io(d, e))?;
             }
         }
-        r2vpo_llm::model::save::save_hf_dir(policy, &tmp).map_err(|e| RolloutError::Push(e.to_string()))?;
+        policy
+            .export(version)
+            .and_then(|w| w.save_hf_dir(policy.config(), &tmp))
+            .map_err(|e| RolloutError::Push(e.to_string()))?;
         tok.save_hf_files(&tmp).map_err(|e| RolloutError::Push(e.to_string()))?;
         std::fs::rename(&tmp, &dir).map_err(|e| io(&dir, e))?;
         let dir = std::fs::canonicalize(&dir).map_err(|e| io(&dir, e))?;

@@ -28,7 +28,7 @@ pub mod transformer;
 use std::path::PathBuf;
 
 pub use config::{Architecture, ModelConfig, RopeScaling};
-pub use transformer::{KvCache, PrefixedRows, Transformer};
+pub use transformer::{CheckpointedTail, KvCache, PrefixedRows, Transformer};
 
 /// Runs `f` on a thread of rayon's pool (from outside the pool,
 /// `rayon::scope` moves it there; inside, it runs in place). A forward or
@@ -208,6 +208,15 @@ pub enum ModelError {
         /// The file.
         path: PathBuf,
         /// What the parser reported.
+        message: String,
+    },
+    /// Weights handed to a model do not fit it (a missing tensor, another
+    /// shape).
+    #[error("weights: tensor `{tensor}`: {message}")]
+    Mismatch {
+        /// The tensor name (Hugging Face naming).
+        tensor: String,
+        /// What is wrong.
         message: String,
     },
     /// An error from candle while computing.

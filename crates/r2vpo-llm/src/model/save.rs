@@ -8,13 +8,23 @@ use std::path::Path;
 use candle_core::{DType, Tensor};
 use serde_json::Value;
 
-use super::{ModelError, Result, Transformer};
+use super::{ModelConfig, ModelError, Result, Transformer};
 
 /// Writes `config.json` and `model.safetensors` (f32) into `dir`, creating it.
 /// A tied model saves no `lm_head.weight`, as Hugging Face does.
 pub fn save_hf_dir(model: &Transformer, dir: &Path) -> Result<()> {
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    for (name, var) in model.named_vars() {
+        tensors.insert(name, var.as_tensor().detach().to_dtype(DType::F32)?.contiguous()?);
+    }
+    save_hf_tensors(model.config(), &tensors, dir)
+}
+
+/// [`save_hf_dir`] of a model given by its config and its tensors by
+/// Hugging Face name (f32).
+pub fn save_hf_tensors(config: &ModelConfig, tensors: &HashMap<String, Tensor>, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| ModelError::Io { path: dir.to_path_buf(), source })?;
-    let mut cfg = model.config().clone();
+    let mut cfg = config.clone();
     if let Some(arch) = cfg.architecture() {
         cfg.architectures = vec![arch.hf_class().to_string()];
         cfg.model_type = arch.model_type().to_string();
@@ -28,11 +38,7 @@ pub fn save_hf_dir(model: &Transformer, dir: &Path) -> Result<()> {
     std::fs::write(&cfg_path, cfg.to_json_string() + "\n")
         .map_err(|source| ModelError::Io { path: cfg_path.clone(), source })?;
 
-    let mut tensors: HashMap<String, Tensor> = HashMap::new();
-    for (name, var) in model.named_vars() {
-        tensors.insert(name, var.as_tensor().detach().to_dtype(DType::F32)?.contiguous()?);
-    }
     let st = dir.join("model.safetensors");
-    candle_core::safetensors::save(&tensors, &st)
+    candle_core::safetensors::save(tensors, &st)
         .map_err(|e| ModelError::Format { path: st.clone(), message: format!("writing safetensors: {e}") })
 }

@@ -987,16 +987,9 @@ impl Transformer {
     }
 
     /// The gradients of `loss_of(tail_logprobs(ids, mask, r))` with respect
-    /// to every weight, by gradient checkpointing (Chen et al. 2016, "Training
-    /// Deep Nets with Sublinear Memory Cost"; PyTorch's
-    /// `torch.utils.checkpoint` per decoder layer): the forward keeps only
-    /// each layer's input, then the backward recomputes one layer at a time
-    /// and backpropagates the incoming gradient through it. It costs one
-    /// more forward of the stack; the activations alive at once fall from
-    /// every layer's to one layer's (measured in README "GPU learner"). The
-    /// LM head runs a chunk of rows at a time, twice (log-probs first, then
-    /// their gradient), so the (rows × vocabulary) logits are never whole
-    /// ([`Transformer::set_logits_chunk`]).
+    /// to every weight, by gradient checkpointing: [`Transformer::checkpointed_tail`],
+    /// the loss and its gradient with respect to the log-probs, then
+    /// [`Transformer::checkpointed_backward`].
     /// Returns the log-probs `(B, r)` and the loss (both without a graph)
     /// and the gradients, keyed like `loss.backward()`'s.
     pub fn tail_grads_checkpointed(
@@ -1006,6 +999,30 @@ impl Transformer {
         r: usize,
         loss_of: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
     ) -> Result<(Tensor, Tensor, candle_core::backprop::GradStore)> {
+        let pass = self.checkpointed_tail(input_ids, attention_mask, r)?;
+        let leaf = Var::from_tensor(pass.logprobs())?;
+        let loss = loss_of(leaf.as_tensor())?;
+        let dlogp = loss
+            .backward()?
+            .remove(leaf.as_tensor())
+            .ok_or_else(|| candle_core::Error::Msg("the loss does not depend on the log-probs it was given".into()))?;
+        let logp = pass.logprobs().clone();
+        let grads = self.checkpointed_backward(pass, &dlogp)?;
+        Ok((logp, loss.detach(), grads))
+    }
+
+    /// The forward half of gradient checkpointing (Chen et al. 2016,
+    /// "Training Deep Nets with Sublinear Memory Cost"; PyTorch's
+    /// `torch.utils.checkpoint` per decoder layer): `tail_logprobs(ids,
+    /// mask, r)` without a graph, keeping only each layer's input, so that
+    /// [`Transformer::checkpointed_backward`] can recompute one layer at a
+    /// time and backpropagate the incoming gradient through it. It costs one
+    /// more forward of the stack; the activations alive at once fall from
+    /// every layer's to one layer's (measured in README "GPU learner"). The
+    /// LM head runs a chunk of rows at a time, twice (log-probs here, their
+    /// gradient in the backward), so the (rows × vocabulary) logits are
+    /// never whole ([`Transformer::set_logits_chunk`]).
+    pub fn checkpointed_tail(&self, input_ids: &Tensor, attention_mask: &Tensor, r: usize) -> Result<CheckpointedTail> {
         let (b, w) = input_ids.dims2()?;
         if r == 0 || r >= w {
             return Err(candle_core::Error::Msg(format!("tail length {r} must be in 1..{w} for width {w}")).into());
@@ -1023,32 +1040,44 @@ impl Transformer {
             .collect::<Result<_>>()?;
         let rows = mask_rows(attention_mask, b, w)?;
         let c = self.stack_ctx(input_ids, &rows, None)?;
-        // `p` computes (cast to the compute dtype); `vars` are the `Var`s the
-        // gradients are keyed by (the same tensors when nothing is cast).
-        let (det, p, vars) = (self.detached()?, &self.weights(true)?, &self.params);
+        let det = self.detached()?;
         // Forward without a graph, keeping each layer's input.
         let mut inputs = vec![self.embed(&det, input_ids)?];
         for (li, l) in det.layers.iter().enumerate() {
             let x = self.layer(l, li, &inputs[li], &c, None)?;
             inputs.push(x);
         }
+        // The head's input rows; their log-probs without a graph.
+        let top = inputs.pop().expect("the embedding at least");
+        let h = self.final_norm(&det, &top, &c)?;
+        let hs = h.narrow(1, w - r - 1, r)?.contiguous()?.reshape((b * r, self.config.hidden_size))?;
+        let targets = input_ids.narrow(1, w - r, r)?.to_dtype(DType::U32)?.flatten_all()?;
+        let logp = self.chunked_logprobs(&det, &hs, &targets)?.reshape((b, r))?;
+        Ok(CheckpointedTail { input_ids: input_ids.clone(), bufs, c, inputs, top, targets, logp })
+    }
+
+    /// The backward half of gradient checkpointing: the gradients of every
+    /// weight given `dlogp`, the gradient of the loss with respect to
+    /// `pass`'s log-probs `(B, r)`, keyed like `loss.backward()`'s.
+    pub fn checkpointed_backward(
+        &self,
+        pass: CheckpointedTail,
+        dlogp: &Tensor,
+    ) -> Result<candle_core::backprop::GradStore> {
+        let CheckpointedTail { input_ids, bufs, c, mut inputs, top, targets, logp } = pass;
+        let (b, r) = logp.dims2()?;
+        drop(logp);
+        let dlogp = dlogp.flatten_all()?;
+        // `p` computes (cast to the compute dtype); `vars` are the `Var`s the
+        // gradients are keyed by (the same tensors when nothing is cast).
+        let (p, vars) = (&self.weights(true)?, &self.params);
+        let w = input_ids.dim(1)?;
         // The head, from the last layer's output as a leaf, a chunk of rows
-        // at a time so the (rows × vocabulary) logits are never whole: first
-        // the log-probs without a graph, then the loss and its gradient with
-        // respect to them, then each chunk again with a graph, weighted by
-        // that gradient.
-        let top = Var::from_tensor(&inputs.pop().expect("the embedding at least"))?;
+        // at a time, weighted by the log-probs' gradient.
+        let top = Var::from_tensor(&top)?;
         let h = self.final_norm(p, top.as_tensor(), &c)?;
         let n_rows = b * r;
         let hs = h.narrow(1, w - r - 1, r)?.contiguous()?.reshape((n_rows, self.config.hidden_size))?;
-        let targets = input_ids.narrow(1, w - r, r)?.to_dtype(DType::U32)?.flatten_all()?;
-        let leaf = Var::from_tensor(&self.chunked_logprobs(&det, &hs, &targets)?.reshape((b, r))?)?;
-        let loss = loss_of(leaf.as_tensor())?;
-        let dlogp = loss
-            .backward()?
-            .remove(leaf.as_tensor())
-            .ok_or_else(|| candle_core::Error::Msg("the loss does not depend on the log-probs it was given".into()))?
-            .flatten_all()?;
         let mut g: Option<Tensor> = None;
         // Only the weights' gradients are kept: candle's store also holds
         // gradients of constant inputs (masks, tables), never read.
@@ -1071,7 +1100,6 @@ impl Transformer {
         }
         let mut g = g.expect("at least one row");
         drop((h, hs, top));
-        let (logp, loss) = (leaf.as_tensor().detach(), loss.detach());
         // Back through the layers, one recomputed at a time.
         for (li, l) in p.layers.iter().enumerate().rev() {
             let x = Var::from_tensor(&inputs.pop().expect("one input per layer"))?;
@@ -1088,12 +1116,32 @@ impl Transformer {
             }
         }
         // The embedding (tied: its gradient from the head adds up).
-        let x0 = self.embed(p, input_ids)?;
+        let x0 = self.embed(p, &input_ids)?;
         let mut ge = (x0 * &g)?.sum_all()?.backward()?;
         if let Some(gt) = ge.remove(&vars.embed) {
             add_grad(&mut grads, &vars.embed, gt)?;
         }
-        Ok((logp, loss, grads))
+        Ok(grads)
+    }
+}
+
+/// What [`Transformer::checkpointed_tail`] keeps for
+/// [`Transformer::checkpointed_backward`]: each layer's input, the
+/// gradient buffers and the stack's shared tables.
+pub struct CheckpointedTail {
+    input_ids: Tensor,
+    bufs: Vec<Vec<(Tensor, Tensor)>>,
+    c: StackCtx,
+    inputs: Vec<Tensor>,
+    top: Tensor,
+    targets: Tensor,
+    logp: Tensor,
+}
+
+impl CheckpointedTail {
+    /// The log-probs `(B, r)`, without a graph.
+    pub fn logprobs(&self) -> &Tensor {
+        &self.logp
     }
 }
 

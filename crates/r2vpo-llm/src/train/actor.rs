@@ -23,9 +23,9 @@ use r2vpo::advantage::group_relative;
 
 use super::config::{BehaviourLogprobs, RolloutBackend, TrainConfig};
 use super::{derived_seed, shuffle, DataPosition, RewardFn, TrainError, TrainResult, STREAM_DATA, STREAM_ROLLOUT};
+use crate::backend::Policy;
 use crate::chat::ChatTemplate;
 use crate::data::{Fitted, Problem, PromptFitter};
-use crate::model::Transformer;
 use crate::queue::{GroupEntry, ENTRY_SCHEMA};
 use crate::rollout::{GroupRequest, LocalRollout, RolloutCounters, RolloutSource};
 use crate::sample::{request_seed, FinishReason, Generation};
@@ -281,7 +281,7 @@ impl Actor {
     /// Returns each response with its problem and weight version.
     fn rollout(
         &mut self,
-        policy: &Transformer,
+        policy: &dyn Policy,
         batch: u64,
         problems: &[usize],
         version: u64,
@@ -348,7 +348,7 @@ impl Actor {
     /// where it was, so the batch can be drawn again.
     pub fn produce(
         &mut self,
-        policy: &Transformer,
+        policy: &dyn Policy,
         batch: u64,
         data: &mut DataPosition,
         version: u64,

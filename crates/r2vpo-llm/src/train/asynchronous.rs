@@ -34,59 +34,17 @@
 //! before sampling, so its servers never sample from weights older than
 //! the staleness bound allows and two actors never push to one server.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use candle_core::{DType, Tensor};
-use serde::{Deserialize, Serialize};
-
 use super::metrics::QueueMetrics;
 use super::{load_policy, Actor, DataPosition, Event, Outcome, TrainConfig, TrainError, TrainResult, Trainer};
-use crate::model::Transformer;
-use crate::queue::{EntryId, EntryLimits, ExperienceQueue, GroupEntry, QueueError};
+use crate::backend::Policy;
+use crate::queue::{EntryLimits, ExperienceQueue, GroupEntry, QueueError};
 use crate::rollout::RolloutSource;
-
-/// Where an asynchronous learner stands in its queue; part of every
-/// checkpoint, so a resumed learner neither re-applies nor skips a group.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QueuePosition {
-    /// The last entry read (taken, dropped or rejected).
-    pub read: Option<EntryId>,
-    /// Every batch below this one was consumed (taken or dropped).
-    pub done_below: u64,
-    /// Consumed batches at or above `done_below`, ascending.
-    pub done_above: Vec<u64>,
-}
-
-impl QueuePosition {
-    /// Records batch `batch` as consumed.
-    pub fn mark_done(&mut self, batch: u64) {
-        if batch < self.done_below || self.done_above.contains(&batch) {
-            return;
-        }
-        self.done_above.push(batch);
-        self.done_above.sort_unstable();
-        while self.done_above.first() == Some(&self.done_below) {
-            self.done_above.remove(0);
-            self.done_below += 1;
-        }
-    }
-
-    /// Batches consumed so far.
-    pub fn consumed(&self) -> u64 {
-        self.done_below + self.done_above.len() as u64
-    }
-
-    /// The next new batch and the batches below it that were never
-    /// consumed (for [`ExperienceQueue::restore_batches`]).
-    pub fn restore_plan(&self) -> (u64, Vec<u64>) {
-        let next = self.done_above.last().map_or(self.done_below, |&b| b + 1);
-        let pending = (self.done_below..next).filter(|b| !self.done_above.contains(b)).collect();
-        (next, pending)
-    }
-}
+use crate::weights::{Fetched, WeightChannel, Weights, WeightsError};
 
 /// How many batches beyond the staleness bound an entry's batch number may
 /// be before the learner rejects it as foreign (actors re-issue expired
@@ -100,38 +58,6 @@ pub type QueueOpener = dyn Fn() -> Result<Box<dyn ExperienceQueue>, QueueError> 
 /// HTTP client lives in `r2vpo-serve`, so the caller supplies it.
 pub type SourceFactory<'a> = dyn Fn(usize) -> TrainResult<Box<dyn RolloutSource>> + Sync + 'a;
 
-/// How the learner's weights reach the actors, with its progress (batches
-/// consumed) for the staleness bound. One implementation per real thing:
-/// in memory for actor threads, a shared folder announced in Redis for
-/// actor processes.
-pub trait WeightChannel: Send + Sync {
-    /// Makes `model`'s weights version `version`, the learner having
-    /// consumed `consumed` batches.
-    fn publish(&self, version: u64, consumed: u64, model: &Transformer) -> TrainResult<()>;
-
-    /// Waits up to `wait` until the learner has consumed `consumed`
-    /// batches, then loads the newest weights into `policy` unless their
-    /// version is `have`.
-    fn fetch(&self, consumed: u64, have: Option<u64>, policy: &Transformer, wait: Duration) -> TrainResult<Fetched>;
-
-    /// Tells the actors the run has ended.
-    fn close(&self) -> TrainResult<()>;
-
-    /// Whether the run has ended.
-    fn closed(&self) -> bool;
-}
-
-/// What [`WeightChannel::fetch`] found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fetched {
-    /// `policy` holds this weight version.
-    Ready(u64),
-    /// The learner has not consumed enough batches yet.
-    Pending,
-    /// The run has ended.
-    Closed,
-}
-
 /// The learner's newest weights and progress, shared with actor threads.
 struct Board {
     state: Mutex<BoardState>,
@@ -139,25 +65,17 @@ struct Board {
 }
 
 struct BoardState {
-    version: u64,
     consumed: u64,
-    weights: Arc<HashMap<String, Tensor>>,
+    weights: Weights,
     closed: bool,
     failure: Option<String>,
     events: Vec<serde_json::Value>,
 }
 
 impl Board {
-    fn new(version: u64, consumed: u64, weights: HashMap<String, Tensor>) -> Self {
+    fn new(consumed: u64, weights: Weights) -> Self {
         Board {
-            state: Mutex::new(BoardState {
-                version,
-                consumed,
-                weights: Arc::new(weights),
-                closed: false,
-                failure: None,
-                events: Vec::new(),
-            }),
+            state: Mutex::new(BoardState { consumed, weights, closed: false, failure: None, events: Vec::new() }),
             changed: Condvar::new(),
         }
     }
@@ -187,37 +105,32 @@ impl Board {
 }
 
 impl WeightChannel for Board {
-    fn publish(&self, version: u64, consumed: u64, model: &Transformer) -> TrainResult<()> {
-        let weights = snapshot(model)?;
+    fn publish(&self, weights: &Weights, consumed: u64) -> Result<(), WeightsError> {
         let mut s = self.lock();
-        s.version = version;
         s.consumed = consumed;
-        s.weights = Arc::new(weights);
+        s.weights = weights.clone();
         self.changed.notify_all();
         Ok(())
     }
 
-    fn fetch(&self, consumed: u64, have: Option<u64>, policy: &Transformer, wait: Duration) -> TrainResult<Fetched> {
+    fn fetch(&self, consumed: u64, have: Option<u64>, wait: Duration) -> Result<Fetched, WeightsError> {
         let s = self.lock();
         let (s, _) = self
             .changed
             .wait_timeout_while(s, wait, |s| !s.closed && s.consumed < consumed)
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if s.closed {
-            return Ok(Fetched::Closed);
-        }
-        if s.consumed < consumed {
-            return Ok(Fetched::Pending);
-        }
-        let (version, weights) = (s.version, s.weights.clone());
-        drop(s);
-        if have != Some(version) {
-            load_weights(policy, &weights)?;
-        }
-        Ok(Fetched::Ready(version))
+        Ok(if s.closed {
+            Fetched::Closed
+        } else if s.consumed < consumed {
+            Fetched::Pending
+        } else if have == Some(s.weights.version) {
+            Fetched::Current(s.weights.version)
+        } else {
+            Fetched::New(s.weights.clone())
+        })
     }
 
-    fn close(&self) -> TrainResult<()> {
+    fn close(&self) -> Result<(), WeightsError> {
         self.lock().closed = true;
         self.changed.notify_all();
         Ok(())
@@ -226,29 +139,6 @@ impl WeightChannel for Board {
     fn closed(&self) -> bool {
         self.lock().closed
     }
-}
-
-/// A deep copy of the policy's weights by variable name (the optimizer
-/// writes the live ones in place).
-pub fn snapshot(model: &Transformer) -> TrainResult<HashMap<String, Tensor>> {
-    model.named_vars().into_iter().map(|(n, v)| Ok((n, v.as_tensor().copy()?))).collect()
-}
-
-/// Sets every variable of `policy` from `weights` (as [`snapshot`] names
-/// them); a missing or mis-shaped tensor is an error naming it.
-pub fn load_weights(policy: &Transformer, weights: &HashMap<String, Tensor>) -> TrainResult<()> {
-    for (n, v) in policy.named_vars() {
-        let w = weights.get(&n).ok_or_else(|| TrainError::Queue(format!("the learner's weights lack `{n}`")))?;
-        if w.dims() != v.as_tensor().dims() {
-            return Err(TrainError::Queue(format!(
-                "the learner's `{n}` has shape {:?}, this actor's policy {:?}",
-                w.dims(),
-                v.as_tensor().dims()
-            )));
-        }
-        v.set(&w.to_dtype(DType::F32)?)?;
-    }
-    Ok(())
 }
 
 /// Calls `f` until the queue answers, backing off 0.1 s → 5 s while it is
@@ -348,8 +238,12 @@ fn actor_loop(
             },
         };
         let version = loop {
-            match weights.fetch(b.saturating_sub(cfg.actors.max_staleness), have, &policy, poll)? {
-                Fetched::Ready(v) => break v,
+            match weights.fetch(b.saturating_sub(cfg.actors.max_staleness), have, poll)? {
+                Fetched::Current(v) => break v,
+                Fetched::New(w) => {
+                    policy.load(&w)?;
+                    break w.version;
+                }
                 Fetched::Closed => break 'batches,
                 Fetched::Pending => {
                     // Keep this lease while waiting, and make an older batch
@@ -450,7 +344,7 @@ impl Trainer {
         // This process's actor threads are the run's only actors: leases
         // left by an earlier (killed) process are dead.
         queue.expire_leases().map_err(|e| TrainError::Queue(e.to_string()))?;
-        let board = Board::new(self.progress.iteration as u64, self.progress.queue.consumed(), snapshot(&self.model)?);
+        let board = Board::new(self.progress.queue.consumed(), self.backend.export(self.progress.iteration as u64)?);
         let actors: Vec<Actor> = (0..self.cfg.actors.count)
             .map(|i| {
                 let mut a = self.actor.fork()?;
@@ -503,7 +397,7 @@ impl Trainer {
         on_event: &mut dyn FnMut(Event),
     ) -> TrainResult<Outcome> {
         let mut queue = self.open_learner_queue(open, on_event)?;
-        weights.publish(self.progress.iteration as u64, self.progress.queue.consumed(), &self.model)?;
+        weights.publish(&self.backend.export(self.progress.iteration as u64)?, self.progress.queue.consumed())?;
         let out = self.learn_loop(queue.as_mut(), weights, None, stop, on_event);
         if matches!(out, Ok(Outcome::Finished)) {
             weights.close()?;
@@ -548,7 +442,7 @@ impl Trainer {
         let g = self.cfg.group_size;
         let limits = EntryLimits {
             max_group: g,
-            max_tokens: self.model.config().max_position_embeddings,
+            max_tokens: self.backend.config().max_position_embeddings,
             vocab: self.tok.vocab_size(),
             ..EntryLimits::default()
         };
@@ -661,30 +555,13 @@ impl Trainer {
             self.progress.queue = pos;
             if self.progress.iteration < self.cfg.iterations {
                 // After the last iteration the actors are closed, not fed.
-                weights.publish(self.progress.iteration as u64, self.progress.queue.consumed(), &self.model)?;
+                let w = self.backend.export(self.progress.iteration as u64)?;
+                weights.publish(&w, self.progress.queue.consumed())?;
             }
             if let Some(out) = self.after_iteration(&m, stop, on_event)? {
                 return Ok(out);
             }
         }
         Ok(Outcome::Finished)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn positions_track_consumed_batches_and_what_to_reissue() {
-        let mut p = QueuePosition::default();
-        for b in [1, 0, 4, 2] {
-            p.mark_done(b);
-        }
-        assert_eq!((p.done_below, p.done_above.clone(), p.consumed()), (3, vec![4], 4));
-        assert_eq!(p.restore_plan(), (5, vec![3]));
-        p.mark_done(4);
-        assert_eq!(p.consumed(), 4);
-        assert_eq!(QueuePosition::default().restore_plan(), (0, vec![]));
     }
 }

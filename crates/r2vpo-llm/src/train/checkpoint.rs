@@ -9,16 +9,15 @@
 //! checkpoints are deleted last. A crash at any point leaves `latest`
 //! naming a complete checkpoint.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 use r2vpo::dual::DualVariable;
 use r2vpo::replay::ReplayBuffer;
 
 use super::{Progress, RewardFn, Sample, TrainConfig, TrainError, TrainResult, Trainer, VerifierReward};
+use crate::weights::Weights;
 
 /// Bumped when the layout changes.
 const FORMAT: u32 = 1;
@@ -70,20 +69,17 @@ impl Trainer {
         }
         std::fs::create_dir(&tmp).map_err(io(&tmp))?;
 
-        let mut weights: HashMap<String, Tensor> = HashMap::new();
-        for (n, v) in self.model.named_vars() {
-            weights.insert(n, v.as_tensor().detach().contiguous()?);
-        }
         let w = tmp.join("model.safetensors");
-        candle_core::safetensors::save(&weights, &w).map_err(|e| ckpt_err(&w, e.to_string()))?;
+        let weights = self.backend.export(self.progress.iteration as u64)?;
+        weights.save_safetensors(&w).map_err(|e| ckpt_err(&w, e.to_string()))?;
         let c = tmp.join("config.json");
-        std::fs::write(&c, self.model.config().to_json_string() + "\n").map_err(io(&c))?;
+        std::fs::write(&c, self.backend.config().to_json_string() + "\n").map_err(io(&c))?;
         let o = tmp.join("optimizer.safetensors");
-        self.opt.save(&o)?;
+        self.backend.save_optimizer(&o)?;
         let state = State {
             format: FORMAT,
             progress: self.progress.clone(),
-            optimizer_steps: self.opt.steps(),
+            optimizer_steps: self.backend.optimizer_steps(),
             dual: self.learner.dual().clone(),
             replay: self.replay.clone(),
         };
@@ -168,18 +164,11 @@ impl Trainer {
         r2vpo_report::truncate_events_after(run_dir, state.progress.iteration as i64)?;
         let mut t = Self::build(cfg, run_dir, reward_fn, state.progress)?;
         let w = dir.join("model.safetensors");
-        let weights = candle_core::safetensors::load(&w, t.model.device()).map_err(|e| ckpt_err(&w, e.to_string()))?;
-        for (n, v) in t.model.named_vars() {
-            let x = weights.get(&n).ok_or_else(|| ckpt_err(&w, format!("missing tensor `{n}`")))?;
-            if x.dims() != v.as_tensor().dims() {
-                return Err(ckpt_err(
-                    &w,
-                    format!("`{n}` has shape {:?}, the configured model has {:?}", x.dims(), v.as_tensor().dims()),
-                ));
-            }
-            v.set(&x.to_dtype(DType::F32)?)?;
-        }
-        t.opt.load(&dir.join("optimizer.safetensors"), state.optimizer_steps)?;
+        Weights::load_safetensors(&w, t.progress.iteration as u64)
+            .and_then(|weights| t.backend.load(&weights))
+            .map_err(|e| ckpt_err(&w, e.to_string()))?;
+        let o = dir.join("optimizer.safetensors");
+        t.backend.load_optimizer(&o, state.optimizer_steps).map_err(|e| ckpt_err(&o, e.to_string()))?;
         t.learner = r2vpo::learner::Learner::with_dual(t.cfg.objective.clone(), state.dual)?;
         t.replay = state.replay;
         if t.replay.capacity_iters() != t.cfg.replay.capacity_iters {

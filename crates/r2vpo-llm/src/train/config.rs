@@ -17,6 +17,8 @@ use super::{TrainError, TrainResult};
 /// The embedded default model, relative to the repository root.
 pub const EMBEDDED_MODEL: &str = ".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// The optimizer's settings, defined with the optimizer.
+pub use crate::backend::OptimConfig;
 pub use r2vpo::algo::Mode;
 
 /// Which log-probabilities become log π_off, the ratio's denominator.
@@ -376,33 +378,6 @@ impl ModelSource {
             device: "cpu".into(),
             compute_dtype: ComputeDtype::F32,
         }
-    }
-}
-
-/// AdamW with warmup and gradient-norm clipping.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct OptimConfig {
-    /// Peak learning rate (the paper: 1e-6 for 1.7B–8B models).
-    pub lr: f64,
-    /// Adam β₁.
-    pub beta1: f64,
-    /// Adam β₂.
-    pub beta2: f64,
-    /// Adam ε.
-    pub eps: f64,
-    /// Decoupled weight decay, applied to matrices only: 1-D tensors (norm
-    /// weights, biases) are excluded, as in Hugging Face's trainer.
-    pub weight_decay: f64,
-    /// Optimizer steps of linear warmup from 0 to `lr`; constant after.
-    pub warmup_steps: u64,
-    /// Clip the global gradient L2 norm to this value (0 = off).
-    pub grad_clip: f64,
-}
-
-impl Default for OptimConfig {
-    fn default() -> Self {
-        Self { lr: 1e-6, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, warmup_steps: 0, grad_clip: 1.0 }
     }
 }
 

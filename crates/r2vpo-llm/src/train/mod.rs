@@ -17,17 +17,15 @@
 
 pub mod actor;
 pub mod asynchronous;
-pub mod batch;
 pub mod checkpoint;
 pub mod config;
 pub mod metrics;
-pub mod optim;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -40,6 +38,7 @@ use r2vpo::replay::ReplayBuffer;
 use r2vpo::schedule::{EpochSchedule, Remainder, Reshuffle, UpdateSchedule};
 use r2vpo_report::{JsonlWriter, TensorBoardWriter};
 
+use crate::backend::{batch, Backend, CandleBackend, Policy};
 use crate::data::{load_problems_reporting, Problem, PromptError, SkippedRecord};
 use crate::model::{load_model, ModelConfig, Transformer};
 use crate::queue::GroupEntry;
@@ -48,14 +47,13 @@ use crate::sample::Generation;
 use crate::tokenizer::Tokenizer;
 use r2vpo_verify::{verify, VerifyConfig};
 
+pub use crate::experience::Sample;
 pub use actor::{Actor, Produced};
-pub use batch::Sample;
 pub use config::{
     ActorsConfig, BehaviourLogprobs, ComputeDtype, Mode, ModelSource, OptimConfig, QueueBackend, QueueConfig,
     RandomModel, RefKlConfig, RolloutBackend, RolloutConfig, TrainConfig, WeightPush,
 };
 pub use metrics::{IterMetrics, QueueMetrics, RatioHistogram, Timing};
-pub use optim::AdamW;
 
 /// Errors of training.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +91,9 @@ pub enum TrainError {
     /// fail-over).
     #[error(transparent)]
     Rollout(#[from] RolloutError),
+    /// Publishing or fetching weights failed.
+    #[error(transparent)]
+    Weights(#[from] crate::weights::WeightsError),
     /// The experience queue refused a call, or an actor thread failed.
     #[error("asynchronous training: {0}")]
     Queue(String),
@@ -209,7 +210,7 @@ pub struct Progress {
     /// Where an asynchronous learner stands in its queue (unused by the
     /// synchronous trainer).
     #[serde(default)]
-    pub queue: asynchronous::QueuePosition,
+    pub queue: crate::queue::QueuePosition,
 }
 
 /// How a call to [`Trainer::run`] ended.
@@ -268,13 +269,14 @@ pub fn load_policy(src: &ModelSource) -> TrainResult<(Transformer, Tokenizer)> {
 /// the run folder's logs.
 pub struct Trainer {
     cfg: TrainConfig,
-    model: Transformer,
-    reference: Option<Transformer>,
+    /// The policy being trained, on its compute backend.
+    backend: Box<dyn Backend>,
+    /// The frozen initial policy of a reference-KL term (scoring only).
+    reference: Option<Box<dyn Policy>>,
     tok: Tokenizer,
     /// The rollout half of every iteration (problems → groups).
     actor: Actor,
     eval_problems: Vec<Problem>,
-    opt: AdamW,
     /// The objective and λ (the core's learner contract).
     learner: Learner,
     replay: ReplayBuffer<Sample>,
@@ -310,7 +312,8 @@ impl Trainer {
 
     fn build(cfg: TrainConfig, run_dir: &Path, reward_fn: Box<dyn RewardFn>, progress: Progress) -> TrainResult<Self> {
         let (model, tok) = load_policy(&cfg.model)?;
-        let reference = if cfg.ref_kl.coef > 0.0 { Some(load_policy(&cfg.model)?.0) } else { None };
+        let reference: Option<Box<dyn Policy>> =
+            if cfg.ref_kl.coef > 0.0 { Some(Box::new(load_policy(&cfg.model)?.0)) } else { None };
         let evaluating = cfg.eval_at_start || cfg.eval_at_end || cfg.eval_every > 0;
         // Prompt + response must fit the model's context; a generation
         // budget that leaves no room for any prompt is a config error.
@@ -338,7 +341,7 @@ impl Trainer {
             Vec::new()
         };
         let actor = Actor::new(cfg.clone(), tok.clone(), problems, std::sync::Arc::from(reward_fn), context)?;
-        let opt = AdamW::new(model.named_vars(), cfg.optim)?;
+        let backend = Box::new(CandleBackend::new(model, cfg.optim, cfg.activation_checkpointing)?);
         let learner = Learner::new(cfg.objective.clone(), &cfg.dual)?;
         let replay =
             ReplayBuffer::new(cfg.replay.capacity_iters, derived_seed(cfg.seed, STREAM_REPLAY, cfg.replay.seed))?;
@@ -361,11 +364,10 @@ impl Trainer {
             events,
             tb: TensorBoardWriter::create(run_dir).ok(),
             cfg,
-            model,
+            backend,
             reference,
             tok,
             eval_problems,
-            opt,
             learner,
             replay,
             progress,
@@ -379,8 +381,8 @@ impl Trainer {
     }
 
     /// The policy being trained.
-    pub fn model(&self) -> &Transformer {
-        &self.model
+    pub fn policy(&self) -> &dyn Policy {
+        self.backend.as_ref()
     }
 
     /// The tokenizer.
@@ -493,7 +495,7 @@ impl Trainer {
     }
 
     /// Tensors for one micro-batch, in the layout `share_prompt_prefix` picks.
-    fn pack(&self, samples: &[&Sample], dev: &candle_core::Device) -> candle_core::Result<batch::TrainTensors> {
+    fn pack(&self, samples: &[&Sample], dev: &candle_core::Device) -> candle_core::Result<batch::MicroBatch> {
         let pad = self.tok.pad_token_id();
         if self.cfg.share_prompt_prefix {
             batch::pack_prefixed(samples, pad, dev)
@@ -502,12 +504,12 @@ impl Trainer {
         }
     }
 
-    /// Per-response log-probs of `samples` under `model` (no graph).
-    fn score(&self, model: &Transformer, samples: &[&Sample]) -> TrainResult<Vec<Vec<f32>>> {
+    /// Per-response log-probs of `samples` under `policy` (no graph).
+    fn score(&self, policy: &dyn Policy, samples: &[&Sample]) -> TrainResult<Vec<Vec<f32>>> {
         let mut out = Vec::with_capacity(samples.len());
         for part in samples.chunks(self.cfg.micro_batch_size) {
-            let t = self.pack(part, model.device())?;
-            let lp = crate::model::on_pool(|| t.score_logprobs(model))?;
+            let t = self.pack(part, policy.device())?;
+            let lp = policy.score(&t)?;
             out.extend(batch::unpack_responses(&lp, part)?);
         }
         Ok(out)
@@ -520,7 +522,7 @@ impl Trainer {
         let iter = self.progress.iteration;
         let t_start = Instant::now();
         on_event(Event::Phase { iter, name: "rollout" });
-        let produced = self.actor.produce(&self.model, iter as u64, &mut self.progress.data, iter as u64);
+        let produced = self.actor.produce(self.backend.as_ref(), iter as u64, &mut self.progress.data, iter as u64);
         self.write_actor_events()?;
         let produced = produced?;
         self.learn(&produced.entries, produced.rollout_s, t_start, None, on_event)
@@ -554,7 +556,7 @@ impl Trainer {
         let iter = self.progress.iteration;
         let g = self.cfg.group_size;
         let rollout_version = entries.first().map_or(iter as u64, |e| e.weight_version);
-        let mut samples: Vec<Sample> = entries.iter().flat_map(GroupEntry::to_samples).collect();
+        let mut samples: Vec<Sample> = entries.iter().flat_map(Sample::from_group).collect();
         let mut entropy_sum = 0.0f64;
         let mut entropy_tokens = 0usize;
         let mut truncated = 0usize;
@@ -608,12 +610,12 @@ impl Trainer {
             on_event(Event::Phase { iter, name: "score" });
             let refs: Vec<&Sample> = samples.iter().collect();
             let recomputed = if self.cfg.behaviour_logprobs == BehaviourLogprobs::Recompute {
-                Some(self.score(&self.model, &refs)?)
+                Some(self.score(self.backend.as_ref(), &refs)?)
             } else {
                 None
             };
             let reference = match &self.reference {
-                Some(r) => Some(self.score(r, &refs)?),
+                Some(r) => Some(self.score(r.as_ref(), &refs)?),
                 None => None,
             };
             for (i, s) in samples.iter_mut().enumerate() {
@@ -713,7 +715,10 @@ impl Trainer {
     /// One optimizer step over `items` (sample, age): micro-batched
     /// forward/backward with the loss normalised over the whole minibatch,
     /// gradient accumulation, a finiteness check, clipping, AdamW, then the
-    /// λ update.
+    /// λ update. The backend computes each micro-batch's log-probs; the
+    /// loss and its gradient with respect to them are the core's, here;
+    /// the backend takes that gradient back through the model
+    /// ([`crate::backend`]).
     fn optimizer_step(
         &mut self,
         items: &[(&Sample, u64)],
@@ -724,85 +729,64 @@ impl Trainer {
         if items.is_empty() {
             return Ok(());
         }
-        let dev = self.model.device().clone();
+        let dev = self.backend.device().clone();
         let mut items = items.to_vec();
         if self.cfg.share_prompt_prefix {
             // Keep each prompt's samples in as few micro-batches as possible.
             items.sort_by_key(|(s, _)| s.problem);
         }
         let parts: Vec<&[(&Sample, u64)]> = items.chunks(self.cfg.micro_batch_size).collect();
-        let packed: Vec<batch::TrainTensors> = parts
+        let packed: Vec<batch::MicroBatch> = parts
             .iter()
             .map(|p| self.pack(&p.iter().map(|(s, _)| *s).collect::<Vec<_>>(), &dev))
             .collect::<candle_core::Result<_>>()?;
         let masks: Vec<&Tensor> = packed.iter().map(|t| &t.mask).collect();
         let global = GlobalBatch::from_masks(&masks)?.with_horizon(self.cfg.sampling.max_new_tokens as f64);
         let agg = self.cfg.objective.aggregation;
-        let vars = self.opt.vars().to_vec();
-        let mut grads: Vec<Option<Tensor>> = vec![None; vars.len()];
         let mut stats = Vec::with_capacity(parts.len());
         let mut loss_total = 0.0f64;
         let mut ref_kl = 0.0f64;
         let mut tokens = 0usize;
+        let entropy_coef = self.cfg.entropy_coef;
         for (part, t) in parts.iter().zip(&packed) {
-            // The loss of a micro-batch given its log-probs: the objective,
-            // then the KL to the reference and the entropy bonus when on.
-            let entropy_coef = self.cfg.entropy_coef;
-            let (learner, model, ref_cfg) = (&self.learner, &self.model, self.cfg.ref_kl);
-            let loss_of = |logp: &Tensor| -> TrainResult<(Tensor, RatioStats, f64)> {
-                let out = learner.loss(
-                    &PolicyBatch { logp, old_logp: &t.old_logp, advantages: &t.advantages, mask: &t.mask },
-                    &global,
-                )?;
-                let (mut loss, mut kl_part) = (out.loss, 0.0);
-                if let (Some(rf), true) = (&t.ref_logp, ref_cfg.coef > 0.0) {
-                    // KL(π_θ‖π_ref) with x = log π_ref − log π_θ (verl's kl_penalty).
-                    let x = rf.sub(logp)?;
-                    let kl = kl_estimate(ref_cfg.estimator, &x)?;
-                    let term = aggregate(&kl, &t.mask, agg, &global)?;
-                    kl_part = term.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-                    loss = loss.add(&term.affine(ref_cfg.coef, 0.0)?)?;
-                }
-                if entropy_coef != 0.0 {
-                    let ent = t.entropy(model)?;
-                    let term = aggregate(&ent, &t.mask, agg, &global)?;
-                    loss = loss.sub(&term.affine(entropy_coef, 0.0)?)?;
-                }
-                Ok((loss, out.stats, kl_part))
-            };
-            // The forward and backward on a pool thread (`on_pool`).
-            let (logp, loss, gs, step_stats, kl_part) = crate::model::on_pool(|| -> TrainResult<_> {
-                Ok(match (&t.inputs, self.cfg.activation_checkpointing) {
-                    (batch::Inputs::Padded { ids, attention }, true) => {
-                        let mut extra = None;
-                        let (logp, loss, gs) = self.model.tail_grads_checkpointed(ids, attention, t.tail, |lp| {
-                            let (loss, st, kl) = loss_of(lp).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-                            extra = Some((st, kl));
-                            Ok(loss)
-                        })?;
-                        let (st, kl) = extra.expect("the loss was computed");
-                        (logp, loss, gs, st, kl)
-                    }
-                    _ => {
-                        let logp = t.logprobs(&self.model)?;
-                        let (loss, st, kl) = loss_of(&logp)?;
-                        let gs = loss.backward()?;
-                        (logp, loss, gs, st, kl)
-                    }
-                })
-            })?;
-            ref_kl += kl_part;
-            loss_total += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            for (i, v) in vars.iter().enumerate() {
-                if let Some(gv) = gs.get(v.as_tensor()) {
-                    grads[i] = Some(match grads[i].take() {
-                        Some(prev) => prev.add(gv)?,
-                        None => gv.clone(),
-                    });
-                }
+            // Forward on the backend, then the loss on the log-probs as
+            // leaves: the objective, the KL to the reference and the
+            // entropy bonus when on.
+            let fwd = self.backend.forward(t, entropy_coef != 0.0)?;
+            let logp = Var::from_tensor(&fwd.logp)?;
+            let entropy = fwd.entropy.as_ref().map(Var::from_tensor).transpose()?;
+            let out = self.learner.loss(
+                &PolicyBatch {
+                    logp: logp.as_tensor(),
+                    old_logp: &t.old_logp,
+                    advantages: &t.advantages,
+                    mask: &t.mask,
+                },
+                &global,
+            )?;
+            let mut loss = out.loss;
+            let ref_cfg = self.cfg.ref_kl;
+            if let (Some(rf), true) = (&t.ref_logp, ref_cfg.coef > 0.0) {
+                // KL(π_θ‖π_ref) with x = log π_ref − log π_θ (verl's kl_penalty).
+                let x = rf.sub(logp.as_tensor())?;
+                let kl = kl_estimate(ref_cfg.estimator, &x)?;
+                let term = aggregate(&kl, &t.mask, agg, &global)?;
+                ref_kl += term.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                loss = loss.add(&term.affine(ref_cfg.coef, 0.0)?)?;
             }
+            if let Some(ent) = &entropy {
+                let term = aggregate(ent.as_tensor(), &t.mask, agg, &global)?;
+                loss = loss.sub(&term.affine(entropy_coef, 0.0)?)?;
+            }
+            let gs = loss.backward()?;
+            let dlogp = gs.get(logp.as_tensor()).ok_or_else(|| {
+                candle_core::Error::Msg("the loss does not depend on the log-probs it was given".into())
+            })?;
+            let dentropy = entropy.as_ref().and_then(|e| gs.get(e.as_tensor()));
+            self.backend.backward(dlogp, dentropy)?;
+            loss_total += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             if hist.enabled() {
-                let ratio = (logp.detach() - &t.old_logp)?.exp()?;
+                let ratio = (&fwd.logp - &t.old_logp)?.exp()?;
                 let r: Vec<Vec<f32>> = ratio.to_vec2()?;
                 let mk: Vec<Vec<f32>> = t.mask.to_vec2()?;
                 for ((row, mrow), (_, age)) in r.iter().zip(&mk).zip(part.iter()) {
@@ -810,9 +794,9 @@ impl Trainer {
                 }
             }
             tokens += t.mask.sum_all()?.to_scalar::<f32>()? as usize;
-            stats.push(step_stats);
+            stats.push(out.stats);
         }
-        let norm = optim::global_norm(&grads)?;
+        let norm = self.backend.grad_norm()?;
         if !loss_total.is_finite() || !norm.is_finite() {
             // The step is not taken, so λ does not learn from it either.
             let merged = RatioStats::merge(&stats);
@@ -834,6 +818,7 @@ impl Trainer {
                 "stats": merged,
             }))?;
             on_event(Event::BadStep(&detail));
+            self.backend.zero_grad();
             acc.skipped += 1;
             if self.progress.bad_steps >= self.cfg.max_bad_steps {
                 return Err(TrainError::NonFinite { count: self.progress.bad_steps, detail });
@@ -841,7 +826,7 @@ impl Trainer {
             return Ok(());
         }
         self.progress.bad_steps = 0;
-        let lr = self.opt.step(&grads, self.opt.clip_scale(norm))?;
+        let lr = self.backend.step(self.cfg.optim.clip_scale(norm))?;
         self.progress.steps += 1;
         let merged = self.learner.after_step(&stats)?;
         let mean_age = items.iter().map(|(_, a)| *a as f64).sum::<f64>() / items.len() as f64;
@@ -853,7 +838,8 @@ impl Trainer {
     /// `config.json`, tokenizer files with the chat template), loadable by
     /// [`crate::model::load_model`] and by `transformers`.
     pub fn export(&self, dir: &Path) -> TrainResult<()> {
-        crate::model::save::save_hf_dir(&self.model, dir)?;
+        let weights = self.backend.export(self.progress.iteration as u64)?;
+        weights.save_hf_dir(self.backend.config(), dir)?;
         self.tok.save_hf_files(dir)?;
         Ok(())
     }
@@ -861,8 +847,13 @@ impl Trainer {
     /// Held-out avg@k of the current policy, appended to `eval.jsonl`.
     fn evaluate(&mut self, on_event: &mut dyn FnMut(Event)) -> TrainResult<()> {
         on_event(Event::Phase { iter: self.progress.iteration, name: "eval" });
-        let report =
-            crate::eval::evaluate(&self.model, &self.tok, &self.eval_problems, &self.cfg.eval, &mut |_, _| {})?;
+        let report = crate::eval::evaluate(
+            self.backend.as_ref(),
+            &self.tok,
+            &self.eval_problems,
+            &self.cfg.eval,
+            &mut |_, _| {},
+        )?;
         let dir = self.run_dir.join("eval");
         std::fs::create_dir_all(&dir).map_err(|source| TrainError::Io { path: dir.clone(), source })?;
         r2vpo_report::atomic_write_json(&dir.join(format!("iter-{:06}.json", self.progress.iteration)), &report)?;

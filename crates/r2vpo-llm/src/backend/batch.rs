@@ -1,36 +1,10 @@
-//! Experience records and the padded tensors one forward/backward needs.
+//! The tensors one forward/backward of a micro-batch needs, packed from
+//! experience records: what every backend takes, whatever it computes on.
 
 use candle_core::{DType, Device, Tensor};
-use serde::{Deserialize, Serialize};
 
-use crate::model::{PrefixedRows, Transformer};
-
-/// One sampled response with everything the update needs: Algorithm 2's
-/// ⟨x, y, r, Â, log π_off⟩ tuple (the policy version is kept by the replay
-/// buffer).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Sample {
-    /// Index of the problem in the training set.
-    pub problem: usize,
-    /// Prompt token ids (chat template applied).
-    pub prompt_ids: Vec<u32>,
-    /// Response token ids, including the final EOS/stop token if any.
-    pub response_ids: Vec<u32>,
-    /// Scalar reward.
-    pub reward: f32,
-    /// Whether the verifier judged the answer correct.
-    pub correct: bool,
-    /// Group-relative advantage.
-    pub advantage: f32,
-    /// log π_off per response token.
-    pub behaviour_logp: Vec<f32>,
-    /// log π_ref per response token (only with a reference-KL term).
-    pub ref_logp: Option<Vec<f32>>,
-    /// Weight version that generated the response (see
-    /// [`crate::rollout::GroupRollout::weight_version`]).
-    #[serde(default)]
-    pub version: u64,
-}
+use crate::experience::Sample;
+use crate::model::PrefixedRows;
 
 /// The token inputs of a micro-batch, in one of two equivalent layouts.
 pub enum Inputs {
@@ -76,12 +50,12 @@ impl SharedPrompts {
     }
 }
 
-/// A micro-batch ready for the model. Responses end at the right edge, so
+/// A micro-batch ready for a backend. Responses end at the right edge, so
 /// the per-token tensors cover only the last `R` = longest-response columns:
 /// a response of length `r` occupies columns `[R − r, R)` (see
 /// [`crate::model::Transformer::tail_logprobs`]), whichever [`Inputs`]
 /// layout carries the tokens.
-pub struct TrainTensors {
+pub struct MicroBatch {
     /// The tokens.
     pub inputs: Inputs,
     /// `R`, the number of scored columns.
@@ -96,35 +70,9 @@ pub struct TrainTensors {
     pub ref_logp: Option<Tensor>,
 }
 
-impl TrainTensors {
-    /// Differentiable log π_θ of the response columns, `(B, R)`.
-    pub fn logprobs(&self, model: &Transformer) -> crate::model::Result<Tensor> {
-        match &self.inputs {
-            Inputs::Padded { ids, attention } => model.tail_logprobs(ids, attention, self.tail),
-            Inputs::Prefixed(shared) => model.prefixed_tail_logprobs(&shared.as_rows()),
-        }
-    }
-
-    /// [`TrainTensors::logprobs`] without a graph.
-    pub fn score_logprobs(&self, model: &Transformer) -> crate::model::Result<Tensor> {
-        match &self.inputs {
-            Inputs::Padded { ids, attention } => model.score_tail_logprobs(ids, attention, self.tail),
-            Inputs::Prefixed(shared) => model.score_prefixed_tail_logprobs(&shared.as_rows()),
-        }
-    }
-
-    /// Differentiable entropy of π_θ at the response columns, `(B, R)`.
-    pub fn entropy(&self, model: &Transformer) -> crate::model::Result<Tensor> {
-        match &self.inputs {
-            Inputs::Padded { ids, attention } => model.tail_entropy(ids, attention, self.tail),
-            Inputs::Prefixed(shared) => model.prefixed_tail_entropy(&shared.as_rows()),
-        }
-    }
-}
-
 /// Completes a micro-batch around `inputs` with the per-token tensors both
 /// layouts share: mask, behaviour and reference log-probs, advantages.
-fn with_tail(inputs: Inputs, samples: &[&Sample], tail: usize, device: &Device) -> candle_core::Result<TrainTensors> {
+fn with_tail(inputs: Inputs, samples: &[&Sample], tail: usize, device: &Device) -> candle_core::Result<MicroBatch> {
     let b = samples.len();
     let mut mask = vec![0f32; b * tail];
     let mut old = vec![0f32; b * tail];
@@ -144,7 +92,7 @@ fn with_tail(inputs: Inputs, samples: &[&Sample], tail: usize, device: &Device) 
         }
     }
     let t = |v: Vec<f32>| Tensor::from_vec(v, (b, tail), device);
-    Ok(TrainTensors {
+    Ok(MicroBatch {
         inputs,
         tail,
         mask: t(mask)?,
@@ -155,7 +103,7 @@ fn with_tail(inputs: Inputs, samples: &[&Sample], tail: usize, device: &Device) 
 }
 
 /// Packs `samples` into whole left-padded rows ([`Inputs::Padded`]).
-pub fn pack(samples: &[&Sample], pad_id: u32, device: &Device) -> candle_core::Result<TrainTensors> {
+pub fn pack(samples: &[&Sample], pad_id: u32, device: &Device) -> candle_core::Result<MicroBatch> {
     let b = samples.len();
     let tail = samples.iter().map(|s| s.response_ids.len()).max().unwrap_or(0).max(1);
     // At least one token of context precedes the scored tail.
@@ -180,7 +128,7 @@ pub fn pack(samples: &[&Sample], pad_id: u32, device: &Device) -> candle_core::R
 /// Packs `samples` with each distinct prompt stored once
 /// ([`Inputs::Prefixed`]); falls back to [`pack`] when sharing cannot help
 /// (every prompt a single token, or an empty prompt).
-pub fn pack_prefixed(samples: &[&Sample], pad_id: u32, device: &Device) -> candle_core::Result<TrainTensors> {
+pub fn pack_prefixed(samples: &[&Sample], pad_id: u32, device: &Device) -> candle_core::Result<MicroBatch> {
     if samples.iter().any(|s| s.prompt_ids.is_empty()) || samples.iter().all(|s| s.prompt_ids.len() < 2) {
         return pack(samples, pad_id, device);
     }

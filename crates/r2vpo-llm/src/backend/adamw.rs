@@ -1,4 +1,4 @@
-//! AdamW over the model's `Var`s with state that can be checkpointed
+//! AdamW over the candle model's `Var`s with state that can be checkpointed
 //! (candle-nn's `AdamW` keeps its moments private and decays every tensor,
 //! norms included).
 
@@ -7,9 +7,59 @@ use std::path::Path;
 
 use candle_core::{CpuStorage, DType, Layout, Tensor, Var};
 use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
 
-use super::config::OptimConfig;
-use super::{TrainError, TrainResult};
+use crate::model::{ModelError, Result};
+
+/// AdamW with warmup and gradient-norm clipping: the optimizer of every
+/// backend (`[optim]` of a training config).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimConfig {
+    /// Peak learning rate (the paper: 1e-6 for 1.7B–8B models).
+    pub lr: f64,
+    /// Adam β₁.
+    pub beta1: f64,
+    /// Adam β₂.
+    pub beta2: f64,
+    /// Adam ε.
+    pub eps: f64,
+    /// Decoupled weight decay, applied to matrices only: 1-D tensors (norm
+    /// weights, biases) are excluded, as in Hugging Face's trainer.
+    pub weight_decay: f64,
+    /// Optimizer steps of linear warmup from 0 to `lr`; constant after.
+    pub warmup_steps: u64,
+    /// Clip the global gradient L2 norm to this value (0 = off).
+    pub grad_clip: f64,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        Self { lr: 1e-6, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, warmup_steps: 0, grad_clip: 1.0 }
+    }
+}
+
+impl OptimConfig {
+    /// The learning rate of step `step` (counted from 0): linear warmup,
+    /// then constant.
+    pub fn lr_at(&self, step: u64) -> f64 {
+        if self.warmup_steps == 0 || step >= self.warmup_steps {
+            self.lr
+        } else {
+            self.lr * (step + 1) as f64 / self.warmup_steps as f64
+        }
+    }
+
+    /// The factor that scales gradients of global norm `norm` down to
+    /// `grad_clip` (1 when they are within it, or clipping is off).
+    pub fn clip_scale(&self, norm: f64) -> f64 {
+        if self.grad_clip > 0.0 && norm > self.grad_clip {
+            self.grad_clip / norm
+        } else {
+            1.0
+        }
+    }
+}
 
 /// Decoupled-weight-decay Adam (Loshchilov & Hutter) with bias correction.
 pub struct AdamW {
@@ -25,7 +75,7 @@ pub struct AdamW {
 impl AdamW {
     /// Moments start at zero. Tensors of rank < 2 (norm weights, biases) get
     /// no weight decay.
-    pub fn new(params: Vec<(String, Var)>, cfg: OptimConfig) -> TrainResult<Self> {
+    pub fn new(params: Vec<(String, Var)>, cfg: OptimConfig) -> Result<Self> {
         let mut s = Self { names: vec![], vars: vec![], decay: vec![], m: vec![], v: vec![], t: 0, cfg };
         for (name, var) in params {
             s.decay.push(var.as_tensor().rank() >= 2);
@@ -52,37 +102,27 @@ impl AdamW {
         self.t
     }
 
-    /// The learning rate of the next step: linear warmup, then constant.
+    /// The learning rate of step `step`: [`OptimConfig::lr_at`].
     pub fn lr_at(&self, step: u64) -> f64 {
-        if self.cfg.warmup_steps == 0 || step >= self.cfg.warmup_steps {
-            self.cfg.lr
-        } else {
-            self.cfg.lr * (step + 1) as f64 / self.cfg.warmup_steps as f64
-        }
+        self.cfg.lr_at(step)
     }
 
-    /// The factor that scales gradients of global norm `norm` down to
-    /// `grad_clip` (1 when they are within it, or clipping is off).
+    /// [`OptimConfig::clip_scale`].
     pub fn clip_scale(&self, norm: f64) -> f64 {
-        let clip = self.cfg.grad_clip;
-        if clip > 0.0 && norm > clip {
-            clip / norm
-        } else {
-            1.0
-        }
+        self.cfg.clip_scale(norm)
     }
 
     /// One update with `grads[i]` for `vars()[i]` (`None`: no gradient, the
     /// parameter only decays) scaled by `grad_scale` (the clipping factor).
     /// Returns the learning rate used.
-    pub fn step(&mut self, grads: &[Option<Tensor>], grad_scale: f64) -> TrainResult<f64> {
+    pub fn step(&mut self, grads: &[Option<Tensor>], grad_scale: f64) -> Result<f64> {
         self.step_with(grads, grad_scale, true)
     }
 
     /// [`AdamW::step`], in place where the tensors allow it (contiguous f32
     /// on the CPU: three passes per parameter, nothing allocated) or else by
     /// candle ops (a dozen passes and tensors per parameter; any device).
-    fn step_with(&mut self, grads: &[Option<Tensor>], grad_scale: f64, in_place: bool) -> TrainResult<f64> {
+    fn step_with(&mut self, grads: &[Option<Tensor>], grad_scale: f64, in_place: bool) -> Result<f64> {
         if grads.len() != self.vars.len() {
             let msg = format!("{} gradients for {} parameters", grads.len(), self.vars.len());
             return Err(candle_core::Error::Msg(msg).into());
@@ -128,19 +168,19 @@ impl AdamW {
     }
 
     /// Writes the moments as safetensors (`m.<name>`, `v.<name>`).
-    pub fn save(&self, path: &Path) -> TrainResult<()> {
+    pub fn save(&self, path: &Path) -> Result<()> {
         let mut map: HashMap<String, Tensor> = HashMap::new();
         for (i, n) in self.names.iter().enumerate() {
             map.insert(format!("m.{n}"), self.m[i].clone());
             map.insert(format!("v.{n}"), self.v[i].clone());
         }
         candle_core::safetensors::save(&map, path)
-            .map_err(|e| TrainError::Checkpoint { path: path.to_path_buf(), message: e.to_string() })
+            .map_err(|e| ModelError::Format { path: path.to_path_buf(), message: e.to_string() })
     }
 
     /// Restores moments written by [`AdamW::save`] and the step count.
-    pub fn load(&mut self, path: &Path, steps: u64) -> TrainResult<()> {
-        let err = |m: String| TrainError::Checkpoint { path: path.to_path_buf(), message: m };
+    pub fn load(&mut self, path: &Path, steps: u64) -> Result<()> {
+        let err = |m: String| ModelError::Format { path: path.to_path_buf(), message: m };
         let map = candle_core::safetensors::load(path, &candle_core::Device::Cpu).map_err(|e| err(e.to_string()))?;
         for (i, n) in self.names.iter().enumerate() {
             for (pre, slot) in [("m", &mut self.m[i]), ("v", &mut self.v[i])] {
@@ -270,7 +310,7 @@ fn f32_pair<'a>(
 
 /// Global L2 norm of a set of gradients, in f64 (`NaN`/`inf` propagate so
 /// the caller can refuse the step).
-pub fn global_norm(grads: &[Option<Tensor>]) -> TrainResult<f64> {
+pub fn global_norm(grads: &[Option<Tensor>]) -> Result<f64> {
     let mut sq = 0.0f64;
     for g in grads.iter().flatten() {
         sq += g.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;

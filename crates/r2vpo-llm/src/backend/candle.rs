@@ -1,0 +1,254 @@
+//! The candle backend: the [`Transformer`] on the CPU kernels of
+//! `r2vpo-kernels` (or candle's CUDA backend in a `make build-gpu` binary),
+//! with [`AdamW`] updating its `Var`s in place.
+
+use std::path::Path;
+
+use candle_core::{DType, Tensor};
+
+use super::adamw::{global_norm, AdamW, OptimConfig};
+use super::batch::{Inputs, MicroBatch};
+use super::{Backend, Forward, Policy};
+use crate::model::{on_pool, CheckpointedTail, ModelConfig, ModelError, Result, Transformer};
+use crate::sample::{Generation, GenerationRequest, SamplingConfig};
+use crate::tokenizer::Tokenizer;
+use crate::weights::Weights;
+
+impl Policy for Transformer {
+    fn config(&self) -> &ModelConfig {
+        Transformer::config(self)
+    }
+
+    fn device(&self) -> &candle_core::Device {
+        Transformer::device(self)
+    }
+
+    fn describe(&self) -> String {
+        let dev = if self.device().is_cpu() { "cpu".to_string() } else { format!("{:?}", self.device().location()) };
+        format!("candle {dev} ({})", crate::model::kernels::path())
+    }
+
+    fn score(&self, batch: &MicroBatch) -> Result<Tensor> {
+        on_pool(|| match &batch.inputs {
+            Inputs::Padded { ids, attention } => self.score_tail_logprobs(ids, attention, batch.tail),
+            Inputs::Prefixed(shared) => self.score_prefixed_tail_logprobs(&shared.as_rows()),
+        })
+    }
+
+    fn generate(
+        &self,
+        tok: &Tokenizer,
+        requests: &[GenerationRequest],
+        cfg: &SamplingConfig,
+    ) -> crate::sample::Result<Vec<Generation>> {
+        crate::sample::generate(self, tok, requests, cfg)
+    }
+
+    fn export(&self, version: u64) -> Result<Weights> {
+        let tensors = self
+            .named_vars()
+            .into_iter()
+            .map(|(n, v)| {
+                let t = v.as_tensor().detach().to_dtype(DType::F32)?.to_device(&candle_core::Device::Cpu)?;
+                // A copy even where the casts were no-ops: the optimizer
+                // writes the live storage in place.
+                Ok((n, t.copy()?))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Weights::new(version, tensors))
+    }
+
+    fn load(&self, weights: &Weights) -> Result<()> {
+        for (n, v) in self.named_vars() {
+            let mismatch = |message: String| ModelError::Mismatch { tensor: n.clone(), message };
+            let w = weights
+                .tensors
+                .get(&n)
+                .ok_or_else(|| mismatch(format!("missing from weight version {}", weights.version)))?;
+            let live = v.as_tensor();
+            if w.dims() != live.dims() {
+                return Err(mismatch(format!(
+                    "shape {:?} in weight version {}, {:?} in this model",
+                    w.dims(),
+                    weights.version,
+                    live.dims()
+                )));
+            }
+            v.set(&w.to_dtype(live.dtype())?.to_device(live.device())?)?;
+        }
+        Ok(())
+    }
+}
+
+/// What the last forward left for the backward.
+enum Pending {
+    /// The log-probs (and entropies) with their graph.
+    Graph { logp: Tensor, entropy: Option<Tensor> },
+    /// Each layer's input, for a checkpointed backward.
+    Checkpointed(CheckpointedTail),
+}
+
+/// The candle learner: the model, its optimizer and the gradients summed
+/// over the current step's micro-batches.
+pub struct CandleBackend {
+    model: Transformer,
+    opt: AdamW,
+    grads: Vec<Option<Tensor>>,
+    pending: Option<Pending>,
+    checkpointing: bool,
+}
+
+impl CandleBackend {
+    /// A learner of `model` with AdamW `optim`; with `checkpointing`,
+    /// padded micro-batches are learned by per-layer gradient
+    /// checkpointing ([`Transformer::checkpointed_tail`]; no entropy bonus
+    /// then).
+    pub fn new(model: Transformer, optim: OptimConfig, checkpointing: bool) -> Result<Self> {
+        let opt = AdamW::new(model.named_vars(), optim)?;
+        let grads = vec![None; opt.vars().len()];
+        Ok(CandleBackend { model, opt, grads, pending: None, checkpointing })
+    }
+
+    /// The model being trained.
+    pub fn model(&self) -> &Transformer {
+        &self.model
+    }
+
+    /// Adds the gradients in `gs` to the step's.
+    fn accumulate(&mut self, gs: &candle_core::backprop::GradStore) -> Result<()> {
+        for (i, v) in self.opt.vars().iter().enumerate() {
+            if let Some(gv) = gs.get(v.as_tensor()) {
+                self.grads[i] = Some(match self.grads[i].take() {
+                    Some(prev) => prev.add(gv)?,
+                    None => gv.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Policy for CandleBackend {
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn device(&self) -> &candle_core::Device {
+        self.model.device()
+    }
+
+    fn describe(&self) -> String {
+        Policy::describe(&self.model)
+    }
+
+    fn score(&self, batch: &MicroBatch) -> Result<Tensor> {
+        Policy::score(&self.model, batch)
+    }
+
+    fn generate(
+        &self,
+        tok: &Tokenizer,
+        requests: &[GenerationRequest],
+        cfg: &SamplingConfig,
+    ) -> crate::sample::Result<Vec<Generation>> {
+        Policy::generate(&self.model, tok, requests, cfg)
+    }
+
+    fn export(&self, version: u64) -> Result<Weights> {
+        self.model.export(version)
+    }
+
+    fn load(&self, weights: &Weights) -> Result<()> {
+        self.model.load(weights)
+    }
+}
+
+impl Backend for CandleBackend {
+    fn forward(&mut self, batch: &MicroBatch, entropy: bool) -> Result<Forward> {
+        let m = &self.model;
+        let (pending, out) = on_pool(|| -> Result<_> {
+            Ok(match (&batch.inputs, self.checkpointing) {
+                (Inputs::Padded { ids, attention }, true) => {
+                    if entropy {
+                        return Err(candle_core::Error::Msg(
+                            "the entropy bonus is not checkpointed (activation_checkpointing needs entropy_coef = 0)"
+                                .into(),
+                        )
+                        .into());
+                    }
+                    let pass = m.checkpointed_tail(ids, attention, batch.tail)?;
+                    let logp = pass.logprobs().clone();
+                    (Pending::Checkpointed(pass), Forward { logp, entropy: None })
+                }
+                (inputs, _) => {
+                    let logp = match inputs {
+                        Inputs::Padded { ids, attention } => m.tail_logprobs(ids, attention, batch.tail)?,
+                        Inputs::Prefixed(shared) => m.prefixed_tail_logprobs(&shared.as_rows())?,
+                    };
+                    let ent = if entropy {
+                        Some(match inputs {
+                            Inputs::Padded { ids, attention } => m.tail_entropy(ids, attention, batch.tail)?,
+                            Inputs::Prefixed(shared) => m.prefixed_tail_entropy(&shared.as_rows())?,
+                        })
+                    } else {
+                        None
+                    };
+                    let out = Forward { logp: logp.detach(), entropy: ent.as_ref().map(Tensor::detach) };
+                    (Pending::Graph { logp, entropy: ent }, out)
+                }
+            })
+        })?;
+        self.pending = Some(pending);
+        Ok(out)
+    }
+
+    fn backward(&mut self, dlogp: &Tensor, dentropy: Option<&Tensor>) -> Result<()> {
+        let pending =
+            self.pending.take().ok_or_else(|| candle_core::Error::Msg("backward without a forward".into()))?;
+        let m = &self.model;
+        let gs = on_pool(|| -> Result<_> {
+            Ok(match pending {
+                Pending::Graph { logp, entropy } => {
+                    // Weighting by the incoming gradient and summing makes
+                    // the backward's seed at `logp` exactly `dlogp`
+                    // (1 × x), so the gradients are the bits of one
+                    // backward through loss and model together.
+                    let mut seed = (logp * dlogp)?.sum_all()?;
+                    if let (Some(e), Some(de)) = (entropy, dentropy) {
+                        seed = (seed + (e * de)?.sum_all()?)?;
+                    }
+                    seed.backward()?
+                }
+                Pending::Checkpointed(pass) => m.checkpointed_backward(pass, dlogp)?,
+            })
+        })?;
+        self.accumulate(&gs)
+    }
+
+    fn grad_norm(&self) -> Result<f64> {
+        global_norm(&self.grads)
+    }
+
+    fn step(&mut self, grad_scale: f64) -> Result<f64> {
+        let lr = self.opt.step(&self.grads, grad_scale)?;
+        self.zero_grad();
+        Ok(lr)
+    }
+
+    fn zero_grad(&mut self) {
+        self.grads.iter_mut().for_each(|g| *g = None);
+        self.pending = None;
+    }
+
+    fn optimizer_steps(&self) -> u64 {
+        self.opt.steps()
+    }
+
+    fn save_optimizer(&self, path: &Path) -> Result<()> {
+        self.opt.save(path)
+    }
+
+    fn load_optimizer(&mut self, path: &Path, steps: u64) -> Result<()> {
+        self.opt.load(path, steps)
+    }
+}
