@@ -10,7 +10,7 @@ export RAYON_NUM_THREADS ?= $(shell nproc 2>/dev/null || echo 2)
 export CARGO_BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BIN := target/release/r2vpo
 
-.PHONY: vendor-check deps build build-gpu spike-tch venv-hf bench-hf demo test test-conformance bench lint clippy fmt fmt-check clean-deps
+.PHONY: vendor-check deps deps-torch build build-torch build-gpu venv-hf bench-hf demo test test-conformance bench lint clippy fmt fmt-check clean-deps
 
 deps:
 	@command -v $(PYTHON) >/dev/null || { echo "deps: error: $(PYTHON) not found; install Python 3 with pip" >&2; exit 1; }
@@ -23,22 +23,47 @@ deps:
 build: deps
 	$(CARGO) build --release -p r2vpo-cli
 
+# libtorch for the torch compute backend (deps-torch.toml: the pinned torch
+# 2.11.0 wheel from PyPI, 530 MB, and the two CUDA runtime libraries its CPU
+# half loads): `make test` runs the CPU-libtorch parity tests with it.
+# TORCH_CPU links the CPU half only and finds it at run time (rpath, or
+# LD_LIBRARY_PATH for the tests); a GPU build links all of it and loads the
+# GPU machine's own libtorch there (scripts/gpu/check.sh).
+TORCH_ENV := LIBTORCH=$(CURDIR)/.deps/libtorch LIBTORCH_CXX11_ABI=1
+TORCH_CPU := $(TORCH_ENV) LIBTORCH_LIB=$(CURDIR)/.deps/libtorch/cpu
+TORCH_LD := $(CURDIR)/.deps/libtorch/cpu/lib:$(CURDIR)/.deps/cuda/lib
+deps-torch:
+	@$(PYTHON) scripts/deps.py --manifest deps-torch.toml
+
+# The binary with the torch backend on libtorch's CPU kernels
+# (`[model] backend = "torch"`, `bench step --backend torch`), in its own
+# target folder: target/torch/release/r2vpo.
+build-torch: deps deps-torch
+	$(TORCH_CPU) RUSTFLAGS="-C link-arg=-Wl,-rpath,$(TORCH_LD)" \
+	  $(CARGO) build --release -p r2vpo-cli --features torch --target-dir target/torch
+	@echo "built: target/torch/release/r2vpo"
+
 # The CUDA build for a GPU machine (not needed by demo/test/CI): fetches the
-# pinned CUDA 13.0 toolchain and libraries from PyPI into .deps/cuda, builds
-# with candle's CUDA backend for sm_$(CUDA_COMPUTE_CAP), and leaves in
-# dist/gpu/ what to carry there (README "GPU learner"): the stripped binary
-# xz-compressed (78 MiB raw, 32 MiB of it candle's prebuilt GGUF/MoE kernels;
-# ~12 MB packed), libmujoco, which it finds beside itself ($$ORIGIN), and
-# the embedded SmolLM2's tokenizer as Hugging Face files (2 MB; the GPU
-# check's random-weight runs use it, the 98 MB GGUF stays here).
+# pinned CUDA 13.0 toolchain and libraries and libtorch 2.11 from PyPI into
+# .deps/, builds with the torch backend (libtorch through tch-rs, the GPU
+# learner) and candle's CUDA backend for sm_$(CUDA_COMPUTE_CAP) (the
+# comparison), and leaves in dist/gpu/ what to carry there (README "GPU
+# learner"): the stripped binary xz-compressed (the raw one is above the
+# 64 MiB carry limit; 32 MiB of it candle's prebuilt GGUF/MoE kernels),
+# libmujoco, which it finds beside itself ($$ORIGIN), and the embedded
+# SmolLM2's tokenizer as Hugging Face files (2 MB; the GPU check's
+# random-weight runs use it, the 98 MB GGUF stays here). The binary loads
+# the GPU machine's own libtorch (2.11.0+cu130); libtorch_cuda's CUDA
+# libraries are resolved there, not here (--allow-shlib-undefined).
 CUDA_COMPUTE_CAP ?= 90
 CUDA_DEPS := $(CURDIR)/.deps/cuda
-build-gpu: build
+build-gpu: build deps-torch
 	@$(PYTHON) scripts/deps.py --manifest deps-gpu.toml
 	@bash scripts/gpu/cuda_stub.sh $(CUDA_DEPS)
 	PATH="$(CUDA_DEPS)/bin:$$PATH" CUDA_ROOT="$(CUDA_DEPS)" CUDARC_CUDA_VERSION=13000 \
 	  CUDA_COMPUTE_CAP=$(CUDA_COMPUTE_CAP) LIBRARY_PATH="$(CUDA_DEPS)/lib:$(CUDA_DEPS)/lib/stubs" \
-	  $(CARGO) build --release -p r2vpo-cli --features cuda --target-dir target/gpu
+	  $(TORCH_ENV) RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined" \
+	  $(CARGO) build --release -p r2vpo-cli --features cuda,torch --target-dir target/gpu
 	@rm -rf dist/gpu && mkdir -p dist/gpu
 	strip -o target/gpu/r2vpo-stripped target/gpu/release/r2vpo
 	xz -T2 -6 -c target/gpu/r2vpo-stripped > dist/gpu/r2vpo.xz
@@ -46,35 +71,24 @@ build-gpu: build
 	$(BIN) llm info --save-tokenizer dist/gpu/tokenizer > /dev/null
 	@ls -l target/gpu/r2vpo-stripped dist/gpu
 
-# The tch-rs (libtorch) side of the GPU backend decision (README "GPU
-# learner"): spikes/tch-step, one training step on libtorch 2.11, the GPU
-# machine's version. Fetches libtorch's headers and link libraries from the
-# pinned PyPI torch wheel (deps-torch.toml, ~530 MB) into .deps/libtorch and
-# leaves dist/gpu/tch-step (1.4 MB) beside the GPU build; on the GPU machine
-# it loads that machine's own libtorch (scripts/gpu/check.sh sets the path).
-# libtorch_cuda's own CUDA dependencies are resolved there, not here.
-spike-tch:
-	@$(PYTHON) scripts/deps.py --manifest deps-torch.toml
-	LIBTORCH=$(CURDIR)/.deps/libtorch LIBTORCH_CXX11_ABI=1 \
-	  RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined" \
-	  $(CARGO) build --release --manifest-path spikes/tch-step/Cargo.toml --target-dir target/spike-tch
-	@mkdir -p dist/gpu
-	strip -o dist/gpu/tch-step target/spike-tch/release/tch-step
-	@ls -l dist/gpu/tch-step
-
 demo: build
 	@bash scripts/demo.sh $(BIN)
 
 # First the vendored candle-core against crates.io's source plus its patch
 # (scripts/vendor_check.py). Then --no-fail-fast: every suite runs even when
-# one fails, and the totals (scripts/test_totals.py) close the output, after
-# what the pinned and kernel checks compared (their check-report.txt). The
-# exit status fails if the vendor check or cargo failed.
+# one fails; then the torch backend's suites, built with libtorch's CPU half
+# (the parity tests against candle, and the binary with the torch backend);
+# the totals (scripts/test_totals.py) close the output, after what the
+# pinned and kernel checks compared (their check-report.txt). The exit
+# status fails if the vendor check or cargo failed.
 CHECK_REPORT := $(or $(CARGO_TARGET_DIR),target)/tmp/check-report.txt
-test: deps
+test: deps deps-torch
 	@rm -f $(CHECK_REPORT)
 	@vrc=0; $(PYTHON) scripts/vendor_check.py check || vrc=$$?; \
 	  set -o pipefail; $(CARGO) test --workspace --no-fail-fast 2>&1 | tee .deps/test.log; rc=$$?; \
+	  $(TORCH_CPU) LD_LIBRARY_PATH=$(TORCH_LD) $(CARGO) test --no-fail-fast -p r2vpo-llm -p r2vpo-cli \
+	    --features r2vpo-llm/torch,r2vpo-cli/torch --test torch_backend --test torch_cli 2>&1 | tee -a .deps/test.log; \
+	  trc=$$?; [ $$rc -ne 0 ] || rc=$$trc; \
 	  $(PYTHON) scripts/test_totals.py .deps/test.log $(CHECK_REPORT); \
 	  if [ $$vrc -ne 0 ]; then echo "make test: the vendor check failed (above the test output)" >&2; exit $$vrc; fi; exit $$rc
 
@@ -105,8 +119,10 @@ vendor-check:
 	@$(PYTHON) scripts/vendor_check.py fetch
 	@$(PYTHON) scripts/vendor_check.py check
 
-lint clippy: deps
+lint clippy: deps deps-torch
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(TORCH_CPU) $(CARGO) clippy -p r2vpo-llm -p r2vpo-cli --features r2vpo-llm/torch,r2vpo-cli/torch \
+	  --all-targets -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all

@@ -111,6 +111,7 @@ def extract(w: dict, wheel: Path) -> None:
             written.append(str(out.relative_to(DEPS)))
     for link, target in w.get("symlinks", {}).items():
         p = dest / link
+        p.parent.mkdir(parents=True, exist_ok=True)
         if p.is_symlink() or p.exists():
             p.unlink()
         p.symlink_to(target)

@@ -3,13 +3,17 @@
 #   1. correctness: CUDA log-probs and gradients against the CPU's on the
 #      tiny Qwen3-shaped model (f32 must be within 1e-4 relative; bf16
 #      mixed precision is reported);
+#      and the torch backend (libtorch through tch-rs) against candle's CPU;
 #   2. speed and memory: one training step of a Qwen3-1.7B-shaped model,
-#      r2vpo (`bench step`) and PyTorch + transformers (torch_step.py) on the
-#      same device, shape, batch and objective, measured one after the other
-#      in this run; peak GPU memory of each process sampled by nvidia-smi;
+#      r2vpo on the torch backend and on candle (`bench step`) and PyTorch +
+#      transformers (torch_step.py) on the same device, shape, batch and
+#      objective, measured one after the other in this run, plain and
+#      checkpointed (2 × 4096 tokens); peak GPU memory of each process
+#      sampled by nvidia-smi;
 #   3. one `llm train` end to end on the device (a random Qwen3-0.6B-shaped
-#      policy, configs/llm/gpu-smoke.toml), and a tiny run checkpointed on
-#      the device, resumed on the CPU, then on the device again;
+#      policy, configs/llm/gpu-smoke.toml) on the torch backend and on
+#      candle, and a tiny run checkpointed on the device, resumed on the
+#      CPU, then on the device again;
 #   4. one JSON + Markdown table in $OUT (default results/gpu).
 # Each phase runs under a time limit and a failed one does not stop the
 # rest (device time is scarce): $OUT/status.txt has each phase's exit code,
@@ -21,10 +25,12 @@
 #          scripts/gpu/check.sh --dry-run   here: the CPU parts (the same
 #                                           commands on device cpu, tiny
 #                                           shapes, target/release/r2vpo)
-# Env:     R2VPO_BIN, TORCH_PY (default /opt/torch/.venv/bin/python), OUT,
-#          SHAPE, BATCH, PROMPT, RESPONSE, REPS, TCH (the tch-rs spike,
-#          default dist/gpu/tch-step), ONLY (phase names to run, e.g.
-#          ONLY="r2vpo-step torch-step tch-step").
+# Env:     R2VPO_BIN, R2VPO_TORCH_BIN (the binary with the torch backend:
+#          R2VPO_BIN on the GPU machine, target/torch/release/r2vpo from
+#          `make build-torch` in the dry run), TORCH_PY (default
+#          /opt/torch/.venv/bin/python), OUT, SHAPE, BATCH, PROMPT, RESPONSE,
+#          REPS, ONLY (phase names to run, e.g.
+#          ONLY="r2vpo-torch-step torch-step").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 COMPOSITE=
@@ -42,6 +48,7 @@ if [ $dry = 1 ]; then
     TORCH_PY=${TORCH_PY:-python3}
     # The fused CPU kernels off: the CPU runs the ops a CUDA device runs.
     COMPOSITE=--composite
+    TBIN=${R2VPO_TORCH_BIN:-target/torch/release/r2vpo}
 else
     BIN=${R2VPO_BIN:-dist/gpu/r2vpo}
     if [ ! -x "$BIN" ] && [ -f dist/gpu/r2vpo.xz ]; then
@@ -55,6 +62,7 @@ else
     # 4 × 1024 tokens: fits both stacks without gradient checkpointing.
     BATCH=${BATCH:-4} PROMPT=${PROMPT:-256} RESPONSE=${RESPONSE:-768}
     TORCH_PY=${TORCH_PY:-/opt/torch/.venv/bin/python}
+    TBIN=${R2VPO_TORCH_BIN:-$BIN}
 fi
 [ -x "$BIN" ] || { echo "check: $BIN not found (make build-gpu here, then carry it; or set R2VPO_BIN)" >&2; exit 1; }
 mkdir -p "$OUT"
@@ -64,7 +72,9 @@ mkdir -p "$OUT"
 if [ $dry = 0 ]; then
     site=$("$TORCH_PY" -c 'import site; print(site.getsitepackages()[0])')
     libs=$(find "$site/nvidia" -maxdepth 3 -type d -name lib 2>/dev/null | paste -sd: -)
-    export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # The torch backend loads this machine's libtorch (2.11.0+cu130, the
+    # version it was built against).
+    export LD_LIBRARY_PATH="$site/torch/lib:${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
     nvcc --version 2>/dev/null | tail -1 | tee -a "$OUT/device.txt" || true
     if ldd "$BIN" | grep "not found"; then echo "check: $BIN misses the libraries above" >&2; fi
@@ -103,8 +113,26 @@ phase() {
     return 0
 }
 has_torch() { "$TORCH_PY" -c 'import torch, transformers' 2>/dev/null; }
+# Whether $TBIN has the torch backend (a binary without it says so).
+tbin=0
+if [ -x "$TBIN" ] && ! "$TBIN" bench step --shape configs/shapes/qwen3-tiny.json --backend torch --batch 1 \
+        --prompt 2 --response 1 --reps 1 --out /dev/null 2>&1 | grep -q "built without the torch backend"; then
+    tbin=1
+else
+    echo "check: $TBIN has no torch backend (make build-torch / make build-gpu): its phases are skipped" >&2
+fi
 
 echo "== 1. correctness: $DEV vs cpu on configs/shapes/qwen3-tiny.json"
+if [ $tbin = 1 ]; then
+    # The torch backend on this device against candle on the CPU in f32,
+    # the trainer's step (left padding, entropy bonus), two steps.
+    phase check-torch-f32 120 "$TBIN" bench step --backend torch --shape configs/shapes/qwen3-tiny.json \
+        --device $DEV --dtype f32 --check --tolerance 1e-4 --batch 4 --prompt 16 --response 48 --pad 8 \
+        --entropy 0.01 --out "$OUT/check-torch-f32.json"
+    phase check-torch-bf16 120 "$TBIN" bench step --backend torch --shape configs/shapes/qwen3-tiny.json \
+        --device $DEV --dtype bf16 --check --tolerance inf --batch 4 --prompt 16 --response 48 --pad 8 \
+        --entropy 0.01 --out "$OUT/check-torch-bf16.json"
+fi
 # The first CUDA call also JIT-compiles candle's kernels (≈ 15 s).
 phase check-f32 120 "$BIN" bench step --shape configs/shapes/qwen3-tiny.json --device $DEV $COMPOSITE --dtype f32 \
     --check --tolerance 1e-4 --batch 4 --prompt 16 --response 48 --pad 8 --entropy 0.01 --out "$OUT/check-f32.json"
@@ -143,6 +171,11 @@ fi
 dtype=bf16 tdtype=amp
 [ $dry = 1 ] && dtype=f32 tdtype=f32   # bf16 is 2.7x slower than f32 on a CPU in candle
 echo "== 2. training step: $SHAPE, $DEV $dtype, $BATCH × ($PROMPT + $RESPONSE) tokens"
+if [ $tbin = 1 ]; then
+    PEAK=1 phase r2vpo-torch-step 150 "$TBIN" bench step --backend torch --shape "$SHAPE" --device $DEV \
+        --dtype $dtype --batch "$BATCH" --prompt "$PROMPT" --response "$RESPONSE" --reps "$REPS" \
+        --out "$OUT/r2vpo-torch-step.json"
+fi
 PEAK=1 phase r2vpo-step 150 "$BIN" bench step --shape "$SHAPE" --device $DEV --dtype $dtype \
     --batch "$BATCH" --prompt "$PROMPT" --response "$RESPONSE" --reps "$REPS" --out "$OUT/r2vpo-step.json"
 if has_torch; then
@@ -159,6 +192,11 @@ fi
 LONG_BATCH=${LONG_BATCH:-2} LONG_RESPONSE=${LONG_RESPONSE:-3840}
 [ $dry = 1 ] && LONG_BATCH=2 LONG_RESPONSE=112
 echo "== 2b. checkpointed step: $SHAPE, $DEV $dtype, $LONG_BATCH × ($PROMPT + $LONG_RESPONSE) tokens"
+if [ $tbin = 1 ]; then
+    PEAK=1 phase r2vpo-torch-ck-step 150 "$TBIN" bench step --backend torch --shape "$SHAPE" --device $DEV \
+        --dtype $dtype --checkpoint --batch "$LONG_BATCH" --prompt "$PROMPT" --response "$LONG_RESPONSE" \
+        --reps "$REPS" --out "$OUT/r2vpo-torch-ck-step.json"
+fi
 PEAK=1 phase r2vpo-ck-step 150 "$BIN" bench step --shape "$SHAPE" --device $DEV --dtype $dtype --checkpoint \
     --batch "$LONG_BATCH" --prompt "$PROMPT" --response "$LONG_RESPONSE" --reps "$REPS" --out "$OUT/r2vpo-ck-step.json"
 if has_torch; then
@@ -182,6 +220,12 @@ smoke=(llm train --config configs/llm/gpu-smoke.toml --no-export --set "model.to
     --set prompts_per_iter=2 --set rollout_batch=16 --set minibatch_size=8 --set micro_batch_size=8
     --set sampling.max_new_tokens=16)
 echo "== 3. llm train end to end: configs/llm/gpu-smoke.toml on $DEV"
+if [ $tbin = 1 ]; then
+    # The learner on the torch backend (sampling on its candle copy on the
+    # CPU until libtorch decoding lands): learning tokens/s on the device.
+    PEAK=1 phase train-torch-e2e 300 "$TBIN" "${smoke[@]}" --set model.backend=torch --out "$W/torch-e2e"
+    [ -f "$W/torch-e2e/metrics.jsonl" ] && cp "$W/torch-e2e/metrics.jsonl" "$OUT/train-torch-e2e-metrics.jsonl"
+fi
 PEAK=1 phase train-e2e 180 "$BIN" "${smoke[@]}" --out "$W/e2e"
 [ -f "$W/e2e/metrics.jsonl" ] && cp "$W/e2e/metrics.jsonl" "$OUT/train-e2e-metrics.jsonl"
 tiny=(--set model.random.shape=configs/shapes/qwen3-tiny.json --set prompts_per_iter=2 --set rollout_batch=16
@@ -215,15 +259,6 @@ for p in sorted(pathlib.Path(sys.argv[1]).glob("grad-*.jsonl")):
         print(f"{p.stem:28} grad_norm {r['grad_norm']:.4g} loss {r['loss']:.5g} sq_dev {r['sq_dev']:.3g} "
               f"ratio [{r['ratio_min']:.3g}, {r['ratio_max']:.3g}] entropy {r['entropy']:.4g}")
 PY
-fi
-
-# The tch-rs candidate (`make spike-tch`): the same step on the machine's
-# own libtorch through Rust, for the backend decision.
-TCH=${TCH:-dist/gpu/tch-step}
-if [ $dry = 0 ] && [ -x "$TCH" ]; then
-    echo "== 2d. tch-rs (libtorch) step: $SHAPE, $DEV $dtype, $BATCH × ($PROMPT + $RESPONSE) tokens"
-    PEAK=1 phase tch-step 150 env LD_LIBRARY_PATH="$site/torch/lib:$LD_LIBRARY_PATH" "$TCH" --shape "$SHAPE" \
-        --batch "$BATCH" --prompt "$PROMPT" --response "$RESPONSE" --reps "$REPS" --out "$OUT/tch-step.json"
 fi
 
 if [ $dry = 0 ] && has_torch; then

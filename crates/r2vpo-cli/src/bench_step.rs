@@ -27,6 +27,14 @@ pub struct StepBenchArgs {
     /// `cpu` or `cuda` (`cuda:N` for device N; needs a `make build-gpu` binary).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// The compute backend: `candle` (this project's kernels; candle's
+    /// CUDA backend on a GPU) or `torch` (libtorch through tch-rs, the
+    /// trainer's `[model] backend = "torch"`; a binary built with `make
+    /// build-torch` or `make build-gpu`). The torch step runs exactly the
+    /// trainer's path: the backend's forward, the core's objective on the
+    /// log-probs, the backend's backward, gradient norm and AdamW step.
+    #[arg(long, default_value = "candle")]
+    pub backend: String,
     /// Compute dtype: `f32`, or `bf16` (mixed precision: f32 master
     /// weights, gradients and AdamW moments, bf16 forward and backward,
     /// f32 logits).
@@ -122,8 +130,10 @@ struct StepResult {
     tokens_per_s: f64,
     loss: f64,
     /// The kernel behind the CPU's many-row f32 products
-    /// (`r2vpo_llm::model::kernels::path`).
+    /// (`r2vpo_llm::model::kernels::path`), or `libtorch`.
     matmul: String,
+    /// `candle` or `torch`.
+    backend: String,
 }
 
 /// What `--check` measured.
@@ -247,6 +257,11 @@ fn apply(opt: &mut AdamW, grads: &[Option<Tensor>]) -> Result<()> {
 /// `r2vpo bench step`.
 pub fn step(a: &StepBenchArgs) -> Result<()> {
     let cfg = ModelConfig::from_file(&a.shape)?;
+    match a.backend.as_str() {
+        "candle" => {}
+        "torch" => return torch_step(a, &cfg),
+        other => bail!("--backend `{other}`: expected candle or torch"),
+    }
     let dev = r2vpo_llm::model::open_device(&a.device).map_err(|m| anyhow::anyhow!("--device {m}"))?;
     let dtype = parse_dtype(&a.dtype)?;
     if a.batch == 0 || a.response == 0 || a.prompt == 0 {
@@ -330,6 +345,7 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         tokens_per_s: tokens as f64 / step_s,
         loss,
         matmul: r2vpo_llm::model::kernels::path(),
+        backend: "candle".into(),
     };
     let what = if a.score {
         "scoring pass (no-grad log-probs of the response tokens; `loss` is their mean)"
@@ -650,5 +666,175 @@ fn sampler_check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, shap
             a.out.display()
         );
     }
+    Ok(())
+}
+
+#[cfg(not(feature = "torch"))]
+fn torch_step(_: &StepBenchArgs, _: &ModelConfig) -> Result<()> {
+    bail!("--backend torch: this binary was built without the torch backend; build one with `make build-torch` (CPU) or `make build-gpu` (CUDA)")
+}
+
+/// `--backend torch`: the trainer's step through the backend seam, timed,
+/// or (`--check`) compared with the candle backend in f32 on the CPU over
+/// two steps.
+#[cfg(feature = "torch")]
+fn torch_step(a: &StepBenchArgs, cfg: &ModelConfig) -> Result<()> {
+    use r2vpo_llm::backend::batch::{Inputs, MicroBatch};
+    use r2vpo_llm::backend::torch::{torch_device, TorchBackend, TorchOptions};
+    use r2vpo_llm::backend::{Backend, CandleBackend};
+
+    if a.composite || a.memory || a.sampler || a.turns.is_some() || a.score {
+        bail!("--backend torch times (or --check's) the training step: it takes no --composite, --memory, --sampler, --turns or --score");
+    }
+    if a.batch == 0 || a.response == 0 || a.prompt == 0 {
+        bail!("--batch, --prompt and --response must be at least 1");
+    }
+    if a.checkpoint && a.entropy != 0.0 {
+        bail!("--entropy takes no --checkpoint (the trainer's checkpointed path has no entropy bonus either)");
+    }
+    let cuda = torch_device(&a.device).map_err(|m| anyhow::anyhow!("--device {m}"))?;
+    let bf16 = parse_dtype(&a.dtype)? == DType::BF16;
+    let optim = OptimConfig { lr: if a.check { 1e-4 } else { 1e-6 }, ..OptimConfig::default() };
+    let random = || Transformer::new_random_with_std(cfg.clone(), a.seed, 0.02, DType::F32, &Device::Cpu);
+    let mut be = TorchBackend::new(random()?, optim, TorchOptions { cuda, bf16, checkpointing: a.checkpoint })?;
+    let x = batch(a, cfg.vocab_size, &Device::Cpu)?;
+    let mb = MicroBatch {
+        inputs: Inputs::Padded { ids: x.ids.clone(), attention: x.att.clone() },
+        tail: a.response,
+        mask: x.mask.clone(),
+        old_logp: x.mask.zeros_like()?,
+        advantages: x.adv.clone(),
+        ref_logp: None,
+    };
+    let global = GlobalBatch::from_mask(&x.mask)?;
+    let obj = ObjectiveConfig::preset("r2vpo")?;
+    // One optimizer step as the trainer takes it; the log-probs, the loss
+    // and the gradient norm.
+    let step_once = |be: &mut dyn Backend, apply: bool| -> Result<(Tensor, f64, f64)> {
+        let fwd = be.forward(&mb, a.entropy != 0.0)?;
+        let logp = candle_core::Var::from_tensor(&fwd.logp)?;
+        let ent = fwd.entropy.as_ref().map(candle_core::Var::from_tensor).transpose()?;
+        let old = (&fwd.logp + &x.wobble)?;
+        let pb = PolicyBatch { logp: logp.as_tensor(), old_logp: &old, advantages: &x.adv, mask: &x.mask };
+        let mut loss = obj.loss(&pb, 0.05, &global)?.loss;
+        if let Some(e) = &ent {
+            let term = aggregate(e.as_tensor(), &x.mask, obj.aggregation, &global)?;
+            loss = (loss - term.affine(a.entropy, 0.0)?)?;
+        }
+        let gs = loss.backward()?;
+        let dlogp = gs.get(logp.as_tensor()).context("the loss does not depend on the log-probs")?;
+        be.backward(dlogp, ent.as_ref().and_then(|e| gs.get(e.as_tensor())))?;
+        let norm = be.grad_norm()?;
+        if apply {
+            be.step(optim.clip_scale(norm))?;
+        }
+        be.synchronize()?;
+        Ok((fwd.logp, loss.to_dtype(DType::F64)?.to_scalar::<f64>()?, norm))
+    };
+    let shape = a.shape.display().to_string();
+    if a.check {
+        let mut cpu = CandleBackend::new(random()?, optim, false)?;
+        let (mut logprobs_rel, mut grads_rel_max, mut worst_grad) = (0.0f64, 0.0f64, String::new());
+        let (mut norms, mut cpu_norms) = (vec![], vec![]);
+        for step in 1..=2 {
+            let (lp, _, n) = step_once(&mut be, false)?;
+            let (cpu_lp, _, cn) = step_once(&mut cpu, false)?;
+            logprobs_rel = logprobs_rel.max(rel_diff(&lp, &cpu_lp)?);
+            let (g, cg) = (be.gradients()?, cpu.gradients()?);
+            for (name, cgr) in &cg {
+                let gr = g.get(name).with_context(|| format!("`{name}` has a gradient on the CPU only"))?;
+                let d = rel_diff(gr, cgr)?;
+                if worst_grad.is_empty() || d > grads_rel_max {
+                    (grads_rel_max, worst_grad) = (d, format!("{name} (step {step})"));
+                }
+            }
+            norms.push(n);
+            cpu_norms.push(cn);
+            if step == 1 {
+                be.step(optim.clip_scale(n))?;
+                cpu.step(optim.clip_scale(cn))?;
+            } else {
+                be.zero_grad();
+                cpu.zero_grad();
+            }
+        }
+        let pass = logprobs_rel <= a.tolerance && grads_rel_max <= a.tolerance;
+        let res = CheckResult {
+            shape,
+            device: format!("torch {}", a.device),
+            composite: false,
+            dtype: a.dtype.clone(),
+            pad: a.pad,
+            entropy: a.entropy,
+            logprobs_rel,
+            grads_rel_max,
+            worst_grad,
+            grad_norm: norms,
+            cpu_grad_norm: cpu_norms,
+            tolerance: a.tolerance,
+            pass,
+        };
+        println!(
+            "{} {} vs candle cpu f32, {}, two steps: log-probs {:.2e}, gradients {:.2e} (worst: {}; norms {:.4?} / {:.4?}), \
+             tolerance {:.0e}: {}",
+            res.device,
+            res.dtype,
+            res.shape,
+            res.logprobs_rel,
+            res.grads_rel_max,
+            res.worst_grad,
+            res.grad_norm,
+            res.cpu_grad_norm,
+            res.tolerance,
+            if pass { "pass" } else { "FAIL" }
+        );
+        r2vpo_report::atomic_write_json(&a.out, &res)?;
+        if !pass {
+            bail!(
+                "torch {} differs from candle's CPU beyond {:.0e} (written: {})",
+                a.device,
+                a.tolerance,
+                a.out.display()
+            );
+        }
+        return Ok(());
+    }
+    let mut times = Vec::new();
+    let mut loss = 0.0;
+    for rep in 0..=a.reps.max(1) {
+        let t0 = Instant::now();
+        loss = step_once(&mut be, true)?.1;
+        if rep > 0 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    let n_timed = times.len();
+    let step_s = median(&mut times.clone());
+    let tokens = a.batch * (a.prompt + a.response);
+    let parameters =
+        r2vpo_llm::model::transformer::expected_params(cfg).iter().map(|(_, s)| s.iter().product::<usize>()).sum();
+    let res = StepResult {
+        shape,
+        parameters,
+        device: a.device.clone(),
+        dtype: a.dtype.clone(),
+        batch: a.batch,
+        prompt: a.prompt,
+        response: a.response,
+        step_s,
+        times_s: times,
+        tokens_per_s: tokens as f64 / step_s,
+        loss,
+        matmul: "libtorch".into(),
+        backend: "torch".into(),
+    };
+    println!(
+        "r2vpo training step on the torch backend{} (forward + R²VPO objective + backward + AdamW), {} ({} parameters), {} {}, {} × ({} + {}) tokens, median of {}",
+        if a.checkpoint { ", checkpointed" } else { "" },
+        res.shape, res.parameters, res.device, res.dtype, res.batch, res.prompt, res.response, n_timed
+    );
+    println!("| step s | tokens/s |\n|---|---|\n| {:.3} | {:.1} |", res.step_s, res.tokens_per_s);
+    r2vpo_report::atomic_write_json(&a.out, &res)?;
+    println!("written: {}", a.out.display());
     Ok(())
 }

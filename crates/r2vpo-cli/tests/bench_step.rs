@@ -115,3 +115,19 @@ fn two_benchmarks_take_turns() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("side b exited") && err.contains("no --check"), "{err}");
 }
+
+/// A binary built without libtorch refuses the torch backend, saying how
+/// to build one that has it.
+#[cfg(not(feature = "torch"))]
+#[test]
+fn a_binary_without_libtorch_says_how_to_get_one() {
+    let (ok, _, out) = check(&["--backend", "torch"]);
+    assert!(!ok && out.contains("make build-torch"), "{out}");
+    let st = Command::new(env!("CARGO_BIN_EXE_r2vpo"))
+        .current_dir(root())
+        .args(["llm", "train", "--out", "/nonexistent/never", "--set", "model.backend=torch"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(!st.status.success() && err.contains("model.backend") && err.contains("make build-torch"), "{err}");
+}

@@ -240,6 +240,17 @@ impl Backend for CandleBackend {
         self.pending = None;
     }
 
+    fn gradients(&self) -> Result<std::collections::HashMap<String, Tensor>> {
+        let cpu = candle_core::Device::Cpu;
+        let mut out = std::collections::HashMap::new();
+        for (n, g) in self.opt.names().iter().zip(&self.grads) {
+            if let Some(g) = g {
+                out.insert(n.clone(), g.to_dtype(DType::F32)?.to_device(&cpu)?);
+            }
+        }
+        Ok(out)
+    }
+
     fn optimizer_steps(&self) -> u64 {
         self.opt.steps()
     }

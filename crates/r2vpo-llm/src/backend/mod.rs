@@ -25,13 +25,17 @@
 //!   which is where a data-parallel all-reduce would enter.
 //!
 //! Implementations: [`CandleBackend`] (candle on the CPU kernels of
-//! `r2vpo-kernels`, the default); the candle [`Transformer`] alone is the
-//! candle [`Policy`].
+//! `r2vpo-kernels`, the default; the candle [`Transformer`] alone is the
+//! candle [`Policy`]), and `torch::TorchBackend` (libtorch through tch-rs,
+//! CPU or CUDA; built with the `torch` feature).
 
 pub mod adamw;
 pub mod batch;
 pub mod candle;
+#[cfg(feature = "torch")]
+pub mod torch;
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::Tensor;
@@ -117,6 +121,10 @@ pub trait Backend: Policy {
     /// Drops the accumulated gradients (a refused step).
     fn zero_grad(&mut self);
 
+    /// The accumulated gradients by Hugging Face parameter name, f32 on
+    /// the CPU (for parity tests and diagnostics).
+    fn gradients(&self) -> Result<HashMap<String, Tensor>>;
+
     /// Optimizer steps taken.
     fn optimizer_steps(&self) -> u64;
 
@@ -126,4 +134,10 @@ pub trait Backend: Policy {
     /// Restores the state [`Backend::save_optimizer`] wrote, with the step
     /// count `steps`.
     fn load_optimizer(&mut self, path: &Path, steps: u64) -> Result<()>;
+
+    /// Waits until the work queued on the device has finished (for timing;
+    /// a no-op where every call is synchronous).
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
 }

@@ -219,6 +219,9 @@ pub enum ModelError {
         /// What is wrong.
         message: String,
     },
+    /// An error from libtorch while computing (the torch backend).
+    #[error("libtorch: {0}")]
+    Torch(String),
     /// An error from candle while computing.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),

@@ -261,10 +261,19 @@ pub struct ModelSource {
     /// Testing only: ignore `path`'s weights and build a random model of
     /// this shape with the tokenizer's vocabulary (Llama layout).
     pub random: Option<RandomModel>,
+    /// The compute backend that trains (and scores) the policy: `candle`
+    /// (the default, on this project's CPU kernels) or `torch` (libtorch
+    /// through tch-rs, on the CPU or a CUDA GPU; a binary built by `make
+    /// build-torch` or `make build-gpu`). Both read the same models and
+    /// write the same checkpoints ([`crate::backend`]).
+    pub backend: BackendKind,
     /// Where the policy (and the reference) lives, samples and trains:
-    /// `cpu`, `cuda` or `cuda:N`. CUDA needs a binary built by `make
-    /// build-gpu`; the model's fused CPU kernels give way to their
-    /// differentiable composites there (`model::ops`).
+    /// `cpu`, `cuda` or `cuda:N`. With `backend = "candle"`, CUDA needs a
+    /// binary built with candle's CUDA backend (the `cuda` feature); the
+    /// model's fused CPU kernels give way to their differentiable
+    /// composites there (`model::ops`). With `backend = "torch"` the
+    /// learner lives there and sampling runs on a candle copy on the CPU
+    /// until libtorch decoding lands.
     pub device: String,
     /// The dtype forwards and backwards compute in: `f32`, or `bf16` for
     /// mixed precision (weights, gradients and AdamW moments stay f32; each
@@ -272,6 +281,17 @@ pub struct ModelSource {
     /// [`crate::model::Transformer::set_compute_dtype`]). Sampling and
     /// scoring compute in it too, so behaviour and learner log-probs agree.
     pub compute_dtype: ComputeDtype,
+}
+
+/// `model.backend`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// candle on the CPU kernels of `r2vpo-kernels`.
+    #[default]
+    Candle,
+    /// libtorch through tch-rs.
+    Torch,
 }
 
 /// `model.compute_dtype`.
@@ -301,6 +321,7 @@ impl Default for ModelSource {
             path: EMBEDDED_MODEL.into(),
             tokenizer: None,
             random: None,
+            backend: BackendKind::Candle,
             device: "cpu".into(),
             compute_dtype: ComputeDtype::F32,
         }
@@ -311,7 +332,12 @@ impl ModelSource {
     /// The device `model.device` names, refused (naming the key) when it is
     /// malformed, or CUDA in a binary built without it.
     pub fn device(&self) -> TrainResult<candle_core::Device> {
-        crate::model::open_device(&self.device).map_err(|m| bad("model.device", m))
+        match self.backend {
+            BackendKind::Candle => crate::model::open_device(&self.device).map_err(|m| bad("model.device", m)),
+            // The candle model is the sampler's copy, on the CPU; the
+            // learner's device is the torch backend's.
+            BackendKind::Torch => Ok(candle_core::Device::Cpu),
+        }
     }
 }
 
@@ -375,6 +401,7 @@ impl ModelSource {
                 seed,
                 init_std: 0.5,
             }),
+            backend: BackendKind::Candle,
             device: "cpu".into(),
             compute_dtype: ComputeDtype::F32,
         }
@@ -461,7 +488,8 @@ pub struct TrainConfig {
     /// long next to responses, as with G samples per prompt. Samples of an
     /// optimizer step are ordered by problem before being cut into
     /// micro-batches so that groups stay together; this only changes the
-    /// order of a sum.
+    /// order of a sum. A layout of the candle backend: the torch backend
+    /// always packs whole rows.
     pub share_prompt_prefix: bool,
     /// Gradient checkpointing per decoder layer: the forward keeps only each
     /// layer's input, the backward recomputes one layer at a time, and the
@@ -652,7 +680,14 @@ impl TrainConfig {
         if self.ref_kl.coef.is_nan() || self.ref_kl.coef < 0.0 {
             return Err(bad("ref_kl.coef", "must be non-negative"));
         }
-        if self.activation_checkpointing && self.share_prompt_prefix {
+        if self.model.backend == BackendKind::Torch && !cfg!(feature = "torch") {
+            return Err(bad(
+                "model.backend",
+                "`torch`: this binary was built without the torch backend; build one with `make build-torch` \
+                 (CPU) or `make build-gpu` (CUDA)",
+            ));
+        }
+        if self.activation_checkpointing && self.share_prompt_prefix && self.model.backend == BackendKind::Candle {
             return Err(bad(
                 "activation_checkpointing",
                 "needs share_prompt_prefix = false: a shared prompt's keys and values feed every layer of every \

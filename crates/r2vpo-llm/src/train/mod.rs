@@ -50,8 +50,8 @@ use r2vpo_verify::{verify, VerifyConfig};
 pub use crate::experience::Sample;
 pub use actor::{Actor, Produced};
 pub use config::{
-    ActorsConfig, BehaviourLogprobs, ComputeDtype, Mode, ModelSource, OptimConfig, QueueBackend, QueueConfig,
-    RandomModel, RefKlConfig, RolloutBackend, RolloutConfig, TrainConfig, WeightPush,
+    ActorsConfig, BackendKind, BehaviourLogprobs, ComputeDtype, Mode, ModelSource, OptimConfig, QueueBackend,
+    QueueConfig, RandomModel, RefKlConfig, RolloutBackend, RolloutConfig, TrainConfig, WeightPush,
 };
 pub use metrics::{IterMetrics, QueueMetrics, RatioHistogram, Timing};
 
@@ -265,6 +265,25 @@ pub fn load_policy(src: &ModelSource) -> TrainResult<(Transformer, Tokenizer)> {
     Ok((model, tok))
 }
 
+/// The learner `cfg.model.backend` names, holding `model`'s weights.
+fn new_backend(cfg: &TrainConfig, model: Transformer) -> TrainResult<Box<dyn Backend>> {
+    Ok(match cfg.model.backend {
+        BackendKind::Candle => Box::new(CandleBackend::new(model, cfg.optim, cfg.activation_checkpointing)?),
+        #[cfg(feature = "torch")]
+        BackendKind::Torch => {
+            let opts = crate::backend::torch::TorchOptions {
+                cuda: crate::backend::torch::torch_device(&cfg.model.device)
+                    .map_err(|m| TrainError::Config { field: "model.device".into(), message: m })?,
+                bf16: cfg.model.compute_dtype == ComputeDtype::Bf16,
+                checkpointing: cfg.activation_checkpointing,
+            };
+            Box::new(crate::backend::torch::TorchBackend::new(model, cfg.optim, opts)?)
+        }
+        #[cfg(not(feature = "torch"))]
+        BackendKind::Torch => unreachable!("TrainConfig::validate refuses the torch backend in this build"),
+    })
+}
+
 /// One training run: the policy, its optimizer, λ, the replay buffer and
 /// the run folder's logs.
 pub struct Trainer {
@@ -341,7 +360,7 @@ impl Trainer {
             Vec::new()
         };
         let actor = Actor::new(cfg.clone(), tok.clone(), problems, std::sync::Arc::from(reward_fn), context)?;
-        let backend = Box::new(CandleBackend::new(model, cfg.optim, cfg.activation_checkpointing)?);
+        let backend = new_backend(&cfg, model)?;
         let learner = Learner::new(cfg.objective.clone(), &cfg.dual)?;
         let replay =
             ReplayBuffer::new(cfg.replay.capacity_iters, derived_seed(cfg.seed, STREAM_REPLAY, cfg.replay.seed))?;
@@ -497,7 +516,7 @@ impl Trainer {
     /// Tensors for one micro-batch, in the layout `share_prompt_prefix` picks.
     fn pack(&self, samples: &[&Sample], dev: &candle_core::Device) -> candle_core::Result<batch::MicroBatch> {
         let pad = self.tok.pad_token_id();
-        if self.cfg.share_prompt_prefix {
+        if self.cfg.share_prompt_prefix && self.cfg.model.backend == BackendKind::Candle {
             batch::pack_prefixed(samples, pad, dev)
         } else {
             batch::pack(samples, pad, dev)
@@ -731,7 +750,7 @@ impl Trainer {
         }
         let dev = self.backend.device().clone();
         let mut items = items.to_vec();
-        if self.cfg.share_prompt_prefix {
+        if self.cfg.share_prompt_prefix && self.cfg.model.backend == BackendKind::Candle {
             // Keep each prompt's samples in as few micro-batches as possible.
             items.sort_by_key(|(s, _)| s.problem);
         }

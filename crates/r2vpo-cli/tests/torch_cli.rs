@@ -1,0 +1,87 @@
+//! The torch backend through the binary (built with the `torch` feature;
+//! `make test` runs it on libtorch's CPU kernels): `bench step --backend
+//! torch --check`, the check the GPU machine runs against candle's CPU
+//! step, and one `llm train` with `model.backend = "torch"`.
+#![cfg(feature = "torch")]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn r2vpo(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_r2vpo")).current_dir(root()).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+#[test]
+fn the_torch_step_matches_candles_over_two_steps_and_is_timed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("check.json");
+    let base = ["--threads", "2", "bench", "step", "--shape", "configs/shapes/qwen3-tiny.json", "--backend", "torch"];
+    let shape = ["--batch", "3", "--prompt", "12", "--response", "10", "--pad", "4"];
+    let (ok, log) =
+        r2vpo(&[&base[..], &shape, &["--check", "--entropy", "0.01", "--out", out.to_str().unwrap()]].concat());
+    assert!(ok, "{log}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert!(v["pass"].as_bool().unwrap() && v["grads_rel_max"].as_f64().unwrap() < 1e-4, "{v}");
+    assert_eq!(v["grad_norm"].as_array().unwrap().len(), 2, "{v}");
+    let timed = tmp.path().join("step.json");
+    let (ok, log) =
+        r2vpo(&[&base[..], &shape, &["--reps", "2", "--checkpoint", "--out", timed.to_str().unwrap()]].concat());
+    assert!(ok, "{log}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&timed).unwrap()).unwrap();
+    assert_eq!((v["backend"].as_str(), v["matmul"].as_str()), (Some("torch"), Some("libtorch")), "{v}");
+    assert_eq!(v["times_s"].as_array().unwrap().len(), 2, "{v}");
+    assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0 && v["loss"].as_f64().unwrap().is_finite(), "{v}");
+}
+
+#[test]
+fn llm_train_runs_on_the_torch_backend() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let gguf = root().join(".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let sets = [
+        format!("model.tokenizer={}", gguf.display()),
+        "model.backend=torch".into(),
+        "model.device=cpu".into(),
+        "model.compute_dtype=f32".into(),
+        "model.random.shape=configs/shapes/qwen3-tiny.json".into(),
+        "iterations=2".into(),
+        "prompts_per_iter=2".into(),
+        "rollout_batch=16".into(),
+        "minibatch_size=8".into(),
+        "micro_batch_size=8".into(),
+        "sampling.max_new_tokens=8".into(),
+        "checkpoint_every=1".into(),
+    ];
+    let mut args = vec!["--threads", "2", "llm", "train", "--config", "configs/llm/gpu-smoke.toml", "--no-export"];
+    args.extend(["--out", run.to_str().unwrap()]);
+    for s in &sets {
+        args.extend(["--set", s.as_str()]);
+    }
+    let (ok, log) = r2vpo(&args);
+    assert!(ok, "{log}");
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count(), 2, "{metrics}");
+    let cfg = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(cfg.contains("backend = \"torch\""), "{cfg}");
+    // Its checkpoint resumes on the candle backend.
+    let (ok, log) = r2vpo(&[
+        "--threads",
+        "2",
+        "llm",
+        "train",
+        "--resume",
+        run.to_str().unwrap(),
+        "--no-export",
+        "--set",
+        "model.backend=candle",
+        "--set",
+        "iterations=3",
+    ]);
+    assert!(ok, "{log}");
+    assert_eq!(std::fs::read_to_string(run.join("metrics.jsonl")).unwrap().lines().count(), 3);
+}
