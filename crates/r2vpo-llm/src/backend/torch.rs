@@ -14,6 +14,12 @@
 //! without copies) under the same additive mask, SwiGLU, the final norm,
 //! and the LM head only on the scored columns.
 //!
+//! The optimizer is libtorch's fused AdamW (`at::_fused_adamw_`, what
+//! `torch.optim.AdamW(fused=True)` runs; tch-rs does not expose it, so a
+//! small C++ shim calls it: `fused_adamw.cpp`), in two parameter groups:
+//! weight decay on matrices only, as the candle optimizer. The clipping
+//! factor reaches it as the kernel's gradient scale.
+//!
 //! Memory: the master weights and the AdamW moments are f32; with `bf16`
 //! compute each forward casts the weights (the casts are in the graph, so
 //! gradients land on the f32 masters) and the logits go back to f32 before
@@ -48,6 +54,27 @@ use crate::model::{ModelConfig, ModelError, Result, Transformer};
 use crate::sample::{Generation, GenerationRequest, SamplingConfig};
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
+
+unsafe extern "C" {
+    /// `src/backend/fused_adamw.cpp`: `at::_fused_adamw_` over `n`
+    /// parameters (tch handles); 0, or 1 with the message in `err`.
+    fn r2vpo_fused_adamw(
+        params: *mut *mut std::ffi::c_void,
+        grads: *mut *mut std::ffi::c_void,
+        exp_avgs: *mut *mut std::ffi::c_void,
+        exp_avg_sqs: *mut *mut std::ffi::c_void,
+        step: *mut std::ffi::c_void,
+        n: std::ffi::c_int,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+        grad_scale: *mut std::ffi::c_void,
+        err: *mut std::ffi::c_char,
+        err_len: std::ffi::c_int,
+    ) -> std::ffi::c_int;
+}
 
 /// Additive mask value for keys a query must not see (the candle model's).
 const MASKED: f64 = -1e9;
@@ -668,31 +695,67 @@ impl Backend for TorchBackend {
             let o = self.optim;
             let lr = o.lr_at(st.steps);
             st.steps += 1;
-            let t = st.steps as i32;
-            let (bc1, bc2) = (1.0 - o.beta1.powi(t), 1.0 - o.beta2.powi(t));
+            let steps = st.steps;
             guarded("torch AdamW", || {
-                tch::no_grad(|| {
-                    for i in 0..st.params.len() {
-                        let g = st.params[i].grad();
-                        let decay = self.decay[i] && o.weight_decay > 0.0;
-                        let w = &mut st.params[i];
-                        if decay {
-                            let _ = w.g_mul_scalar_(1.0 - lr * o.weight_decay);
-                        }
-                        if !g.defined() {
+                tch::no_grad(|| -> Result<()> {
+                    let dev = self.device;
+                    let up = |x: f32| T::f_from_slice(&[x]).and_then(|t| t.f_to_device(dev)).map_err(torch_err);
+                    // The step count after this step, as the fused kernel's
+                    // bias corrections read it (PyTorch's `state["step"]`).
+                    let mut step_t = up(steps as f32)?;
+                    // The clipping factor as the kernel takes it: gradients
+                    // are divided by `grad_scale` (AMP's unscaling).
+                    let mut inv = if grad_scale == 1.0 { None } else { Some(up((1.0 / grad_scale) as f32)?) };
+                    // Two parameter groups: matrices decay, vectors do not.
+                    for decay in [true, false] {
+                        let idx: Vec<usize> = (0..st.params.len())
+                            .filter(|&i| self.decay[i] == decay && st.params[i].grad().defined())
+                            .collect();
+                        if idx.is_empty() {
                             continue;
                         }
-                        // The candle AdamW's arithmetic: m ← β₁m + (1−β₁)g,
-                        // v ← β₂v + (1−β₂)g², w ← w − lr·(m/bc₁)/(√(v/bc₂)+ε).
-                        let g = &g * grad_scale;
-                        let _ = st.m[i].g_mul_scalar_(o.beta1).g_add_(&(&g * (1.0 - o.beta1)));
-                        let _ = st.v[i].g_mul_scalar_(o.beta2).g_add_(&(&g * &g * (1.0 - o.beta2)));
-                        let denom = (&st.v[i] / bc2).sqrt() + o.eps;
-                        let upd = (&st.m[i] / bc1) / denom;
-                        let _ = w.g_sub_(&(upd * lr));
+                        let wd = if decay { o.weight_decay } else { 0.0 };
+                        let mut grads: Vec<T> = idx.iter().map(|&i| st.params[i].grad()).collect();
+                        let ptr = |t: &mut T| t.as_mut_ptr().cast::<std::ffi::c_void>();
+                        let mut p: Vec<_> = Vec::with_capacity(idx.len());
+                        let (mut m, mut v) = (Vec::with_capacity(idx.len()), Vec::with_capacity(idx.len()));
+                        for &i in &idx {
+                            p.push(st.params[i].as_mut_ptr().cast::<std::ffi::c_void>());
+                            m.push(st.m[i].as_mut_ptr().cast::<std::ffi::c_void>());
+                            v.push(st.v[i].as_mut_ptr().cast::<std::ffi::c_void>());
+                        }
+                        let mut g: Vec<_> = grads.iter_mut().map(ptr).collect();
+                        let mut err = [0 as std::ffi::c_char; 512];
+                        // SAFETY: every pointer is a live tch tensor handle
+                        // (`torch::Tensor *`) held for the call's length; the
+                        // shim copies the handles and catches every C++
+                        // exception.
+                        let rc = unsafe {
+                            r2vpo_fused_adamw(
+                                p.as_mut_ptr(),
+                                g.as_mut_ptr(),
+                                m.as_mut_ptr(),
+                                v.as_mut_ptr(),
+                                ptr(&mut step_t),
+                                idx.len() as std::ffi::c_int,
+                                lr,
+                                o.beta1,
+                                o.beta2,
+                                wd,
+                                o.eps,
+                                inv.as_mut().map_or(std::ptr::null_mut(), ptr),
+                                err.as_mut_ptr(),
+                                err.len() as std::ffi::c_int,
+                            )
+                        };
+                        if rc != 0 {
+                            // SAFETY: the shim wrote a NUL-terminated message.
+                            let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) };
+                            return Err(ModelError::Torch(format!("fused AdamW: {}", msg.to_string_lossy())));
+                        }
                     }
-                });
-                Ok(())
+                    Ok(())
+                })
             })?;
             lr
         };
