@@ -5,7 +5,7 @@
 //! settings) from any thread; the loop admits waiting jobs whenever rows are
 //! free, prefills their distinct prompts together (the `n` samples of a
 //! prompt share one prefill), appends their KV rows to the running batch
-//! ([`KvCache::append_rows`]) and decodes every active row in one forward
+//! ([`DecodeCache::append_rows`]) and decodes every active row in one forward
 //! step. A row leaves the batch the step it finishes, and its job is
 //! answered when its last sample is done — a long generation never holds
 //! back a short one, and new requests do not wait for the batch to drain.
@@ -38,7 +38,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
-use crate::model::{KvCache, Transformer};
+use crate::decode::{DecodeCache, Decoder};
+use crate::model::{KvCache, ModelConfig, Transformer};
 use crate::sample::{
     check_prompt, distinct_prompts, sample_token, FinishReason, Generation, SampleError, SamplingConfig,
 };
@@ -106,7 +107,131 @@ pub type TopLogprobs = Vec<Vec<(u32, f32)>>;
 
 /// A weight update waiting for the running rows: the model, its version,
 /// and what to call once it serves.
-type PendingWeights = (Box<Transformer>, String, Box<dyn FnOnce() + Send>);
+type PendingWeights = (Box<DecodeModel>, String, Box<dyn FnOnce() + Send>);
+
+/// The model an [`Engine`] decodes with: either compute backend, chosen
+/// when the server starts (`r2vpo serve --backend`). One lives per engine
+/// (behind an `Arc`), so the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+pub enum DecodeModel {
+    /// The candle decoder.
+    Candle(Transformer),
+    /// The libtorch decoder ([`crate::backend::torch::TorchBackend`]).
+    #[cfg(feature = "torch")]
+    Torch(Box<crate::backend::torch::TorchBackend>),
+}
+
+impl From<Transformer> for DecodeModel {
+    fn from(m: Transformer) -> Self {
+        DecodeModel::Candle(m)
+    }
+}
+
+#[cfg(feature = "torch")]
+impl From<crate::backend::torch::TorchBackend> for DecodeModel {
+    fn from(m: crate::backend::torch::TorchBackend) -> Self {
+        DecodeModel::Torch(Box::new(m))
+    }
+}
+
+/// The cache of a [`DecodeModel`].
+pub enum DecodeModelCache {
+    /// The candle decoder's.
+    Candle(KvCache),
+    /// The libtorch decoder's.
+    #[cfg(feature = "torch")]
+    Torch(crate::backend::torch::TorchKv),
+}
+
+/// `$body` on whichever variant `$x` is, bound to `$m`.
+macro_rules! each {
+    ($x:expr, $m:ident => $body:expr) => {
+        match $x {
+            DecodeModel::Candle($m) => $body,
+            #[cfg(feature = "torch")]
+            DecodeModel::Torch(b) => {
+                let $m: &crate::backend::torch::TorchBackend = b;
+                $body
+            }
+        }
+    };
+}
+
+macro_rules! each_cache {
+    ($x:expr, $c:ident => $body:expr) => {
+        match $x {
+            DecodeModelCache::Candle($c) => $body,
+            #[cfg(feature = "torch")]
+            DecodeModelCache::Torch($c) => $body,
+        }
+    };
+}
+
+impl DecodeCache for DecodeModelCache {
+    fn batch(&self) -> usize {
+        each_cache!(self, c => c.batch())
+    }
+
+    fn len(&self) -> usize {
+        each_cache!(self, c => DecodeCache::len(c))
+    }
+
+    fn select_rows(&mut self, rows: &[usize]) -> crate::model::Result<()> {
+        each_cache!(self, c => DecodeCache::select_rows(c, rows))
+    }
+
+    fn append_rows(&mut self, other: Self) -> crate::model::Result<()> {
+        match (self, other) {
+            (DecodeModelCache::Candle(a), DecodeModelCache::Candle(b)) => a.append_rows(b),
+            #[cfg(feature = "torch")]
+            (DecodeModelCache::Torch(a), DecodeModelCache::Torch(b)) => a.append_rows(b),
+            #[cfg(feature = "torch")]
+            _ => Err(crate::model::ModelError::Torch("caches of two backends cannot join".into())),
+        }
+    }
+
+    fn trim_padding(&mut self) -> crate::model::Result<()> {
+        each_cache!(self, c => DecodeCache::trim_padding(c))
+    }
+}
+
+impl Decoder for DecodeModel {
+    type Cache = DecodeModelCache;
+
+    fn config(&self) -> &ModelConfig {
+        each!(self, m => Decoder::config(m))
+    }
+
+    fn input_device(&self) -> &candle_core::Device {
+        each!(self, m => m.input_device())
+    }
+
+    fn new_cache(&self, batch: usize, tokens: usize) -> DecodeModelCache {
+        match self {
+            DecodeModel::Candle(m) => DecodeModelCache::Candle(m.new_cache(batch, tokens)),
+            #[cfg(feature = "torch")]
+            DecodeModel::Torch(m) => DecodeModelCache::Torch(m.as_ref().new_cache(batch, tokens)),
+        }
+    }
+
+    fn forward_step(&self, ids: &Tensor, mask: &Tensor, cache: &mut DecodeModelCache) -> crate::model::Result<Tensor> {
+        match (self, cache) {
+            (DecodeModel::Candle(m), DecodeModelCache::Candle(c)) => Decoder::forward_step(m, ids, mask, c),
+            #[cfg(feature = "torch")]
+            (DecodeModel::Torch(m), DecodeModelCache::Torch(c)) => Decoder::forward_step(m.as_ref(), ids, mask, c),
+            #[cfg(feature = "torch")]
+            _ => Err(crate::model::ModelError::Torch("a cache of the other backend".into())),
+        }
+    }
+
+    fn score_logprobs(&self, ids: &Tensor, mask: &Tensor, targets: &Tensor) -> crate::model::Result<Tensor> {
+        each!(self, m => Decoder::score_logprobs(m, ids, mask, targets))
+    }
+
+    fn wants_pool(&self) -> bool {
+        each!(self, m => m.wants_pool())
+    }
+}
 
 /// One prompt to continue `seeds.len()` times.
 pub struct Job {
@@ -212,7 +337,14 @@ impl Engine {
     /// Starts the loop on its own thread with `model` as weight version
     /// `version`; `eos` ends a sample with [`FinishReason::Eos`], `pad_id`
     /// fills left padding.
-    pub fn start(model: Transformer, version: String, cfg: EngineConfig, eos: Option<u32>, pad_id: u32) -> Engine {
+    pub fn start(
+        model: impl Into<DecodeModel>,
+        version: String,
+        cfg: EngineConfig,
+        eos: Option<u32>,
+        pad_id: u32,
+    ) -> Engine {
+        let model: DecodeModel = model.into();
         let (tx, rx) = mpsc::channel();
         let limits = Limits { cfg, vocab: model.config().vocab_size, context: model.config().max_position_embeddings };
         let stats = Arc::new(Mutex::new(EngineStats { weight_version: version.clone(), ..EngineStats::default() }));
@@ -304,8 +436,8 @@ impl Engine {
 
     /// Replaces the weights once the running rows have finished (no new
     /// job is admitted meanwhile); `done` is called after the swap.
-    pub fn update_weights(&self, model: Transformer, version: String, done: impl FnOnce() + Send + 'static) {
-        let _ = self.tx.send(Msg::Weights((Box::new(model), version, Box::new(done))));
+    pub fn update_weights(&self, model: impl Into<DecodeModel>, version: String, done: impl FnOnce() + Send + 'static) {
+        let _ = self.tx.send(Msg::Weights((Box::new(model.into()), version, Box::new(done))));
     }
 
     /// Stops (`true`) or resumes (`false`) admitting jobs; running rows
@@ -351,7 +483,7 @@ struct Row {
 /// that generated it (a clone shares the weights' storage), which keeps the
 /// scores right when new weights arrive before it is scored.
 struct ScoreJob {
-    model: Arc<Transformer>,
+    model: Arc<DecodeModel>,
     prompt: Vec<u32>,
     generations: Vec<Generation>,
     top: Vec<TopLogprobs>,
@@ -376,13 +508,13 @@ struct Prefill {
     mask: Tensor,
     /// Row → distinct prompt.
     of_row: Vec<u32>,
-    cache: KvCache,
+    cache: DecodeModelCache,
     /// Columns prefilled so far.
     done: usize,
 }
 
 struct Loop {
-    model: Arc<Transformer>,
+    model: Arc<DecodeModel>,
     version: String,
     cfg: EngineConfig,
     eos: Option<u32>,
@@ -392,7 +524,7 @@ struct Loop {
     jobs: HashMap<u64, JobState>,
     next_job: u64,
     rows: Vec<Row>,
-    cache: Option<KvCache>,
+    cache: Option<DecodeModelCache>,
     /// Logits `(rows, V)` of the next token of every active row.
     logits: Option<Tensor>,
     /// Admitted jobs still being prefilled, chunk by chunk (each group of
@@ -449,7 +581,9 @@ impl Loop {
             // On a pool thread, the others kept awake (see `on_pool_awake`),
             // per step so that no pool thread is held (or spins) while the
             // loop waits for requests.
-            if let Err(e) = crate::model::on_pool_awake(|| self.step(open)) {
+            let stepped =
+                if self.model.wants_pool() { crate::model::on_pool_awake(|| self.step(open)) } else { self.step(open) };
+            if let Err(e) = stepped {
                 self.fail_all(&format!("model step failed: {e}"));
             }
             self.publish();
@@ -600,7 +734,7 @@ impl Loop {
         }
         let next: Vec<u32> = self.rows.iter().map(|r| *r.gen.token_ids.last().expect("sampled")).collect();
         let n = next.len();
-        let dev = self.model.device().clone();
+        let dev = self.model.input_device().clone();
         let ids = Tensor::from_vec(next, (n, 1), &dev).map_err(SampleError::from)?;
         let mask = Tensor::ones((n, 1), DType::U32, &dev).map_err(SampleError::from)?;
         let cache = self.cache.as_mut().expect("a cache while rows are active");
@@ -737,9 +871,10 @@ impl Loop {
                 });
             }
         }
-        let (ids, mask) =
-            PaddedBatch::left_pad(&uniq, self.pad_id).to_tensors(self.model.device()).map_err(SampleError::from)?;
-        let cache = KvCache::new(&self.model, uniq.len());
+        let (ids, mask) = PaddedBatch::left_pad(&uniq, self.pad_id)
+            .to_tensors(self.model.input_device())
+            .map_err(SampleError::from)?;
+        let cache = self.model.new_cache(uniq.len(), 0);
         self.prefills.push(Prefill { rows: new_rows, ids, mask, of_row, cache, done: 0 });
         Ok(())
     }
@@ -758,7 +893,7 @@ impl Loop {
             self.prefills.push(p);
             return Ok(());
         }
-        let dev = self.model.device().clone();
+        let dev = logits.device().clone();
         if p.cache.batch() < p.of_row.len() {
             let rows: Vec<usize> = p.of_row.iter().map(|&u| u as usize).collect();
             p.cache.select_rows(&rows).map_err(SampleError::from)?;
@@ -798,10 +933,10 @@ fn top_logprobs(logits: &[f32], k: usize, lse: f64) -> Vec<(u32, f32)> {
 
 /// Replaces each generation's `model_logprobs` with one full-sequence,
 /// left-padded `score_logprobs` pass over prompt + response.
-fn rescore(model: &Transformer, prompt: &[u32], gens: &mut [Generation], pad_id: u32) -> Result<(), SampleError> {
+fn rescore(model: &DecodeModel, prompt: &[u32], gens: &mut [Generation], pad_id: u32) -> Result<(), SampleError> {
     let seqs: Vec<Vec<u32>> = gens.iter().map(|g| [prompt, &g.token_ids[..]].concat()).collect();
     let b = PaddedBatch::left_pad(&seqs, pad_id);
-    let (ids, mask) = b.to_tensors(model.device())?;
+    let (ids, mask) = b.to_tensors(model.input_device())?;
     let w = b.width();
     if w < 2 {
         return Ok(());

@@ -11,6 +11,7 @@
 pub mod backend;
 pub mod chat;
 pub mod data;
+pub mod decode;
 pub mod engine;
 pub mod eval;
 pub mod experience;

@@ -9,7 +9,7 @@
 //!   (π_off) of the sampler.
 //! * [`Generation::model_logprobs`] — log π(token) under the model's own
 //!   untruncated temperature-1 distribution `softmax(logits)`: the quantity
-//!   [`Transformer::forward_logprobs`] / [`Transformer::score_logprobs`]
+//!   [`crate::model::Transformer::forward_logprobs`] / [`crate::model::Transformer::score_logprobs`]
 //!   compute (checked to 1e-4 in `tests/sample_*.rs`).
 //!
 //! **Which one the trainer uses:** the policy ratio π_θ/π_old must compare
@@ -41,7 +41,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::chat::{ChatMessage, ChatTemplate};
-use crate::model::{KvCache, Transformer};
+use crate::decode::{DecodeCache, Decoder};
 use crate::tokenizer::{PaddedBatch, Tokenizer};
 
 /// Errors from generation.
@@ -299,8 +299,8 @@ pub struct Generation {
 /// A request whose prompt plus `cfg.max_new_tokens` exceeds the model's
 /// context is refused up front ([`check_prompt_fits`],
 /// [`SampleError::PromptTooLong`]).
-pub fn generate(
-    model: &Transformer,
+pub fn generate<M: Decoder + ?Sized>(
+    model: &M,
     tok: &Tokenizer,
     requests: &[GenerationRequest],
     cfg: &SamplingConfig,
@@ -324,8 +324,8 @@ pub fn generate(
 /// the paper's fast mode, `Some(true)`/`None` slow), encodes it without
 /// extra special tokens (the template writes them) and generates, request
 /// `i` seeded with [`request_seed`]`(cfg.seed, i)`.
-pub fn generate_chat(
-    model: &Transformer,
+pub fn generate_chat<M: Decoder + ?Sized>(
+    model: &M,
     tok: &Tokenizer,
     conversations: &[Vec<ChatMessage>],
     enable_thinking: Option<bool>,
@@ -358,8 +358,8 @@ struct Row {
 /// Every request must satisfy [`check_prompt_fits`] against the model's
 /// `max_position_embeddings`; otherwise nothing is generated and the error
 /// is [`SampleError::PromptTooLong`] naming the first offending request.
-pub fn generate_ids(
-    model: &Transformer,
+pub fn generate_ids<M: Decoder + ?Sized>(
+    model: &M,
     requests: &[GenerationRequest],
     cfg: &SamplingConfig,
     eos: Option<u32>,
@@ -386,7 +386,11 @@ pub fn generate_ids(
     if cfg.max_new_tokens > 0 && !requests.is_empty() {
         // On a pool thread for the whole loop, the others kept awake (see
         // `on_pool_awake`).
-        crate::model::on_pool_awake(|| decode(model, requests, cfg, eos, pad_id, &mut rows))?;
+        if model.wants_pool() {
+            crate::model::on_pool_awake(|| decode(model, requests, cfg, eos, pad_id, &mut rows))?;
+        } else {
+            decode(model, requests, cfg, eos, pad_id, &mut rows)?;
+        }
     }
     Ok(rows
         .into_iter()
@@ -404,8 +408,8 @@ pub fn generate_ids(
 }
 
 /// [`generate_ids`]' prefill and decode loop, filling `rows`.
-fn decode(
-    model: &Transformer,
+fn decode<M: Decoder + ?Sized>(
+    model: &M,
     requests: &[GenerationRequest],
     cfg: &SamplingConfig,
     eos: Option<u32>,
@@ -415,13 +419,13 @@ fn decode(
     // Identical prompts (a GRPO group's samples) are prefilled once and
     // their cache rows and logits replicated.
     let (uniq, of_request) = distinct_prompts(requests.iter().map(|r| r.prompt_ids.as_slice()));
-    let (ids, mask) = PaddedBatch::left_pad(&uniq, pad_id).to_tensors(model.device())?;
-    let mut cache = KvCache::with_capacity(model, uniq.len(), ids.dim(1)? + cfg.max_new_tokens);
+    let (ids, mask) = PaddedBatch::left_pad(&uniq, pad_id).to_tensors(model.input_device())?;
+    let mut cache = model.new_cache(uniq.len(), ids.dim(1)? + cfg.max_new_tokens);
     let mut logits = model.forward_step(&ids, &mask, &mut cache)?;
     if uniq.len() < requests.len() {
         cache.select_rows(&of_request)?;
         let idx: Vec<u32> = of_request.iter().map(|&u| u as u32).collect();
-        logits = logits.index_select(&Tensor::new(idx.as_slice(), model.device())?, 0)?;
+        logits = logits.index_select(&Tensor::new(idx.as_slice(), logits.device())?, 0)?;
     }
     // `active[j]` is the request behind cache row j.
     let mut active: Vec<usize> = (0..requests.len()).collect();
@@ -472,8 +476,8 @@ fn decode(
         }
         let next: Vec<u32> = active.iter().map(|&i| *rows[i].tokens.last().expect("sampled")).collect();
         let n = next.len();
-        let ids = Tensor::from_vec(next, (n, 1), model.device())?;
-        let mask = Tensor::ones((n, 1), DType::U32, model.device())?;
+        let ids = Tensor::from_vec(next, (n, 1), model.input_device())?;
+        let mask = Tensor::ones((n, 1), DType::U32, model.input_device())?;
         logits = model.forward_step(&ids, &mask, &mut cache)?;
     }
     Ok(())
@@ -651,8 +655,8 @@ pub struct BenchRow {
 /// prompt in every row, `new_tokens` sampled per row with `cfg` but no stop
 /// tokens (so all rows run the full length), timed from prefill to the last
 /// token. Use for `r2vpo bench llm` (batch 1/8/32).
-pub fn bench_generate(
-    model: &Transformer,
+pub fn bench_generate<M: Decoder + ?Sized>(
+    model: &M,
     prompt_ids: &[u32],
     batch_sizes: &[usize],
     new_tokens: usize,

@@ -263,9 +263,10 @@ fn metrics(dir: &std::path::Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// Iteration 0's rollouts come from identical weights through the same
-/// sampler, so everything about the samples is equal; the learning
-/// figures agree to the kernels' rounding. Two optimizer steps run, and the
+/// Iteration 0's rollouts come from identical weights through each
+/// backend's own decoder: the same tokens (so the same rewards and lengths)
+/// with sampler entropies equal to rounding; the learning figures agree to
+/// the kernels' rounding. Two optimizer steps run, and the
 /// second sees weights that already differ after one AdamW step (lr 3e-3,
 /// so the policy moves: E[(ρ−1)²] ≈ 0.1) from gradients that agreed to
 /// ~1e-6; each figure is a mean of per-token terms of order one (ratios,
@@ -282,12 +283,10 @@ fn one_training_iteration_gives_the_same_metrics_on_either_backend() {
         (metrics(dir.path()).remove(0), dir)
     };
     let ((c, _), (t, _)) = (run(BackendKind::Candle), run(BackendKind::Torch));
-    for key in
-        ["reward_mean", "accuracy", "response_len_mean", "response_len_max", "truncated_frac", "entropy", "steps"]
-    {
+    for key in ["reward_mean", "accuracy", "response_len_mean", "response_len_max", "truncated_frac", "steps"] {
         assert_eq!(c[key], t[key], "{key}: the same samples");
     }
-    for key in ["loss", "pg_loss", "grad_norm", "ratio_mean", "ratio_var", "sq_dev", "lambda", "lr"] {
+    for key in ["entropy", "loss", "pg_loss", "grad_norm", "ratio_mean", "ratio_var", "sq_dev", "lambda", "lr"] {
         let (a, b) = (c[key].as_f64().unwrap_or(f64::NAN), t[key].as_f64().unwrap_or(f64::NAN));
         assert!((a - b).abs() <= 3e-5 * a.abs().max(b.abs()).max(1.0), "{key}: candle {a}, torch {b}");
     }
@@ -312,5 +311,101 @@ fn a_checkpoint_of_either_backend_resumes_on_the_other() {
         let m = metrics(dir.path());
         assert_eq!(m.len(), 2, "{from:?} → {to:?}: one iteration each");
         assert!(m[1]["loss"].as_f64().unwrap().is_finite());
+    }
+}
+
+/// Three prompts of different lengths (left padding in the prefill), two
+/// samples each.
+fn requests() -> Vec<r2vpo_llm::sample::GenerationRequest> {
+    let prompts: [&[u32]; 3] = [&[3, 17, 5, 44, 9, 21], &[8, 19], &[25, 6, 49, 11, 2, 33, 40, 1, 7]];
+    prompts
+        .iter()
+        .enumerate()
+        .flat_map(|(k, p)| {
+            (0..2).map(move |i| r2vpo_llm::sample::GenerationRequest {
+                prompt_ids: p.to_vec(),
+                seed: r2vpo_llm::sample::request_seed(5, (k * 2 + i) as u64),
+            })
+        })
+        .collect()
+}
+
+/// Sampling on libtorch: the same tokens as the candle sampler for the
+/// same seeds and weights (the draws see logits equal to ~1e-7, so a token
+/// differs only if a draw lands that close to a boundary of the inverse
+/// CDF), behaviour log-probs equal to candle's, and to the torch learner's
+/// own recomputation of the sampled sequences (ρ = 1 before an update),
+/// at T = 1 and with temperature, top-k and top-p.
+#[test]
+fn sampling_on_libtorch_is_the_candle_samplers_and_the_learners() {
+    use r2vpo_llm::sample::{generate_ids, SamplingConfig};
+    let (_, cfg) = configs().remove(0);
+    let (m, t) = (model(&cfg), torch(&cfg, false));
+    let reqs = requests();
+    for sampling in [
+        SamplingConfig { max_new_tokens: 12, ..SamplingConfig::default() },
+        SamplingConfig { max_new_tokens: 12, temperature: 0.7, top_k: 20, top_p: 0.9, ..SamplingConfig::default() },
+    ] {
+        let want = generate_ids(&m, &reqs, &sampling, None, 0).unwrap();
+        let got = generate_ids(&t, &reqs, &sampling, None, 0).unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.token_ids, w.token_ids, "{sampling:?}");
+            assert_close("behaviour log-probs", &g.model_logprobs, &w.model_logprobs, BOUND);
+            assert_close("processed log-probs", &g.logprobs, &w.logprobs, BOUND);
+        }
+        // The learner's recomputation of what was sampled.
+        let samples: Vec<Sample> = reqs.iter().zip(&got).map(|(r, g)| sample(&r.prompt_ids, &g.token_ids)).collect();
+        let refs: Vec<&Sample> = samples.iter().collect();
+        let mb = batch::pack(&refs, 0, &Device::Cpu).unwrap();
+        let scored = batch::unpack_responses(&t.score(&mb).unwrap(), &refs).unwrap();
+        let worst = got
+            .iter()
+            .zip(&scored)
+            .flat_map(|(g, s)| g.model_logprobs.iter().zip(s).map(|(a, b)| (a - b).abs()))
+            .fold(0f32, f32::max);
+        assert!(worst <= 1e-5, "behaviour against learner: {worst:e} nats");
+    }
+}
+
+/// The serving engine on the torch decoder: jobs joining a running batch at
+/// different steps (rows appended, selected, trimmed) sample what the
+/// candle engine samples.
+#[test]
+fn the_engine_decodes_on_libtorch_as_on_candle() {
+    use r2vpo_llm::engine::{Engine, EngineConfig, Job};
+    use r2vpo_llm::sample::SamplingConfig;
+    let (_, cfg) = configs().remove(0);
+    let run = |engine: Engine| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for (k, r) in requests().chunks(2).enumerate() {
+            let job = Job {
+                prompt_ids: r[0].prompt_ids.clone(),
+                seeds: r.iter().map(|q| q.seed).collect(),
+                sampling: SamplingConfig { max_new_tokens: 6 + 5 * k, ..SamplingConfig::default() },
+                stop_when: None,
+                ignore_eos: false,
+                rescore: k == 1,
+                top_logprobs: 3,
+                on_token: None,
+            };
+            let tx = tx.clone();
+            engine.submit(job, move |o| tx.send((k, o.unwrap())).unwrap());
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mut outs: Vec<_> = (0..3).map(|_| rx.recv().unwrap()).collect();
+        outs.sort_by_key(|(k, _)| *k);
+        engine.shutdown();
+        outs
+    };
+    let ec = EngineConfig { max_batch: 8, max_waiting: 16, prefill_chunk: 4 };
+    let want = run(Engine::start(model(&cfg), "0".into(), ec, Some(0), 0));
+    let got = run(Engine::start(torch(&cfg, false), "0".into(), ec, Some(0), 0));
+    for ((_, g), (_, w)) in got.iter().zip(&want) {
+        for (a, b) in g.generations.iter().zip(&w.generations) {
+            assert_eq!(a.token_ids, b.token_ids);
+            assert_eq!(a.finish_reason, b.finish_reason);
+            assert_close("engine log-probs", &a.model_logprobs, &b.model_logprobs, BOUND);
+        }
+        assert_eq!(g.top_logprobs.len(), w.top_logprobs.len());
     }
 }

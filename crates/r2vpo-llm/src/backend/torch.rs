@@ -31,9 +31,12 @@
 //! its input and is recomputed in the backward (as
 //! [`Transformer::checkpointed_tail`] does).
 //!
-//! Sampling: libtorch decoding is the GPU-rollouts issue's; until then this
-//! backend samples through a candle copy of its weights on the CPU,
-//! refreshed on first use after every change ([`Policy::generate`]).
+//! Sampling: the backend is also a [`crate::decode::Decoder`], so the
+//! sampler ([`crate::sample`]) and the serving engine decode on it: a KV
+//! cache in preallocated per-layer buffers ([`TorchKv`]), the next-token
+//! logits in f32 whatever the compute kind, the weights in the compute kind
+//! cast once per change. Behaviour log-probs are those of the weights the
+//! learner holds, on the same kernels.
 //!
 //! Threads: tch's tensors are `Send` but not `Sync`, so the state lives
 //! behind a mutex; every libtorch call of a step comes from the caller's
@@ -173,10 +176,11 @@ impl Layout {
 /// tables of the batch's rows.
 struct Ctx {
     b: i64,
-    w: i64,
-    /// `(B, 1, W, W)`, in the compute kind.
+    /// New tokens per row (`W` of a whole pass).
+    t: i64,
+    /// `(B, 1, T, cached + T)`, in the compute kind.
     mask: T,
-    /// `(B, 1, W, D/2)`, in the compute kind.
+    /// `(B, 1, T, D/2)`, in the compute kind.
     cos: T,
     sin: T,
     /// The queries' tables, times `1/√D`: as in the candle model, the
@@ -222,10 +226,12 @@ pub struct TorchBackend {
     opts: TorchOptions,
     optim: OptimConfig,
     state: Mutex<State>,
-    /// Bumped whenever the weights change; the sampler copy records the
-    /// generation it holds.
+    /// Bumped whenever the weights change: the inference casts below
+    /// record the generation they were made from.
     generation: AtomicU64,
-    sampler: Mutex<(u64, Transformer)>,
+    /// The weights in the compute kind for decoding and scoring (bf16:
+    /// cast once per change, not once per decode step).
+    casts: Mutex<(u64, Vec<T>)>,
     cpu: candle_core::Device,
 }
 
@@ -273,8 +279,9 @@ fn ids_to_torch(t: &candle_core::Tensor, device: TDevice) -> Result<T> {
 }
 
 impl TorchBackend {
-    /// A torch learner holding `model`'s weights (the candle model becomes
-    /// the sampler's copy) with AdamW `optim`.
+    /// A torch learner (and decoder) holding `model`'s weights, with AdamW
+    /// `optim`. The optimizer's moments are allocated at its first step, so
+    /// a model that only decodes (`r2vpo serve`) holds the weights alone.
     pub fn new(model: Transformer, optim: OptimConfig, opts: TorchOptions) -> Result<Self> {
         let config = model.config().clone();
         let device = match opts.cuda {
@@ -301,9 +308,6 @@ impl TorchBackend {
             }
             params.push(to_torch(w, device)?.set_requires_grad(true));
         }
-        let zeros = |p: &T| p.f_zeros_like().map_err(torch_err);
-        let m = params.iter().map(zeros).collect::<Result<Vec<_>>>()?;
-        let v = params.iter().map(zeros).collect::<Result<Vec<_>>>()?;
         let inv_freq = config.inv_freq().into_iter().map(|f| f as f32).collect();
         Ok(TorchBackend {
             config,
@@ -315,9 +319,9 @@ impl TorchBackend {
             kind,
             opts,
             optim,
-            state: Mutex::new(State { params, m, v, steps: 0, pending: None }),
-            generation: AtomicU64::new(0),
-            sampler: Mutex::new((0, model)),
+            state: Mutex::new(State { params, m: Vec::new(), v: Vec::new(), steps: 0, pending: None }),
+            generation: AtomicU64::new(1),
+            casts: Mutex::new((0, Vec::new())),
             cpu: candle_core::Device::Cpu,
         })
     }
@@ -332,27 +336,41 @@ impl TorchBackend {
         params.iter().map(|p| if self.kind == Kind::Float { p.shallow_clone() } else { p.to_kind(self.kind) }).collect()
     }
 
-    /// Positions under left padding (a row's real tokens count from 0),
-    /// the additive mask (causal, padding keys masked) and the RoPE tables,
-    /// exactly as the candle model's `stack_ctx` builds them.
+    /// [`TorchBackend::ctx_over`] for a whole pass: the rows' attention
+    /// masks, nothing cached.
     fn ctx(&self, attention: &candle_core::Tensor) -> Result<Ctx> {
-        let rows: Vec<Vec<u32>> = attention.to_dtype(candle_core::DType::U32)?.to_vec2()?;
-        let (b, w) = (rows.len(), rows.first().map_or(0, Vec::len));
+        let rows: Vec<Vec<u8>> = attention
+            .to_dtype(candle_core::DType::U32)?
+            .to_vec2::<u32>()?
+            .into_iter()
+            .map(|r| r.into_iter().map(|x| u8::from(x != 0)).collect())
+            .collect();
+        self.ctx_over(&rows, 0)
+    }
+
+    /// Positions under left padding (a row's real tokens count from 0),
+    /// the additive mask (causal, padding keys masked) and the RoPE tables
+    /// of the new tokens after `past` cached columns, `full[r]` being row
+    /// `r`'s mask over all of them: exactly as the candle model's
+    /// `stack_ctx` builds them.
+    fn ctx_over(&self, full: &[Vec<u8>], past: usize) -> Result<Ctx> {
+        let (b, tk) = (full.len(), full.first().map_or(0, Vec::len));
+        let t = tk - past;
         let half = self.inv_freq.len();
-        let mut add = vec![0f32; b * w * w];
-        let mut cos = Vec::with_capacity(b * w * half);
-        let mut sin = Vec::with_capacity(b * w * half);
+        let mut add = vec![0f32; b * t * tk];
+        let mut cos = Vec::with_capacity(b * t * half);
+        let mut sin = Vec::with_capacity(b * t * half);
         let scale = (1.0 / (self.config.head_dim() as f64).sqrt()) as f32;
-        for (r, row) in rows.iter().enumerate() {
-            let mut n = 0usize;
-            for i in 0..w {
+        for (r, row) in full.iter().enumerate() {
+            let mut n = row[..past].iter().filter(|&&x| x != 0).count();
+            for i in 0..t {
                 let p = n;
-                if row[i] != 0 {
+                if row[past + i] != 0 {
                     n += 1;
                 }
                 for (j, &m) in row.iter().enumerate() {
-                    if j > i || m == 0 {
-                        add[(r * w + i) * w + j] = MASKED as f32;
+                    if j > past + i || m == 0 {
+                        add[(r * t + i) * tk + j] = MASKED as f32;
                     }
                 }
                 for &f in &self.inv_freq {
@@ -362,7 +380,7 @@ impl TorchBackend {
                 }
             }
         }
-        let (bi, wi, hi) = (b as i64, w as i64, half as i64);
+        let (bi, ti, tki, hi) = (b as i64, t as i64, tk as i64, half as i64);
         let up = |v: &[f32], shape: &[i64]| -> Result<T> {
             T::f_from_slice(v)
                 .and_then(|x| x.f_view(shape))
@@ -373,12 +391,12 @@ impl TorchBackend {
         let scaled = |v: &[f32]| v.iter().map(|x| x * scale).collect::<Vec<f32>>();
         Ok(Ctx {
             b: bi,
-            w: wi,
-            mask: up(&add, &[bi, 1, wi, wi])?,
-            cos_q: up(&scaled(&cos), &[bi, 1, wi, hi])?,
-            sin_q: up(&scaled(&sin), &[bi, 1, wi, hi])?,
-            cos: up(&cos, &[bi, 1, wi, hi])?,
-            sin: up(&sin, &[bi, 1, wi, hi])?,
+            t: ti,
+            mask: up(&add, &[bi, 1, ti, tki])?,
+            cos_q: up(&scaled(&cos), &[bi, 1, ti, hi])?,
+            sin_q: up(&scaled(&sin), &[bi, 1, ti, hi])?,
+            cos: up(&cos, &[bi, 1, ti, hi])?,
+            sin: up(&sin, &[bi, 1, ti, hi])?,
         })
     }
 
@@ -399,14 +417,20 @@ impl TorchBackend {
         p[self.layout.embed].index_select(0, &ids.view([-1])).view([b * w, self.config.hidden_size as i64])
     }
 
-    /// Decoder layer `li` on `x (B·W, hidden)`.
+    /// Decoder layer `li` on `x (B·T, hidden)`.
     fn layer(&self, p: &[T], li: usize, x: &T, c: &Ctx) -> T {
+        self.layer_cached(p, li, x, c, None)
+    }
+
+    /// [`TorchBackend::layer`] for tokens after those in `cache`, whose
+    /// keys and values it stores (decoding).
+    fn layer_cached(&self, p: &[T], li: usize, x: &T, c: &Ctx, cache: Option<&mut TorchKv>) -> T {
         let cfg = &self.config;
         let l = &self.layout.layers[li];
         let (nh, nkv, hd) = (cfg.num_attention_heads as i64, cfg.kv_heads() as i64, cfg.head_dim() as i64);
         let h = self.rms(x, &p[l.in_norm]);
         let proj = |w: usize, bias: Option<usize>, heads: i64| {
-            h.linear(&p[w], bias.map(|i| &p[i])).view([c.b, c.w, heads, hd])
+            h.linear(&p[w], bias.map(|i| &p[i])).view([c.b, c.t, heads, hd])
         };
         let (mut q, mut k) = (proj(l.q, l.q_b, nh), proj(l.k, l.k_b, nkv));
         let v = proj(l.v, l.v_b, nkv).transpose(1, 2);
@@ -416,8 +440,12 @@ impl TorchBackend {
         }
         let q = Self::rope(&q.transpose(1, 2), &c.cos_q, &c.sin_q);
         let k = Self::rope(&k.transpose(1, 2), &c.cos, &c.sin);
+        let (k, v) = match cache {
+            Some(cache) => cache.push(li, &k, &v),
+            None => (k, v),
+        };
         let attn = T::scaled_dot_product_attention(&q, &k, &v, Some(&c.mask), 0.0, false, 1.0, nkv != nh);
-        let attn = attn.transpose(1, 2).contiguous().view([c.b * c.w, nh * hd]);
+        let attn = attn.transpose(1, 2).contiguous().view([c.b * c.t, nh * hd]);
         let x = x + attn.linear(&p[l.o], l.o_b.map(|i| &p[i]));
         let h2 = self.rms(&x, &p[l.post_norm]);
         let gate = h2.linear(&p[l.gate], None::<&T>);
@@ -428,8 +456,8 @@ impl TorchBackend {
     /// The final norm's rows that predict the last `r` tokens, `(B·r, hidden)`.
     fn tail_rows(&self, p: &[T], top: &T, c: &Ctx, r: i64) -> T {
         let hsz = self.config.hidden_size as i64;
-        let h = self.rms(top, &p[self.layout.norm]).view([c.b, c.w, hsz]);
-        h.narrow(1, c.w - r - 1, r).contiguous().view([c.b * r, hsz])
+        let h = self.rms(top, &p[self.layout.norm]).view([c.b, c.t, hsz]);
+        h.narrow(1, c.t - r - 1, r).contiguous().view([c.b * r, hsz])
     }
 
     fn head_weight<'a>(&self, p: &'a [T]) -> &'a T {
@@ -501,9 +529,33 @@ impl TorchBackend {
         to_candle(&t.view([b, r]))
     }
 
-    /// Marks the weights changed: the sampler's copy is stale.
+    /// Marks the weights changed: the inference casts are stale.
     fn changed(&self) {
         self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The weights in the compute kind, without a graph, cast once per
+    /// change of the weights.
+    fn inference_params(&self, st: &State) -> Vec<T> {
+        if self.kind == Kind::Float {
+            return st.params.iter().map(T::detach).collect();
+        }
+        let now = self.generation.load(Ordering::SeqCst);
+        let mut casts = self.casts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if casts.0 != now {
+            *casts = (now, tch::no_grad(|| st.params.iter().map(|p| p.detach().to_kind(self.kind)).collect()));
+        }
+        casts.1.iter().map(T::shallow_clone).collect()
+    }
+
+    /// AdamW's moments, allocated at first use.
+    fn ensure_moments(st: &mut State) -> Result<()> {
+        if st.m.is_empty() {
+            let zeros = |p: &T| p.f_zeros_like().map_err(torch_err);
+            st.m = st.params.iter().map(zeros).collect::<Result<Vec<_>>>()?;
+            st.v = st.params.iter().map(zeros).collect::<Result<Vec<_>>>()?;
+        }
+        Ok(())
     }
 
     fn export_from(&self, params: &[T], version: u64) -> Result<Weights> {
@@ -554,14 +606,7 @@ impl Policy for TorchBackend {
         requests: &[GenerationRequest],
         cfg: &SamplingConfig,
     ) -> crate::sample::Result<Vec<Generation>> {
-        let mut sampler = self.sampler.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = self.generation.load(Ordering::SeqCst);
-        if sampler.0 != now {
-            let w = self.export(now)?;
-            sampler.1.load(&w).map_err(crate::sample::SampleError::Model)?;
-            sampler.0 = now;
-        }
-        Policy::generate(&sampler.1, tok, requests, cfg)
+        crate::sample::generate(self, tok, requests, cfg)
     }
 
     fn export(&self, version: u64) -> Result<Weights> {
@@ -692,6 +737,7 @@ impl Backend for TorchBackend {
         let lr = {
             let mut st = self.lock();
             let st = &mut *st;
+            Self::ensure_moments(st)?;
             let o = self.optim;
             let lr = o.lr_at(st.steps);
             st.steps += 1;
@@ -791,7 +837,8 @@ impl Backend for TorchBackend {
     }
 
     fn save_optimizer(&self, path: &Path) -> Result<()> {
-        let st = self.lock();
+        let mut st = self.lock();
+        Self::ensure_moments(&mut st)?;
         let mut map = HashMap::new();
         guarded("torch optimizer state", || {
             for (i, n) in self.names.iter().enumerate() {
@@ -815,6 +862,7 @@ impl Backend for TorchBackend {
         let err = |m: String| ModelError::Format { path: path.to_path_buf(), message: m };
         let map = candle_core::safetensors::load(path, &candle_core::Device::Cpu).map_err(|e| err(e.to_string()))?;
         let mut st = self.lock();
+        Self::ensure_moments(&mut st)?;
         for (i, n) in self.names.iter().enumerate() {
             for (pre, moments) in [("m", 0), ("v", 1)] {
                 let t = map.get(&format!("{pre}.{n}")).ok_or_else(|| err(format!("missing `{pre}.{n}`")))?;
@@ -828,5 +876,233 @@ impl Backend for TorchBackend {
         }
         st.steps = steps;
         Ok(())
+    }
+}
+
+/// The torch decoder's per-layer keys and values, in buffers
+/// `(B, kv heads, capacity, head dim)` whose first [`DecodeCache::len`]
+/// columns are filled: a decode step writes its new columns in place and
+/// attends to a view of the filled ones (the candle
+/// [`KvCache`](crate::model::KvCache)'s layout and semantics). Capacity is
+/// what the cache was made for, doubling when a write goes past it. Each
+/// row keeps its own mask, so rows of different lengths decode together.
+pub struct TorchKv {
+    layers: Vec<Option<(T, T)>>,
+    /// Per row: 1 for each cached real token, 0 for padding.
+    mask: Vec<Vec<u8>>,
+    /// Columns to allocate at the first write (0: as many as written).
+    reserve: usize,
+    /// Columns cached before the step being run.
+    past: usize,
+}
+
+impl TorchKv {
+    /// Stores layer `li`'s keys and values `(B, heads, T, D)` for the new
+    /// tokens after `past` cached ones; returns those of all of them.
+    fn push(&mut self, li: usize, k: &T, v: &T) -> (T, T) {
+        let (past, t) = (self.past as i64, k.size()[2]);
+        let need = past + t;
+        let slot = &mut self.layers[li];
+        let cap = slot.as_ref().map_or(0, |(kb, _)| kb.size()[2]);
+        if cap < need {
+            let grown = need.max(self.reserve as i64).max(2 * cap);
+            let alloc = |x: &T, old: Option<&T>| {
+                let mut sz = x.size();
+                sz[2] = grown;
+                let buf = T::zeros(sz.as_slice(), (x.kind(), x.device()));
+                if let (Some(old), true) = (old, past > 0) {
+                    buf.narrow(2, 0, past).copy_(&old.narrow(2, 0, past));
+                }
+                buf
+            };
+            let old = slot.take();
+            *slot = Some((alloc(k, old.as_ref().map(|o| &o.0)), alloc(v, old.as_ref().map(|o| &o.1))));
+        }
+        let (kb, vb) = slot.as_ref().expect("allocated");
+        kb.narrow(2, past, t).copy_(k);
+        vb.narrow(2, past, t).copy_(v);
+        (kb.narrow(2, 0, need), vb.narrow(2, 0, need))
+    }
+}
+
+impl crate::decode::DecodeCache for TorchKv {
+    fn batch(&self) -> usize {
+        self.mask.len()
+    }
+
+    fn len(&self) -> usize {
+        self.mask.first().map_or(0, Vec::len)
+    }
+
+    fn select_rows(&mut self, rows: &[usize]) -> Result<()> {
+        if let Some(&bad) = rows.iter().find(|&&r| r >= self.mask.len()) {
+            return Err(ModelError::Torch(format!("row {bad} out of range for a cache of {} rows", self.mask.len())));
+        }
+        let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+        guarded("torch cache rows", || {
+            for layer in self.layers.iter_mut().flatten() {
+                let i = T::f_from_slice(&idx).and_then(|i| i.f_to_device(layer.0.device())).map_err(torch_err)?;
+                *layer = (layer.0.index_select(0, &i), layer.1.index_select(0, &i));
+            }
+            Ok(())
+        })?;
+        self.mask = rows.iter().map(|&r| self.mask[r].clone()).collect();
+        Ok(())
+    }
+
+    fn append_rows(&mut self, other: Self) -> Result<()> {
+        if self.mask.is_empty() {
+            *self = other;
+            return Ok(());
+        }
+        if other.mask.is_empty() {
+            return Ok(());
+        }
+        let (a, b) = (self.len() as i64, other.len() as i64);
+        let width = a.max(b);
+        guarded("torch cache append", || {
+            let pad_left = |t: &T, len: i64| {
+                let t = t.narrow(2, 0, len);
+                if len == width {
+                    return t;
+                }
+                let mut sz = t.size();
+                sz[2] = width - len;
+                T::cat(&[&T::zeros(sz.as_slice(), (t.kind(), t.device())), &t], 2)
+            };
+            for (mine, theirs) in self.layers.iter_mut().zip(other.layers) {
+                match (mine.take(), theirs) {
+                    (Some((k1, v1)), Some((k2, v2))) => {
+                        let k = T::cat(&[pad_left(&k1, a), pad_left(&k2, b)], 0);
+                        let v = T::cat(&[pad_left(&v1, a), pad_left(&v2, b)], 0);
+                        *mine = Some((k, v));
+                    }
+                    _ => return Err(ModelError::Torch("append_rows needs two filled caches".into())),
+                }
+            }
+            Ok(())
+        })?;
+        for m in &mut self.mask {
+            m.splice(0..0, std::iter::repeat_n(0u8, (width - a) as usize));
+        }
+        self.mask.extend(other.mask.into_iter().map(|mut m| {
+            m.splice(0..0, std::iter::repeat_n(0u8, (width - b) as usize));
+            m
+        }));
+        Ok(())
+    }
+
+    fn trim_padding(&mut self) -> Result<()> {
+        let lead = self.mask.iter().map(|m| m.iter().take_while(|&&x| x == 0).count()).min().unwrap_or(0);
+        if lead == 0 {
+            return Ok(());
+        }
+        let keep = (self.len() - lead) as i64;
+        guarded("torch cache trim", || {
+            for layer in self.layers.iter_mut().flatten() {
+                *layer = (
+                    layer.0.narrow(2, lead as i64, keep).contiguous(),
+                    layer.1.narrow(2, lead as i64, keep).contiguous(),
+                );
+            }
+            Ok(())
+        })?;
+        for m in &mut self.mask {
+            m.drain(..lead);
+        }
+        Ok(())
+    }
+}
+
+impl crate::decode::Decoder for TorchBackend {
+    type Cache = TorchKv;
+
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn input_device(&self) -> &candle_core::Device {
+        &self.cpu
+    }
+
+    fn new_cache(&self, batch: usize, tokens: usize) -> TorchKv {
+        TorchKv {
+            layers: (0..self.layout.layers.len()).map(|_| None).collect(),
+            mask: vec![Vec::new(); batch],
+            reserve: tokens,
+            past: 0,
+        }
+    }
+
+    fn forward_step(
+        &self,
+        ids: &candle_core::Tensor,
+        mask: &candle_core::Tensor,
+        cache: &mut TorchKv,
+    ) -> Result<candle_core::Tensor> {
+        let (b, t) = ids.dims2()?;
+        if t == 0 {
+            return Err(ModelError::Torch("forward_step needs at least one new token".into()));
+        }
+        if cache.mask.len() != b {
+            return Err(ModelError::Torch(format!("cache has {} rows, input has {b}", cache.mask.len())));
+        }
+        let new: Vec<Vec<u32>> = mask.to_dtype(candle_core::DType::U32)?.to_vec2()?;
+        let full: Vec<Vec<u8>> = cache
+            .mask
+            .iter()
+            .zip(&new)
+            .map(|(old, n)| old.iter().copied().chain(n.iter().map(|&x| u8::from(x != 0))).collect())
+            .collect();
+        let past = crate::decode::DecodeCache::len(cache);
+        let st = self.lock();
+        let p = self.inference_params(&st);
+        let logits = guarded("torch decode", || {
+            let c = self.ctx_over(&full, past)?;
+            let ids = ids_to_torch(ids, self.device)?;
+            cache.past = past;
+            let logits = tch::no_grad(|| {
+                let mut x = self.embed(&p, &ids);
+                for li in 0..self.layout.layers.len() {
+                    x = self.layer_cached(&p, li, &x, &c, Some(&mut *cache));
+                }
+                let hsz = self.config.hidden_size as i64;
+                let last = x.view([c.b, c.t, hsz]).narrow(1, c.t - 1, 1).contiguous().view([c.b, hsz]);
+                let h = self.rms(&last, &p[self.layout.norm]);
+                h.linear(self.head_weight(&p), None::<&T>).to_kind(Kind::Float)
+            });
+            to_candle(&logits)
+        })?;
+        cache.mask = full;
+        Ok(logits)
+    }
+
+    fn wants_pool(&self) -> bool {
+        false
+    }
+
+    fn score_logprobs(
+        &self,
+        ids: &candle_core::Tensor,
+        mask: &candle_core::Tensor,
+        targets: &candle_core::Tensor,
+    ) -> Result<candle_core::Tensor> {
+        let (b, t) = ids.dims2()?;
+        let st = self.lock();
+        let p = self.inference_params(&st);
+        guarded("torch scoring", || {
+            let c = self.ctx(mask)?;
+            let ids = ids_to_torch(ids, self.device)?;
+            let tg = ids_to_torch(targets, self.device)?.view([-1]);
+            let lp = tch::no_grad(|| {
+                let mut x = self.embed(&p, &ids);
+                for li in 0..self.layout.layers.len() {
+                    x = self.layer(&p, li, &x, &c);
+                }
+                let hs = self.rms(&x, &p[self.layout.norm]);
+                self.head_values(&p, &hs, &tg, false).0
+            });
+            self.values(&lp, b as i64, t as i64)
+        })
     }
 }
