@@ -78,6 +78,14 @@ fn completion(prompt: &[u32], n: usize, max_tokens: usize, temperature: f64, see
 /// at the first update is `behaviour_logprobs = "recompute"`.
 const TOL: f32 = 5e-4;
 
+/// How close two computations of the same log-probs on the same kernels
+/// must be (the server against the in-process sampler, a rescoring against
+/// the learner): 1e-5 nats. Built with the torch feature, the server
+/// decodes on libtorch while the reference here is candle: two kernel sets
+/// over SmolLM2's 30 layers, measured 3.3e-5 apart on a 2-core AMD EPYC
+/// (Zen 3), so 1e-4 there.
+const SAME: f32 = if cfg!(feature = "torch") { 1e-4 } else { 1e-5 };
+
 const PROMPT: [u32; 7] = [1, 9690, 198, 2683, 314, 216, 34];
 
 #[test]
@@ -329,17 +337,17 @@ fn the_server_samples_what_the_in_process_sampler_samples() {
             }
         }
         eprintln!("SmolLM2 T = {t}: max |served − in-process| log-prob {worst:e}");
-        assert!(worst < 1e-5, "T = {t}: the server differs from the in-process sampler by {worst}");
+        assert!(worst < SAME, "T = {t}: the server differs from the in-process sampler by {worst}");
     }
     drop(s);
     // With --rescore-logprobs the served log-probs come from the learner's
-    // own whole-sequence computation: ρ = 1 within 1e-5.
+    // own whole-sequence computation: ρ = 1 within 1e-5 (`SAME`).
     let s = Server::start(&["--model", gguf.to_str().unwrap(), "--rescore-logprobs"]);
     for t in [0.0, 1.0] {
         let (code, v) = post(&format!("{}/v1/completions", s.url), &completion(&prompt, 4, 10, t, 11));
         assert_eq!(code, 200, "{v}");
         let gap = max_gap(&m, &prompt, &choices(&v));
         eprintln!("SmolLM2 T = {t}, --rescore-logprobs: max |served − learner| log-prob {gap:e}");
-        assert!(gap < 1e-5, "T = {t}: {gap}");
+        assert!(gap < SAME, "T = {t}: {gap}");
     }
 }

@@ -30,8 +30,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{oneshot, Mutex};
 
 use r2vpo_llm::chat::{ChatMessage, ChatTemplate};
-use r2vpo_llm::engine::{Engine, EngineConfig, EngineError, Job, JobOutput, StopWhen, MAX_TOP_LOGPROBS};
-use r2vpo_llm::model::load_model;
+use r2vpo_llm::engine::{DecodeModel, Engine, EngineConfig, EngineError, Job, JobOutput, StopWhen, MAX_TOP_LOGPROBS};
+use r2vpo_llm::model::{load_model, Transformer};
 use r2vpo_llm::rollout::LogprobsMode;
 use r2vpo_llm::sample::{request_seed, FinishReason, Generation, SampleError, SamplingConfig};
 use r2vpo_llm::tokenizer::Tokenizer;
@@ -79,6 +79,16 @@ pub struct ServeConfig {
     /// (the learner's computation) instead of those recorded while
     /// decoding ([`r2vpo_llm::engine::Job::rescore`]).
     pub rescore_logprobs: bool,
+    /// The compute backend that decodes: `candle` (the CPU) or `torch`
+    /// (libtorch, on the CPU or a CUDA GPU; a binary built with the torch
+    /// feature).
+    pub backend: String,
+    /// Where the torch backend decodes: `cpu`, `cuda` or `cuda:N` (candle
+    /// serves on the CPU).
+    pub device: String,
+    /// The dtype decoding computes in: `f32`, or `bf16` (logits and
+    /// log-probs stay f32).
+    pub dtype: String,
 }
 
 impl Default for ServeConfig {
@@ -98,6 +108,9 @@ impl Default for ServeConfig {
             logprobs_mode: LogprobsMode::Raw,
             weight_version: "0".into(),
             rescore_logprobs: false,
+            backend: "candle".into(),
+            device: "cpu".into(),
+            dtype: "f32".into(),
         }
     }
 }
@@ -194,6 +207,53 @@ fn parse<T: DeserializeOwned>(body: Result<Bytes, axum::extract::rejection::Byte
     })
 }
 
+/// `model` on the backend, device and dtype `cfg` names; the error names
+/// the option at fault.
+fn on_backend(cfg: &ServeConfig, mut model: Transformer) -> Result<DecodeModel, ServeError> {
+    let bad = |field: &str, message: String| ServeError::Config { field: field.into(), message };
+    let bf16 = match cfg.dtype.as_str() {
+        "f32" => false,
+        "bf16" => true,
+        other => return Err(bad("dtype", format!("`{other}`: expected f32 or bf16"))),
+    };
+    match cfg.backend.as_str() {
+        "candle" => {
+            if cfg.device != "cpu" {
+                return Err(bad(
+                    "device",
+                    format!("`{}`: the candle backend serves on the CPU; --backend torch serves on a GPU", cfg.device),
+                ));
+            }
+            if bf16 {
+                model.set_compute_dtype(DType::BF16);
+            }
+            Ok(model.into())
+        }
+        "torch" => torch_model(cfg, model, bf16),
+        other => Err(bad("backend", format!("`{other}`: expected candle or torch"))),
+    }
+}
+
+#[cfg(feature = "torch")]
+fn torch_model(cfg: &ServeConfig, model: Transformer, bf16: bool) -> Result<DecodeModel, ServeError> {
+    use r2vpo_llm::backend::torch::{torch_device, TorchBackend, TorchOptions};
+    let cuda = torch_device(&cfg.device).map_err(|m| ServeError::Config { field: "device".into(), message: m })?;
+    let opts = TorchOptions { cuda, bf16, checkpointing: false };
+    TorchBackend::new(model, r2vpo_llm::backend::OptimConfig::default(), opts)
+        .map(Into::into)
+        .map_err(|e| ServeError::Load { path: cfg.model.clone(), message: e.to_string() })
+}
+
+#[cfg(not(feature = "torch"))]
+fn torch_model(_: &ServeConfig, _: Transformer, _: bool) -> Result<DecodeModel, ServeError> {
+    Err(ServeError::Config {
+        field: "backend".into(),
+        message: "`torch`: this binary was built without the torch backend; build one with `make build-torch` \
+                  (CPU) or `make build-gpu` (CUDA)"
+            .into(),
+    })
+}
+
 fn load_tokenizer(cfg: &ServeConfig) -> Result<Tokenizer, ServeError> {
     let path = cfg.tokenizer.clone().unwrap_or_else(|| cfg.model.clone());
     Tokenizer::load(&path).map_err(|e| ServeError::Load { path, message: e.to_string() })
@@ -231,6 +291,7 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
             ),
         });
     }
+    let model = on_backend(&cfg, model)?;
     let engine = Engine::start(
         model,
         cfg.weight_version.clone(),
@@ -257,8 +318,11 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
         println!(
-            "r2vpo serve: listening on http://{local} (model {}, weight version {}, {}, max batch {})",
+            "r2vpo serve: listening on http://{local} (model {}, {} {} {}, weight version {}, {}, max batch {})",
             cfg.model.display(),
+            cfg.backend,
+            cfg.device,
+            cfg.dtype,
             cfg.weight_version,
             mode_name(cfg.logprobs_mode),
             cfg.max_batch
@@ -506,6 +570,7 @@ async fn update_weights(
             st.engine.vocab_size()
         )));
     }
+    let model = on_backend(&st.cfg, model).map_err(|e| refuse(format!("`{}` did not load: {e}", req.model_path)))?;
     let version = req.weight_version.clone().unwrap_or_else(|| req.model_path.clone());
     let (tx, rx) = oneshot::channel();
     st.engine.update_weights(model, version.clone(), move || {

@@ -56,13 +56,18 @@ impl Server {
         Self::start_with(port, args, &[])
     }
 
-    /// [`Server::start_on`] with these environment variables set.
+    /// [`Server::start_on`] with these environment variables set. In a
+    /// binary built with the torch feature every server decodes on the
+    /// torch backend, so the server's contract tests run on both backends
+    /// (`make test` runs them once each).
     pub fn start_with(port: u16, args: &[&str], env: &[(&str, &str)]) -> Server {
         let port = port.to_string();
+        let backend: &[&str] = if cfg!(feature = "torch") { &["--backend", "torch"] } else { &[] };
         let mut child = Command::new(env!("CARGO_BIN_EXE_r2vpo"))
             .current_dir(root())
             .envs(env.iter().copied())
             .args(["--threads", "1", "serve", "--port", &port])
+            .args(backend)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
