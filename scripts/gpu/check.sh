@@ -268,6 +268,35 @@ if [ $dry = 0 ] && has_torch; then
         --out "$OUT/torch-bf16-step.json"
 fi
 
+# The sampler on the torch backend against transformers' generate: the
+# same shapes, batches, prompt and response lengths, every row to the full
+# length at T = 1 (GPU-rollouts issue: ≥ 3× at batch 64, moonshot ≥ 5× at
+# 256); and its behaviour log-probs against its learner's in bf16.
+SSHAPES=${SSHAPES:-"configs/shapes/qwen3-0.6b.json configs/shapes/qwen3-1.7b.json"}
+SBATCHES=${SBATCHES:-"64 256"} SPROMPT=${SPROMPT:-512} SRESPONSE=${SRESPONSE:-1024}
+[ $dry = 1 ] && SSHAPES=configs/shapes/qwen3-tiny.json SBATCHES=4 SPROMPT=16 SRESPONSE=16
+if [ $tbin = 1 ]; then
+    echo "== 5. sampler: torch backend against transformers' generate, $DEV $dtype"
+    gshape=configs/shapes/qwen3-0.6b.json
+    [ $dry = 1 ] && gshape=configs/shapes/qwen3-tiny.json
+    phase check-sampler-torch-$dtype 180 "$TBIN" bench step --backend torch --sampler --check --tolerance inf \
+        --shape "$gshape" --device $DEV --dtype $dtype --batch 8 --prompt 64 --response 128 --pad 8 \
+        --out "$OUT/check-sampler-torch-$dtype.json"
+    for sh in $SSHAPES; do
+        name=$(basename "$sh" .json)
+        for b in $SBATCHES; do
+            PEAK=1 phase "sample-torch-$name-$b" 300 "$TBIN" bench step --backend torch --sampler --shape "$sh" \
+                --device $DEV --dtype $dtype --batch "$b" --prompt "$SPROMPT" --response "$SRESPONSE" --reps 1 \
+                --out "$OUT/sample-torch-$name-$b.json"
+            if has_torch; then
+                PEAK=1 phase "sample-hf-$name-$b" 300 "$TORCH_PY" scripts/gpu/torch_generate.py --shape "$sh" \
+                    --device $DEV --dtype $dtype --batch "$b" --prompt "$SPROMPT" --response "$SRESPONSE" --reps 1 \
+                    --out "$OUT/sample-hf-$name-$b.json"
+            fi
+        done
+    done
+fi
+
 echo "== 4. summary"
 phase summary 60 python3 scripts/gpu/summary.py "$OUT"
 exit $failed

@@ -54,16 +54,37 @@ def main() -> None:
         dev = c["device"] + (" (composites)" if c.get("composite") else "")
         md.append(f"| {Path(c['shape']).stem} | {dev} | {c['dtype']} | {c['logprobs_rel']:.2e} | {c['grads_rel_max']:.2e} | "
                   f"`{c['worst_grad']}` | {tol} | {result} |")
-    samplers = [c for c in (load(d / f"check-sampler{s}-{t}.json") for s in ("", "-0.6b") for t in ("f32", "bf16"))
-                if c]
+    samplers = [c for c in (load(d / f"check-sampler{s}-{t}.json") for s in ("-torch", "", "-0.6b")
+                            for t in ("f32", "bf16")) if c]
     if samplers:
         md += ["", "## Sampler against learner (behaviour log-probs, same device)\n",
                "| shape | device | dtype | max abs. diff (nats) | on the CPU in f32 | same tokens as the CPU | tolerance | result |",
                "|---|---|---|---|---|---|---|---|"]
         for c in samplers:
+            tol, result = (f"{c['tolerance']:g}", "pass" if c["pass"] else "FAIL") if c["tolerance"] is not None \
+                else ("none", "reported")
             md.append(f"| {Path(c['shape']).stem} | {c['device']} | {c['dtype']} | {c['max_abs']:.2e} | "
-                      f"{c['cpu_max_abs']:.2e} | {100 * c['same_tokens_frac']:.0f} % | {c['tolerance']:g} | "
-                      f"{'pass' if c['pass'] else 'FAIL'} |")
+                      f"{c['cpu_max_abs']:.2e} | {100 * c['same_tokens_frac']:.0f} % | {tol} | {result} |")
+    sampling = []
+    for p in sorted(d.glob("sample-torch-*.json")):
+        ours = load(p)
+        theirs = load(d / p.name.replace("sample-torch-", "sample-hf-"))
+        for r, kind in ((ours, "torch"), (theirs, "hf")):
+            if r:
+                r["peak_mib"] = peak(d / f"sample-{kind}-{p.stem.split('sample-torch-', 1)[1]}-peak-mib")
+        sampling.append({"r2vpo": ours, "transformers": theirs,
+                         "ratio": ours["tokens_per_s"] / theirs["tokens_per_s"] if theirs else None})
+    if sampling:
+        md += ["", "## Sampler: the torch backend against transformers' generate (T = 1, every row to full length)\n",
+               "| shape | dtype | batch × (prompt + response) | r2vpo tokens/s | transformers tokens/s | ratio | goal |",
+               "|---|---|---|---|---|---|---|"]
+        for x in sorted(sampling, key=lambda x: (x["r2vpo"]["shape"], x["r2vpo"]["batch"])):
+            o, t = x["r2vpo"], x["transformers"]
+            goal = "≥ 3×" if o["batch"] == 64 else ("≥ 5× (moonshot)" if o["batch"] == 256 else "–")
+            md.append(f"| {Path(o['shape']).stem} | {o['dtype']} | {o['batch']} × ({o['prompt']} + {o['response']}) | "
+                      f"{o['tokens_per_s']:.1f} | {t['tokens_per_s']:.1f} | {x['ratio']:.2f}× | {goal} |" if t else
+                      f"| {Path(o['shape']).stem} | {o['dtype']} | {o['batch']} × ({o['prompt']} + {o['response']}) | "
+                      f"{o['tokens_per_s']:.1f} | – | – | {goal} |")
     steps = {}
     for tag, title in [("", "Training step"), ("-ck", "Training step with gradient checkpointing, long rows")]:
         ours, theirs = stack(d, "r2vpo", tag), stack(d, "torch", tag)
@@ -120,7 +141,8 @@ def main() -> None:
     status = [s for s in status if s.strip()]
     if status:
         md += ["", "## Phases (exit code, seconds)\n", "```", *status, "```"]
-    summary = {"device": device, "checks": checks, "samplers": samplers, "steps": steps, "runs": runs,
+    summary = {"device": device, "checks": checks, "samplers": samplers, "sampling": sampling, "steps": steps,
+               "runs": runs,
                "phases": status}
     for name, text in [("summary.json", json.dumps(summary, indent=2)), ("summary.md", "\n".join(md) + "\n")]:
         tmp = d / (name + ".tmp")

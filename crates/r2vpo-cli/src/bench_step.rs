@@ -89,12 +89,13 @@ pub struct StepBenchArgs {
     /// forward through `Transformer::tail_entropy`, as `entropy_coef`).
     #[arg(long, default_value_t = 0.0)]
     pub entropy: f64,
-    /// Check the sampler instead (with `--check`): sample `--response`
+    /// The sampler instead of the training step: sample `--response`
     /// tokens at T = 1 from the batch's prompts (left-padded by `--pad`)
-    /// with the KV-cache decoder, and compare the behaviour log-probs it
-    /// records with the learner's recomputation of the same sequences, on
-    /// this device and on the CPU; fail beyond `--tolerance` (absolute, in
-    /// nats).
+    /// with the KV-cache decoder, every row to the full length, and report
+    /// generated tokens/s (median of `--reps` after a warm-up). With
+    /// `--check`: compare the behaviour log-probs it records with the
+    /// learner's recomputation of the same sequences, on this device and on
+    /// the CPU; fail beyond `--tolerance` (absolute, in nats).
     #[arg(long)]
     pub sampler: bool,
     /// Take turns with another benchmark through two named pipes, `WAIT,DONE`
@@ -281,7 +282,7 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         bail!("--turns takes turns timing steps: it takes no --check");
     }
     if a.sampler && !a.check {
-        bail!("--sampler is a check: give --check too");
+        return sampler_bench(a, &model, shape, "candle");
     }
     if a.check && a.sampler {
         return sampler_check(a, &cfg, &model, shape);
@@ -595,36 +596,135 @@ struct SamplerCheck {
 /// The behaviour log-probs the sampler records against the learner's
 /// recomputation of the sequences it sampled (the trainer's ratio is their
 /// difference), per device.
-fn sampler_check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, shape: String) -> Result<()> {
+/// The batch's prompts, row `i` left-padded by `--pad` (its first
+/// `lead(i)` tokens dropped), for the sampler.
+fn sampler_prompts(a: &StepBenchArgs, vocab: usize) -> Vec<Vec<u32>> {
+    (0..a.batch).map(|i| (lead(a, i)..a.prompt).map(|k| token(a, vocab, i, k)).collect()).collect()
+}
+
+/// `--response` tokens per prompt at T = 1 on `m`, every row to the full
+/// length (no EOS).
+fn sample_all<M: r2vpo_llm::decode::Decoder + ?Sized>(
+    m: &M,
+    a: &StepBenchArgs,
+    prompts: &[Vec<u32>],
+) -> Result<Vec<r2vpo_llm::sample::Generation>> {
     use r2vpo_llm::sample::{generate_ids, GenerationRequest, SamplingConfig};
+    let sampling = SamplingConfig { max_new_tokens: a.response, ..SamplingConfig::default() };
+    let gens = generate_ids(m, &GenerationRequest::batch(prompts, a.seed), &sampling, None, 0)?;
+    if let Some((i, g)) = gens.iter().enumerate().find(|(_, g)| g.token_ids.len() != a.response) {
+        bail!("row {i} sampled {} tokens, expected {}", g.token_ids.len(), a.response);
+    }
+    Ok(gens)
+}
+
+/// Prompt + sampled response of each row, left-padded to one width:
+/// token ids and attention mask `(B, W)` on `dev`.
+fn sampled_rows(
+    prompts: &[Vec<u32>],
+    gens: &[r2vpo_llm::sample::Generation],
+    w: usize,
+    dev: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let b = prompts.len();
+    let (mut ids, mut att) = (vec![0u32; b * w], vec![0u32; b * w]);
+    for (i, (g, pr)) in gens.iter().zip(prompts).enumerate() {
+        let row: Vec<u32> = pr.iter().chain(&g.token_ids).copied().collect();
+        let off = w - row.len();
+        ids[i * w + off..(i + 1) * w].copy_from_slice(&row);
+        att[i * w + off..(i + 1) * w].fill(1);
+    }
+    Ok((Tensor::from_vec(ids, (b, w), dev)?, Tensor::from_vec(att, (b, w), dev)?))
+}
+
+/// Largest |behaviour − learner| log-prob over the sampled tokens.
+fn worst_gap(gens: &[r2vpo_llm::sample::Generation], learner: &[Vec<f32>]) -> f64 {
+    let mut worst = 0.0f64;
+    for (g, row) in gens.iter().zip(learner) {
+        for (x, y) in g.model_logprobs.iter().zip(row) {
+            worst = worst.max((f64::from(*x) - f64::from(*y)).abs());
+        }
+    }
+    worst
+}
+
+/// What `--sampler` (without `--check`) measured.
+#[derive(Serialize)]
+struct SamplerBench {
+    stack: String,
+    backend: String,
+    shape: String,
+    parameters: usize,
+    device: String,
+    dtype: String,
+    batch: usize,
+    prompt: usize,
+    response: usize,
+    seconds: f64,
+    times_s: Vec<f64>,
+    tokens_per_s: f64,
+}
+
+/// `--sampler`: generated tokens/s of `m`, every row to `--response` tokens.
+fn sampler_bench<M: r2vpo_llm::decode::Decoder + ?Sized>(
+    a: &StepBenchArgs,
+    m: &M,
+    shape: String,
+    backend: &str,
+) -> Result<()> {
+    let prompts = sampler_prompts(a, m.config().vocab_size);
+    sample_all(m, a, &prompts)?; // warm-up
+    let mut times = Vec::new();
+    for _ in 0..a.reps.max(1) {
+        let t0 = Instant::now();
+        sample_all(m, a, &prompts)?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    let seconds = median(&mut times.clone());
+    let parameters = r2vpo_llm::model::transformer::expected_params(m.config())
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>())
+        .sum();
+    let res = SamplerBench {
+        stack: "r2vpo sampler".into(),
+        backend: backend.into(),
+        shape,
+        parameters,
+        device: a.device.clone(),
+        dtype: a.dtype.clone(),
+        batch: a.batch,
+        prompt: a.prompt,
+        response: a.response,
+        seconds,
+        tokens_per_s: (a.batch * a.response) as f64 / seconds,
+        times_s: times,
+    };
+    println!(
+        "r2vpo sampler on {} ({} parameters), {} {} {}, {} × ({} + {}) tokens at T = 1, median of {}",
+        res.shape,
+        res.parameters,
+        res.backend,
+        res.device,
+        res.dtype,
+        res.batch,
+        res.prompt,
+        res.response,
+        res.times_s.len()
+    );
+    println!("| seconds | tokens/s |\n|---|---|\n| {:.3} | {:.1} |", res.seconds, res.tokens_per_s);
+    r2vpo_report::atomic_write_json(&a.out, &res)?;
+    println!("written: {}", a.out.display());
+    Ok(())
+}
+
+fn sampler_check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, shape: String) -> Result<()> {
     let (b, p, r) = (a.batch, a.prompt, a.response);
-    let prompts: Vec<Vec<u32>> =
-        (0..b).map(|i| (lead(a, i)..p).map(|k| token(a, cfg.vocab_size, i, k)).collect()).collect();
-    let sampling = SamplingConfig { max_new_tokens: r, ..SamplingConfig::default() };
-    let reqs = GenerationRequest::batch(&prompts, a.seed);
+    let prompts = sampler_prompts(a, cfg.vocab_size);
     let run = |m: &Transformer| -> Result<(Vec<Vec<u32>>, f64)> {
-        let gens = generate_ids(m, &reqs, &sampling, None, 0)?;
-        let w = p + r;
-        let (mut ids, mut att) = (vec![0u32; b * w], vec![0u32; b * w]);
-        for (i, (g, pr)) in gens.iter().zip(&prompts).enumerate() {
-            if g.token_ids.len() != r {
-                bail!("row {i} sampled {} tokens, expected {r}", g.token_ids.len());
-            }
-            let row: Vec<u32> = pr.iter().chain(&g.token_ids).copied().collect();
-            let off = w - row.len();
-            ids[i * w + off..(i + 1) * w].copy_from_slice(&row);
-            att[i * w + off..(i + 1) * w].fill(1);
-        }
-        let dev = m.device();
-        let ids = Tensor::from_vec(ids, (b, w), dev)?;
-        let att = Tensor::from_vec(att, (b, w), dev)?;
+        let gens = sample_all(m, a, &prompts)?;
+        let (ids, att) = sampled_rows(&prompts, &gens, p + r, m.device())?;
         let lp: Vec<Vec<f32>> = m.score_tail_logprobs(&ids, &att, r)?.to_dtype(DType::F32)?.to_vec2()?;
-        let mut worst = 0.0f64;
-        for (g, row) in gens.iter().zip(&lp) {
-            for (x, y) in g.model_logprobs.iter().zip(row) {
-                worst = worst.max((f64::from(*x) - f64::from(*y)).abs());
-            }
-        }
+        let worst = worst_gap(&gens, &lp);
         Ok((gens.into_iter().map(|g| g.token_ids).collect(), worst))
     };
     let (toks, max_abs) =
@@ -683,8 +783,8 @@ fn torch_step(a: &StepBenchArgs, cfg: &ModelConfig) -> Result<()> {
     use r2vpo_llm::backend::torch::{torch_device, TorchBackend, TorchOptions};
     use r2vpo_llm::backend::{Backend, CandleBackend};
 
-    if a.composite || a.memory || a.sampler || a.turns.is_some() || a.score {
-        bail!("--backend torch times (or --check's) the training step: it takes no --composite, --memory, --sampler, --turns or --score");
+    if a.composite || a.memory || a.turns.is_some() || a.score {
+        bail!("--backend torch times (or --check's) the training step or the sampler: it takes no --composite, --memory, --turns or --score");
     }
     if a.batch == 0 || a.response == 0 || a.prompt == 0 {
         bail!("--batch, --prompt and --response must be at least 1");
@@ -697,6 +797,73 @@ fn torch_step(a: &StepBenchArgs, cfg: &ModelConfig) -> Result<()> {
     let optim = OptimConfig { lr: if a.check { 1e-4 } else { 1e-6 }, ..OptimConfig::default() };
     let random = || Transformer::new_random_with_std(cfg.clone(), a.seed, 0.02, DType::F32, &Device::Cpu);
     let mut be = TorchBackend::new(random()?, optim, TorchOptions { cuda, bf16, checkpointing: a.checkpoint })?;
+    let shape = a.shape.display().to_string();
+    if a.sampler {
+        if !a.check {
+            return sampler_bench(a, &be, shape, "torch");
+        }
+        // The torch sampler's behaviour log-probs against the torch
+        // learner's recomputation; candle's on the CPU in f32 beside them.
+        use r2vpo_llm::backend::Policy;
+        let (b, p, r) = (a.batch, a.prompt, a.response);
+        let prompts = sampler_prompts(a, cfg.vocab_size);
+        let gens = sample_all(&be, a, &prompts)?;
+        let (ids, att) = sampled_rows(&prompts, &gens, p + r, &Device::Cpu)?;
+        let ones = Tensor::ones((b, r), DType::F32, &Device::Cpu)?;
+        let mb = MicroBatch {
+            inputs: Inputs::Padded { ids, attention: att },
+            tail: r,
+            old_logp: ones.zeros_like()?,
+            advantages: ones.zeros_like()?,
+            mask: ones,
+            ref_logp: None,
+        };
+        let max_abs = worst_gap(&gens, &be.score(&mb)?.to_vec2::<f32>()?);
+        let cpu = random()?;
+        let cpu_gens = sample_all(&cpu, a, &prompts)?;
+        let (cids, catt) = sampled_rows(&prompts, &cpu_gens, p + r, &Device::Cpu)?;
+        let cpu_max_abs = worst_gap(&cpu_gens, &cpu.score_tail_logprobs(&cids, &catt, r)?.to_vec2::<f32>()?);
+        let same = gens
+            .iter()
+            .flat_map(|g| &g.token_ids)
+            .zip(cpu_gens.iter().flat_map(|g| &g.token_ids))
+            .filter(|(x, y)| x == y)
+            .count();
+        let pass = max_abs <= a.tolerance && max_abs.is_finite();
+        let res = SamplerCheck {
+            shape,
+            device: format!("torch {}", a.device),
+            dtype: a.dtype.clone(),
+            tokens: b * r,
+            max_abs,
+            cpu_max_abs,
+            same_tokens_frac: same as f64 / (b * r) as f64,
+            tolerance: a.tolerance,
+            pass,
+        };
+        println!(
+            "{} {} sampler vs learner, {}, {} tokens: max |Δ log-prob| {:.2e} (candle cpu f32: {:.2e}), same tokens as \
+             candle {:.0} %, tolerance {:.0e}: {}",
+            res.device,
+            res.dtype,
+            res.shape,
+            res.tokens,
+            res.max_abs,
+            res.cpu_max_abs,
+            100.0 * res.same_tokens_frac,
+            res.tolerance,
+            if pass { "pass" } else { "FAIL" }
+        );
+        r2vpo_report::atomic_write_json(&a.out, &res)?;
+        if !pass {
+            bail!(
+                "torch's sampler log-probs differ from its learner's beyond {:.0e} (written: {})",
+                a.tolerance,
+                a.out.display()
+            );
+        }
+        return Ok(());
+    }
     let x = batch(a, cfg.vocab_size, &Device::Cpu)?;
     let mb = MicroBatch {
         inputs: Inputs::Padded { ids: x.ids.clone(), attention: x.att.clone() },
@@ -710,6 +877,7 @@ fn torch_step(a: &StepBenchArgs, cfg: &ModelConfig) -> Result<()> {
     let obj = ObjectiveConfig::preset("r2vpo")?;
     // One optimizer step as the trainer takes it; the log-probs, the loss
     // and the gradient norm.
+
     let step_once = |be: &mut dyn Backend, apply: bool| -> Result<(Tensor, f64, f64)> {
         let fwd = be.forward(&mb, a.entropy != 0.0)?;
         let logp = candle_core::Var::from_tensor(&fwd.logp)?;
@@ -731,7 +899,6 @@ fn torch_step(a: &StepBenchArgs, cfg: &ModelConfig) -> Result<()> {
         be.synchronize()?;
         Ok((fwd.logp, loss.to_dtype(DType::F64)?.to_scalar::<f64>()?, norm))
     };
-    let shape = a.shape.display().to_string();
     if a.check {
         let mut cpu = CandleBackend::new(random()?, optim, false)?;
         let (mut logprobs_rel, mut grads_rel_max, mut worst_grad) = (0.0f64, 0.0f64, String::new());

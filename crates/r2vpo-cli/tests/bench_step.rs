@@ -58,6 +58,23 @@ fn the_samplers_log_probs_are_the_learners() {
     // A tolerance below f32 rounding fails, naming the device.
     let (ok, _, out) = check(&["--sampler", "--tolerance", "0"]);
     assert!(!ok && out.contains("sampler log-probs differ"), "{out}");
+    // Without --check, the sampler is timed: every row to the full length.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sampler.json");
+    let st = Command::new(env!("CARGO_BIN_EXE_r2vpo"))
+        .current_dir(root())
+        .args(["--threads", "2", "bench", "step", "--shape", "configs/shapes/qwen3-tiny.json", "--sampler"])
+        .args(["--batch", "2", "--prompt", "8", "--response", "6", "--reps", "2", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(
+        (v["backend"].as_str(), v["batch"].as_u64(), v["response"].as_u64()),
+        (Some("candle"), Some(2), Some(6))
+    );
+    assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0, "{v}");
 }
 
 /// `scripts/hf/turns.py` running two real `bench step`s that take turns

@@ -38,6 +38,29 @@ fn the_torch_step_matches_candles_over_two_steps_and_is_timed() {
     assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0 && v["loss"].as_f64().unwrap().is_finite(), "{v}");
 }
 
+/// The torch sampler through the binary: its behaviour log-probs against
+/// the torch learner's recomputation (and candle's tokens beside them),
+/// then its tokens/s.
+#[test]
+fn the_torch_sampler_is_checked_and_timed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = ["--threads", "2", "bench", "step", "--shape", "configs/shapes/qwen3-tiny.json", "--backend", "torch"];
+    let shape = ["--batch", "3", "--prompt", "12", "--response", "10", "--pad", "4", "--sampler"];
+    let out = tmp.path().join("sampler-check.json");
+    let (ok, log) =
+        r2vpo(&[&base[..], &shape, &["--check", "--tolerance", "1e-5", "--out", out.to_str().unwrap()]].concat());
+    assert!(ok, "{log}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert!(v["pass"].as_bool().unwrap() && v["max_abs"].as_f64().unwrap() < 1e-5, "{v}");
+    assert_eq!((v["tokens"].as_u64(), v["same_tokens_frac"].as_f64()), (Some(30), Some(1.0)), "{v}");
+    let out = tmp.path().join("sampler.json");
+    let (ok, log) = r2vpo(&[&base[..], &shape, &["--reps", "2", "--out", out.to_str().unwrap()]].concat());
+    assert!(ok, "{log}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!((v["backend"].as_str(), v["times_s"].as_array().map(Vec::len)), (Some("torch"), Some(2)), "{v}");
+    assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0, "{v}");
+}
+
 #[test]
 fn llm_train_runs_on_the_torch_backend() {
     let tmp = tempfile::tempdir().unwrap();
