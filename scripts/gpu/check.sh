@@ -221,8 +221,8 @@ smoke=(llm train --config configs/llm/gpu-smoke.toml --no-export --set "model.to
     --set sampling.max_new_tokens=16)
 echo "== 3. llm train end to end: configs/llm/gpu-smoke.toml on $DEV"
 if [ $tbin = 1 ]; then
-    # The learner on the torch backend (sampling on its candle copy on the
-    # CPU until libtorch decoding lands): learning tokens/s on the device.
+    # Sampling and learning on the torch backend, on the device: rollout
+    # and learning tokens/s and their shares of an iteration.
     PEAK=1 phase train-torch-e2e 300 "$TBIN" "${smoke[@]}" --set model.backend=torch --out "$W/torch-e2e"
     [ -f "$W/torch-e2e/metrics.jsonl" ] && cp "$W/torch-e2e/metrics.jsonl" "$OUT/train-torch-e2e-metrics.jsonl"
 fi

@@ -272,8 +272,7 @@ pub struct ModelSource {
     /// binary built with candle's CUDA backend (the `cuda` feature); the
     /// model's fused CPU kernels give way to their differentiable
     /// composites there (`model::ops`). With `backend = "torch"` the
-    /// learner lives there and sampling runs on a candle copy on the CPU
-    /// until libtorch decoding lands.
+    /// learner lives and samples there.
     pub device: String,
     /// The dtype forwards and backwards compute in: `f32`, or `bf16` for
     /// mixed precision (weights, gradients and AdamW moments stay f32; each
@@ -334,8 +333,9 @@ impl ModelSource {
     pub fn device(&self) -> TrainResult<candle_core::Device> {
         match self.backend {
             BackendKind::Candle => crate::model::open_device(&self.device).map_err(|m| bad("model.device", m)),
-            // The candle model is the sampler's copy, on the CPU; the
-            // learner's device is the torch backend's.
+            // The candle model only carries the weights into the torch
+            // backend (and is the KL reference), on the CPU; the learner's
+            // device is the torch backend's.
             BackendKind::Torch => Ok(candle_core::Device::Cpu),
         }
     }
