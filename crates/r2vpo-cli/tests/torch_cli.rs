@@ -87,6 +87,25 @@ fn llm_train_runs_on_the_torch_backend() {
     }
     let (ok, log) = r2vpo(&args);
     assert!(ok, "{log}");
+    // Asynchronously, actor threads sample on torch policies of their own
+    // (the learner's weights copied in); with max_staleness = 0 that is the
+    // synchronous run, metric for metric.
+    let arun = tmp.path().join("async");
+    let mut aargs: Vec<&str> =
+        args.iter().map(|a| if *a == run.to_str().unwrap() { arun.to_str().unwrap() } else { a }).collect();
+    aargs.extend(["--async", "--set", "actors.max_staleness=0"]);
+    let (ok, log) = r2vpo(&aargs);
+    assert!(ok, "{log}");
+    let figures = |dir: &std::path::Path| -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+        text.lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                serde_json::json!([v["reward_mean"], v["response_len_mean"], v["loss"], v["grad_norm"], v["sq_dev"]])
+            })
+            .collect()
+    };
+    assert_eq!(figures(&arun), figures(&run), "async (torch actors) differs from the synchronous torch run");
     let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().count(), 2, "{metrics}");
     let cfg = std::fs::read_to_string(run.join("config.toml")).unwrap();

@@ -41,7 +41,6 @@ use std::time::{Duration, Instant};
 
 use super::metrics::QueueMetrics;
 use super::{load_policy, Actor, DataPosition, Event, Outcome, TrainConfig, TrainError, TrainResult, Trainer};
-use crate::backend::Policy;
 use crate::queue::{EntryLimits, ExperienceQueue, GroupEntry, QueueError};
 use crate::rollout::RolloutSource;
 use crate::weights::{Fetched, WeightChannel, Weights, WeightsError};
@@ -217,7 +216,7 @@ fn actor_loop(
 ) -> TrainResult<()> {
     let owner = format!("{name}-{}-{}", std::process::id(), derived_owner_nonce());
     let lease = Duration::from_secs_f64(cfg.queue.lease_s);
-    let (policy, _) = load_policy(&cfg.model)?;
+    let policy = super::new_policy(cfg, load_policy(&cfg.model)?.0)?;
     let mut have: Option<u64> = None;
     let mut positions = Positions::new();
     let mut warn = |w: String| eprintln!("warning: {w}");
@@ -266,7 +265,7 @@ fn actor_loop(
         };
         have = Some(version);
         let mut pos = positions.start_of(&mut actor, b, cfg.prompts_per_iter)?;
-        let produced = actor.produce(&policy, b, &mut pos, version);
+        let produced = actor.produce(policy.as_ref(), b, &mut pos, version);
         on_events(actor.take_events());
         let produced = produced?;
         let Some(slot) = retrying(name, &mut warn, &mut alive, || queue.publish_batch(b, &owner, &produced.entries))?

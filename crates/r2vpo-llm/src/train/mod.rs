@@ -265,6 +265,16 @@ pub fn load_policy(src: &ModelSource) -> TrainResult<(Transformer, Tokenizer)> {
     Ok((model, tok))
 }
 
+/// A policy on the backend `cfg.model.backend` names, holding `model`'s
+/// weights, for sampling and scoring only (an actor's, the KL reference):
+/// the candle model itself, or a torch model without optimizer state.
+fn new_policy(cfg: &TrainConfig, model: Transformer) -> TrainResult<Box<dyn Policy>> {
+    Ok(match cfg.model.backend {
+        BackendKind::Candle => Box::new(model),
+        BackendKind::Torch => new_backend(cfg, model)?,
+    })
+}
+
 /// The learner `cfg.model.backend` names, holding `model`'s weights.
 fn new_backend(cfg: &TrainConfig, model: Transformer) -> TrainResult<Box<dyn Backend>> {
     Ok(match cfg.model.backend {
@@ -331,8 +341,7 @@ impl Trainer {
 
     fn build(cfg: TrainConfig, run_dir: &Path, reward_fn: Box<dyn RewardFn>, progress: Progress) -> TrainResult<Self> {
         let (model, tok) = load_policy(&cfg.model)?;
-        let reference: Option<Box<dyn Policy>> =
-            if cfg.ref_kl.coef > 0.0 { Some(Box::new(load_policy(&cfg.model)?.0)) } else { None };
+        let reference = if cfg.ref_kl.coef > 0.0 { Some(new_policy(&cfg, load_policy(&cfg.model)?.0)?) } else { None };
         let evaluating = cfg.eval_at_start || cfg.eval_at_end || cfg.eval_every > 0;
         // Prompt + response must fit the model's context; a generation
         // budget that leaves no room for any prompt is a config error.
