@@ -552,8 +552,14 @@ fn check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, x: &Batch, s
         tolerance: a.tolerance,
         pass,
     };
+    report_check(a, &res, "CPU")
+}
+
+/// Prints and writes a `--check` of a step against `reference` (what ran
+/// the f32 CPU side) and fails beyond `--tolerance`.
+fn report_check(a: &StepBenchArgs, res: &CheckResult, reference: &str) -> Result<()> {
     println!(
-        "{}{} {} vs cpu f32, {}{}{}, two steps: log-probs {:.2e}, gradients {:.2e} (worst: {}; norms {:.4?} \
+        "{}{} {} vs {reference} f32, {}{}{}, two steps: log-probs {:.2e}, gradients {:.2e} (worst: {}; norms {:.4?} \
          / {:.4?}), tolerance {:.0e}: {}",
         res.device,
         if res.composite { " (composites)" } else { "" },
@@ -567,11 +573,11 @@ fn check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, x: &Batch, s
         res.grad_norm,
         res.cpu_grad_norm,
         res.tolerance,
-        if pass { "pass" } else { "FAIL" }
+        if res.pass { "pass" } else { "FAIL" }
     );
-    r2vpo_report::atomic_write_json(&a.out, &res)?;
-    if !pass {
-        bail!("{} differs from the CPU beyond {:.0e} (written: {})", res.device, a.tolerance, a.out.display());
+    r2vpo_report::atomic_write_json(&a.out, res)?;
+    if !res.pass {
+        bail!("{} differs from the {reference} beyond {:.0e} (written: {})", res.device, a.tolerance, a.out.display());
     }
     Ok(())
 }
@@ -744,9 +750,15 @@ fn sampler_check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, shap
         tolerance: a.tolerance,
         pass,
     };
+    report_sampler_check(a, &res, "cpu")
+}
+
+/// Prints and writes a sampler check (`reference` names what the CPU side
+/// ran) and fails beyond `--tolerance`.
+fn report_sampler_check(a: &StepBenchArgs, res: &SamplerCheck, reference: &str) -> Result<()> {
     println!(
-        "{} {} sampler vs learner, {}, {} tokens: max |Δ log-prob| {:.2e} (cpu f32: {:.2e}), same tokens as the cpu \
-         {:.0} %, tolerance {:.0e}: {}",
+        "{} {} sampler vs learner, {}, {} tokens: max |Δ log-prob| {:.2e} ({reference} f32: {:.2e}), same tokens as \
+         {reference} {:.0} %, tolerance {:.0e}: {}",
         res.device,
         res.dtype,
         res.shape,
@@ -755,10 +767,10 @@ fn sampler_check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, shap
         res.cpu_max_abs,
         100.0 * res.same_tokens_frac,
         res.tolerance,
-        if pass { "pass" } else { "FAIL" }
+        if res.pass { "pass" } else { "FAIL" }
     );
-    r2vpo_report::atomic_write_json(&a.out, &res)?;
-    if !pass {
+    r2vpo_report::atomic_write_json(&a.out, res)?;
+    if !res.pass {
         bail!(
             "{}'s sampler log-probs differ from its learner's beyond {:.0e} (written: {})",
             res.device,
@@ -841,28 +853,7 @@ fn torch_step(a: &StepBenchArgs, cfg: &ModelConfig) -> Result<()> {
             tolerance: a.tolerance,
             pass,
         };
-        println!(
-            "{} {} sampler vs learner, {}, {} tokens: max |Δ log-prob| {:.2e} (candle cpu f32: {:.2e}), same tokens as \
-             candle {:.0} %, tolerance {:.0e}: {}",
-            res.device,
-            res.dtype,
-            res.shape,
-            res.tokens,
-            res.max_abs,
-            res.cpu_max_abs,
-            100.0 * res.same_tokens_frac,
-            res.tolerance,
-            if pass { "pass" } else { "FAIL" }
-        );
-        r2vpo_report::atomic_write_json(&a.out, &res)?;
-        if !pass {
-            bail!(
-                "torch's sampler log-probs differ from its learner's beyond {:.0e} (written: {})",
-                a.tolerance,
-                a.out.display()
-            );
-        }
-        return Ok(());
+        return report_sampler_check(a, &res, "candle cpu");
     }
     let x = batch(a, cfg.vocab_size, &Device::Cpu)?;
     let mb = MicroBatch {
@@ -941,30 +932,7 @@ fn torch_step(a: &StepBenchArgs, cfg: &ModelConfig) -> Result<()> {
             tolerance: a.tolerance,
             pass,
         };
-        println!(
-            "{} {} vs candle cpu f32, {}, two steps: log-probs {:.2e}, gradients {:.2e} (worst: {}; norms {:.4?} / {:.4?}), \
-             tolerance {:.0e}: {}",
-            res.device,
-            res.dtype,
-            res.shape,
-            res.logprobs_rel,
-            res.grads_rel_max,
-            res.worst_grad,
-            res.grad_norm,
-            res.cpu_grad_norm,
-            res.tolerance,
-            if pass { "pass" } else { "FAIL" }
-        );
-        r2vpo_report::atomic_write_json(&a.out, &res)?;
-        if !pass {
-            bail!(
-                "torch {} differs from candle's CPU beyond {:.0e} (written: {})",
-                a.device,
-                a.tolerance,
-                a.out.display()
-            );
-        }
-        return Ok(());
+        return report_check(a, &res, "candle CPU");
     }
     let mut times = Vec::new();
     let mut loss = 0.0;

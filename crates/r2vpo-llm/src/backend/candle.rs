@@ -9,7 +9,7 @@ use candle_core::{DType, Tensor};
 use super::adamw::{global_norm, AdamW, OptimConfig};
 use super::batch::{Inputs, MicroBatch};
 use super::{Backend, Forward, Policy};
-use crate::model::{on_pool, CheckpointedTail, ModelConfig, ModelError, Result, Transformer};
+use crate::model::{on_pool, CheckpointedTail, ModelConfig, Result, Transformer};
 use crate::sample::{Generation, GenerationRequest, SamplingConfig};
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
@@ -60,20 +60,8 @@ impl Policy for Transformer {
 
     fn load(&self, weights: &Weights) -> Result<()> {
         for (n, v) in self.named_vars() {
-            let mismatch = |message: String| ModelError::Mismatch { tensor: n.clone(), message };
-            let w = weights
-                .tensors
-                .get(&n)
-                .ok_or_else(|| mismatch(format!("missing from weight version {}", weights.version)))?;
             let live = v.as_tensor();
-            if w.dims() != live.dims() {
-                return Err(mismatch(format!(
-                    "shape {:?} in weight version {}, {:?} in this model",
-                    w.dims(),
-                    weights.version,
-                    live.dims()
-                )));
-            }
+            let w = weights.get(&n, live.dims())?;
             v.set(&w.to_dtype(live.dtype())?.to_device(live.device())?)?;
         }
         Ok(())

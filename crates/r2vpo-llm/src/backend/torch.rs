@@ -618,19 +618,8 @@ impl Policy for TorchBackend {
         let mut st = self.lock();
         guarded("torch load", || {
             for (i, n) in self.names.iter().enumerate() {
-                let mismatch = |message: String| ModelError::Mismatch { tensor: n.clone(), message };
-                let w = weights
-                    .tensors
-                    .get(n)
-                    .ok_or_else(|| mismatch(format!("missing from weight version {}", weights.version)))?;
                 let want: Vec<usize> = st.params[i].size().iter().map(|&d| d as usize).collect();
-                if w.dims() != want.as_slice() {
-                    return Err(mismatch(format!(
-                        "shape {:?} in weight version {}, {want:?} in this model",
-                        w.dims(),
-                        weights.version
-                    )));
-                }
+                let w = weights.get(n, &want)?;
                 let src = to_torch(w, self.device)?;
                 tch::no_grad(|| st.params[i].f_copy_(&src)).map_err(torch_err)?;
             }
