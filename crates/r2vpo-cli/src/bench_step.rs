@@ -156,6 +156,56 @@ struct CheckResult {
     pass: bool,
 }
 
+/// Two sides' figures accumulated over a `--check`'s steps: the largest
+/// relative differences and each side's gradient norms.
+#[derive(Default)]
+struct Comparison {
+    logprobs_rel: f64,
+    grads_rel_max: f64,
+    worst_grad: String,
+    grad_norm: Vec<f64>,
+    cpu_grad_norm: Vec<f64>,
+}
+
+impl Comparison {
+    fn log_probs(&mut self, lp: &Tensor, reference: &Tensor) -> Result<()> {
+        self.logprobs_rel = self.logprobs_rel.max(rel_diff(lp, reference)?);
+        Ok(())
+    }
+
+    fn gradient(&mut self, name: &str, step: usize, g: &Tensor, reference: &Tensor) -> Result<()> {
+        let d = rel_diff(g, reference)?;
+        if self.worst_grad.is_empty() || d > self.grads_rel_max {
+            (self.grads_rel_max, self.worst_grad) = (d, format!("{name} (step {step})"));
+        }
+        Ok(())
+    }
+
+    fn norms(&mut self, norm: f64, reference: f64) {
+        self.grad_norm.push(norm);
+        self.cpu_grad_norm.push(reference);
+    }
+
+    /// The report of `a`'s check of `shape` on `device`.
+    fn result(self, a: &StepBenchArgs, shape: String, device: String, composite: bool) -> CheckResult {
+        CheckResult {
+            shape,
+            device,
+            composite,
+            dtype: a.dtype.clone(),
+            pad: a.pad,
+            entropy: a.entropy,
+            pass: self.logprobs_rel <= a.tolerance && self.grads_rel_max <= a.tolerance,
+            logprobs_rel: self.logprobs_rel,
+            grads_rel_max: self.grads_rel_max,
+            worst_grad: self.worst_grad,
+            grad_norm: self.grad_norm,
+            cpu_grad_norm: self.cpu_grad_norm,
+            tolerance: a.tolerance,
+        }
+    }
+}
+
 fn parse_dtype(s: &str) -> Result<DType> {
     match s {
         "f32" => Ok(DType::F32),
@@ -510,49 +560,28 @@ fn check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, x: &Batch, s
     // forward/backward again, so the optimizer's path is compared too.
     let optim = OptimConfig { lr: 1e-4, ..OptimConfig::default() };
     let (mut opt, mut cpu_opt) = (AdamW::new(model.named_vars(), optim)?, AdamW::new(cpu.named_vars(), optim)?);
-    let (mut logprobs_rel, mut grads_rel_max, mut worst_grad) = (0.0f64, 0.0f64, String::new());
-    let (mut norms, mut cpu_norms) = (vec![], vec![]);
+    let mut cmp = Comparison::default();
     for step in 1..=2 {
         // As the trainer does: the passes on rayon's pool, the gradients
         // read and the optimizer stepped on this thread. On a GPU that
         // checks the work of two threads is ordered (`open_device`).
         let (lp, _, g) = r2vpo_llm::model::on_pool(|| forward_backward(model, x, a))?;
         let (cpu_lp, _, cpu_g) = forward_backward(&cpu, &cpu_x, &reference)?;
-        logprobs_rel = logprobs_rel.max(rel_diff(&lp, &cpu_lp)?);
+        cmp.log_probs(&lp, &cpu_lp)?;
         for (((name, _), g), cg) in model.named_vars().iter().zip(&g).zip(&cpu_g) {
-            let d = match (g, cg) {
-                (Some(g), Some(cg)) => rel_diff(g, cg)?,
-                (None, None) => 0.0,
+            match (g, cg) {
+                (Some(g), Some(cg)) => cmp.gradient(name, step, g, cg)?,
+                (None, None) => {}
                 _ => bail!("`{name}` has a gradient on one device only"),
-            };
-            if worst_grad.is_empty() || d > grads_rel_max {
-                (grads_rel_max, worst_grad) = (d, format!("{name} (step {step})"));
             }
         }
-        norms.push(global_norm(&g)?);
-        cpu_norms.push(global_norm(&cpu_g)?);
+        cmp.norms(global_norm(&g)?, global_norm(&cpu_g)?);
         if step == 1 {
             apply(&mut opt, &g)?;
             apply(&mut cpu_opt, &cpu_g)?;
         }
     }
-    let pass = logprobs_rel <= a.tolerance && grads_rel_max <= a.tolerance;
-    let res = CheckResult {
-        shape,
-        device: a.device.clone(),
-        composite: a.composite,
-        dtype: a.dtype.clone(),
-        pad: a.pad,
-        entropy: a.entropy,
-        logprobs_rel,
-        grads_rel_max,
-        worst_grad,
-        grad_norm: norms,
-        cpu_grad_norm: cpu_norms,
-        tolerance: a.tolerance,
-        pass,
-    };
-    report_check(a, &res, "CPU")
+    report_check(a, &cmp.result(a, shape, a.device.clone(), a.composite), "CPU")
 }
 
 /// Prints and writes a `--check` of a step against `reference` (what ran
@@ -892,22 +921,17 @@ fn torch_step(a: &StepBenchArgs, cfg: &ModelConfig) -> Result<()> {
     };
     if a.check {
         let mut cpu = CandleBackend::new(random()?, optim, false)?;
-        let (mut logprobs_rel, mut grads_rel_max, mut worst_grad) = (0.0f64, 0.0f64, String::new());
-        let (mut norms, mut cpu_norms) = (vec![], vec![]);
+        let mut cmp = Comparison::default();
         for step in 1..=2 {
             let (lp, _, n) = step_once(&mut be, false)?;
             let (cpu_lp, _, cn) = step_once(&mut cpu, false)?;
-            logprobs_rel = logprobs_rel.max(rel_diff(&lp, &cpu_lp)?);
+            cmp.log_probs(&lp, &cpu_lp)?;
             let (g, cg) = (be.gradients()?, cpu.gradients()?);
             for (name, cgr) in &cg {
                 let gr = g.get(name).with_context(|| format!("`{name}` has a gradient on the CPU only"))?;
-                let d = rel_diff(gr, cgr)?;
-                if worst_grad.is_empty() || d > grads_rel_max {
-                    (grads_rel_max, worst_grad) = (d, format!("{name} (step {step})"));
-                }
+                cmp.gradient(name, step, gr, cgr)?;
             }
-            norms.push(n);
-            cpu_norms.push(cn);
+            cmp.norms(n, cn);
             if step == 1 {
                 be.step(optim.clip_scale(n))?;
                 cpu.step(optim.clip_scale(cn))?;
@@ -916,23 +940,7 @@ fn torch_step(a: &StepBenchArgs, cfg: &ModelConfig) -> Result<()> {
                 cpu.zero_grad();
             }
         }
-        let pass = logprobs_rel <= a.tolerance && grads_rel_max <= a.tolerance;
-        let res = CheckResult {
-            shape,
-            device: format!("torch {}", a.device),
-            composite: false,
-            dtype: a.dtype.clone(),
-            pad: a.pad,
-            entropy: a.entropy,
-            logprobs_rel,
-            grads_rel_max,
-            worst_grad,
-            grad_norm: norms,
-            cpu_grad_norm: cpu_norms,
-            tolerance: a.tolerance,
-            pass,
-        };
-        return report_check(a, &res, "candle CPU");
+        return report_check(a, &cmp.result(a, shape, format!("torch {}", a.device), false), "candle CPU");
     }
     let mut times = Vec::new();
     let mut loss = 0.0;

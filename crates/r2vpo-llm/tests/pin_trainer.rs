@@ -40,24 +40,15 @@ use std::sync::Mutex;
 
 use candle_core::{DType, Device, Tensor};
 use r2vpo_kernels::Matmul;
-use r2vpo_llm::data::Problem;
 use r2vpo_llm::model::{kernels, Architecture, ModelConfig, Transformer};
-use r2vpo_llm::sample::Generation;
-use r2vpo_llm::train::{IterMetrics, ModelSource, Outcome, RewardFn, Scored, TrainConfig, Trainer};
+use r2vpo_llm::train::{IterMetrics, Outcome, TrainConfig, Trainer};
+
+mod common;
+
+use common::train::EvenTokens;
 
 /// The tests here switch the process's kernel choice: one at a time.
 static KERNEL_CHOICE: Mutex<()> = Mutex::new(());
-
-/// Fraction of even token ids: a dense reward a random model moves on.
-struct EvenTokens;
-
-impl RewardFn for EvenTokens {
-    fn score(&self, _: &Problem, g: &Generation) -> Scored {
-        let n = g.token_ids.len().max(1) as f64;
-        let even = g.token_ids.iter().filter(|&&t| t % 2 == 0).count() as f64 / n;
-        Scored { reward: even, correct: even > 0.5 }
-    }
-}
 
 /// [`r2vpo_report::golden::report`] into this build's test folder.
 fn report(line: &str) {
@@ -65,31 +56,16 @@ fn report(line: &str) {
 }
 
 fn config(algo: &str) -> TrainConfig {
-    let gguf = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(gguf.exists(), "{} missing (run `make deps`)", gguf.display());
     let mut c = TrainConfig {
-        model: ModelSource::tiny_random(gguf.to_string_lossy().into_owned(), 7),
-        iterations: 4,
-        prompts_per_iter: 4,
-        group_size: 4,
-        rollout_batch: 16,
-        minibatch_size: 8,
-        micro_batch_size: 4,
         checkpoint_every: 0,
         histogram_every: 0,
         eval_at_start: false,
         eval_at_end: false,
-        ..TrainConfig::default()
+        ..common::train::tiny(4)
     };
-    c.sampling.max_new_tokens = 6;
-    c.optim.lr = 3e-3;
-    c.data.count = 50;
     c.replay.minibatch_size = 8;
     c.replay.capacity_iters = 2;
-    // The algorithm table, applied as `--algo` applies it.
-    let a = r2vpo::algo::find(algo).unwrap();
-    a.objective.apply(&mut c.objective);
-    c.mode = a.mode;
+    let mut c = common::train::with_algo(c, algo);
     // A λ that moves fast enough to matter within four iterations.
     c.dual.eta = 5.0;
     c

@@ -16,18 +16,19 @@
 #![cfg(feature = "torch")]
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
 use candle_core::{DType, Device, Tensor};
 use r2vpo_kernels::distance;
 use r2vpo_llm::backend::torch::{TorchBackend, TorchOptions};
 use r2vpo_llm::backend::{batch, Backend, CandleBackend, MicroBatch, OptimConfig, Policy};
-use r2vpo_llm::data::Problem;
 use r2vpo_llm::experience::Sample;
 use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
-use r2vpo_llm::sample::Generation;
-use r2vpo_llm::train::{BackendKind, IterMetrics, ModelSource, Outcome, RewardFn, Scored, TrainConfig, Trainer};
+use r2vpo_llm::train::{BackendKind, IterMetrics, ModelSource, Outcome, TrainConfig, Trainer};
+
+mod common;
+
+use common::train::EvenTokens;
 
 const BOUND: f64 = 1e-5;
 
@@ -216,41 +217,19 @@ fn weights_round_trip_and_mismatches_are_named() {
     }
 }
 
-/// Fraction of even token ids: a dense reward a random model moves on.
-struct EvenTokens;
-
-impl RewardFn for EvenTokens {
-    fn score(&self, _: &Problem, g: &Generation) -> Scored {
-        let n = g.token_ids.len().max(1) as f64;
-        let even = g.token_ids.iter().filter(|&&t| t % 2 == 0).count() as f64 / n;
-        Scored { reward: even, correct: even > 0.5 }
-    }
-}
-
 /// The pinned trainer's configuration (tests/pin_trainer.rs) on `backend`.
 fn train_config(backend: BackendKind, iterations: usize) -> TrainConfig {
-    let gguf = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(gguf.exists(), "{} missing (run `make deps`)", gguf.display());
-    let mut c = TrainConfig {
-        model: ModelSource { backend, ..ModelSource::tiny_random(gguf.to_string_lossy().into_owned(), 7) },
-        iterations,
-        prompts_per_iter: 4,
-        group_size: 4,
-        rollout_batch: 16,
-        minibatch_size: 8,
-        micro_batch_size: 4,
+    let tiny = common::train::tiny(iterations);
+    TrainConfig {
+        model: ModelSource { backend, ..tiny.model.clone() },
         checkpoint_every: 1,
         histogram_every: 0,
         eval_at_start: false,
         eval_at_end: false,
         share_prompt_prefix: false,
         entropy_coef: 0.01,
-        ..TrainConfig::default()
-    };
-    c.sampling.max_new_tokens = 6;
-    c.optim.lr = 3e-3;
-    c.data.count = 50;
-    c
+        ..tiny
+    }
 }
 
 fn metrics(dir: &std::path::Path) -> Vec<serde_json::Value> {

@@ -591,8 +591,10 @@ impl Policy for TorchBackend {
         guarded("torch score", || {
             let (ids, targets, c, r) = self.inputs(batch)?;
             let st = self.lock();
+            // The casts decoding uses: made once per change of the weights,
+            // not once per scored micro-batch.
+            let p = self.inference_params(&st);
             let lp = tch::no_grad(|| {
-                let p = self.compute_params(&st.params);
                 let (hs, _) = self.stack(&p, &ids, &c, r, false);
                 self.head_values(&p, &hs, &targets, false).0
             });

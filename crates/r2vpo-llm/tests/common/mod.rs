@@ -1,7 +1,10 @@
-//! Shared by the sampling tests: a peaked tiny model and the learner's
-//! full-sequence recomputation of sampled tokens' log-probs.
+//! Shared by the sampling tests (a peaked tiny model and the learner's
+//! full-sequence recomputation of sampled tokens' log-probs) and the trainer
+//! tests (the tiny seeded run and its reward, in [`train`]).
 
 #![allow(dead_code)]
+
+pub mod train;
 
 use candle_core::{DType, Device, Tensor};
 use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
