@@ -280,7 +280,7 @@ pub(crate) fn fnv1a(text: &str) -> u64 {
 /// One question in eight (by hash of the normalised text) belongs to the
 /// held-out evaluation split; the rest to training.
 fn is_eval_question(question: &str) -> bool {
-    fnv1a(&normalize_question(question)) % 8 == 0
+    fnv1a(&normalize_question(question)).is_multiple_of(8)
 }
 
 /// Generates `config.count` distinct arithmetic problems, deterministic in

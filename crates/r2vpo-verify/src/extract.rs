@@ -327,7 +327,7 @@ pub fn last_math_span(text: &str) -> Option<String> {
         .replace("\\[", "$")
         .replace("\\]", "$");
     let segments: Vec<&str> = text.split('$').collect();
-    if segments.len() % 2 == 0 {
+    if segments.len().is_multiple_of(2) {
         return None;
     }
     segments.iter().skip(1).step_by(2).rev().map(|s| s.trim()).find(|s| !s.is_empty()).map(str::to_string)

@@ -77,7 +77,7 @@ pub fn gae(
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     cfg.validate()?;
     let len = rewards.len();
-    if n_envs == 0 || len % n_envs != 0 {
+    if n_envs == 0 || !len.is_multiple_of(n_envs) {
         return Err(Error::Shape(format!("gae: {len} rewards do not form a (T, {n_envs}) rollout")));
     }
     for (name, l) in [
@@ -174,7 +174,7 @@ fn check_groups(rewards: &[f32], group_size: usize) -> Result<()> {
     if group_size == 0 {
         return Err(Error::InvalidConfig { field: "group_size".into(), message: "must be >= 1".into() });
     }
-    if rewards.len() % group_size != 0 {
+    if !rewards.len().is_multiple_of(group_size) {
         return Err(Error::Shape(format!(
             "{} rewards are not a whole number of groups of {group_size}",
             rewards.len()

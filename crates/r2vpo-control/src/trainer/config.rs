@@ -134,7 +134,7 @@ impl TrainConfig {
             }
         }
         let segments = self.batch_size * self.minibatches;
-        if segments % self.num_envs != 0 {
+        if !segments.is_multiple_of(self.num_envs) {
             return Err(config_err(
                 "batch_size",
                 format!(

@@ -272,20 +272,20 @@ impl ModelConfig {
             }
         }
         let kv = self.kv_heads();
-        if kv == 0 || self.num_attention_heads % kv != 0 {
+        if kv == 0 || !self.num_attention_heads.is_multiple_of(kv) {
             return Err(err(
                 "num_key_value_heads",
                 format!("{kv} does not divide num_attention_heads {}", self.num_attention_heads),
             ));
         }
-        if self.head_dim.is_none() && self.hidden_size % self.num_attention_heads != 0 {
+        if self.head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(err(
                 "hidden_size",
                 format!("{} is not a multiple of num_attention_heads {}", self.hidden_size, self.num_attention_heads),
             ));
         }
         let hd = self.head_dim();
-        if hd == 0 || hd % 2 != 0 {
+        if hd == 0 || !hd.is_multiple_of(2) {
             return Err(err("head_dim", format!("{hd} must be positive and even for RoPE")));
         }
         if !(self.rms_norm_eps > 0.0 && self.rms_norm_eps.is_finite()) {

@@ -507,13 +507,13 @@ impl Trainer {
         on_event(Event::Iteration(m));
         let it = self.progress.iteration;
         let last = it == self.cfg.iterations;
-        if self.cfg.eval_every > 0 && it % self.cfg.eval_every == 0 && !last {
+        if self.cfg.eval_every > 0 && it.is_multiple_of(self.cfg.eval_every) && !last {
             self.evaluate(on_event)?;
         }
         if last && self.cfg.eval_at_end {
             self.evaluate(on_event)?;
         }
-        let due = self.cfg.checkpoint_every > 0 && it % self.cfg.checkpoint_every == 0;
+        let due = self.cfg.checkpoint_every > 0 && it.is_multiple_of(self.cfg.checkpoint_every);
         let stopping = stop.load(Ordering::SeqCst);
         if due || last || stopping {
             let p = self.save_checkpoint()?;
@@ -660,7 +660,7 @@ impl Trainer {
         // Update phase.
         on_event(Event::Phase { iter, name: "update" });
         let t_train = Instant::now();
-        let hist_on = self.cfg.histogram_every > 0 && iter % self.cfg.histogram_every == 0;
+        let hist_on = self.cfg.histogram_every > 0 && iter.is_multiple_of(self.cfg.histogram_every);
         let mut hist = metrics::HistogramSet::new(hist_on, self.cfg.histogram_range, self.cfg.mode);
         if queue.is_some() && self.cfg.mode == Mode::Off {
             hist.set_unit("weight_version");
