@@ -24,15 +24,94 @@ pub enum Existing {
     Resume,
 }
 
-/// Creates (or, per `existing`, reuses or empties) the run folder `path`.
-/// Call it only after the command's config has validated, so a rejected
-/// command leaves no empty folder behind.
+/// The lock file inside every run folder ([`RunLock`]). Hidden, and never
+/// committed (`.gitignore`); [`open_run_folder`] does not count it as a
+/// file the folder holds.
+pub const LOCK_FILE: &str = ".r2vpo-lock";
+
+/// A run folder held by one process: an advisory `flock` on
+/// [`LOCK_FILE`], whose text names the holder (pid, host, start time,
+/// command) for the refusal another process gets. The kernel drops a
+/// `flock` when its process ends however it ends (SIGKILL, power loss on
+/// a local disk), so a lock file left by a dead process is stale by
+/// construction: the next command takes it. On drop the text is cleared
+/// and the lock released; the file stays (unlinking it would let two
+/// processes lock two different files of one name).
+#[derive(Debug)]
+pub struct RunLock {
+    file: std::fs::File,
+}
+
+impl RunLock {
+    /// Takes the lock of the folder `dir` (which exists), or says who holds it.
+    fn take(dir: &Path) -> Result<RunLock, ReportError> {
+        use std::io::{Read, Seek, Write};
+        let path = dir.join(LOCK_FILE);
+        let folder = |message: String| ReportError::OutputFolder { path: dir.to_path_buf(), message };
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| folder(format!("cannot open its lock file {LOCK_FILE}: {e}")))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let holder = holder.trim();
+                let holder = if holder.is_empty() { "another process (starting up)" } else { holder };
+                return Err(folder(format!(
+                    "is in use by {holder}; two processes writing one run folder corrupt its logs and \
+                     checkpoints: stop that one first (SIGTERM writes a checkpoint), or choose another --out"
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(folder(format!("cannot lock {LOCK_FILE}: {e}")));
+            }
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "an unnamed host".into());
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let command: Vec<String> = std::env::args().collect();
+        let text = format!("pid {} on {host} (since unix time {since}): {}\n", std::process::id(), command.join(" "));
+        file.set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| file.write_all(text.as_bytes()))
+            .and_then(|()| file.flush())
+            .map_err(|e| folder(format!("cannot write its lock file {LOCK_FILE}: {e}")))?;
+        Ok(RunLock { file })
+    }
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        let _ = self.file.set_len(0);
+        let _ = self.file.unlock();
+    }
+}
+
+/// Creates (or, per `existing`, reuses or empties) the run folder `path`
+/// and takes its lock ([`RunLock`], held by the returned [`RunDir`]): a
+/// folder another live process holds is refused, naming that process,
+/// before anything in it is touched, also for `--overwrite` and
+/// `--resume`. Call it only after the command's config has validated, so
+/// a rejected command leaves no empty folder behind.
 pub fn open_run_folder(path: &Path, existing: Existing) -> Result<RunDir, ReportError> {
     let folder = |message: String| ReportError::OutputFolder { path: path.to_path_buf(), message };
     if path.exists() && !path.is_dir() {
         return Err(folder("exists and is not a folder".into()));
     }
-    let holds_files = std::fs::read_dir(path).is_ok_and(|mut d| d.next().is_some());
+    let holds_files =
+        std::fs::read_dir(path).is_ok_and(|d| d.flatten().any(|e| e.file_name() != std::ffi::OsStr::new(LOCK_FILE)));
+    // The folder's current holder is asked first: even `--overwrite` may
+    // not delete the files of a run that is still writing them.
+    let held = if path.is_dir() { Some(RunLock::take(path)?) } else { None };
     if holds_files {
         match existing {
             Existing::Refuse => {
@@ -43,15 +122,33 @@ pub fn open_run_folder(path: &Path, existing: Existing) -> Result<RunDir, Report
                 ))
             }
             Existing::Overwrite => {
-                std::fs::remove_dir_all(path).map_err(|e| folder(format!("cannot empty it: {e}")))?
+                // Everything but the lock file, which stays locked: a
+                // process starting meanwhile is refused.
+                for entry in std::fs::read_dir(path).map_err(|e| folder(format!("cannot empty it: {e}")))?.flatten() {
+                    if entry.file_name() == std::ffi::OsStr::new(LOCK_FILE) {
+                        continue;
+                    }
+                    let p = entry.path();
+                    let removed = if p.is_dir() && !p.is_symlink() {
+                        std::fs::remove_dir_all(&p)
+                    } else {
+                        std::fs::remove_file(&p)
+                    };
+                    removed.map_err(|e| folder(format!("cannot empty it ({}): {e}", p.display())))?;
+                }
             }
             Existing::Resume => {}
         }
     }
-    RunDir::create(path).map_err(|e| match e {
+    let run = RunDir::create(path).map_err(|e| match e {
         ReportError::Io { source, .. } => folder(format!("cannot create it: {source}")),
         other => other,
-    })
+    })?;
+    let lock = match held {
+        Some(l) => l,
+        None => RunLock::take(path)?,
+    };
+    Ok(run.holding(lock))
 }
 
 /// Which signal asked the run to stop.
@@ -116,6 +213,12 @@ impl Stop {
     /// The flag itself, for loops that take an `&AtomicBool`.
     pub fn flag(&self) -> &AtomicBool {
         &self.any
+    }
+
+    /// The flag, shared, for a value that outlives this borrow (a channel
+    /// that must stop waiting when a signal arrives).
+    pub fn shared(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.any)
     }
 
     /// The signal that asked to stop, if one did.
@@ -283,6 +386,33 @@ mod tests {
         assert!(out.join("metrics.jsonl").exists());
         open_run_folder(&out, Existing::Overwrite).unwrap();
         assert!(out.exists() && !out.join("metrics.jsonl").exists());
+    }
+
+    /// One process at a time: a held folder is refused for a fresh run,
+    /// `--overwrite` and `--resume` alike, naming the holder, and nothing
+    /// in it is deleted; once the holder is gone the folder opens again.
+    #[test]
+    fn a_held_run_folder_is_refused_naming_its_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("run");
+        let first = open_run_folder(&out, Existing::Refuse).unwrap();
+        std::fs::write(out.join("metrics.jsonl"), "{}\n").unwrap();
+        for existing in [Existing::Refuse, Existing::Overwrite, Existing::Resume] {
+            let e = open_run_folder(&out, existing).unwrap_err().to_string();
+            assert!(e.contains("is in use by pid") && e.contains(&std::process::id().to_string()), "{e}");
+        }
+        assert!(out.join("metrics.jsonl").exists(), "a refused --overwrite deleted the running run's files");
+        let clone = first.clone();
+        drop(first);
+        assert!(open_run_folder(&out, Existing::Resume).is_err(), "a clone still holds the folder");
+        drop(clone);
+        assert_eq!(std::fs::read_to_string(out.join(LOCK_FILE)).unwrap(), "", "the holder's name outlived it");
+        let again = open_run_folder(&out, Existing::Resume).unwrap();
+        assert!(out.join("metrics.jsonl").exists());
+        drop(again);
+        // A folder holding only a (stale) lock file counts as empty.
+        std::fs::remove_file(out.join("metrics.jsonl")).unwrap();
+        open_run_folder(&out, Existing::Refuse).unwrap();
     }
 
     #[test]

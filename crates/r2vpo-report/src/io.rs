@@ -91,17 +91,26 @@ pub fn atomic_write_json<T: Serialize + ?Sized>(path: &Path, value: &T) -> Resul
 }
 
 /// A run's output folder: resolved config, metric logs, checkpoints, plots.
+/// One opened by [`crate::edge::open_run_folder`] holds the folder's lock
+/// (shared by its clones) until the last clone is dropped.
 #[derive(Clone, Debug)]
 pub struct RunDir {
     root: PathBuf,
+    lock: Option<std::sync::Arc<crate::edge::RunLock>>,
 }
 
 impl RunDir {
-    /// Creates (or reuses) the folder `root`.
+    /// Creates (or reuses) the folder `root`, without taking its lock.
     pub fn create(root: impl Into<PathBuf>) -> Result<Self, ReportError> {
         let root = root.into();
         fs::create_dir_all(&root).map_err(io_err(&root))?;
-        Ok(Self { root })
+        Ok(Self { root, lock: None })
+    }
+
+    /// This folder, holding `lock` for as long as it (or a clone) lives.
+    pub(crate) fn holding(mut self, lock: crate::edge::RunLock) -> Self {
+        self.lock = Some(std::sync::Arc::new(lock));
+        self
     }
 
     /// The folder itself.
