@@ -127,14 +127,28 @@ fn served_logprobs_equal_the_learners_and_weight_pushes_take_effect() {
     assert!(max_gap(&m8, &PROMPT, &cs) < TOL, "after the push the new weights serve");
     assert!(max_gap(&m7, &PROMPT, &cs) > 1e-2, "and the old ones no longer do");
 
-    // A push that does not load keeps the old weights serving.
+    // A push that does not load keeps the old weights serving; so does
+    // one whose config.json declares fewer layers than its tensors hold
+    // (it would load, as another model).
+    let fewer = tiny_dir(&tmp.path().join("fewer"), 9);
+    let config = fewer.join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("\"num_hidden_layers\": 2"), "{text}");
+    std::fs::write(&config, text.replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1")).unwrap();
     for bad in [
         json!({"model_path": tmp.path().join("missing").to_str().unwrap(), "weight_version": "4"}),
         json!({"model_path": 5}),
+        json!({"model_path": fewer.to_str().unwrap(), "weight_version": "4"}),
     ] {
         let (code, v) = post(&format!("{}/update_weights_from_disk", s.url), &bad);
         assert_eq!(code, 400, "{v}");
-        assert!(v["error"]["message"].as_str().unwrap().len() > 10, "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.len() > 10, "{v}");
+        if bad["model_path"].as_str() == fewer.to_str() {
+            assert!(message.contains("num_hidden_layers") && message.contains("declares 1 layers"), "{v}");
+            assert!(message.contains("tensors of 2") && message.contains("model.layers.1."), "{v}");
+            assert!(message.contains("still serving weight version 3"), "{v}");
+        }
     }
     let (_, v4) = post(&url, &completion(&PROMPT, 4, 12, 1.0, 5));
     assert_eq!(v4["weight_version"], "3");

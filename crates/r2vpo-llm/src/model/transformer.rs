@@ -417,8 +417,12 @@ impl SplitMix {
 impl Transformer {
     /// Builds a model from Hugging Face-named tensors. Every expected tensor
     /// must be present with its exact shape; it is converted to `dtype` on
-    /// `device`. Extra tensors (e.g. `lm_head.weight` of a tied model) are
-    /// ignored. `path` names the source in errors.
+    /// `device`. Extra tensors outside the layers (e.g. `lm_head.weight` of
+    /// a tied model) are ignored, but a layer tensor the config does not
+    /// describe is refused: `config.json` then disagrees with the weights
+    /// (fewer layers declared than stored, biases or norms it does not
+    /// know), and loading would silently build a different model. `path`
+    /// names the source in errors.
     pub fn from_tensors(
         config: ModelConfig,
         mut tensors: HashMap<String, Tensor>,
@@ -453,6 +457,7 @@ impl Transformer {
                 data.insert(name, var);
             }
         }
+        Self::refuse_unknown_layer_tensors(&config, tensors.keys(), path)?;
         let params = Self::params_from(&config, &vars);
         let inv_freq = config.inv_freq().into_iter().map(|f| f as f32).collect();
         Ok(Transformer {
@@ -465,6 +470,42 @@ impl Transformer {
             logits_chunk: DEFAULT_LOGITS_CHUNK,
             device: device.clone(),
         })
+    }
+
+    /// The check of [`Transformer::from_tensors`]: `left` are the tensors
+    /// the config did not ask for. Old Llama exports store the RoPE
+    /// frequencies per layer (`rotary_emb.inv_freq`): derived, so allowed.
+    fn refuse_unknown_layer_tensors<'a>(
+        config: &ModelConfig,
+        left: impl Iterator<Item = &'a String>,
+        path: &Path,
+    ) -> Result<()> {
+        let mut unknown: Vec<&String> =
+            left.filter(|n| n.starts_with("model.layers.") && !n.ends_with("rotary_emb.inv_freq")).collect();
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        unknown.sort();
+        let layer_of = |n: &str| n.strip_prefix("model.layers.")?.split('.').next()?.parse::<usize>().ok();
+        let stored = unknown.iter().filter_map(|n| layer_of(n)).max().map_or(0, |l| l + 1);
+        let (field, message) = if stored > config.num_hidden_layers {
+            let message = format!(
+                "the config declares {} layers, but these weights hold tensors of {stored} (e.g. `{}`): the config \
+                 does not describe these weights",
+                config.num_hidden_layers, unknown[0]
+            );
+            ("num_hidden_layers", message)
+        } else {
+            let message = format!(
+                "these weights hold {} layer tensor(s) that a `{}` model has no place for (e.g. `{}`): the config \
+                 does not describe these weights",
+                unknown.len(),
+                config.model_type,
+                unknown[0]
+            );
+            ("model_type", message)
+        };
+        Err(ModelError::Config { path: path.to_path_buf(), field: field.into(), message })
     }
 
     /// A randomly initialised model (uniform weights of std 0.02, norms at
