@@ -41,15 +41,46 @@ pub fn suite_dir(explicit: Option<&Path>) -> PathBuf {
 
 static LOGGING: Once = Once::new();
 
-/// Stops MuJoCo from appending its warnings to `MUJOCO_LOG.TXT` in the
-/// working directory; they still go to stderr. Called before every model load,
-/// effective once per process.
+/// MuJoCo warnings about dm_control's own model files that no user can act
+/// on, dropped instead of printed on every command: cheetah.xml's
+/// `<compiler settotalmass="14"/>` (deprecated in MuJoCo 3.x but still
+/// applied, so the model is dm_control's).
+const SUITE_DEPRECATIONS: [&str; 1] = ["compiler attribute 'settotalmass' is deprecated"];
+
+/// MuJoCo's messages on stderr, as its console handler prints them (only
+/// the unfiltered info topic), less
+/// [`SUITE_DEPRECATIONS`]; and none in a `MUJOCO_LOG.TXT` file in the
+/// working directory.
+fn mujoco_message(m: &MjLogMessage) {
+    let subject = m.subject();
+    if m.level() == MjtLogLevel::mjLOG_WARNING && SUITE_DEPRECATIONS.iter().any(|d| subject.contains(d)) {
+        return;
+    }
+    let level = match m.level() {
+        MjtLogLevel::mjLOG_ERROR => "ERROR",
+        MjtLogLevel::mjLOG_WARNING => "WARNING",
+        // The hook enables every info topic; MuJoCo's own console shows
+        // only the unfiltered ones, and so does this.
+        _ if m.topic() != MjtLogTopic::mjTOPIC_NONE => return,
+        MjtLogLevel::mjLOG_INFO => "INFO",
+        MjtLogLevel::mjLOG_DEBUG => "DEBUG",
+    };
+    match m.body() {
+        Some(body) if !body.is_empty() => eprintln!("{level}: {subject}\n{body}"),
+        _ => eprintln!("{level}: {subject}"),
+    }
+}
+
+/// Routes MuJoCo's messages through [`mujoco_message`]: to stderr, never
+/// to a `MUJOCO_LOG.TXT` file in the working directory, without the
+/// suite's known deprecations. Called before every model load, effective
+/// once per process.
 pub fn quiet_mujoco_log_file() {
     LOGGING.call_once(|| {
-        // SAFETY: the log configuration is a MuJoCo global. This crate calls
-        // it before loading its first model, and `Once` makes concurrent
+        // SAFETY: the log handler is a MuJoCo global. This crate sets it
+        // before loading its first model, and `Once` makes concurrent
         // callers wait, so no thread of ours steps or loads a model meanwhile.
-        unsafe { set_log_config(log_config().with_logto_file(false)) };
+        unsafe { set_log_handler(mujoco_message) };
     });
 }
 
