@@ -52,9 +52,10 @@ impl RunArgs {
     }
 }
 
-/// A run ended early by SIGINT/SIGTERM after writing a checkpoint: the
-/// binary prints it and exits with the signal's code (130 / 143), so
-/// scripts can tell it from a finished run (exit 0) and from a failure (1).
+/// A run ended early by SIGINT/SIGTERM after writing a checkpoint (or a
+/// process that keeps none, an actor, ended by one): the binary prints it
+/// and exits with the signal's code (130 / 143), so scripts can tell it
+/// from a finished run (exit 0) and from a failure (1).
 #[derive(Debug)]
 pub struct Stopped {
     /// The signal.
@@ -63,15 +64,38 @@ pub struct Stopped {
     pub resume: String,
 }
 
-impl std::fmt::Display for Stopped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = match self.signal {
-            StopSignal::Interrupt => "SIGINT",
-            StopSignal::Terminate => "SIGTERM",
-        };
-        write!(f, "stopped by {name}; checkpoint written. Continue with: {}", self.resume)
+impl Stopped {
+    /// A process without a checkpoint of its own (an `llm actor`), stopped
+    /// by `signal`; `restart` is the command that starts it again.
+    pub fn without_checkpoint(signal: StopSignal, restart: String) -> NoCheckpoint {
+        NoCheckpoint(Stopped { signal, resume: restart })
     }
 }
+
+/// [`Stopped`] for a process that keeps no checkpoint.
+#[derive(Debug)]
+pub struct NoCheckpoint(pub Stopped);
+
+fn signal_name(s: StopSignal) -> &'static str {
+    match s {
+        StopSignal::Interrupt => "SIGINT",
+        StopSignal::Terminate => "SIGTERM",
+    }
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stopped by {}; checkpoint written. Continue with: {}", signal_name(self.signal), self.resume)
+    }
+}
+
+impl std::fmt::Display for NoCheckpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stopped by {}. Restart with: {}", signal_name(self.0.signal), self.0.resume)
+    }
+}
+
+impl std::error::Error for NoCheckpoint {}
 
 impl std::error::Error for Stopped {}
 

@@ -205,8 +205,7 @@ pub fn train(a: &TrainArgs) -> Result<()> {
 
 /// `r2vpo control eval`.
 pub fn eval(a: &EvalArgs) -> Result<()> {
-    let (cfg, net, stats) =
-        load_policy(&a.run.join("checkpoints")).with_context(|| format!("loading {}", a.run.display()))?;
+    let (cfg, net, stats) = load_policy(&a.run.join("checkpoints")).context("loading the run's policy")?;
     if a.episodes == 0 {
         bail!("--episodes must be at least 1");
     }

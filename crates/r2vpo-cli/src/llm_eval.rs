@@ -165,9 +165,9 @@ fn run_eval(
     let problems =
         load_problems(&cfg.data).with_context(|| format!("data `{}` (config table `[data]`)", cfg.data.path))?;
     let hint = if model_path == Path::new(DEFAULT_MODEL) { " (run `make deps`)" } else { "" };
-    let model = load_model(model_path, DType::F32, &Device::Cpu)
-        .with_context(|| format!("loading model {}{hint}", model_path.display()))?;
-    let tok = Tokenizer::load(model_path).with_context(|| format!("loading tokenizer of {}", model_path.display()))?;
+    let model = load_model(model_path, DType::F32, &Device::Cpu).with_context(|| format!("loading the model{hint}"))?;
+    // The errors below name the file they could not read.
+    let tok = Tokenizer::load(model_path).context("loading its tokenizer")?;
     let run = open_run_folder(out, existing)?;
     // Written first, so an interrupted evaluation still says what it was.
     run.write_config(&config::to_toml(cfg)?)?;
@@ -265,10 +265,18 @@ mod tests {
         v.iter().map(|s| s.to_string()).collect()
     }
 
+    /// The shipped config spells out the defaults, but for the lenient
+    /// answer extraction of the arithmetic training configs.
     #[test]
-    fn shipped_config_is_the_default() {
+    fn shipped_config_is_the_default_with_the_arithmetic_configs_extraction() {
         let c = load_config(Some(&root().join("configs/llm/eval-arith.toml")), &[]).unwrap();
-        assert_eq!(c, EvalConfig::default(), "configs/llm/eval-arith.toml and EvalConfig::default() must agree");
+        let mut want = EvalConfig::default();
+        want.verify.format = r2vpo_verify::AnswerFormat::Auto;
+        assert_eq!(c, want, "configs/llm/eval-arith.toml and EvalConfig::default() must agree");
+        let train =
+            crate::llm_train::load_config(Some(&root().join("configs/llm/smollm2-arith.toml")), None, None, &[])
+                .unwrap();
+        assert_eq!(c.verify.format, train.verify.format, "eval-arith.toml scores unlike the arithmetic training");
     }
 
     #[test]

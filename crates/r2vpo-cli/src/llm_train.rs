@@ -32,7 +32,9 @@ pub struct TrainArgs {
     /// `config.toml` plus any `--set` (e.g. `--set iterations=40`).
     #[arg(long, conflicts_with_all = ["config", "algo", "seed", "out"])]
     pub resume: Option<PathBuf>,
-    /// Do not export the final policy as a Hugging Face folder (`RUN/model`).
+    /// Do not export the final policy as a Hugging Face folder (`RUN/model`);
+    /// sets `export = false`, which the run's config.toml keeps for
+    /// `--resume`.
     #[arg(long)]
     pub no_export: bool,
     /// Asynchronous actor–learner (`--set actors.async=true`): actor
@@ -78,11 +80,24 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     if a.asynchronous || role == Role::Learn {
         sets.insert(0, "actors.async=true".into());
     }
+    if a.no_export {
+        sets.push("export=false".into());
+    }
+    let command = if role == Role::Learn { "learn" } else { "train" };
     let (cfg, dir, resume) = match &a.resume {
         Some(dir) => {
             let file = dir.join("config.toml");
             if !file.exists() {
                 bail!("{} has no config.toml: not a run folder", dir.display());
+            }
+            if r2vpo_llm::train::checkpoint::latest(dir)?.is_none() {
+                bail!(
+                    "{} has no checkpoint to resume from (the run stopped before its first one); start it afresh \
+                     with: r2vpo llm {command} --config {} --out {} --overwrite",
+                    dir.display(),
+                    file.display(),
+                    dir.display()
+                );
             }
             (load_config(Some(&file), None, None, &sets)?, dir.clone(), true)
         }
@@ -111,6 +126,8 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     }
     let existing = if resume { Existing::Resume } else { a.run.existing() };
     let fresh_folder = !dir.exists();
+    // Held until this process ends: a second `--resume` or `--overwrite`
+    // of a live run is refused before it touches the folder or the stream.
     let run = open_run_folder(&dir, existing)?;
     if cfg.queue.backend == QueueBackend::Redis && cfg.actors.asynchronous {
         if let Err(e) = take_queue(&cfg, &dir, resume) {
@@ -164,6 +181,13 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         Event::Phase { name, iter } => {
             if !a.run.quiet {
                 progress.status(iter as u64, &format!("{name}…  {last}"));
+                if name == "eval" {
+                    // An evaluation takes minutes and moves no bar.
+                    progress.println(&format!(
+                        "evaluating after {iter} iterations: avg@{} on the held-out problems…",
+                        cfg.eval.k
+                    ));
+                }
             }
         }
         Event::Iteration(m) => {
@@ -184,7 +208,8 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         let open = open_queue(&cfg, &dir)?;
         let wdir = cfg.queue.weights_dir.as_ref().map_or_else(|| dir.join("actor-weights"), PathBuf::from);
         let weights =
-            SharedWeights::open(open_owned(&cfg.queue, &dir).map_err(|e| anyhow::anyhow!("queue.url: {e}"))?, &wdir)?;
+            SharedWeights::open(open_owned(&cfg.queue, &dir).map_err(|e| anyhow::anyhow!("queue.url: {e}"))?, &wdir)?
+                .with_stop(stop.shared());
         trainer.run_learner(&*open, &weights, stop.flag(), &mut on_event)
     } else if cfg.actors.asynchronous {
         let open = open_queue(&cfg, &dir)?;
@@ -203,8 +228,7 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         trainer.run(stop.flag(), &mut on_event)
     };
     progress.finish();
-    let resume_with =
-        format!("r2vpo llm {} --resume {}", if role == Role::Learn { "learn" } else { "train" }, dir.display());
+    let resume_with = format!("r2vpo llm {command} --resume {}", dir.display());
     let outcome = outcome.map_err(|e| {
         // A run that failed mid-way (every rollout server gone, its queue
         // emptied) keeps its newest checkpoint: say how to go on from it.
@@ -230,7 +254,7 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
             }
         }
     }
-    if !a.no_export {
+    if cfg.export {
         let out = dir.join("model");
         trainer.export(&out).with_context(|| format!("exporting the policy to {}", out.display()))?;
         println!("policy (Hugging Face folder): {}", out.display());
@@ -314,9 +338,11 @@ fn open_queue(cfg: &TrainConfig, dir: &Path) -> Result<Box<QueueOpener>> {
     })
 }
 
-/// A handle on the Redis queue `q` names (`url`, `key`, `tls_ca`).
+/// A handle on the Redis queue `q` names (`url`, `key`, `tls_ca`), each
+/// call bounded by `timeout_s`.
 fn open_redis(q: &QueueConfig) -> Result<RedisQueue, QueueError> {
-    RedisQueue::open_tls(&q.url, &q.key, q.tls_ca.as_deref().map(Path::new))
+    Ok(RedisQueue::open_tls(&q.url, &q.key, q.tls_ca.as_deref().map(Path::new))?
+        .with_timeout(Duration::from_secs_f64(q.timeout_s)))
 }
 
 /// [`open_redis`] for the run in `dir`, once it owns the stream: a stream
@@ -372,19 +398,14 @@ pub fn actor(a: &ActorArgs) -> Result<()> {
         );
     }
     let name = a.name.clone().unwrap_or_else(|| format!("actor-{}", std::process::id()));
-    // The run that owns the stream now (its learner's folder, as that
-    // machine names it): checked on every reconnection, so a stream emptied
-    // under the run stops this actor with the reason instead of refilling
-    // it from batch 0. Unknown (no learner yet, Redis down): not checked.
-    let owner = redis_queue(&cfg)?.owner().ok().flatten();
-    let owned = |q: RedisQueue| match &owner {
-        Some(o) => q.with_owner(o.clone()),
-        None => q,
-    };
-    let mut queue = owned(redis_queue(&cfg)?);
-    // The learner announces where each version lives; this folder is unused.
-    let weights = SharedWeights::open(owned(redis_queue(&cfg)?), Path::new("."))?;
     let stop = Stop::install().context("installing the SIGINT/SIGTERM handlers")?;
+    // The run that owns the stream (its learner's folder, as that machine
+    // names it), adopted when first seen and checked every second after,
+    // so a stream emptied under the run stops this actor with the reason
+    // instead of refilling it from batch 0.
+    let mut queue = redis_queue(&cfg)?.following_owner();
+    // The learner announces where each version lives; this folder is unused.
+    let weights = SharedWeights::open(redis_queue(&cfg)?.following_owner(), Path::new("."))?.with_stop(stop.shared());
     eprintln!("{name}: producing for stream `{}` at {}", cfg.queue.key, r2vpo_queue::hide_password(&cfg.queue.url));
     let source: Option<Box<dyn RolloutSource>> = match cfg.rollout.backend {
         RolloutBackend::Http => {
@@ -394,7 +415,13 @@ pub fn actor(a: &ActorArgs) -> Result<()> {
         RolloutBackend::Local => None,
     };
     run_actor(&cfg, &name, &mut queue, &weights, source, stop.flag()).with_context(|| format!("actor {name}"))?;
-    eprintln!("{name}: the run has ended");
+    if let Some(signal) = stop.requested() {
+        // The run goes on without this actor: its batch, if it held one,
+        // goes to another actor when the lease runs out.
+        let restart = format!("r2vpo llm actor --config {} (the run goes on without this actor)", a.config.display());
+        return Err(Stopped::without_checkpoint(signal, restart).into());
+    }
+    eprintln!("{name}: the learner ended the run");
     Ok(())
 }
 

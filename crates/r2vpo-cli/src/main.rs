@@ -405,12 +405,16 @@ fn main() -> ExitCode {
     }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => match e.downcast_ref::<args::Stopped>() {
-            Some(s) => {
+        Err(e) => match (e.downcast_ref::<args::Stopped>(), e.downcast_ref::<args::NoCheckpoint>()) {
+            (Some(s), _) => {
                 eprintln!("{s}");
                 ExitCode::from(s.signal.exit_code())
             }
-            None => {
+            (None, Some(s)) => {
+                eprintln!("{s}");
+                ExitCode::from(s.0.signal.exit_code())
+            }
+            (None, None) => {
                 eprintln!("error: {}", error_chain(&e));
                 ExitCode::FAILURE
             }

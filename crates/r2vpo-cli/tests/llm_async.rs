@@ -373,6 +373,219 @@ impl Drop for Reaper {
     }
 }
 
+/// `llm actor --name NAME` on the run whose resolved config is `resolved`,
+/// its stderr in `log`.
+fn actor(resolved: &Path, name: &str, log: std::fs::File) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_r2vpo"))
+        .current_dir(root())
+        .args(["llm", "actor", "--config"])
+        .arg(resolved)
+        .args(["--name", name])
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until `path` exists (the learner has written its config.toml).
+fn wait_for_file(path: &Path) {
+    let t0 = Instant::now();
+    while !path.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The exit status of `child`, which must come within `limit`.
+fn exits_within(child: &mut Child, limit: Duration, what: &str) -> std::process::ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(t0.elapsed() < limit, "{what} did not exit within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// `FLUSHALL` under a live `llm learn` + `llm actor` (an operator, or
+/// eviction under `maxmemory`): no reconnection happens, so only the
+/// periodic ownership check sees it. Both processes stop within seconds
+/// with the reason; the learner, which had no checkpoint yet, writes one
+/// and names `llm learn --resume`, which then finishes the run to the
+/// synchronous run's metrics.
+#[test]
+fn keys_deleted_under_a_live_run_stop_learner_and_actor_with_a_checkpoint() {
+    let (tmp, cfg, want) = setup();
+    let redis = Redis::start_anywhere(tmp.path());
+    let url = redis.url();
+    let run = tmp.path().join("flushed");
+    let log = |name: &str| std::fs::File::create(tmp.path().join(name)).unwrap();
+    // No checkpoint falls due before the wipe: the one it causes is the first.
+    let mut learner = learn(&cfg, &run, &url)
+        .args(["--set", "checkpoint_every=100", "--set", "queue.lease_s=2"])
+        .stdout(Stdio::null())
+        .stderr(log("learner.log"))
+        .spawn()
+        .unwrap();
+    let mut reaper = Reaper(vec![learner.id()]);
+    let resolved = run.join("config.toml");
+    wait_for_file(&resolved);
+    let mut a0 = actor(&resolved, "a0", log("a0.log"));
+    reaper.0.push(a0.id());
+    let t0 = Instant::now();
+    while metrics(&run).len() < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(300), "the run never got going");
+        assert!(learner.try_wait().unwrap().is_none(), "{}", read(&tmp.path().join("learner.log")));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!run.join("checkpoints/latest").exists(), "a checkpoint was due before the wipe");
+    redis.flush_all();
+    let status = exits_within(&mut learner, Duration::from_secs(60), "the learner");
+    let err = read(&tmp.path().join("learner.log"));
+    assert!(!status.success(), "the learner went on over an emptied queue: {err}");
+    assert!(err.contains("was emptied"), "{err}");
+    assert!(err.contains(&format!("continue with: r2vpo llm learn --resume {}", run.display())), "{err}");
+    assert!(run.join("checkpoints/latest").exists(), "the learner stopped without a checkpoint: {err}");
+    let status = exits_within(&mut a0, Duration::from_secs(60), "the actor");
+    let err = read(&tmp.path().join("a0.log"));
+    assert!(!status.success() && err.contains("was emptied"), "{err}");
+    assert!(metrics(&run).len() < ITERATIONS, "the run finished before the wipe");
+
+    let mut learner = Command::new(env!("CARGO_BIN_EXE_r2vpo"))
+        .current_dir(root())
+        .args(["llm", "learn", "--resume"])
+        .arg(&run)
+        .args(["--no-export", "--quiet"])
+        .stderr(log("learner-2.log"))
+        .spawn()
+        .unwrap();
+    reaper.0.push(learner.id());
+    let mut a1 = actor(&resolved, "a1", log("a1.log"));
+    reaper.0.push(a1.id());
+    let status = exits_within(&mut learner, Duration::from_secs(300), "the resumed learner");
+    assert!(status.success(), "{}", read(&tmp.path().join("learner-2.log")));
+    assert!(exits_within(&mut a1, Duration::from_secs(30), "the second actor").success());
+    assert_eq!(metrics(&run), want, "the run resumed after the wipe differs from llm train");
+}
+
+/// Redis hangs (SIGSTOP: connections stay open, nothing answers): the
+/// learner and the actor say they are waiting instead of blocking in
+/// silence, and SIGTERM still ends each at once, the learner with a
+/// checkpoint and its resume command.
+#[test]
+fn a_hung_redis_is_reported_and_signals_still_stop_learner_and_actor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path());
+    let redis = Redis::start_anywhere(tmp.path());
+    let run = tmp.path().join("hung");
+    let log = |name: &str| std::fs::File::create(tmp.path().join(name)).unwrap();
+    let mut learner = learn(&cfg, &run, &redis.url())
+        .args(["--set", "queue.timeout_s=1"])
+        .stdout(Stdio::null())
+        .stderr(log("learner.log"))
+        .spawn()
+        .unwrap();
+    let mut reaper = Reaper(vec![learner.id()]);
+    let resolved = run.join("config.toml");
+    wait_for_file(&resolved);
+    let mut a0 = actor(&resolved, "a0", log("a0.log"));
+    reaper.0.push(a0.id());
+    wait_for_checkpoint(&mut learner, &run, 2);
+    redis.freeze(true);
+    let t0 = Instant::now();
+    while !read(&tmp.path().join("learner.log")).contains("retrying with back-off") {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", read(&tmp.path().join("learner.log")));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (child, name) in [(&mut learner, "learner"), (&mut a0, "a0")] {
+        // SAFETY: signals a child this test started.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = exits_within(child, Duration::from_secs(30), name);
+        let err = read(&tmp.path().join(format!("{name}.log")));
+        assert_eq!(status.code(), Some(143), "{name}: {err}");
+        assert!(err.contains("stopped by SIGTERM"), "{name}: {err}");
+    }
+    let err = read(&tmp.path().join("learner.log"));
+    assert!(err.contains(&format!("Continue with: r2vpo llm learn --resume {}", run.display())), "{err}");
+    assert!(!err.contains("the run has ended"), "{err}");
+    redis.freeze(false);
+}
+
+/// An actor waiting for weights that never come (no learner yet, or one
+/// far behind) stops on the first SIGINT and says it was stopped, not that
+/// the run has ended.
+#[test]
+fn an_actor_waiting_for_weights_stops_on_the_first_signal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path());
+    let redis = Redis::start_anywhere(tmp.path());
+    let resolved = tmp.path().join("actor.toml");
+    let text =
+        read(&cfg) + &format!("[queue]\nbackend = \"redis\"\nurl = \"{}\"\nkey = \"r2vpo:no-learner\"\n", redis.url());
+    std::fs::write(&resolved, text).unwrap();
+    // A learner has taken the stream (and then never publishes weights).
+    RedisQueue::open(&redis.url(), "r2vpo:no-learner").unwrap().take_for("/runs/gone", false).unwrap();
+    let log = tmp.path().join("actor.log");
+    let mut a = actor(&resolved, "lonely", std::fs::File::create(&log).unwrap());
+    let _reaper = Reaper(vec![a.id()]);
+    // It has leased batch 0 and waits for weights.
+    let t0 = Instant::now();
+    while !read(&log).contains("producing for stream") {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", read(&log));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    // SAFETY: signals the child this test started, once.
+    unsafe { libc::kill(a.id() as i32, libc::SIGINT) };
+    let status = exits_within(&mut a, Duration::from_secs(15), "the actor after one SIGINT");
+    let err = read(&log);
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(err.contains("stopped by SIGINT") && !err.contains("the run has ended"), "{err}");
+}
+
+/// One process per run folder: while a run is going, `--overwrite` and a
+/// second `--resume` of its folder are refused naming the running process,
+/// and the running one finishes with its metrics in order.
+#[test]
+fn a_second_process_on_a_live_run_folder_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path());
+    let redis = Redis::start_anywhere(tmp.path());
+    let run = tmp.path().join("busy");
+    let log = tmp.path().join("first.log");
+    let mut first = train(&cfg, &run, &["--async"])
+        .args(on_redis(&redis.url()))
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _reaper = Reaper(vec![first.id()]);
+    wait_for_checkpoint(&mut first, &run, 1);
+    let key = queue_key(&run);
+    for extra in [&["--overwrite"][..], &[]] {
+        let out = train(&cfg, &run, &["--async"]).args(on_redis(&redis.url())).args(extra).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} went ahead on a live run's folder");
+        if extra.is_empty() {
+            assert!(err.contains("already holds files") || err.contains("is in use by"), "{err}");
+        } else {
+            assert!(err.contains(&format!("is in use by pid {}", first.id())), "{err}");
+        }
+    }
+    let out = resume(&run).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(&format!("is in use by pid {}", first.id())), "{err}");
+    assert!(exits_within(&mut first, Duration::from_secs(300), "the first run").success(), "{}", read(&log));
+    let iters: Vec<u64> = lines(&run, "metrics.jsonl").iter().map(|v| v["iter"].as_u64().unwrap()).collect();
+    assert_eq!(iters, (0..ITERATIONS as u64).collect::<Vec<_>>());
+    assert_eq!(queue_key(&run), key);
+    // Once it has ended, the folder is free again.
+    ok(&mut resume(&run));
+}
+
 #[test]
 fn learn_with_actor_processes_survives_a_killed_actor_and_equals_the_synchronous_run() {
     let (tmp, cfg, want) = setup();
@@ -380,7 +593,6 @@ fn learn_with_actor_processes_survives_a_killed_actor_and_equals_the_synchronous
     let redis = Redis::start_anywhere(tmp.path());
     let url = redis.url();
     let run = tmp.path().join("multi");
-    let r2vpo = env!("CARGO_BIN_EXE_r2vpo");
     let log = |name: &str| std::fs::File::create(tmp.path().join(name)).unwrap();
     let mut learner = learn(&cfg, &run, &url)
         // A killed actor's batch goes to the other actor after 2 s.
@@ -391,21 +603,8 @@ fn learn_with_actor_processes_survives_a_killed_actor_and_equals_the_synchronous
         .unwrap();
     let mut reaper = Reaper(vec![learner.id()]);
     let resolved = run.join("config.toml");
-    let t0 = Instant::now();
-    while !resolved.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "the learner wrote no config.toml");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let actor = |name: &str| {
-        Command::new(r2vpo)
-            .current_dir(root())
-            .args(["llm", "actor", "--config"])
-            .arg(&resolved)
-            .args(["--name", name])
-            .stderr(log(&format!("{name}.log")))
-            .spawn()
-            .unwrap()
-    };
+    wait_for_file(&resolved);
+    let actor = |name: &str| actor(&resolved, name, log(&format!("{name}.log")));
     let mut a0 = actor("a0");
     let mut a1 = actor("a1");
     reaper.0.extend([a0.id(), a1.id()]);

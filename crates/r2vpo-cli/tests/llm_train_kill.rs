@@ -117,3 +117,51 @@ fn sigkilled_run_resumes_to_the_uninterrupted_metrics() {
     assert!(st.success());
     assert_eq!(metrics(&killed), want, "resumed metrics differ from the uninterrupted run's");
 }
+
+/// A power loss can leave the last line of `metrics.jsonl` torn while the
+/// checkpoint (synced first) counts it. `--resume` cuts the log back to its
+/// complete lines with a warning naming the file, so the resumed run's
+/// plots and every later reader accept it. The same resume keeps the
+/// `--no-export` of the run it continues, and says when its final
+/// evaluation starts.
+#[test]
+fn a_torn_metrics_line_is_cut_at_resume_and_the_run_keeps_its_no_export() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path());
+    let run = tmp.path().join("torn");
+    let st = bin()
+        .args(["llm", "train", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&run)
+        .args(["--no-export", "--quiet", "--set", "iterations=4"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let path = run.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4);
+    let last = lines[3];
+    std::fs::write(&path, format!("{}\n{}", lines[..3].join("\n"), &last[..last.len() / 2])).unwrap();
+
+    let out = bin()
+        .args(["llm", "train", "--resume"])
+        .arg(&run)
+        .args(["--set", "iterations=6", "--set", "eval_at_end=true", "--set", "eval.k=1"])
+        .args(["--set", "eval.data.count=2", "--set", "eval.sampling.max_new_tokens=4"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains(&format!("{}: line 4 is torn", path.display())), "{err}");
+    assert!(err.contains("evaluating after 6 iterations"), "{err}");
+    let iters: Vec<u64> = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("every line parses")["iter"].as_u64().unwrap())
+        .collect();
+    assert_eq!(iters, [0, 1, 2, 4, 5], "iteration 3's line was torn; the rest are whole and in order");
+    assert!(run.join("plots/reward.png").exists());
+    assert!(!run.join("model").exists(), "--resume exported a --no-export run");
+}

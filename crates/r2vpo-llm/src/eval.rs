@@ -103,7 +103,8 @@ impl From<PromptError> for EvalError {
 }
 
 /// Everything that decides an evaluation (`configs/llm/eval-arith.toml`
-/// spells out the defaults).
+/// spells out the defaults, but for the arithmetic configs' lenient
+/// `verify.format`).
 ///
 /// Deserializing fills a missing top-level key from [`EvalConfig::default`],
 /// but a *partial* nested table (`[sampling]`, `[verify]`, `[data]`) from its

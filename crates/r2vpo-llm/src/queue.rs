@@ -240,6 +240,64 @@ pub enum QueueError {
     Refused(String),
 }
 
+/// How often a continuing outage of the queue is reported again.
+pub const OUTAGE_REPORT_EVERY: Duration = Duration::from_secs(30);
+
+/// The words a caller prints about an outage of its queue: the first
+/// failure at once ("…; retrying with back-off"), then every
+/// [`OUTAGE_REPORT_EVERY`] how long it has lasted, then that it is over, so
+/// a log shows a run waiting on Redis rather than a silent hang.
+#[derive(Debug, Default)]
+pub struct Outage {
+    /// When the outage began, and when it was last reported.
+    since: Option<(Instant, Instant)>,
+}
+
+impl Outage {
+    /// A call by `what` failed with `error`: the line to print, if one is due.
+    pub fn failed(&mut self, what: &str, error: &dyn fmt::Display) -> Option<String> {
+        let now = Instant::now();
+        match &mut self.since {
+            None => {
+                self.since = Some((now, now));
+                Some(format!("{what}: {error}; retrying with back-off"))
+            }
+            Some((began, last)) if now.duration_since(*last) >= OUTAGE_REPORT_EVERY => {
+                *last = now;
+                Some(format!(
+                    "{what}: still waiting for the experience queue after {:.0} s ({error})",
+                    now.duration_since(*began).as_secs_f64()
+                ))
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// A call by `what` succeeded: the line to print if it ends an outage.
+    pub fn recovered(&mut self, what: &str) -> Option<String> {
+        self.since.take().map(|(began, _)| {
+            format!("{what}: the experience queue is back after {:.0} s", began.elapsed().as_secs_f64())
+        })
+    }
+}
+
+/// Sleeps `d` in short slices, returning early (false) once `stop` is
+/// raised, so a signal is honoured within a fraction of a second of any
+/// back-off.
+pub fn sleep_unless(stop: &std::sync::atomic::AtomicBool, d: Duration) -> bool {
+    let end = Instant::now() + d;
+    loop {
+        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
+    }
+}
+
 /// What one read returns: each entry's id and either the checked entry or
 /// why it was rejected.
 pub type ReadBatch = Vec<(EntryId, Result<GroupEntry, String>)>;
@@ -282,6 +340,11 @@ pub trait ExperienceQueue: Send {
     /// the lease ends. Returns the slot, or `None` when the lease was lost
     /// (it ran out and another actor took the batch; nothing is written).
     fn publish_batch(&mut self, batch: u64, owner: &str, entries: &[GroupEntry]) -> Result<Option<u64>, QueueError>;
+
+    /// Who holds the lease of `batch` now; `None` when nobody does (the
+    /// run closed and dropped its leases, or they were deleted). Says why
+    /// [`ExperienceQueue::publish_batch`] refused a batch.
+    fn lease_owner(&mut self, batch: u64) -> Result<Option<String>, QueueError>;
 
     /// Makes the next new batch at least `next` and hands out `pending`
     /// (batches below it that were never consumed) first, as if their
@@ -437,6 +500,10 @@ impl ExperienceQueue for MemoryQueue {
             q.entries.insert(EntryId { iteration: slot, seq: seq as u64 + 1 }, e.encode());
         }
         Ok(Some(slot))
+    }
+
+    fn lease_owner(&mut self, batch: u64) -> Result<Option<String>, QueueError> {
+        Ok(self.lock().leases.get(&batch).map(|(o, _)| o.clone()))
     }
 
     fn expire_leases(&mut self) -> Result<(), QueueError> {

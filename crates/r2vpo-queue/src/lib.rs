@@ -17,16 +17,23 @@
 //! [`SharedWeights`] hands the learner's weights to actor processes: a
 //! shared folder of versions, announced under `<key>:weights`.
 //!
-//! A lost connection is an [`QueueError::Unavailable`]; the next call
-//! reconnects, so callers retry with back-off and continue when the server
-//! is back. Passwords go in the URL (`redis://:pass@host:6379/0`); TLS
+//! A lost connection, and a call that outlasts its timeout
+//! ([`RedisQueue::with_timeout`]: a stopped or partitioned server), is an
+//! [`QueueError::Unavailable`]; the next call reconnects, so callers retry
+//! with back-off and continue when the server is back. A handle that works
+//! for a run ([`RedisQueue::with_owner`]) checks at least once every
+//! [`OWNER_CHECK`] that the stream is still that run's, so keys deleted
+//! under a live run (`FLUSHALL`, eviction) stop it within that bound.
+//! Passwords go in the URL (`redis://:pass@host:6379/0`); TLS
 //! (`rediss://`) is not built in.
 
-use r2vpo_llm::queue::{EntryId, EntryLimits, ExperienceQueue, GroupEntry, QueueError, ReadBatch};
+use r2vpo_llm::queue::{
+    sleep_unless, EntryId, EntryLimits, ExperienceQueue, GroupEntry, Outage, QueueError, ReadBatch,
+};
 use redis::streams::StreamRangeReply;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use r2vpo_llm::model::ModelError;
@@ -139,6 +146,38 @@ end
 return 1
 ";
 
+/// The error a guarded script ([`RedisQueue::eval`]) returns when the
+/// stream is no longer the handle's run's.
+const OWNER_GONE: &str = "R2VPO_NOT_THIS_RUNS";
+
+/// The error a script of an actor that has not seen its learner yet
+/// returns while no run owns the stream.
+const NO_LEARNER: &str = "R2VPO_NO_LEARNER_YET";
+
+/// `s` as a Lua long-bracket string literal (no escapes to get wrong).
+fn lua_string(s: &str) -> String {
+    let level = (0..).find(|&n| !s.contains(&format!("]{}]", "=".repeat(n)))).unwrap_or(0);
+    let eq = "=".repeat(level);
+    format!("[{eq}[{s}]{eq}]")
+}
+
+/// How often a handle that works for a run ([`RedisQueue::with_owner`])
+/// re-reads the stream's owner: one `GET` a second per handle, so an
+/// emptied stream is noticed within about a second of any call.
+pub const OWNER_CHECK: Duration = Duration::from_secs(1);
+
+/// What a handle checks of the stream's owner before its calls.
+#[derive(Clone, Debug)]
+enum OwnerCheck {
+    /// Nothing (a handle that takes or inspects the stream).
+    Off,
+    /// The stream must belong to this run.
+    Expect(String),
+    /// The first owner seen is adopted and then expected (an actor that
+    /// may start before its learner).
+    Adopt,
+}
+
 /// A Redis Stream holding one run's groups.
 pub struct RedisQueue {
     client: redis::Client,
@@ -146,9 +185,12 @@ pub struct RedisQueue {
     key: String,
     /// The URL without its password, for messages.
     shown: String,
-    /// The run this handle works for ([`RedisQueue::with_owner`]),
-    /// checked on every new connection.
-    owner: Option<String>,
+    /// The run this handle works for ([`RedisQueue::with_owner`]).
+    owner: OwnerCheck,
+    /// When the owner was last found as expected.
+    owner_seen: Option<std::time::Instant>,
+    /// The longest one call may take ([`RedisQueue::with_timeout`]).
+    timeout: Option<Duration>,
 }
 
 /// `redis://:secret@host` → `redis://***@host`: a Redis URL fit for logs.
@@ -211,27 +253,96 @@ impl RedisQueue {
                     .map_err(|e| refused(format!("the CA file {}: {e}", ca.display())))?
             }
         };
-        Ok(RedisQueue { client, conn: None, key: key.to_string(), shown, owner: None })
+        Ok(RedisQueue {
+            client,
+            conn: None,
+            key: key.to_string(),
+            shown,
+            owner: OwnerCheck::Off,
+            owner_seen: None,
+            timeout: None,
+        })
     }
 
-    /// This handle, checking on every new connection that the stream is
-    /// still `owner`'s ([`RedisQueue::take_for`]). A server that restarted
-    /// without persistence, or keys deleted by hand, lose the stream and
-    /// its batch counters: carrying on would make batches from 0 again,
-    /// which the learner skips as already seen (a long, unexplained stall),
-    /// so every call is refused instead, saying so.
-    pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
-        self.owner = Some(owner.into());
+    /// This handle, giving up on a connection attempt or a call after
+    /// `timeout` ([`QueueError::Unavailable`], and the connection is
+    /// dropped). Without it a server that stops answering without closing
+    /// the connection (SIGSTOP, a network partition) blocks the caller
+    /// until the operating system gives up, which can take many minutes.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
         self
     }
 
+    /// This handle, checking on every new connection and at least every
+    /// [`OWNER_CHECK`] that the stream is still `owner`'s
+    /// ([`RedisQueue::take_for`]). A server that restarted without
+    /// persistence, keys deleted by hand (`FLUSHALL`) or evicted under
+    /// `maxmemory` lose the stream and its batch counters: carrying on
+    /// would make batches from 0 again, which the learner skips as already
+    /// seen (a silent stall), so every call is refused instead, saying so.
+    pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = OwnerCheck::Expect(owner.into());
+        self
+    }
+
+    /// [`RedisQueue::with_owner`] for a process that does not know the
+    /// run's owner yet (an actor started before its learner): the first
+    /// owner the handle sees is the one it then expects.
+    pub fn following_owner(mut self) -> Self {
+        self.owner = OwnerCheck::Adopt;
+        self
+    }
+
+    /// Checks the stream's owner ([`RedisQueue::with_owner`]) on `c`,
+    /// adopting the first one seen ([`RedisQueue::following_owner`]).
+    fn check_owner(&mut self, c: &mut Connection) -> Result<(), QueueError> {
+        let expected = match &self.owner {
+            OwnerCheck::Off => return Ok(()),
+            OwnerCheck::Expect(o) => Some(o.clone()),
+            OwnerCheck::Adopt => None,
+        };
+        let now: Option<String> =
+            c.get(format!("{}:run", self.key)).map_err(|e| QueueError::Unavailable(format!("{}: {e}", self.shown)))?;
+        match (expected, now.as_deref()) {
+            (Some(o), Some(n)) if o == n => {}
+            (None, Some(n)) => self.owner = OwnerCheck::Expect(n.to_string()),
+            // No learner has taken the stream yet.
+            (None, None) => return Ok(()),
+            (Some(owner), _) => {
+                let what = match now {
+                    None => "was emptied (a Redis restarted without persistence, keys deleted by hand or evicted \
+                             under maxmemory): its groups, batch counters and leases are gone"
+                        .to_string(),
+                    Some(other) => format!("now belongs to the run in {other}"),
+                };
+                return Err(QueueError::Refused(format!(
+                    "the queue `{}` on {} {what}; this run ({owner}) stops here and resumes with its command's \
+                     --resume (the learner restores its batch counters)",
+                    self.key, self.shown
+                )));
+            }
+        }
+        self.owner_seen = Some(std::time::Instant::now());
+        Ok(())
+    }
+
     /// Runs `f` on a live connection, reconnecting first if the last call
-    /// lost it (and checking the owner, [`RedisQueue::with_owner`]); a
-    /// connection error drops the connection and reports
+    /// lost it and checking the owner when due ([`RedisQueue::with_owner`]);
+    /// a connection error or a timeout drops the connection and reports
     /// [`QueueError::Unavailable`].
     fn call<T>(&mut self, f: impl FnOnce(&mut Connection, &str) -> Result<T, RedisError>) -> Result<T, QueueError> {
         if self.conn.is_none() {
-            let mut c = self.client.get_connection().map_err(|e| {
+            let c = match self.timeout {
+                Some(t) => self.client.get_connection_with_timeout(t),
+                None => self.client.get_connection(),
+            }
+            .and_then(|c| {
+                c.set_read_timeout(self.timeout)?;
+                c.set_write_timeout(self.timeout)?;
+                Ok(c)
+            })
+            .map_err(|e| {
                 if let Some(why) = tls_refusal(&e) {
                     // A certificate the client does not trust stays
                     // untrusted: said once, not retried forever.
@@ -240,25 +351,18 @@ impl RedisQueue {
                     QueueError::Unavailable(format!("{}: {e}", self.shown))
                 }
             })?;
-            if let Some(owner) = &self.owner {
-                let now: Option<String> = c
-                    .get(format!("{}:run", self.key))
-                    .map_err(|e| QueueError::Unavailable(format!("{}: {e}", self.shown)))?;
-                if now.as_deref() != Some(owner.as_str()) {
-                    let what = match now {
-                        None => "was emptied (a Redis restarted without persistence, or keys deleted): its groups, \
-                                 batch counters and leases are gone"
-                            .to_string(),
-                        Some(other) => format!("now belongs to the run in {other}"),
-                    };
-                    return Err(QueueError::Refused(format!(
-                        "the queue `{}` on {} {what}; this run ({owner}) stops here and resumes with its \
-                         command's --resume (the learner restores its batch counters)",
-                        self.key, self.shown
-                    )));
-                }
-            }
             self.conn = Some(c);
+            self.owner_seen = None;
+        }
+        let checking = !matches!(self.owner, OwnerCheck::Off);
+        if checking && self.owner_seen.is_none_or(|t| t.elapsed() >= OWNER_CHECK) {
+            // A failed check drops the connection with it.
+            let mut c = self.conn.take().expect("connected");
+            let checked = self.check_owner(&mut c);
+            if checked.is_ok() {
+                self.conn = Some(c);
+            }
+            checked?;
         }
         let conn = self.conn.as_mut().expect("connected");
         f(conn, &self.key).map_err(|e| {
@@ -295,10 +399,10 @@ impl RedisQueue {
     /// owns it now. The refusal names the key and the owner.
     pub fn take_for(&mut self, owner: &str, resumed: bool) -> Result<(), QueueError> {
         let other: Option<String> = if resumed {
-            self.eval(TAKE_RESUMED, &["run"], &[owner.as_bytes()])?
+            self.eval_as_is(TAKE_RESUMED, &["run"], &[owner.as_bytes()])?
         } else {
             let keys: Vec<&str> = ["run", "closed", ""].into_iter().chain(AUX).collect();
-            self.eval(TAKE_FRESH, &keys, &[owner.as_bytes()])?
+            self.eval_as_is(TAKE_FRESH, &keys, &[owner.as_bytes()])?
         };
         match other {
             None => Ok(()),
@@ -341,8 +445,50 @@ impl RedisQueue {
     }
 
     /// Runs `script` with the run's keys named `keys` (suffixes of the
-    /// stream key; "" is the stream) and `args`.
+    /// stream key; "" is the stream) and `args`. A handle that works for a
+    /// run ([`RedisQueue::with_owner`]) runs it only while the stream is
+    /// still that run's, checked inside the script: between two periodic
+    /// owner checks an emptied stream would otherwise get fresh batch
+    /// counters (`INCR` from nothing) that a resumed learner cannot tell
+    /// from its own.
     fn eval<T: redis::FromRedisValue>(&mut self, script: &str, keys: &[&str], args: &[&[u8]]) -> Result<T, QueueError> {
+        let script = match &self.owner {
+            OwnerCheck::Expect(o) => format!(
+                "if redis.call('GET', {}) ~= {} then return redis.error_reply('{OWNER_GONE}') end\n{script}",
+                lua_string(&format!("{}:run", self.key)),
+                lua_string(o)
+            ),
+            // An actor started before its learner makes nothing until the
+            // learner has taken (and, resuming, restored) the stream.
+            OwnerCheck::Adopt => format!(
+                "if not redis.call('GET', {}) then return redis.error_reply('{NO_LEARNER}') end\n{script}",
+                lua_string(&format!("{}:run", self.key))
+            ),
+            OwnerCheck::Off => script.to_string(),
+        };
+        let out = self.eval_as_is(&script, keys, args);
+        match out {
+            Err(QueueError::Refused(e)) if e.contains(NO_LEARNER) => Err(QueueError::Unavailable(format!(
+                "{}: no learner has taken the queue `{}` yet (waiting for `r2vpo llm learn`)",
+                self.shown, self.key
+            ))),
+            Err(QueueError::Refused(e)) if e.contains(OWNER_GONE) => {
+                // The owner check says what happened to the stream.
+                self.owner_seen = None;
+                self.call(|_, _| Ok(()))?;
+                Err(QueueError::Refused(format!("{}: the queue `{}` is no longer this run's", self.shown, self.key)))
+            }
+            out => out,
+        }
+    }
+
+    /// [`RedisQueue::eval`] without the owner guard.
+    fn eval_as_is<T: redis::FromRedisValue>(
+        &mut self,
+        script: &str,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> Result<T, QueueError> {
         self.call(|c, key| {
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(script).arg(keys.len());
@@ -432,6 +578,10 @@ impl ExperienceQueue for RedisQueue {
         Ok(u64::try_from(slot).ok())
     }
 
+    fn lease_owner(&mut self, batch: u64) -> Result<Option<String>, QueueError> {
+        self.call(|c, key| c.hget(format!("{key}:owners"), batch))
+    }
+
     fn expire_leases(&mut self) -> Result<(), QueueError> {
         self.call(|c, key| {
             let leases = format!("{key}:leases");
@@ -446,6 +596,9 @@ impl ExperienceQueue for RedisQueue {
         self.eval::<i64>(RESTORE, &["batch", "pending", "leases", "slot", ""], &args).map(|_| ())
     }
 }
+
+/// Who reports an outage met while reading the weights announcement.
+const WEIGHTS_READ: &str = "reading the weights announcement";
 
 /// What the learner announces at `<key>:weights`.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -470,8 +623,11 @@ pub struct SharedWeights {
     key: String,
     dir: PathBuf,
     poll: Duration,
-    /// An outage seen by [`WeightChannel::fetch`] was reported (once).
-    outage: AtomicBool,
+    /// An outage seen by [`WeightChannel::fetch`], for its reports.
+    outage: Mutex<Outage>,
+    /// Raised by SIGINT/SIGTERM: [`WeightChannel::publish`] and
+    /// [`WeightChannel::close`] stop waiting for Redis.
+    stop: Arc<AtomicBool>,
 }
 
 impl SharedWeights {
@@ -483,28 +639,45 @@ impl SharedWeights {
             redis: Mutex::new(queue),
             dir: dir.to_path_buf(),
             poll: Duration::from_millis(100),
-            outage: AtomicBool::new(false),
+            outage: Mutex::new(Outage::default()),
+            stop: Arc::new(AtomicBool::new(false)),
         })
     }
 
-    fn call<T>(&self, f: impl FnOnce(&mut Connection, &str) -> Result<T, RedisError>) -> Result<T, QueueError> {
-        self.redis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).call(f)
+    /// This channel, giving up waiting for an unavailable Redis once
+    /// `stop` is raised (the process's SIGINT/SIGTERM flag), so a learner
+    /// whose Redis hangs still stops with a checkpoint.
+    pub fn with_stop(mut self, stop: Arc<AtomicBool>) -> Self {
+        self.stop = stop;
+        self
     }
 
-    /// Calls `f` until Redis answers, reporting an outage once; a refused
-    /// call is an error.
+    fn call<T>(&self, f: impl FnOnce(&mut Connection, &str) -> Result<T, RedisError>) -> Result<T, QueueError> {
+        self.redis.lock().unwrap_or_else(PoisonError::into_inner).call(f)
+    }
+
+    /// Calls `f` until Redis answers, reporting the outage ([`Outage`]);
+    /// a refused call is an error, and so is a stop raised meanwhile.
     fn patiently<T>(&self, what: &str, mut f: impl FnMut() -> Result<T, QueueError>) -> Result<T, WeightsError> {
-        let mut reported = false;
+        let mut outage = Outage::default();
         let mut backoff = self.poll;
         loop {
             match f() {
-                Ok(v) => return Ok(v),
-                Err(QueueError::Unavailable(e)) => {
-                    if !reported {
-                        eprintln!("warning: {what}: {e}; retrying with back-off");
-                        reported = true;
+                Ok(v) => {
+                    if let Some(line) = outage.recovered(what) {
+                        eprintln!("warning: {line}");
                     }
-                    std::thread::sleep(backoff);
+                    return Ok(v);
+                }
+                Err(QueueError::Unavailable(e)) => {
+                    if let Some(line) = outage.failed(what, &e) {
+                        eprintln!("warning: {line}");
+                    }
+                    if !sleep_unless(&self.stop, backoff) {
+                        return Err(WeightsError::Channel(format!(
+                            "{what}: stopped while Redis was unavailable ({e})"
+                        )));
+                    }
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 Err(e) => return Err(WeightsError::Channel(e.to_string())),
@@ -562,14 +735,16 @@ impl WeightChannel for SharedWeights {
             // backs off and watches its stop flag) decides what happens next.
             let text: Option<String> = match self.call(|c, key| c.get(format!("{key}:weights"))) {
                 Ok(t) => {
-                    if self.outage.swap(false, Ordering::SeqCst) {
-                        eprintln!("warning: reading the weights announcement: Redis is back");
+                    let back = self.outage.lock().unwrap_or_else(PoisonError::into_inner).recovered(WEIGHTS_READ);
+                    if let Some(line) = back {
+                        eprintln!("warning: {line}");
                     }
                     t
                 }
                 Err(QueueError::Unavailable(e)) => {
-                    if !self.outage.swap(true, Ordering::SeqCst) {
-                        eprintln!("warning: reading the weights announcement: {e}; retrying with back-off");
+                    let line = self.outage.lock().unwrap_or_else(PoisonError::into_inner).failed(WEIGHTS_READ, &e);
+                    if let Some(line) = line {
+                        eprintln!("warning: {line}");
                     }
                     None
                 }
@@ -598,9 +773,7 @@ impl WeightChannel for SharedWeights {
     }
 
     fn close(&self) -> Result<(), WeightsError> {
-        self.patiently("ending the run", || {
-            self.redis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).close()
-        })
+        self.patiently("ending the run", || self.redis.lock().unwrap_or_else(PoisonError::into_inner).close())
     }
 
     fn closed(&self) -> bool {
@@ -610,7 +783,13 @@ impl WeightChannel for SharedWeights {
 
 #[cfg(test)]
 mod tests {
-    use super::hide_password;
+    use super::{hide_password, lua_string};
+
+    #[test]
+    fn lua_strings_hold_any_path() {
+        assert_eq!(lua_string("/runs/a"), "[[/runs/a]]");
+        assert_eq!(lua_string("/x]]y"), "[=[/x]]y]=]");
+    }
 
     #[test]
     fn passwords_never_reach_the_logs() {

@@ -99,7 +99,9 @@ fn lease_contract(fresh: &mut dyn FnMut() -> Box<dyn ExperienceQueue>) {
     assert!(b.renew_lease(2, "b", long).unwrap());
     assert_eq!(a.claim_batch("a", long).unwrap(), 3, "a live lease is not handed out twice");
     assert_eq!(a.publish_batch(2, "a", &[entry(2, 0)]).unwrap(), None, "the late publish is refused");
+    assert_eq!(a.lease_owner(2).unwrap().as_deref(), Some("b"), "and says who holds the batch now");
     assert_eq!(b.publish_batch(2, "b", &[entry(2, 0)]).unwrap(), Some(2));
+    assert_eq!(a.lease_owner(2).unwrap(), None, "a published batch is nobody's");
     assert_eq!(a.len().unwrap(), 5);
     // A restarted single-box run ends the old leases at once.
     assert_eq!(a.claim_batch("a", long).unwrap(), 4);
@@ -189,6 +191,71 @@ fn a_stream_is_owned_by_one_run_until_it_closes() {
     redis::cmd("FLUSHALL").query::<()>(&mut raw).unwrap();
     b.take_for("/runs/b", true).unwrap();
     assert_eq!(b.owner().unwrap().as_deref(), Some("/runs/b"));
+}
+
+/// Keys deleted under a live run (`FLUSHALL`, eviction: no restart, so no
+/// reconnection) are noticed by a run's handles within `OWNER_CHECK` on
+/// any call, and at once by the scripts that would make something: no
+/// batch counter is made from nothing for a resumed learner to mistake for
+/// its own. An actor's handle adopts the first owner it meets, and makes
+/// nothing before a learner has taken the stream.
+#[test]
+fn keys_deleted_under_a_run_are_noticed_without_a_reconnection() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = Redis::start_anywhere(tmp.path());
+    let url = r.url();
+    let long = Duration::from_secs(60);
+    let mut early = RedisQueue::open(&url, "r2vpo:wiped").unwrap().following_owner();
+    match early.claim_batch("early", long) {
+        Err(QueueError::Unavailable(e)) => assert!(e.contains("no learner has taken"), "{e}"),
+        other => panic!("an actor made a batch before its learner: {other:?}"),
+    }
+    RedisQueue::open(&url, "r2vpo:wiped").unwrap().take_for("/runs/w", false).unwrap();
+    let mut learner = RedisQueue::open(&url, "r2vpo:wiped").unwrap().with_owner("/runs/w");
+    let mut actor = RedisQueue::open(&url, "r2vpo:wiped").unwrap().following_owner();
+    assert_eq!(actor.claim_batch("a", long).unwrap(), 0);
+    assert_eq!(early.claim_batch("early", long).unwrap(), 1, "the early actor goes on once a learner is there");
+    assert!(learner.is_empty().unwrap());
+
+    r.flush_all();
+    let e = actor.claim_batch("a", long).unwrap_err().to_string();
+    assert!(e.contains("was emptied") && e.contains("/runs/w"), "{e}");
+    let mut raw = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
+    let made: u64 = redis::cmd("EXISTS").arg("r2vpo:wiped:batch").query(&mut raw).unwrap();
+    assert_eq!(made, 0, "a batch counter was made in the emptied stream");
+    let t0 = std::time::Instant::now();
+    loop {
+        match learner.read_after(None, 10, &EntryLimits::default()) {
+            Ok(_) => {
+                assert!(t0.elapsed() < r2vpo_queue::OWNER_CHECK * 3, "the learner read on from an emptied stream");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                assert!(e.to_string().contains("was emptied"), "{e}");
+                break;
+            }
+        }
+    }
+}
+
+/// A server that stops answering (SIGSTOP) makes each call of a handle
+/// with a timeout an outage after that long, not a hang; the handle works
+/// again once the server does.
+#[test]
+fn a_hung_server_times_calls_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = Redis::start_anywhere(tmp.path());
+    let mut q = RedisQueue::open(&r.url(), "r2vpo:hung").unwrap().with_timeout(Duration::from_millis(300));
+    q.publish(&entry(0, 0)).unwrap();
+    r.freeze(true);
+    for _ in 0..2 {
+        let t0 = std::time::Instant::now();
+        let e = q.len().unwrap_err();
+        assert!(matches!(e, QueueError::Unavailable(_)), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(5), "a call waited {:?}", t0.elapsed());
+    }
+    r.freeze(false);
+    assert_eq!(q.len().unwrap(), 1);
 }
 
 #[test]

@@ -41,6 +41,44 @@ pub fn truncate_lines(path: &Path, n: usize) -> Result<(), ReportError> {
     Ok(())
 }
 
+/// What [`keep_complete_lines`] kept of a log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// Lines kept.
+    pub lines: usize,
+    /// The first line (1-based) that was torn or not JSON and was cut with
+    /// everything after it, if there was one within the first `n`.
+    pub torn: Option<usize>,
+}
+
+/// [`truncate_lines`] for a resume that must leave a log every reader
+/// accepts: keeps the first `n` lines, but only up to the first one that
+/// does not end in a newline or is not a JSON value (a write cut short by
+/// a crash or power loss: the lines after a torn one were appended to it).
+/// A missing file is left missing.
+pub fn keep_complete_lines(path: &Path, n: usize) -> Result<Kept, ReportError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Kept { lines: 0, torn: None }),
+        Err(source) => return Err(ReportError::Io { path: path.to_path_buf(), source }),
+    };
+    let mut end = 0;
+    let mut kept = Kept { lines: 0, torn: None };
+    for line in text.split_inclusive('\n').take(n) {
+        let complete = line.ends_with('\n') && serde_json::from_str::<serde_json::Value>(line).is_ok();
+        if !complete {
+            kept.torn = Some(kept.lines + 1);
+            break;
+        }
+        end += line.len();
+        kept.lines += 1;
+    }
+    if end != text.len() {
+        atomic_write_string(path, &text[..end])?;
+    }
+    Ok(kept)
+}
+
 /// Keeps the records for which `keep` holds, atomically; lines that do not
 /// parse (a torn last line of a killed run) are dropped. A missing file is
 /// left missing.
@@ -79,5 +117,26 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"update\":1}\n");
         truncate_lines(&dir.path().join("missing"), 3).unwrap();
         assert!(!dir.path().join("missing").exists());
+    }
+
+    /// A torn line (no newline, or half a record) and whatever follows it
+    /// go; complete lines beyond `n` go too.
+    #[test]
+    fn keep_complete_lines_cuts_at_a_torn_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.jsonl");
+        std::fs::write(&p, "{\"i\":0}\n{\"i\":1}\n{\"i\":2}\n").unwrap();
+        assert_eq!(keep_complete_lines(&p, 2).unwrap(), Kept { lines: 2, torn: None });
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"i\":0}\n{\"i\":1}\n");
+        std::fs::write(&p, "{\"i\":0}\n{\"i\":1,\"re").unwrap();
+        assert_eq!(keep_complete_lines(&p, 2).unwrap(), Kept { lines: 1, torn: Some(2) });
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"i\":0}\n");
+        std::fs::write(&p, "{\"i\":0}\n{\"i\":1\n{\"i\":2}\n").unwrap();
+        assert_eq!(keep_complete_lines(&p, 3).unwrap(), Kept { lines: 1, torn: Some(2) });
+        // A complete last line without its newline is torn too: the next
+        // record would be appended to it.
+        std::fs::write(&p, "{\"i\":0}\n{\"i\":1}").unwrap();
+        assert_eq!(keep_complete_lines(&p, 2).unwrap(), Kept { lines: 1, torn: Some(2) });
+        assert_eq!(keep_complete_lines(&dir.path().join("missing"), 3).unwrap(), Kept { lines: 0, torn: None });
     }
 }

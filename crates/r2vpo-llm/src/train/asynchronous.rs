@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use super::metrics::QueueMetrics;
 use super::{load_policy, Actor, DataPosition, Event, Outcome, TrainConfig, TrainError, TrainResult, Trainer};
-use crate::queue::{EntryLimits, ExperienceQueue, GroupEntry, QueueError};
+use crate::queue::{sleep_unless, EntryLimits, ExperienceQueue, GroupEntry, Outage, QueueError};
 use crate::rollout::RolloutSource;
 use crate::weights::{Fetched, WeightChannel, Weights, WeightsError};
 
@@ -141,8 +141,9 @@ impl WeightChannel for Board {
 }
 
 /// Calls `f` until the queue answers, backing off 0.1 s → 5 s while it is
-/// unavailable and reporting the outage once through `warn`; gives up only
-/// when `alive` turns false (`Ok(None)`) or the queue refuses the call.
+/// unavailable and reporting the outage through `warn` ([`Outage`]: at
+/// once, then every half minute, then its end); gives up only when `alive`
+/// turns false (`Ok(None)`) or the queue refuses the call.
 fn retrying<T>(
     what: &str,
     warn: &mut dyn FnMut(String),
@@ -150,19 +151,18 @@ fn retrying<T>(
     mut f: impl FnMut() -> Result<T, QueueError>,
 ) -> TrainResult<Option<T>> {
     let mut backoff = Duration::from_millis(100);
-    let mut reported = false;
+    let mut outage = Outage::default();
     loop {
         match f() {
             Ok(v) => {
-                if reported {
-                    warn(format!("{what}: the experience queue is back"));
+                if let Some(line) = outage.recovered(what) {
+                    warn(line);
                 }
                 return Ok(Some(v));
             }
             Err(QueueError::Unavailable(e)) => {
-                if !reported {
-                    warn(format!("{what}: {e}; retrying with back-off"));
-                    reported = true;
+                if let Some(line) = outage.failed(what, &e) {
+                    warn(line);
                 }
                 if !alive(backoff) {
                     return Ok(None);
@@ -220,11 +220,8 @@ fn actor_loop(
     let mut have: Option<u64> = None;
     let mut positions = Positions::new();
     let mut warn = |w: String| eprintln!("warning: {w}");
-    let running = || !weights.closed() && !stop.load(Ordering::SeqCst);
-    let mut alive = |d: Duration| {
-        std::thread::sleep(d);
-        running()
-    };
+    let running = || !stop.load(Ordering::SeqCst) && !weights.closed();
+    let mut alive = |d: Duration| sleep_unless(stop, d) && running();
     // Batches leased but set aside for an older, expired one.
     let mut held: Vec<u64> = Vec::new();
     let poll = Duration::from_secs_f64((cfg.queue.lease_s / 4.0).clamp(0.05, 1.0));
@@ -244,6 +241,9 @@ fn actor_loop(
                     break w.version;
                 }
                 Fetched::Closed => break 'batches,
+                // A signal ends the wait for weights too (the learner may
+                // be far behind, or gone).
+                Fetched::Pending if stop.load(Ordering::SeqCst) => break 'batches,
                 Fetched::Pending => {
                     // Keep this lease while waiting, and make an older batch
                     // whose actor died first: nothing moves until it exists.
@@ -273,11 +273,24 @@ fn actor_loop(
             break;
         };
         if slot.is_none() {
+            let why = if weights.closed() {
+                "the run ended before this batch was published; the learner needs it no more".to_string()
+            } else {
+                match queue.lease_owner(b) {
+                    Ok(Some(other)) => {
+                        format!("the batch's lease ran out and {other} took it; this copy was not published")
+                    }
+                    Ok(None) => "nobody holds the batch's lease any more (the run's leases were dropped); this copy \
+                                 was not published"
+                        .to_string(),
+                    Err(e) => format!("the batch's lease is no longer this actor's ({e}); this copy was not published"),
+                }
+            };
             on_events(vec![serde_json::json!({
                 "event": "lease_lost",
                 "actor": owner,
                 "batch": b,
-                "why": "the batch's lease ran out and another actor took it; this copy was not published",
+                "why": why,
             })]);
         }
     }
@@ -396,8 +409,11 @@ impl Trainer {
         on_event: &mut dyn FnMut(Event),
     ) -> TrainResult<Outcome> {
         let mut queue = self.open_learner_queue(open, on_event)?;
-        weights.publish(&self.backend.export(self.progress.iteration as u64)?, self.progress.queue.consumed())?;
-        let out = self.learn_loop(queue.as_mut(), weights, None, stop, on_event);
+        let first = self.backend.export(self.progress.iteration as u64)?;
+        let out = match weights.publish(&first, self.progress.queue.consumed()) {
+            Ok(()) => self.learn_loop(queue.as_mut(), weights, None, stop, on_event),
+            Err(e) => self.settle(Err(e.into()), stop, on_event),
+        };
         if matches!(out, Ok(Outcome::Finished)) {
             weights.close()?;
         }
@@ -424,8 +440,53 @@ impl Trainer {
 
     /// The learner's side of [`Trainer::run_async`] and
     /// [`Trainer::run_learner`]; `board` carries the actor threads' events
-    /// and failures when there are any.
+    /// and failures when there are any. A run that stops on a fault of its
+    /// queue or weight channel (an emptied stream, a failed actor) writes a
+    /// checkpoint first, also before its first one is due, so `--resume`
+    /// continues from where it stood; a signal met while waiting on them is
+    /// a stop, with its checkpoint.
     fn learn_loop(
+        &mut self,
+        queue: &mut dyn ExperienceQueue,
+        weights: &dyn WeightChannel,
+        board: Option<&Board>,
+        stop: &AtomicBool,
+        on_event: &mut dyn FnMut(Event),
+    ) -> TrainResult<Outcome> {
+        let out = self.learn_until(queue, weights, board, stop, on_event);
+        self.settle(out, stop, on_event)
+    }
+
+    /// How a learner whose loop returned `out` ends: a fault of its queue
+    /// or weight channel writes a checkpoint first (see
+    /// [`Trainer::learn_loop`]), and is a stop when a signal came meanwhile.
+    fn settle(
+        &mut self,
+        out: TrainResult<Outcome>,
+        stop: &AtomicBool,
+        on_event: &mut dyn FnMut(Event),
+    ) -> TrainResult<Outcome> {
+        let fault = matches!(out, Err(TrainError::Queue(_) | TrainError::Weights(WeightsError::Channel(_))));
+        if !fault {
+            return out;
+        }
+        // Every queue and channel call sits between iterations, so the
+        // progress here is a whole iteration's (the one before the wait).
+        match self.save_checkpoint() {
+            Ok(p) => on_event(Event::Checkpoint(&p)),
+            Err(e) => {
+                let fault = out.err().map_or_else(String::new, |f| f.to_string());
+                return Err(TrainError::Queue(format!("{fault}; writing a checkpoint after it failed too: {e}")));
+            }
+        }
+        if stop.load(Ordering::SeqCst) {
+            return Ok(Outcome::Stopped);
+        }
+        out
+    }
+
+    /// [`Trainer::learn_loop`] up to its first fault.
+    fn learn_until(
         &mut self,
         queue: &mut dyn ExperienceQueue,
         weights: &dyn WeightChannel,
@@ -460,9 +521,7 @@ impl Trainer {
             while taken.len() < need {
                 if let Some(why) = failure() {
                     // An actor gave up (e.g. none of its rollout servers is
-                    // left): keep what was learned, so `--resume` continues.
-                    let p = self.save_checkpoint()?;
-                    on_event(Event::Checkpoint(&p));
+                    // left); `learn_loop` keeps what was learned.
                     return Err(TrainError::Queue(why));
                 }
                 if stop.load(Ordering::SeqCst) {
@@ -473,10 +532,7 @@ impl Trainer {
                     return Ok(Outcome::Stopped);
                 }
                 let mut warn = |w: String| eprintln!("warning: {w}");
-                let mut alive = |d: Duration| {
-                    std::thread::sleep(d);
-                    !stop.load(Ordering::SeqCst) && failure().is_none()
-                };
+                let mut alive = |d: Duration| sleep_unless(stop, d) && failure().is_none();
                 let after = pos.read;
                 let Some(read) = retrying("learner", &mut warn, &mut alive, || {
                     queue.read_after(after, need - taken.len(), &limits)
@@ -542,10 +598,7 @@ impl Trainer {
             // The queue keeps the slots of the last K iterations.
             let newest = pos.read.map_or(0, |id| id.iteration);
             let mut warn = |w: String| eprintln!("warning: {w}");
-            let mut alive = |d: Duration| {
-                std::thread::sleep(d);
-                !stop.load(Ordering::SeqCst)
-            };
+            let mut alive = |d: Duration| sleep_unless(stop, d);
             if newest + 1 > keep {
                 retrying("learner", &mut warn, &mut alive, || queue.trim_before(newest + 1 - keep))?;
             }

@@ -137,11 +137,9 @@ impl Trainer {
             ckpt_err(
                 run_dir,
                 format!(
-                    "has no checkpoint to resume from (the run stopped before its first one; checkpoint_every = {}). \
-                     Start it afresh with `r2vpo llm train --config {}/config.toml --out {} --overwrite`",
-                    cfg.checkpoint_every,
-                    run_dir.display(),
-                    run_dir.display()
+                    "has no checkpoint to resume from (the run stopped before its first one; checkpoint_every = {}); \
+                     start it afresh with its config.toml",
+                    cfg.checkpoint_every
                 ),
             )
         })?;
@@ -151,18 +149,36 @@ impl Trainer {
         if state.format != FORMAT {
             return Err(ckpt_err(&s, format!("format {} (this build reads {FORMAT})", state.format)));
         }
+        let mut progress = state.progress;
+        let iteration = progress.iteration;
         for (file, lines) in [
-            ("metrics.jsonl", state.progress.metrics_lines),
-            ("eval.jsonl", state.progress.eval_lines),
-            ("ratio_hist.jsonl", state.progress.hist_lines),
+            ("metrics.jsonl", &mut progress.metrics_lines),
+            ("eval.jsonl", &mut progress.eval_lines),
+            ("ratio_hist.jsonl", &mut progress.hist_lines),
         ] {
-            r2vpo_report::jsonl::truncate_lines(&run_dir.join(file), lines)?;
+            // What a killed run wrote after its checkpoint goes; so does a
+            // torn line (a crash or power loss mid-write), which would make
+            // the log unreadable once the resumed run appends to it.
+            let path = run_dir.join(file);
+            let kept = r2vpo_report::jsonl::keep_complete_lines(&path, *lines)?;
+            if let Some(torn) = kept.torn {
+                eprintln!(
+                    "warning: {}: line {torn} is torn (cut short by a crash or power loss); the log is cut back to \
+                     its {} complete lines before it, and the run resumes from its checkpoint at iteration \
+                     {iteration}",
+                    path.display(),
+                    kept.lines
+                );
+            }
+            *lines = kept.lines;
         }
+        // Events are not counted by the checkpoint; a torn last one goes.
+        r2vpo_report::jsonl::retain_records(&run_dir.join("events.jsonl"), |_| true)?;
         // TensorBoard steps are iterations (evaluations at the iteration they
         // follow): keep up to the checkpoint's, so the replayed iterations
         // are not drawn twice.
-        r2vpo_report::truncate_events_after(run_dir, state.progress.iteration as i64)?;
-        let mut t = Self::build(cfg, run_dir, reward_fn, state.progress)?;
+        r2vpo_report::truncate_events_after(run_dir, iteration as i64)?;
+        let mut t = Self::build(cfg, run_dir, reward_fn, progress)?;
         let w = dir.join("model.safetensors");
         Weights::load_safetensors(&w, t.progress.iteration as u64)
             .and_then(|weights| t.backend.load(&weights))

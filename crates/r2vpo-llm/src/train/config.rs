@@ -82,6 +82,12 @@ pub struct QueueConfig {
     /// Seconds an actor may hold a batch before it is handed to another
     /// actor (a dead actor's batch is produced once, by someone else).
     pub lease_s: f64,
+    /// Seconds any one Redis call (and opening a connection) may take
+    /// before it counts as an outage: a hung server (stopped, partitioned)
+    /// is then retried with back-off and reported, and SIGINT/SIGTERM stop
+    /// the run within about this long plus a checkpoint. Larger than the
+    /// slowest legitimate call (reading `prompts_per_iter` groups).
+    pub timeout_s: f64,
     /// Where `llm learn` writes the weight versions actor processes load
     /// (default `RUN/actor-weights`); every actor must be able to read it.
     pub weights_dir: Option<String>,
@@ -95,6 +101,7 @@ impl Default for QueueConfig {
             tls_ca: None,
             key: String::new(),
             lease_s: 600.0,
+            timeout_s: 10.0,
             weights_dir: None,
         }
     }
@@ -526,6 +533,10 @@ pub struct TrainConfig {
     /// holds the f32 weights and both Adam moments, 12 bytes a parameter:
     /// ≈ 1.6 GB for SmolLM2-135M.
     pub keep_checkpoints: usize,
+    /// Export the final policy as a Hugging Face folder (`RUN/model`) when
+    /// the run finishes (`--no-export` sets it false; kept in the run's
+    /// `config.toml`, so `--resume` keeps the choice).
+    pub export: bool,
     /// Record ratio histograms by staleness every this many iterations
     /// (0 = never).
     pub histogram_every: usize,
@@ -584,6 +595,7 @@ impl Default for TrainConfig {
             entropy_coef: 0.0,
             checkpoint_every: 5,
             keep_checkpoints: 1,
+            export: true,
             histogram_every: 5,
             max_bad_steps: 3,
             histogram_range: (0.5, 1.5, 100),
@@ -717,11 +729,10 @@ impl TrainConfig {
         if self.actors.count == 0 {
             return Err(bad("actors.count", "must be at least 1"));
         }
-        if !(self.queue.lease_s.is_finite() && self.queue.lease_s > 0.0) {
-            return Err(bad(
-                "queue.lease_s",
-                format!("must be a positive number of seconds, got {}", self.queue.lease_s),
-            ));
+        for (k, v) in [("queue.lease_s", self.queue.lease_s), ("queue.timeout_s", self.queue.timeout_s)] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(bad(k, format!("must be a positive number of seconds, got {v}")));
+            }
         }
         if self.queue.backend == QueueBackend::Redis
             && !(self.queue.url.starts_with("redis://") || self.queue.url.starts_with("rediss://"))

@@ -97,6 +97,26 @@ impl Redis {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
+    /// `FLUSHALL`, as an operator types it into `redis-cli`: every key of
+    /// every database goes, the server keeps running.
+    pub fn flush_all(&self) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"*1\r\n$8\r\nFLUSHALL\r\n").unwrap();
+        let mut reply = [0u8; 5];
+        s.read_exact(&mut reply).unwrap();
+        assert_eq!(&reply, b"+OK\r\n", "FLUSHALL failed");
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`): a server that hangs without
+    /// closing its connections, as behind a network partition.
+    pub fn freeze(&self, frozen: bool) {
+        let sig = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: signals the server this test started.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
     /// SIGTERM: Redis flushes its append-only file and exits.
     pub fn stop(mut self) {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
@@ -106,6 +126,9 @@ impl Redis {
 
 impl Drop for Redis {
     fn drop(&mut self) {
+        // SAFETY: a stopped server is continued first, so the kill is
+        // delivered at once (SIGKILL works on a stopped process anyway).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
