@@ -505,6 +505,20 @@ impl NativeNet {
         out
     }
 
+    /// Keeps a state-independent log-std inside `[min_log_std,
+    /// max_log_std]` after an optimizer step (projected gradient descent:
+    /// at a bound the next step can still move it back inside). Without it
+    /// nothing bounded σ in this mode: an entropy bonus with nothing to
+    /// oppose it (the ratios of a collapsed R²VPO run) drove log σ from 0 to
+    /// ≈ 7.3 (σ ≈ 1,500) on cheetah-run. The state-dependent head is
+    /// clamped in [`NativeNet::forward`] instead.
+    pub fn project_log_std(&mut self) {
+        let (lo, hi) = (self.min_log_std, self.max_log_std);
+        if let Some(ls) = &mut self.log_std {
+            ls.iter_mut().for_each(|x| *x = x.clamp(lo, hi));
+        }
+    }
+
     /// Zeroed gradient buffers shaped like [`NativeNet::params`].
     pub fn zero_grads(&self) -> Vec<Vec<f32>> {
         self.params().iter().map(|p| vec![0f32; p.len()]).collect()
@@ -529,7 +543,9 @@ impl NativeNet {
         match &self.log_std {
             Some(ls) => {
                 f.mean = out;
-                f.log_std = ls.clone();
+                // Within its bounds already ([`NativeNet::project_log_std`])
+                // unless it was loaded from elsewhere.
+                f.log_std = ls.iter().map(|&x| x.clamp(self.min_log_std, self.max_log_std)).collect();
             }
             None => {
                 f.mean = Vec::with_capacity(rows * a);

@@ -67,7 +67,8 @@ pub enum Init {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LogStdMode {
-    /// One learnt log-std per action dimension, independent of the state.
+    /// One learnt log-std per action dimension, independent of the state
+    /// (kept within `[min_log_std, max_log_std]` after every step).
     StateIndependent,
     /// The actor's last layer outputs the log-std too (clamped to
     /// `[min_log_std, max_log_std]`).
@@ -96,9 +97,9 @@ pub struct PolicyConfig {
     /// Initial log-std (state-independent), or bias of the log-std head
     /// (state-dependent). 0 gives σ = 1, as CleanRL and Brax.
     pub init_log_std: f64,
-    /// Lower clamp of the log-std.
+    /// Lower bound of the log-std, in both modes.
     pub min_log_std: f64,
-    /// Upper clamp of the log-std.
+    /// Upper bound of the log-std, in both modes.
     pub max_log_std: f64,
 }
 
@@ -336,7 +337,10 @@ impl ActorCritic {
     pub fn dist(&self, obs: &Tensor) -> candle_core::Result<Dist> {
         let out = self.actor.forward(obs)?;
         match &self.log_std {
-            Some(l) => Ok(Dist { mean: out, log_std: l.as_tensor().clone() }),
+            // The trainer keeps it within its bounds; a loaded one is clamped.
+            Some(l) => {
+                Ok(Dist { mean: out, log_std: l.as_tensor().clamp(self.cfg.min_log_std, self.cfg.max_log_std)? })
+            }
             None => {
                 let a = self.act_dim;
                 let mean = out.narrow(1, 0, a)?;

@@ -59,6 +59,34 @@ fn rollout_stores_the_pre_clip_sample_and_its_log_prob() {
     assert!(lp.iter().zip(&lp_clipped).any(|(x, y)| (x - y).abs() > 1e-3));
 }
 
+/// σ stays within `[min_log_std, max_log_std]` in both modes whatever
+/// drives it: here an entropy bonus with nothing to oppose it (a learning
+/// rate far above the policy's own signal). A state-independent σ once grew
+/// without bound (cheetah-run entropy 8.4 → 52.5).
+#[test]
+fn the_log_std_bounds_hold_in_every_mode() {
+    for mode in [crate::policy::LogStdMode::StateIndependent, crate::policy::LogStdMode::StateDependent] {
+        let mut cfg = tiny("cartpole-balance");
+        cfg.policy.log_std = mode;
+        cfg.policy.max_log_std = 0.5;
+        cfg.entropy_cost = 100.0;
+        cfg.lr = 0.05;
+        cfg.total_env_steps = 4 * 16 * 6;
+        let mut t = Trainer::new(cfg).unwrap();
+        let mut last = 0.0;
+        for _ in 0..6 {
+            last = t.update().unwrap().entropy;
+        }
+        // The Gaussian's entropy per dimension at σ = e^0.5 (cartpole: one action).
+        let bound = 0.5 + 0.5 * (1.0 + (2.0 * std::f64::consts::PI).ln());
+        assert!(last <= bound + 1e-4, "{mode:?}: entropy {last} above the bound {bound}");
+        assert!(last > bound - 0.05, "{mode:?}: entropy {last}: the bonus did not reach the bound");
+        let obs = Tensor::zeros((1, t.net.obs_dim()), DType::F32, &Device::Cpu).unwrap();
+        let ls = t.net.dist(&obs).unwrap().log_std.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(ls.iter().all(|&x| x <= 0.5 + 1e-6), "{mode:?}: {ls:?}");
+    }
+}
+
 #[test]
 fn adam_clips_the_global_gradient_norm() {
     let p1 = Var::new(&[1.0f32, 2.0], &Device::Cpu).unwrap();

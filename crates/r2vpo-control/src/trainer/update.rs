@@ -105,6 +105,7 @@ impl Trainer {
                 grads.iter_mut().for_each(|g| g.fill(0.0));
                 self.fast.backward(&f, &a_mb, &dlogp, &dvalue, -(self.cfg.entropy_cost as f32), &mut grads);
                 let gn = self.adam.step_flat(&mut self.fast.params_mut(), &grads, self.cfg.max_grad_norm);
+                self.fast.project_log_std();
                 if !gn.is_finite() {
                     return Err(TrainError::Diverged { update: update_index, what: format!("gradient norm = {gn}") });
                 }
