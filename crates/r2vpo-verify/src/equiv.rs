@@ -495,9 +495,20 @@ pub(crate) fn parse_value(s: &str) -> Value {
     parse(s, 0)
 }
 
+/// The separator of a bracket's or a list's items: `,`, or `;` where no
+/// comma separates them (`(1;0;2)`, `-3;-2;5`: the semicolon lists of
+/// locales whose decimal mark is a comma).
+fn separator(inner: &str) -> &'static str {
+    if split_top_level(inner, ",").len() == 1 && split_top_level(inner, ";").len() > 1 {
+        ";"
+    } else {
+        ","
+    }
+}
+
 fn items(inner: &str, depth: usize) -> Vec<Value> {
     let mut out = Vec::new();
-    for e in split_top_level(inner, ",").into_iter().map(str::trim).filter(|e| !e.is_empty()) {
+    for e in split_top_level(inner, separator(inner)).into_iter().map(str::trim).filter(|e| !e.is_empty()) {
         let e = strip_assignment(e);
         // `\pm 1, \pm i`: each element's two values join the list.
         match plus_minus(e) {
@@ -552,11 +563,17 @@ fn parse(s: &str, depth: usize) -> Value {
     let last = s.chars().last().unwrap_or(' ');
     if matches!(first, '(' | '[') && matches!(last, ')' | ']') && closing_index(s) == Some(s.len() - 1) {
         let inner = &s[1..s.len() - 1];
-        if split_top_level(inner, ",").len() > 1 {
+        if split_top_level(inner, separator(inner)).len() > 1 {
             return Value::Tuple { open: first, close: last, items: items(inner, depth) };
         }
     }
-    if split_top_level(s, ",").len() > 1 {
+    // `x=2,y=1;x=4,y=3`: semicolons part the answers, commas each one's
+    // parts (each part read whole: a labelled solution, a tuple).
+    let parts = split_top_level(s, ";");
+    if parts.len() > 1 && split_top_level(s, ",").len() > 1 {
+        return Value::List(parts.into_iter().map(|p| parse(p, depth + 1)).collect());
+    }
+    if split_top_level(s, separator(s)).len() > 1 {
         return Value::List(items(s, depth));
     }
     if let Some(r) = relation(s) {
@@ -669,13 +686,16 @@ pub(crate) fn equal(a: &Value, b: &Value, tol: Tolerance) -> bool {
             relation_equal(s1, o1, s2, o2, tol)
         }
         (Value::Relation { sides, ops }, Value::Tuple { open, close, items })
-        | (Value::Tuple { open, close, items }, Value::Relation { sides, ops }) => relation_interval(sides, ops)
-            .is_some_and(|(o, lo, hi, c)| {
+        | (Value::Tuple { open, close, items }, Value::Relation { sides, ops }) => {
+            relation_interval(sides, ops).is_some_and(|(o, lo, hi, c)| {
                 items.len() == 2
                     && (o, c) == (*open, *close)
                     && equal(&Value::Num(lo), &items[0], tol)
                     && equal(&Value::Num(hi), &items[1], tol)
-            }),
+            }) || same_region(sides, ops, std::slice::from_ref(b_or(a, b)))
+        }
+        (Value::Relation { sides, ops }, Value::Union(parts))
+        | (Value::Union(parts), Value::Relation { sides, ops }) => same_region(sides, ops, parts),
         (Value::Matrix(x), Value::Matrix(y)) => {
             x.len() == y.len()
                 && x.iter().zip(y).all(|(r, q)| r.len() == q.len() && r.iter().zip(q).all(|(p, q)| equal(p, q, tol)))
@@ -704,6 +724,65 @@ pub(crate) fn equal(a: &Value, b: &Value, tol: Tolerance) -> bool {
         (Value::Labelled(x), other) | (other, Value::Labelled(x)) if repeated_names(x) => equal(&values(x), other, tol),
         _ => false,
     }
+}
+
+/// Whichever of two values is not the relation (for [`same_region`]).
+fn b_or<'v>(a: &'v Value, b: &'v Value) -> &'v Value {
+    if matches!(a, Value::Relation { .. }) {
+        b
+    } else {
+        a
+    }
+}
+
+/// A condition in one variable and a union of intervals describe the same
+/// set: `|x - 1| > 2` and `(-\infty, -1) \cup (3, \infty)`. Checked where
+/// the answer can change, exactly: at every endpoint (open or closed must
+/// agree), just inside and outside each, between them and beyond the
+/// outermost; every piece must be an interval with numeric ends.
+fn same_region(sides: &[String], ops: &[Rel], pieces: &[Value]) -> bool {
+    let vars = sides.iter().fold(Vec::new(), |acc, s| union_vars(&acc, &side_vars(s)));
+    if vars.len() != 1 || sides.len() < 2 {
+        return false;
+    }
+    let mut intervals = Vec::new();
+    for p in pieces {
+        let Value::Tuple { open, close, items } = p else { return false };
+        let (Some(lo), Some(hi)) = (items.first().and_then(Value::as_num), items.get(1).and_then(Value::as_num)) else {
+            return false;
+        };
+        if items.len() != 2 || !matches!(open, '(' | '[') || !matches!(close, ')' | ']') {
+            return false;
+        }
+        intervals.push((lo.to_f64(), hi.to_f64(), *open == '[', *close == ']'));
+    }
+    let inside =
+        |x: f64| intervals.iter().any(|&(lo, hi, lc, hc)| (x > lo || lc && x == lo) && (x < hi || hc && x == hi));
+    let holds = |x: f64| -> Option<bool> {
+        let v: Vec<f64> =
+            sides.iter().map(|s| eval_with(s, &|_| x).ok().map(|(n, _)| n.to_f64())).collect::<Option<_>>()?;
+        let eps = 1e-12 * v.iter().fold(1.0f64, |m, y| m.max(y.abs()));
+        Some(ops.iter().zip(v.windows(2)).all(|(op, w)| match op {
+            Rel::Eq => (w[0] - w[1]).abs() <= eps,
+            Rel::Ne => (w[0] - w[1]).abs() > eps,
+            Rel::Lt => w[0] < w[1] - eps,
+            Rel::Le => w[0] <= w[1] + eps,
+        }))
+    };
+    let mut ends: Vec<f64> = intervals.iter().flat_map(|&(lo, hi, _, _)| [lo, hi]).filter(|e| e.is_finite()).collect();
+    ends.sort_by(f64::total_cmp);
+    ends.dedup();
+    let mut points: Vec<f64> = Vec::new();
+    for &e in &ends {
+        let d = 1e-6 * e.abs().max(1.0);
+        points.extend([e - d, e, e + d]);
+    }
+    points.extend(ends.windows(2).map(|w| (w[0] + w[1]) / 2.0));
+    match (ends.first(), ends.last()) {
+        (Some(&lo), Some(&hi)) => points.extend([lo - 10.0 * (1.0 + lo.abs()), hi + 10.0 * (1.0 + hi.abs())]),
+        _ => points.extend([-10.0, 0.0, 10.0]),
+    }
+    points.iter().all(|&x| holds(x) == Some(inside(x)))
 }
 
 /// Named parts without their names, as a list of values.

@@ -429,6 +429,19 @@ impl Parser<'_> {
                 self.expect(')')?;
                 v
             }
+            // `|x - 1|`: an absolute value. Not an implicit factor
+            // (`starts_operand`), so a closing bar is never read as the
+            // opening of another.
+            Some('|') => {
+                self.i += 1;
+                let v = self.expr()?;
+                self.expect('|')?;
+                if v.to_f64() < 0.0 {
+                    self.value(v.neg())
+                } else {
+                    v
+                }
+            }
             Some('{') => {
                 self.i += 1;
                 let v = self.expr()?;

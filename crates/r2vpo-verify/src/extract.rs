@@ -137,9 +137,24 @@ fn connective(gap: &str) -> bool {
         return false;
     }
     let mut t = gap.to_ascii_lowercase();
-    for w in ["\\text{", "\\quad", "\\qquad", "\\\\", "\\,", "\\;", "part", "and", "or", "}", "$", ",", ";", ":", "\n"]
-    {
+    let joined = [" and ", ",", ";"].iter().any(|j| t.contains(j));
+    for w in [
+        "\\text{", "\\quad", "\\qquad", "\\\\", "\\,", "\\;", "\\(", "\\)", "\\[", "\\]", "part", "and", "or", "}",
+        "$", ",", ";", ":", "\n",
+    ] {
         t = t.replace(w, " ");
+    }
+    // "\boxed{4} apples and \boxed{7} pears": a joining word with the
+    // first box's unit or noun beside it; a longer gap, or any word of a
+    // revision ("but", "is", "actually"), makes the earlier box a draft.
+    const REVISING: &[&str] = &["but", "is", "was", "not", "no", "actually", "wait", "instead", "so", "thus", "answer"];
+    let words: Vec<&str> = t.split_whitespace().collect();
+    if joined
+        && !words.is_empty()
+        && words.len() <= 2
+        && words.iter().all(|w| w.len() <= 12 && w.chars().all(|c| c.is_ascii_alphabetic()) && !REVISING.contains(w))
+    {
+        return true;
     }
     // Part labels `(a)`/`(ii)` and a `name =` label before the next box.
     let mut rest = t.trim().to_string();
@@ -219,6 +234,17 @@ pub fn clean_answer(line: &str) -> String {
         }
     }
     let mut t = t[..end].trim().trim_end_matches(['*', ' ']).trim();
+    // "The smallest $k$ is 12": a sentence naming the answer, whose value
+    // follows its last " is ".
+    let lower = t.to_ascii_lowercase();
+    let names_it = ["the ", "so the ", "thus the ", "hence the ", "therefore the ", "therefore, the "]
+        .iter()
+        .any(|lead| lower.starts_with(lead));
+    if names_it {
+        if let Some(k) = lower.rfind(" is ") {
+            t = t[k + 4..].trim();
+        }
+    }
     // "$12$ apples": the math span is the answer, the words after it are not.
     if let Some(inner) = t.strip_prefix('$') {
         let inner = inner.strip_prefix('$').unwrap_or(inner);
@@ -337,6 +363,47 @@ pub fn last_math_span(text: &str) -> Option<String> {
 /// `9^{9^{9^{9}}}`); the bound keeps extraction linear on unbalanced braces.
 const MAX_EXPONENT_GROUP: usize = 64;
 
+/// Whether the number at `b[start..end]` is an end or a coordinate of a
+/// bracketed interval or tuple (`[0, 2)`, `(3, 4)`): one part of a larger
+/// answer, never the answer itself. A comma must sit between it and the
+/// bracket on one side, the bracket itself on the other.
+fn coordinate(b: &[u8], start: usize, end: usize) -> bool {
+    let before = b[..start].iter().rev().copied().find(|c| *c != b' ');
+    let after = b[end..].iter().copied().find(|c| *c != b' ');
+    let opens = |c: Option<u8>| matches!(c, Some(b'(' | b'['));
+    let closes = |c: Option<u8>| matches!(c, Some(b')' | b']'));
+    // Inside one line, a comma and then a bracket, looking `back`wards or not.
+    let comma_then_bracket = |back: bool| {
+        let mut seen_comma = false;
+        let mut k = if back { start } else { end };
+        for _ in 0..64 {
+            let c = if back {
+                if k == 0 {
+                    return false;
+                }
+                k -= 1;
+                b[k]
+            } else {
+                if k >= b.len() {
+                    return false;
+                }
+                k += 1;
+                b[k - 1]
+            };
+            match c {
+                b',' | b';' => seen_comma = true,
+                b'\n' => return false,
+                b'(' | b'[' if back => return seen_comma,
+                b')' | b']' if !back => return seen_comma,
+                b'(' | b'[' | b')' | b']' => return false,
+                _ => {}
+            }
+        }
+        false
+    };
+    (closes(after) && comma_then_bracket(true)) || (opens(before) && comma_then_bracket(false))
+}
+
 /// The last plain number in the text, for tasks whose answers are numbers.
 ///
 /// Accepts a leading minus (when not glued to a preceding word or number),
@@ -424,6 +491,12 @@ pub fn last_number(text: &str) -> Option<&str> {
             i += 1;
             continue;
         }
+        // Digits glued to a letter before them belong to a word or a name
+        // (`QX7TB`, `H2O`, `x2`), not a number of the answer.
+        if i > 0 && b[i - 1].is_ascii_alphabetic() {
+            i = run(i);
+            continue;
+        }
         let mut start = i;
         if i > 0 && b[i - 1] == b'-' && (i < 2 || !b[i - 2].is_ascii_alphanumeric()) {
             start = i - 1;
@@ -450,7 +523,7 @@ pub fn last_number(text: &str) -> Option<&str> {
         }
         match whole {
             Some(e) => {
-                if !exponent {
+                if !exponent && !coordinate(b, start, e) {
                     last = Some(&text[start..e]);
                 }
                 i = e;

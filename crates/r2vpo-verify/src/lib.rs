@@ -371,7 +371,7 @@ pub fn extract_answer(response: &str, cfg: &VerifyConfig) -> Option<String> {
             }) {
                 return Some(p);
             }
-            if let Some(span) = last_math_span(text).filter(|m| reads_as_math(m, cfg)) {
+            if let Some(span) = last_math_span(text).filter(|m| reads_as_math(m, cfg) || bound_on_one_unknown(m)) {
                 return Some(span);
             }
             last_number(text).map(str::to_string)
@@ -390,6 +390,24 @@ const MAX_PHRASE_WORDS: usize = 3;
 /// (arithmetic too large to evaluate counts: it is still one whole answer).
 fn reads_as_math(s: &str, cfg: &VerifyConfig) -> bool {
     !s.is_empty() && !too_long(s, cfg) && equiv::parse_value(&normalize::normalize(s).text).is_mathematical()
+}
+
+/// `y \leq 4`, `t \neq 4`: an inequality between one unknown and a number,
+/// a whole answer when it is the last math a response writes ("Thus $y
+/// \leq 4$ is the solution."), where its number alone would be a different
+/// answer. Equations are left to the number (`x = 3` reads as 3).
+fn bound_on_one_unknown(s: &str) -> bool {
+    let n = normalize::normalize(s).text;
+    match equiv::parse_value(&n) {
+        equiv::Value::Relation { sides, ops } => {
+            let unknown = |t: &str| t.len() <= 2 && t.chars().all(|c| c.is_ascii_alphabetic());
+            let number = |t: &str| equiv::parse_value(t).as_num().is_some();
+            sides.len() == 2
+                && ops.iter().all(|o| !matches!(o, equiv::Rel::Eq))
+                && (unknown(&sides[0]) && number(&sides[1]) || number(&sides[0]) && unknown(&sides[1]))
+        }
+        _ => false,
+    }
 }
 
 /// Normalises an answer the way [`is_equivalent`] does (inputs longer than
@@ -442,13 +460,27 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
         return v;
     }
     let mut a = normalize::normalize(answer);
-    let g = normalize::normalize(gold);
+    let mut g = normalize::normalize(gold);
+    // `A:B=3:8`, `|PQ|=5`: a gold that names what its value is, against an
+    // answer that gives only the value.
+    if let Some(value) = labelled_gold_value(&g.text).filter(|_| !is_relation_text(&a.text)) {
+        g.text = value;
+    }
     let vg = equiv::parse_value(&g.text);
     // `m + n = 47`, `x = 10 - 3 = 7`: against a bare value, an equation
     // chain states its last side.
-    if vg.as_num().is_some() {
+    if vg.as_num().is_some() || is_ratio(&g.text) {
         if let Some(last) = equiv::equation_result(&a.text) {
             a.text = last;
+        }
+    }
+    // `3,25` or `12,5 km` against one number: a decimal comma, where a
+    // thousands reading is impossible (not exactly three digits after the
+    // comma). Against a list gold the comma still separates answers, and
+    // `1,250` stays one thousand two hundred and fifty.
+    if vg.as_num().is_some() {
+        if let Some(decimal) = decimal_comma_number(&a.text) {
+            a.text = decimal;
         }
     }
     // `\textbf{(C)}\ 12` against the value `12`: the choice's value is the
@@ -528,6 +560,44 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
         Reason::Mismatch(equiv::explain_mismatch(&va, &vg))
     };
     v
+}
+
+/// The value of a gold written as a labelled equation (`A:B=3:8` → `3:8`,
+/// `|PQ|=5` → `5`): one `=`, a left side that only names (letters, bars,
+/// colons, no digits or operators) and a right side without unknowns. An
+/// equation in unknowns (`x + y = 5`, `y = 2x + 1`) is not a label.
+fn labelled_gold_value(gold: &str) -> Option<String> {
+    let (lhs, rhs) = gold.split_once('=')?;
+    let (lhs, rhs) = (lhs.trim(), rhs.trim());
+    if rhs.contains('=') || lhs.is_empty() || rhs.is_empty() || lhs.len() > 16 || is_relation_text(rhs) {
+        return None;
+    }
+    let names_only = lhs.chars().all(|c| c.is_ascii_alphabetic() || matches!(c, '|' | ':' | ' ' | '\\' | '{' | '}'))
+        && lhs.chars().any(|c| c.is_ascii_alphabetic());
+    // A plain assignment `x = 5` is the normaliser's (it strips those).
+    let single_name = lhs.chars().filter(char::is_ascii_alphabetic).count() == 1 && !lhs.contains(['|', ':']);
+    let value = equiv::parse_value(rhs);
+    (names_only && !single_name && (value.is_mathematical() || is_ratio(rhs))).then(|| rhs.to_string())
+}
+
+/// Whether normalised text reads as a relation (an equation or inequality).
+fn is_relation_text(s: &str) -> bool {
+    matches!(equiv::parse_value(s), equiv::Value::Relation { .. })
+}
+
+/// `3:8`: a ratio of plain numbers.
+fn is_ratio(s: &str) -> bool {
+    let parts: Vec<&str> = s.split(':').map(str::trim).collect();
+    parts.len() >= 2 && parts.iter().all(|p| is_decimal(p))
+}
+
+/// `3,25` → `3.25`: one comma between digits with other than three digits
+/// after it (a thousands group has exactly three), in a plain number.
+fn decimal_comma_number(s: &str) -> Option<String> {
+    let body = s.strip_prefix('-').unwrap_or(s);
+    let (int, frac) = body.split_once(',')?;
+    let digits = |t: &str| !t.is_empty() && t.chars().all(|c| c.is_ascii_digit());
+    (digits(int) && digits(frac) && frac.len() != 3).then(|| s.replacen(',', ".", 1))
 }
 
 /// An answer that is arithmetic left undone (`2+3`, `\sqrt{49}`) where the
