@@ -256,7 +256,11 @@ pub struct Outage {
 impl Outage {
     /// A call by `what` failed with `error`: the line to print, if one is due.
     pub fn failed(&mut self, what: &str, error: &dyn fmt::Display) -> Option<String> {
-        let now = Instant::now();
+        self.failed_at(Instant::now(), what, error)
+    }
+
+    /// [`Outage::failed`] at `now`.
+    fn failed_at(&mut self, now: Instant, what: &str, error: &dyn fmt::Display) -> Option<String> {
         match &mut self.since {
             None => {
                 self.since = Some((now, now));
@@ -548,6 +552,24 @@ pub(crate) mod tests {
             entropy_tokens: vec![3, 0],
             weight_version: 9,
         }
+    }
+
+    /// An outage is reported when it starts, then every
+    /// `OUTAGE_REPORT_EVERY` with how long it has lasted, then when it ends.
+    #[test]
+    fn an_outage_is_reported_at_once_then_every_half_minute_then_its_end() {
+        let mut o = Outage::default();
+        let t0 = Instant::now();
+        let e = "redis://127.0.0.1:6379/0: timed out";
+        let first = o.failed_at(t0, "learner", &e).unwrap();
+        assert!(first.contains("retrying with back-off") && first.contains("timed out"), "{first}");
+        assert_eq!(o.failed_at(t0 + Duration::from_secs(10), "learner", &e), None);
+        let later = o.failed_at(t0 + Duration::from_secs(40), "learner", &e).unwrap();
+        assert!(later.contains("still waiting for the experience queue after 40 s"), "{later}");
+        assert_eq!(o.failed_at(t0 + Duration::from_secs(50), "learner", &e), None);
+        assert!(o.failed_at(t0 + Duration::from_secs(71), "learner", &e).unwrap().contains("after 71 s"));
+        assert!(o.recovered("learner").unwrap().contains("is back after"));
+        assert_eq!(o.recovered("learner"), None, "reported once");
     }
 
     #[test]
