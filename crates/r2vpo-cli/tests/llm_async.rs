@@ -411,6 +411,19 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
+/// `llm learn` into `run` on the Redis at `url` with `sets`, and one `llm
+/// actor` (`a0`) on it once the learner has written its config; their
+/// stderr in `tmp/learner.log` and `tmp/a0.log`.
+fn learner_and_actor(tmp: &Path, cfg: &Path, run: &Path, url: &str, sets: &[&str]) -> (Child, Child, Reaper) {
+    let log = |name: &str| std::fs::File::create(tmp.join(name)).unwrap();
+    let learner = learn(cfg, run, url).args(sets).stdout(Stdio::null()).stderr(log("learner.log")).spawn().unwrap();
+    let mut reaper = Reaper(vec![learner.id()]);
+    wait_for_file(&run.join("config.toml"));
+    let a0 = actor(&run.join("config.toml"), "a0", log("a0.log"));
+    reaper.0.push(a0.id());
+    (learner, a0, reaper)
+}
+
 /// `FLUSHALL` under a live `llm learn` + `llm actor` (an operator, or
 /// eviction under `maxmemory`): no reconnection happens, so only the
 /// periodic ownership check sees it. Both processes stop within seconds
@@ -425,17 +438,9 @@ fn keys_deleted_under_a_live_run_stop_learner_and_actor_with_a_checkpoint() {
     let run = tmp.path().join("flushed");
     let log = |name: &str| std::fs::File::create(tmp.path().join(name)).unwrap();
     // No checkpoint falls due before the wipe: the one it causes is the first.
-    let mut learner = learn(&cfg, &run, &url)
-        .args(["--set", "checkpoint_every=100", "--set", "queue.lease_s=2"])
-        .stdout(Stdio::null())
-        .stderr(log("learner.log"))
-        .spawn()
-        .unwrap();
-    let mut reaper = Reaper(vec![learner.id()]);
+    let sets = ["--set", "checkpoint_every=100", "--set", "queue.lease_s=2"];
+    let (mut learner, mut a0, mut reaper) = learner_and_actor(tmp.path(), &cfg, &run, &url, &sets);
     let resolved = run.join("config.toml");
-    wait_for_file(&resolved);
-    let mut a0 = actor(&resolved, "a0", log("a0.log"));
-    reaper.0.push(a0.id());
     let t0 = Instant::now();
     while metrics(&run).len() < 2 {
         assert!(t0.elapsed() < Duration::from_secs(300), "the run never got going");
@@ -482,18 +487,8 @@ fn a_hung_redis_is_reported_and_signals_still_stop_learner_and_actor() {
     let cfg = write_config(tmp.path());
     let redis = Redis::start_anywhere(tmp.path());
     let run = tmp.path().join("hung");
-    let log = |name: &str| std::fs::File::create(tmp.path().join(name)).unwrap();
-    let mut learner = learn(&cfg, &run, &redis.url())
-        .args(["--set", "queue.timeout_s=1"])
-        .stdout(Stdio::null())
-        .stderr(log("learner.log"))
-        .spawn()
-        .unwrap();
-    let mut reaper = Reaper(vec![learner.id()]);
-    let resolved = run.join("config.toml");
-    wait_for_file(&resolved);
-    let mut a0 = actor(&resolved, "a0", log("a0.log"));
-    reaper.0.push(a0.id());
+    let (mut learner, mut a0, _reaper) =
+        learner_and_actor(tmp.path(), &cfg, &run, &redis.url(), &["--set", "queue.timeout_s=1"]);
     wait_for_checkpoint(&mut learner, &run, 2);
     redis.freeze(true);
     let t0 = Instant::now();
