@@ -47,9 +47,9 @@ build-torch: deps deps-torch
 # pinned CUDA 13.0 toolchain and libraries and libtorch 2.11 from PyPI into
 # .deps/, builds with the torch backend (libtorch through tch-rs, the GPU
 # learner) and candle's CUDA backend for sm_$(CUDA_COMPUTE_CAP) (the
-# comparison), and leaves in dist/gpu/ what to carry there (README "GPU
-# learner"): the stripped binary xz-compressed (the raw one is above the
-# 64 MiB carry limit; 32 MiB of it candle's prebuilt GGUF/MoE kernels),
+# comparison), and leaves in dist/gpu/ what to carry there (docs/gpu.md):
+# the stripped binary xz-compressed (the raw one is above the 64 MiB
+# carry limit; 32 MiB of it candle's prebuilt GGUF/MoE kernels),
 # libmujoco, which it finds beside itself ($$ORIGIN), and the embedded
 # SmolLM2's tokenizer as Hugging Face files (2 MB; the GPU check's
 # random-weight runs use it, the 98 MB GGUF stays here). The binary loads

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU learner's check, run on the GPU machine (README "GPU learner"):
+# The GPU learner's check, run on the GPU machine (docs/gpu.md):
 #   1. correctness: CUDA log-probs and gradients against the CPU's on the
 #      tiny Qwen3-shaped model (f32 must be within 1e-4 relative; bf16
 #      mixed precision is reported);

@@ -173,7 +173,7 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     // Skipped prompts and data lines are reported above the bar, not through it.
     trainer.set_warning_handler(progress.printer());
     if cfg.model.device == "cpu" && !a.run.quiet {
-        // Runs on different kernels round differently (README "CPU speed").
+        // Runs on different kernels round differently (docs/cpu-speed.md).
         progress.println(&format!("learner's products on the CPU: {}", r2vpo_llm::model::kernels::path()));
     }
     let mut last = String::new();

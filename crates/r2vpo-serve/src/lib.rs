@@ -10,8 +10,8 @@
 //! * [`protocol`] — the wire types both sides share.
 //!
 //! The contract (which fields a learner relies on, what the log-probs mean,
-//! how vLLM and SGLang map onto it) is written down in the README section
-//! "Rollouts as a service".
+//! how vLLM and SGLang map onto it) is written down in
+//! `docs/rollouts-and-serving.md`.
 
 pub mod client;
 pub mod metrics;

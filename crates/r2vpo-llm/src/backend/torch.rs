@@ -4,7 +4,7 @@
 //!
 //! Chosen by measurement: a Qwen3-1.7B training step on an H200 ran at
 //! 0.97× PyTorch's tokens/s through tch-rs against 0.13× on candle's CUDA
-//! backend (`results/gpu/`, README "GPU learner"). The decoder is the
+//! backend (`results/gpu/`, `docs/gpu.md`). The decoder is the
 //! candle [`Transformer`]'s, op for op, from the same [`ModelConfig`] and
 //! the same Hugging Face parameter names: RMSNorm, q/k/v projections (Qwen2's
 //! biases, Qwen3's per-head q/k RMSNorm), rotate-half RoPE with the same

@@ -11,7 +11,7 @@
 //! `Σ|xᵢwᵢ|` is 6–8 × 10⁻⁸, where an f32 loop's is 1.1–1.9 × 10⁻⁷
 //! (`tests::agrees_with_f64` bounds it at 4 × 10⁻⁷). Even at six products
 //! per term it runs ahead of gemm's AVX-512 f32 kernel: SmolLM2's scoring
-//! pass in 0.80–0.82× the time (README "CPU speed against PyTorch").
+//! pass in 0.80–0.82× the time (`docs/cpu-speed.md`).
 //!
 //! Why C: Rust's AMX intrinsics are unstable and no crate multiplies f32 on
 //! AMX; gcc's intrinsics are stable, and `build.rs` compiles the file with

@@ -150,7 +150,7 @@ pub fn open_device(name: &str) -> std::result::Result<candle_core::Device, Strin
 /// whichever pool thread is free: on a GPU that read gradients before they
 /// were written and reused memory another stream was still using. The
 /// trainer's gradient norms on an H200 came out 1e2–1e13 times the CPU's
-/// (`results/gpu/run-2/grad-norms.txt`) while `bench step --check`, which
+/// (`results/gpu/2026-11-26-nvidia-h200-run2/grad-norms.txt`) while `bench step --check`, which
 /// ran on one thread, matched. One stream orders every launch by the host
 /// order of the calls, whichever thread makes them.
 #[cfg(feature = "cuda")]

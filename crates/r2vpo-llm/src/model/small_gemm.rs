@@ -5,9 +5,9 @@
 //! weight matrix into a packed layout on every call. That pays off when
 //! many rows reuse each packed panel (the learner's 2 400-row passes), but a
 //! decode step has 1–32 rows: profiled at batch 32, 33 % of decode time was
-//! `pack_lhs` against 26 % in the multiply itself (README "CPU speed against
-//! PyTorch"). Here each weight row (contiguous along `k`, as checkpoints
-//! store it) is streamed once and dotted with every input row while it sits
+//! `pack_lhs` against 26 % in the multiply itself (`docs/cpu-speed.md`).
+//! Here each weight row (contiguous along `k`, as checkpoints store it) is
+//! streamed once and dotted with every input row while it sits
 //! in L1, so nothing is copied. SIMD comes from `pulp` (the portable-SIMD
 //! crate under gemm and faer: run-time dispatch to AVX-512, AVX2 or NEON),
 //! not hand-written intrinsics.

@@ -1059,7 +1059,7 @@ impl Transformer {
     /// [`Transformer::checkpointed_backward`] can recompute one layer at a
     /// time and backpropagate the incoming gradient through it. It costs one
     /// more forward of the stack; the activations alive at once fall from
-    /// every layer's to one layer's (measured in README "GPU learner"). The
+    /// every layer's to one layer's (measured in `docs/gpu.md`). The
     /// LM head runs a chunk of rows at a time, twice (log-probs here, their
     /// gradient in the backward), so the (rows × vocabulary) logits are
     /// never whole ([`Transformer::set_logits_chunk`]).

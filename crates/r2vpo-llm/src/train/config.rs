@@ -504,7 +504,8 @@ pub struct TrainConfig {
     /// ([`crate::model::Transformer::tail_grads_checkpointed`]). The same
     /// gradients up to float rounding (tested) for one more forward pass;
     /// on SmolLM2 at 8 × (44 + 256) tokens the step's peak resident memory
-    /// falls from 10.1 to 3.4 GiB and its time rises 1.37× (README). Needs
+    /// falls from 10.1 to 3.4 GiB and its time rises 1.37×
+    /// (`docs/cpu-speed.md`, "Memory of a training step"). Needs
     /// `share_prompt_prefix = false` (the shared prompt's keys and values
     /// cross every layer) and `entropy_coef = 0`; both are refused otherwise.
     pub activation_checkpointing: bool,
