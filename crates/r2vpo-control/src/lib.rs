@@ -24,6 +24,7 @@ pub mod physics;
 pub mod policy;
 pub mod rewards;
 pub mod run;
+pub mod stats;
 pub mod tasks;
 pub mod trainer;
 pub mod vec_env;

@@ -220,11 +220,10 @@ impl Default for RolloutConfig {
 impl RolloutConfig {
     /// Checks the table, naming the first bad field.
     pub fn validate(&self) -> TrainResult<()> {
-        for (k, v) in [("rollout.timeout_s", self.timeout_s), ("rollout.connect_timeout_s", self.connect_timeout_s)] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(bad(k, format!("must be a positive number of seconds, got {v}")));
-            }
-        }
+        positive_seconds(&[
+            ("rollout.timeout_s", self.timeout_s),
+            ("rollout.connect_timeout_s", self.connect_timeout_s),
+        ])?;
         if !(self.backoff_s.is_finite() && self.backoff_s >= 0.0) {
             return Err(bad("rollout.backoff_s", format!("must be >= 0, got {}", self.backoff_s)));
         }
@@ -617,6 +616,15 @@ fn bad(field: &str, message: impl Into<String>) -> TrainError {
     TrainError::Config { field: field.into(), message: message.into() }
 }
 
+/// Each `(field, seconds)` is a finite positive duration, or the error
+/// names the first that is not.
+fn positive_seconds(fields: &[(&str, f64)]) -> TrainResult<()> {
+    match fields.iter().find(|(_, v)| !(v.is_finite() && *v > 0.0)) {
+        Some((k, v)) => Err(bad(k, format!("must be a positive number of seconds, got {v}"))),
+        None => Ok(()),
+    }
+}
+
 impl TrainConfig {
     /// Checks every field, naming the first bad one.
     pub fn validate(&self) -> TrainResult<()> {
@@ -730,11 +738,7 @@ impl TrainConfig {
         if self.actors.count == 0 {
             return Err(bad("actors.count", "must be at least 1"));
         }
-        for (k, v) in [("queue.lease_s", self.queue.lease_s), ("queue.timeout_s", self.queue.timeout_s)] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(bad(k, format!("must be a positive number of seconds, got {v}")));
-            }
-        }
+        positive_seconds(&[("queue.lease_s", self.queue.lease_s), ("queue.timeout_s", self.queue.timeout_s)])?;
         if self.queue.backend == QueueBackend::Redis
             && !(self.queue.url.starts_with("redis://") || self.queue.url.starts_with("rediss://"))
         {
