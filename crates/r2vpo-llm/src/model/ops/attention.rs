@@ -1,0 +1,395 @@
+//! Training attention that keeps no score matrix, with its backward.
+
+use super::*;
+
+/// Query rows per block of [`attention`]: keys after the last one any row
+/// of the block sees are skipped, so a causal pass of `T` rows computes
+/// about `(T + ROWS) / 2T` of the full scores (SmolLM2's step, T = 300:
+/// 0.61 at 64 rows, 0.58 at 48). Smaller blocks skip more but give the
+/// products thinner shapes. Timed inside a SmolLM2 step
+/// (`results/bench/kernel-ab/avx2-backward-vs-openblas-2026-11-27/`), the
+/// attention's forward + backward: on gemm 32, 64, 128 and 300 rows 0.49 + 1.08, 0.47 + 1.05, 0.52 + 1.15
+/// and 0.65 + 1.57 s; on the AVX2 kernel 48, 60, 64 and 96 rows 0.40 +
+/// 0.91, 0.44 + 0.92, 0.43 + 1.01 and 0.46 + 0.98 s (48: a multiple of its
+/// 6-row tile). The block changes a score's bits (the products' shapes), so
+/// the gemm and AMX paths keep the 64 their pinned runs were recorded with.
+fn attention_rows() -> usize {
+    if crate::model::kernels::on_avx2() {
+        48
+    } else {
+        64
+    }
+}
+
+/// An additive mask entry at or below this hides its key. The model's mask
+/// uses −1e9; any score plus −1e4 is far past where `exp` reaches zero, so
+/// skipping such keys (rather than adding the mask and exponentiating)
+/// leaves every softmax unchanged.
+const HIDDEN: f64 = -1e4;
+
+/// Scaled-dot-product attention, differentiable, that keeps no `(T × TK)`
+/// tensor: `q (B, Hkv, G·T, D)` already scaled (the G query heads sharing a
+/// kv head stacked as `G·T` rows of `T` queries each), `k, v (B, Hkv, TK,
+/// D)`, additive `mask (B, 1, 1, T, TK)` (0 or ≤ −1e4). Returns `(B, Hkv,
+/// G·T, D)`, `softmax(q·kᵀ + mask)·v`.
+///
+/// On the CPU in f32/f64 it is one op whose backward recomputes the scores
+/// a block of query rows at a time (FlashAttention's recomputation, Dao et
+/// al. 2022, without its tiling of the keys: a block's `64 × TK` scores fit
+/// in L2), so the graph keeps only `q`, `k`, `v` and the output. The
+/// composite it replaces kept three `(B, H, T, TK)` tensors per layer
+/// (scores, masked scores, probabilities): 78 MB a layer, 2.3 GB for
+/// SmolLM2's step at 8 × 300 tokens. Blocks also skip the keys that the
+/// causal mask hides from all their rows. Elsewhere (another device or
+/// dtype, [`with_composites`]) it is [`attention_composite`].
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, t: usize) -> Result<Tensor> {
+    let same = [k, v, mask].iter().all(|x| x.dtype() == q.dtype() && x.device().is_cpu());
+    if !(fused_ok(q) && same) {
+        return attention_composite(q, k, v, mask, t);
+    }
+    attention_dims(q, k, v, mask, t)?;
+    // Views with a unit last stride (the KV cache's) are read in place.
+    let rows = |x: &Tensor| if x.stride()[3] == 1 { Ok(x.clone()) } else { x.contiguous() };
+    q.contiguous()?.apply_op3(&rows(k)?, &rows(v)?, Attention { mask: mask.contiguous()?, t })
+}
+
+/// Reference attention from candle ops: scores, mask, softmax, weighted sum.
+pub fn attention_composite(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, t: usize) -> Result<Tensor> {
+    let (b, hk, g, _, tk, _) = attention_dims(q, k, v, mask, t)?;
+    let scores = q.matmul(&k.t()?)?.reshape((b, hk, g, t, tk))?.broadcast_add(mask)?;
+    softmax_last_dim(&scores)?.reshape((b, hk, g * t, tk))?.matmul(v)
+}
+
+/// `(B, Hkv, G, T, TK, D)` of an attention's operands, or an error naming
+/// their shapes.
+fn attention_dims(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    t: usize,
+) -> Result<(usize, usize, usize, usize, usize, usize)> {
+    let (b, hk, gt, d) = q.dims4()?;
+    let tk = k.dim(2)?;
+    if t == 0
+        || gt % t != 0
+        || k.dims4()? != (b, hk, tk, d)
+        || v.dims4()? != (b, hk, tk, d)
+        || mask.dims() != [b, 1, 1, t, tk]
+    {
+        return Err(Error::Msg(format!(
+            "attention: q {:?}, k {:?}, v {:?}, mask {:?} for {t} queries a row",
+            q.dims(),
+            k.dims(),
+            v.dims(),
+            mask.dims()
+        )));
+    }
+    Ok((b, hk, gt / t, t, tk, d))
+}
+
+/// The fused op: `q`, `k`, `v` are its arguments, the mask a constant.
+struct Attention {
+    mask: Tensor,
+    t: usize,
+}
+
+/// A `(B, Hkv, N, D)` operand on the CPU: its elements from the start
+/// offset on, and its first three strides (the last is 1).
+struct Heads<'a, T> {
+    data: &'a [T],
+    stride: [usize; 3],
+}
+
+impl<'a, T> Heads<'a, T> {
+    fn new(s: &'a [T], l: &Layout, op: &str) -> Result<Self> {
+        let st = l.stride();
+        if st.len() != 4 || st[3] != 1 {
+            return Err(Error::Msg(format!("{op}: operands need a unit last stride, got {st:?}")));
+        }
+        Ok(Heads { data: &s[l.start_offset()..], stride: [st[0], st[1], st[2]] })
+    }
+
+    /// Row `r`, kv head `h`: its rows from the first on, `stride[2]` apart.
+    fn at(&self, r: usize, h: usize) -> &'a [T] {
+        &self.data[r * self.stride[0] + h * self.stride[1]..]
+    }
+}
+
+/// One past the last key each `(row, query)` of `mask (B·T, TK)` sees, or
+/// all `TK` for a query that sees none (the composite spreads its softmax
+/// evenly over every key, and so must this).
+fn key_bounds<T: Float>(mask: &[T], tk: usize) -> Vec<usize> {
+    let hidden = T::from_f64(HIDDEN);
+    mask.chunks_exact(tk).map(|m| m.iter().rposition(|&x| x > hidden).map_or(tk, |j| j + 1)).collect()
+}
+
+/// `c = a · b` (or `c += a · b` with `acc`), row-major `c (m × n)` with row
+/// stride `ldc`, `a (m × k)` and `b (k × n)` with (row, column) strides, on
+/// one thread (the callers run heads in parallel): in f32 on the AVX2
+/// kernel where it runs ([`Float::mm_avx2`]: inside a SmolLM2 step the
+/// attention's forward and backward took 0.43 + 1.01 s on it against gemm's
+/// 0.47 + 1.05 s at 64-row blocks,
+/// `results/bench/kernel-ab/avx2-backward-vs-openblas-2026-11-27/`), else on
+/// gemm's microkernels.
+#[allow(clippy::too_many_arguments)]
+fn mm<T: Float>(
+    (m, n, k): (usize, usize, usize),
+    c: &mut [T],
+    ldc: usize,
+    acc: bool,
+    a: &[T],
+    (ars, acs): (usize, usize),
+    b: &[T],
+    (brs, bcs): (usize, usize),
+) {
+    let span = |r: usize, c: usize, rs: usize, cs: usize| (r - 1) * rs + (c - 1) * cs + 1;
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    assert!(span(m, k, ars, acs) <= a.len() && span(k, n, brs, bcs) <= b.len() && span(m, n, ldc, 1) <= c.len());
+    if crate::model::kernels::reference() {
+        r2vpo_kernels::product([m, k, n], (a, (ars, acs)), (b, (brs, bcs)), c, ldc, acc);
+        return;
+    }
+    if T::mm_avx2((m, n, k), c, ldc, acc, a, (ars, acs), b, (brs, bcs)) {
+        return;
+    }
+    // SAFETY: the assert keeps every index gemm forms from these strides
+    // inside the three slices, and `c` does not alias `a` or `b`.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            ldc as isize,
+            acc,
+            a.as_ptr(),
+            acs as isize,
+            ars as isize,
+            b.as_ptr(),
+            bcs as isize,
+            brs as isize,
+            T::ONE,
+            T::ONE,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// Shapes of one (row, kv head) of [`attention`].
+#[derive(Clone, Copy)]
+struct Unit {
+    g: usize,
+    t: usize,
+    tk: usize,
+    d: usize,
+}
+
+impl Unit {
+    /// Each block of query rows: its first row in the `G·T` stack, its row
+    /// count, its first query position in `0..T`, and the keys it sees.
+    fn blocks<'a>(&self, hi: &'a [usize]) -> impl Iterator<Item = (usize, usize, usize, usize)> + 'a {
+        let (Unit { g, t, .. }, rows) = (*self, attention_rows());
+        (0..g).flat_map(move |gi| {
+            (0..t).step_by(rows).map(move |i0| {
+                let i1 = (i0 + rows).min(t);
+                (gi * t + i0, i1 - i0, i0, hi[i0..i1].iter().copied().max().unwrap_or(1))
+            })
+        })
+    }
+
+    /// `s (n × kn) = softmax(q_rows · k[..kn]ᵀ + mask)`, the block's
+    /// probabilities, for query positions `i0..i0 + n`.
+    #[allow(clippy::too_many_arguments)]
+    fn probs<T: Float>(
+        &self,
+        s: &mut [T],
+        q: &[T],
+        k: &[T],
+        ks: usize,
+        mask: &[T],
+        (n, i0, kn): (usize, usize, usize),
+    ) {
+        let (tk, d) = (self.tk, self.d);
+        mm((n, kn, d), s, kn, false, q, (d, 1), k, (1, ks));
+        for (i, row) in s.chunks_exact_mut(kn).enumerate() {
+            let m = &mask[(i0 + i) * tk..(i0 + i) * tk + kn];
+            for (x, &a) in row.iter_mut().zip(m) {
+                *x = *x + a;
+            }
+            let mx = T::row_max(row);
+            let inv = T::ONE / T::exp_shifted(row, mx);
+            row.iter_mut().for_each(|x| *x = *x * inv);
+        }
+    }
+}
+
+fn attention_fwd<T: Float>(q: &[T], k: Heads<T>, v: Heads<T>, mask: &[T], dims: (usize, usize, Unit)) -> Vec<T> {
+    let (b, hk, u) = dims;
+    let (gt, tk, d) = (u.g * u.t, u.tk, u.d);
+    let hi = key_bounds(mask, tk);
+    let mut out = vec![T::ZERO; b * hk * gt * d];
+    out.par_chunks_mut(gt * d).enumerate().for_each(|(rh, o)| {
+        let (r, h) = (rh / hk, rh % hk);
+        let (kr, vr, qr) = (k.at(r, h), v.at(r, h), &q[rh * gt * d..(rh + 1) * gt * d]);
+        let (mr, hr) = (&mask[r * u.t * tk..(r + 1) * u.t * tk], &hi[r * u.t..(r + 1) * u.t]);
+        let mut s = vec![T::ZERO; attention_rows().min(u.t) * tk];
+        for (row, n, i0, kn) in u.blocks(hr) {
+            let s = &mut s[..n * kn];
+            u.probs(s, &qr[row * d..], kr, k.stride[2], mr, (n, i0, kn));
+            mm((n, d, kn), &mut o[row * d..], d, false, s, (kn, 1), vr, (v.stride[2], 1));
+        }
+    });
+    out
+}
+
+/// The gradients `(dq, dk, dv)` for the upstream `dout (B, Hkv, G·T, D)`:
+/// per block, P again, then `dv += Pᵀ·dout`, `dP = dout·vᵀ`,
+/// `dS = P ⊙ (dP − rowsum(P ⊙ dP))`, `dq = dS·k`, `dk += dSᵀ·q`.
+fn attention_bwd<T: Float>(
+    q: &[T],
+    k: Heads<T>,
+    v: Heads<T>,
+    mask: &[T],
+    dout: &[T],
+    dims: (usize, usize, Unit),
+) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let (b, hk, u) = dims;
+    let (gt, tk, d) = (u.g * u.t, u.tk, u.d);
+    let hi = key_bounds(mask, tk);
+    let mut dq = vec![T::ZERO; b * hk * gt * d];
+    let mut dk = vec![T::ZERO; b * hk * tk * d];
+    let mut dv = vec![T::ZERO; b * hk * tk * d];
+    let units = dq.par_chunks_mut(gt * d).zip(dk.par_chunks_mut(tk * d)).zip(dv.par_chunks_mut(tk * d));
+    units.enumerate().for_each(|(rh, ((dq, dk), dv))| {
+        let (r, h) = (rh / hk, rh % hk);
+        let (kr, vr) = (k.at(r, h), v.at(r, h));
+        let (qr, gr) = (&q[rh * gt * d..(rh + 1) * gt * d], &dout[rh * gt * d..(rh + 1) * gt * d]);
+        let (mr, hr) = (&mask[r * u.t * tk..(r + 1) * u.t * tk], &hi[r * u.t..(r + 1) * u.t]);
+        let cap = attention_rows().min(u.t) * tk;
+        let (mut s, mut dp) = (vec![T::ZERO; cap], vec![T::ZERO; cap]);
+        for (row, n, i0, kn) in u.blocks(hr) {
+            let (s, dp) = (&mut s[..n * kn], &mut dp[..n * kn]);
+            u.probs(s, &qr[row * d..], kr, k.stride[2], mr, (n, i0, kn));
+            mm((kn, d, n), dv, d, true, s, (1, kn), &gr[row * d..], (d, 1));
+            mm((n, kn, d), dp, kn, false, &gr[row * d..], (d, 1), vr, (1, v.stride[2]));
+            for (pr, dr) in s.chunks_exact(kn).zip(dp.chunks_exact_mut(kn)) {
+                let dot: T = pr.iter().zip(dr.iter()).map(|(&p, &x)| p * x).sum();
+                dr.iter_mut().zip(pr).for_each(|(x, &p)| *x = p * (*x - dot));
+            }
+            mm((n, d, kn), &mut dq[row * d..], d, false, dp, (kn, 1), kr, (k.stride[2], 1));
+            mm((kn, d, n), dk, d, true, dp, (1, kn), &qr[row * d..], (d, 1));
+        }
+    });
+    (dq, dk, dv)
+}
+
+impl Attention {
+    fn dims(&self, q: &Layout, k: &Layout) -> Result<(usize, usize, Unit)> {
+        let (b, hk, gt, d) = q.shape().dims4()?;
+        Ok((b, hk, Unit { g: gt / self.t, t: self.t, tk: k.dims()[2], d }))
+    }
+}
+
+impl CustomOp3 for Attention {
+    fn name(&self) -> &'static str {
+        "r2vpo-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let n = self.name();
+        let dims = self.dims(l1, l2)?;
+        let (ms, ml) = self.mask.storage_and_layout();
+        let out = match (s1, s2, s3, &*ms) {
+            (
+                CpuStorage::F32(q),
+                CpuStorage::F32(k),
+                CpuStorage::F32(v),
+                candle_core::Storage::Cpu(CpuStorage::F32(m)),
+            ) => {
+                let (k, v) = (Heads::new(k, l2, n)?, Heads::new(v, l3, n)?);
+                CpuStorage::F32(attention_fwd(contiguous(q, l1, n)?, k, v, contiguous(m, ml, n)?, dims))
+            }
+            (
+                CpuStorage::F64(q),
+                CpuStorage::F64(k),
+                CpuStorage::F64(v),
+                candle_core::Storage::Cpu(CpuStorage::F64(m)),
+            ) => {
+                let (k, v) = (Heads::new(k, l2, n)?, Heads::new(v, l3, n)?);
+                CpuStorage::F64(attention_fwd(contiguous(q, l1, n)?, k, v, contiguous(m, ml, n)?, dims))
+            }
+            _ => return Err(unsupported(n, s1)),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let n = self.name();
+        let grad = grad.contiguous()?;
+        let (qs, ql) = q.storage_and_layout();
+        let (ks, kl) = k.storage_and_layout();
+        let (vs, vl) = v.storage_and_layout();
+        let (gs, gl) = grad.storage_and_layout();
+        let (ms, ml) = self.mask.storage_and_layout();
+        let dims = self.dims(ql, kl)?;
+        use candle_core::Storage::Cpu;
+        let (dq, dk, dv) = match (&*qs, &*ks, &*vs, &*gs, &*ms) {
+            (
+                Cpu(CpuStorage::F32(q)),
+                Cpu(CpuStorage::F32(k)),
+                Cpu(CpuStorage::F32(v)),
+                Cpu(CpuStorage::F32(g)),
+                Cpu(CpuStorage::F32(m)),
+            ) => {
+                let (k, v) = (Heads::new(k, kl, n)?, Heads::new(v, vl, n)?);
+                let (q, g, m) = (contiguous(q, ql, n)?, contiguous(g, gl, n)?, contiguous(m, ml, n)?);
+                let (a, b, c) = attention_bwd(q, k, v, m, g, dims);
+                (CpuStorage::F32(a), CpuStorage::F32(b), CpuStorage::F32(c))
+            }
+            (
+                Cpu(CpuStorage::F64(q)),
+                Cpu(CpuStorage::F64(k)),
+                Cpu(CpuStorage::F64(v)),
+                Cpu(CpuStorage::F64(g)),
+                Cpu(CpuStorage::F64(m)),
+            ) => {
+                let (k, v) = (Heads::new(k, kl, n)?, Heads::new(v, vl, n)?);
+                let (q, g, m) = (contiguous(q, ql, n)?, contiguous(g, gl, n)?, contiguous(m, ml, n)?);
+                let (a, b, c) = attention_bwd(q, k, v, m, g, dims);
+                (CpuStorage::F64(a), CpuStorage::F64(b), CpuStorage::F64(c))
+            }
+            _ => return Err(Error::Msg(format!("{n}: backward needs f32 or f64 CPU tensors of one dtype"))),
+        };
+        let dev = q.device();
+        let wrap = |s: CpuStorage, shape: &[usize]| -> Result<Tensor> {
+            match s {
+                CpuStorage::F32(x) => Tensor::from_vec(x, shape, dev),
+                CpuStorage::F64(x) => Tensor::from_vec(x, shape, dev),
+                _ => unreachable!("built above as f32 or f64"),
+            }
+        };
+        Ok((Some(wrap(dq, q.dims())?), Some(wrap(dk, k.dims())?), Some(wrap(dv, v.dims())?)))
+    }
+}
