@@ -96,7 +96,7 @@ pub fn atomic_write_json<T: Serialize + ?Sized>(path: &Path, value: &T) -> Resul
 #[derive(Clone, Debug)]
 pub struct RunDir {
     root: PathBuf,
-    lock: Option<std::sync::Arc<crate::edge::RunLock>>,
+    lock: Option<std::sync::Arc<crate::lock::RunLock>>,
 }
 
 impl RunDir {
@@ -108,7 +108,7 @@ impl RunDir {
     }
 
     /// This folder, holding `lock` for as long as it (or a clone) lives.
-    pub(crate) fn holding(mut self, lock: crate::edge::RunLock) -> Self {
+    pub(crate) fn holding(mut self, lock: crate::lock::RunLock) -> Self {
         self.lock = Some(std::sync::Arc::new(lock));
         self
     }
