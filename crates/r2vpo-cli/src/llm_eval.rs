@@ -14,8 +14,7 @@ use candle_core::{DType, Device};
 use indicatif::{ProgressBar, ProgressStyle};
 use toml::Value;
 
-use r2vpo_llm::data::load_problems;
-use r2vpo_llm::eval::{evaluate, EvalConfig, EvalReport};
+use r2vpo_llm::eval::{evaluate, load_eval_problems, EvalConfig, EvalReport};
 use r2vpo_llm::model::load_model;
 use r2vpo_llm::tokenizer::Tokenizer;
 use r2vpo_report::edge::{open_run_folder, Existing};
@@ -44,9 +43,15 @@ pub struct EvalArgs {
     /// Samples per problem (sets `k`).
     #[arg(long)]
     pub k: Option<usize>,
-    /// Evaluate only the first N problems (sets `data.limit`).
+    /// Evaluate only the first N problems (sets `data.limit`; with
+    /// benchmarks, of each file).
     #[arg(long)]
     pub limit: Option<usize>,
+    /// A benchmark file as `NAME=PATH` (JSONL or parquet, read with the
+    /// `[data]` settings), repeatable: one row each and their macro average
+    /// (sets `benchmarks`).
+    #[arg(long = "benchmark", value_name = "NAME=PATH")]
+    pub benchmarks: Vec<String>,
 }
 
 /// Loads an [`EvalConfig`] ([`config::load`]: the serialised default, the
@@ -69,6 +74,17 @@ pub fn resolve(a: &EvalArgs) -> Result<EvalConfig> {
     }
     if let Some(n) = a.limit {
         sets.push(format!("data.limit={n}"));
+    }
+    if !a.benchmarks.is_empty() {
+        let mut items = Vec::new();
+        for b in &a.benchmarks {
+            let (name, path) = b
+                .split_once('=')
+                .filter(|(n, p)| !n.is_empty() && !p.is_empty())
+                .with_context(|| format!("--benchmark {b:?}: expected NAME=PATH, e.g. aime24=data/aime24.parquet"))?;
+            items.push(format!("{{ name = {}, path = {} }}", Value::String(name.into()), Value::String(path.into())));
+        }
+        sets.push(format!("benchmarks=[{}]", items.join(", ")));
     }
     if let Some(s) = a.run.seed {
         sets.push(format!("sampling.seed={s}"));
@@ -113,7 +129,10 @@ fn command_line() -> String {
 fn markdown(report: &EvalReport, command: &str) -> String {
     let c = &report.config;
     let s = &c.sampling;
-    let data = if c.data.path.starts_with("builtin:") {
+    let data = if !c.benchmarks.is_empty() {
+        let files: Vec<String> = c.benchmarks.iter().map(|b| format!("{} (`{}`)", b.name, b.path)).collect();
+        format!("the benchmarks {}", files.join(", "))
+    } else if c.data.path.starts_with("builtin:") {
         format!("`{}` (difficulty {}, seed {})", c.data.path, c.data.difficulty, c.data.seed)
     } else {
         format!("`{}`", c.data.path)
@@ -161,9 +180,16 @@ fn run_eval(
     command: &str,
     quiet: bool,
 ) -> Result<EvalReport> {
-    // Prints a warning for each skipped dataset line itself.
-    let problems =
-        load_problems(&cfg.data).with_context(|| format!("data `{}` (config table `[data]`)", cfg.data.path))?;
+    let what = if cfg.benchmarks.is_empty() {
+        format!("data `{}` (config table `[data]`)", cfg.data.path)
+    } else {
+        "the benchmarks (config key `benchmarks`)".to_string()
+    };
+    let loaded = load_eval_problems(cfg).with_context(|| what)?;
+    for r in &loaded.skipped {
+        eprintln!("warning: {r}");
+    }
+    let problems = loaded.problems;
     let hint = if model_path == Path::new(DEFAULT_MODEL) { " (run `make deps`)" } else { "" };
     let model = load_model(model_path, DType::F32, &Device::Cpu).with_context(|| format!("loading the model{hint}"))?;
     // The errors below name the file they could not read.
@@ -258,11 +284,30 @@ mod tests {
     }
 
     fn args() -> EvalArgs {
-        EvalArgs { model: PathBuf::from(DEFAULT_MODEL), run: RunArgs::default(), data: None, k: None, limit: None }
+        EvalArgs {
+            model: PathBuf::from(DEFAULT_MODEL),
+            run: RunArgs::default(),
+            data: None,
+            k: None,
+            limit: None,
+            benchmarks: Vec::new(),
+        }
     }
 
     fn sets(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// `--benchmark NAME=PATH` becomes `benchmarks`, in order; a flag
+    /// without `=` is refused with the form it needs.
+    #[test]
+    fn benchmark_flags_become_the_benchmarks_table() {
+        let a = EvalArgs { benchmarks: vec!["aime24=data/aime 24.parquet".into(), "amc=amc.jsonl".into()], ..args() };
+        let c = resolve(&a).unwrap();
+        let got: Vec<(&str, &str)> = c.benchmarks.iter().map(|b| (b.name.as_str(), b.path.as_str())).collect();
+        assert_eq!(got, [("aime24", "data/aime 24.parquet"), ("amc", "amc.jsonl")]);
+        let e = resolve(&EvalArgs { benchmarks: vec!["aime24".into()], ..args() }).unwrap_err().to_string();
+        assert!(e.contains("NAME=PATH"), "{e}");
     }
 
     /// The shipped config spells out the defaults, but for the lenient

@@ -39,7 +39,8 @@ use serde::{Deserialize, Serialize};
 use crate::backend::Policy;
 use crate::chat::{ChatError, ChatTemplate};
 use crate::data::{
-    DataConfig, Fitted, OverlongPrompt, OverlongPrompts, Problem, PromptError, PromptFitter, PromptTemplate,
+    load_problems_reporting, DataConfig, DataError, Fitted, LoadedProblems, OverlongPrompt, OverlongPrompts, Problem,
+    PromptError, PromptFitter, PromptTemplate,
 };
 use crate::sample::{request_seed, FinishReason, GenerationRequest, SampleError, SamplingConfig};
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -139,8 +140,45 @@ pub struct EvalConfig {
     pub sampling: SamplingConfig,
     /// Answer extraction and equivalence.
     pub verify: VerifyConfig,
-    /// Which problems (read by the caller with [`crate::data::load_problems`]).
+    /// Which problems (read by the caller with [`load_eval_problems`]).
     pub data: DataConfig,
+    /// Several benchmark files in one evaluation (AIME 2024, AMC 2023, …):
+    /// each is read with `data`'s settings but its own path, its problems'
+    /// source is its name (one row each) and the table gains a macro
+    /// average over them. Empty (the default): `data` alone.
+    pub benchmarks: Vec<Benchmark>,
+}
+
+/// One benchmark file of [`EvalConfig::benchmarks`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Benchmark {
+    /// The row's name (`aime24`); problem ids become `<name>/<id>`.
+    pub name: String,
+    /// A JSONL or parquet file, read as `data.path` would be.
+    pub path: String,
+}
+
+/// The problems an evaluation reads: `cfg.data`, or each of
+/// `cfg.benchmarks` with `cfg.data`'s other settings (schema, keys,
+/// limit per file), sourced and id-prefixed by its name. Skipped records
+/// come back for the caller to report.
+pub fn load_eval_problems(cfg: &EvalConfig) -> Result<LoadedProblems, DataError> {
+    if cfg.benchmarks.is_empty() {
+        return load_problems_reporting(&cfg.data);
+    }
+    let mut all = LoadedProblems { problems: Vec::new(), skipped: Vec::new() };
+    for b in &cfg.benchmarks {
+        let data = DataConfig { path: b.path.clone(), ..cfg.data.clone() };
+        let loaded = load_problems_reporting(&data)?;
+        all.skipped.extend(loaded.skipped);
+        all.problems.extend(loaded.problems.into_iter().map(|p| Problem {
+            id: format!("{}/{}", b.name, p.id),
+            source: b.name.clone(),
+            ..p
+        }));
+    }
+    Ok(all)
 }
 
 impl Default for EvalConfig {
@@ -160,6 +198,7 @@ impl Default for EvalConfig {
             // golds are integers: an unevaluated expression is no answer.
             verify: VerifyConfig { require_literal_answer: true, ..VerifyConfig::dapo() },
             data: DataConfig::builtin_eval(1, 200),
+            benchmarks: Vec::new(),
         }
     }
 }
@@ -179,6 +218,15 @@ impl EvalConfig {
         }
         if self.sampling.max_new_tokens == 0 {
             return bad("sampling.max_new_tokens", "must be at least 1".into());
+        }
+        let mut names = HashSet::new();
+        for b in &self.benchmarks {
+            if b.name.trim().is_empty() || b.path.trim().is_empty() {
+                return bad("benchmarks", format!("{b:?}: every benchmark needs a name and a path"));
+            }
+            if !names.insert(b.name.as_str()) {
+                return bad("benchmarks", format!("the name `{}` is given twice", b.name));
+            }
         }
         self.sampling.validate().map_err(|e| match e {
             SampleError::Config { field, message } => EvalError::Config { field: format!("sampling.{field}"), message },
@@ -301,6 +349,25 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// Each metric's unweighted mean over `rows` (one per source); counts
+    /// are totals.
+    fn macro_average(rows: &[Summary]) -> Summary {
+        let n = rows.len() as f64;
+        let mean = |f: &dyn Fn(&Summary) -> f64| rows.iter().map(f).sum::<f64>() / n;
+        let ks: Vec<usize> = rows.first().map(|r| r.pass_at.keys().copied().collect()).unwrap_or_default();
+        Summary {
+            source: "macro average".into(),
+            problems: rows.iter().map(|r| r.problems).sum(),
+            samples: rows.iter().map(|r| r.samples).sum(),
+            avg_at_k: mean(&|r| r.avg_at_k),
+            pass_at: ks.iter().map(|&p| (p, mean(&|r| r.pass_at.get(&p).copied().unwrap_or(f64::NAN)))).collect(),
+            maj_at_k: mean(&|r| r.maj_at_k),
+            mean_response_tokens: mean(&|r| r.mean_response_tokens),
+            truncated_fraction: mean(&|r| r.truncated_fraction),
+            extracted_fraction: mean(&|r| r.extracted_fraction),
+        }
+    }
+
     fn of(source: &str, results: &[&ProblemResult], k: usize, pass_k: &[usize]) -> Self {
         let n = results.len();
         let samples = n * k;
@@ -340,6 +407,12 @@ pub struct EvalReport {
     pub overall: Summary,
     /// Metrics per source, sorted by source.
     pub per_source: Vec<Summary>,
+    /// With more than one source (several [`EvalConfig::benchmarks`]): each
+    /// metric's unweighted mean over the sources, as papers average their
+    /// benchmarks (a small benchmark counts as much as a large one); `all`
+    /// is the mean over problems.
+    #[serde(default)]
+    pub macro_average: Option<Summary>,
     /// Per-problem results, in the order of the problems given (without the
     /// skipped ones).
     pub problems: Vec<ProblemResult>,
@@ -365,14 +438,15 @@ fn pct(x: f64) -> String {
 }
 
 impl EvalReport {
-    /// A Markdown table: one row per source, then `all`.
+    /// A Markdown table: one row per source, then `all`, then the macro
+    /// average over sources when there are several.
     pub fn to_markdown(&self) -> String {
         let k = self.config.k;
         let mut head = vec!["source".to_string(), "problems".into(), format!("avg@{k}")];
         head.extend(self.pass_k.iter().map(|p| format!("pass@{p}")));
         head.extend([format!("maj@{k}"), "mean tokens".into(), "truncated".into(), "answer found".into()]);
         let mut out = format!("| {} |\n|{}\n", head.join(" | "), "---|".repeat(head.len()));
-        for s in self.per_source.iter().chain(std::iter::once(&self.overall)) {
+        for s in self.per_source.iter().chain(std::iter::once(&self.overall)).chain(&self.macro_average) {
             let mut row = vec![s.source.clone(), s.problems.to_string(), pct(s.avg_at_k)];
             row.extend(self.pass_k.iter().map(|p| s.pass_at.get(p).map_or("-".into(), |&v| pct(v))));
             row.extend([
@@ -509,7 +583,8 @@ pub fn evaluate(
     for r in &results {
         by_source.entry(r.source.as_str()).or_default().push(r);
     }
-    let per_source = by_source.iter().map(|(s, rs)| Summary::of(s, rs, k, &pass_k)).collect();
+    let per_source: Vec<Summary> = by_source.iter().map(|(s, rs)| Summary::of(s, rs, k, &pass_k)).collect();
+    let macro_average = (per_source.len() > 1).then(|| Summary::macro_average(&per_source));
     let generated_tokens: usize = gens.iter().map(|g| g.token_ids.len()).sum();
     let wall_seconds = t0.elapsed().as_secs_f64();
     Ok(EvalReport {
@@ -523,6 +598,7 @@ pub fn evaluate(
         pass_k,
         overall,
         per_source,
+        macro_average,
         problems: results,
         skipped_prompts,
         truncated_prompts,

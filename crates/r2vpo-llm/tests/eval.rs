@@ -161,12 +161,14 @@ fn evaluate_end_to_end_invariants_and_batch_independence() {
     assert_eq!(rep.generated_tokens, rep.problems.iter().flat_map(|p| &p.response_tokens).sum::<usize>());
     assert!(rep.tokens_per_s > 0.0 && rep.wall_seconds > 0.0);
 
-    // The Markdown table: a header, a rule, one row per source, then `all`.
+    // The Markdown table: a header, a rule, one row per source, `all`,
+    // then the two sources' macro average.
     let md = rep.to_markdown();
     let lines: Vec<&str> = md.lines().collect();
-    assert_eq!(lines.len(), 2 + 2 + 1);
+    assert_eq!(lines.len(), 2 + 2 + 1 + 1);
     assert!(lines[0].contains("avg@8") && lines[0].contains("pass@2") && lines[0].contains("maj@8"), "{md}");
     assert!(lines[2].starts_with("| arith-d1 | 3 |") && lines[4].starts_with("| all | 7 |"), "{md}");
+    assert!(lines[5].starts_with("| macro average | 7 |"), "{md}");
 
     // Batch size changes nothing (one row at a time, and all rows at once).
     for b in [1, 64] {
@@ -207,4 +209,57 @@ fn evaluate_saves_responses_and_rejects_bad_input() {
     let bad = EvalConfig { pass_k: vec![3], ..cfg };
     let err = evaluate(&m, &tok, &ps, &bad, &mut |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("`pass_k`"), "{err}");
+}
+
+/// Several benchmark files in one evaluation: each read with `[data]`'s
+/// settings (its own `limit`), its problems sourced and id-prefixed by its
+/// name, one row each, and a macro average that weighs every benchmark
+/// alike (here unlike `all`, which weighs every problem alike).
+#[test]
+fn benchmarks_get_a_row_each_and_a_macro_average() {
+    use r2vpo_llm::data::DataConfig;
+    use r2vpo_llm::eval::{load_eval_problems, Benchmark};
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, qs: &[(&str, &str)]| {
+        let lines: String =
+            qs.iter().map(|(q, a)| serde_json::json!({"question": q, "answer": a}).to_string() + "\n").collect();
+        let p = dir.path().join(name);
+        std::fs::write(&p, lines).unwrap();
+        p.display().to_string()
+    };
+    let a = write(
+        "a.jsonl",
+        &[("What is 1 + 1?", "2"), ("What is 2 + 1?", "3"), ("What is 4 - 3?", "1"), ("What is 9 - 8?", "1")],
+    );
+    let b = write("b.jsonl", &[("What is 1 + 2?", "3")]);
+    let mut cfg = config(4);
+    cfg.data = DataConfig { path: "unused".into(), limit: Some(3), ..DataConfig::default() };
+    cfg.benchmarks = vec![Benchmark { name: "bench-a".into(), path: a }, Benchmark { name: "bench-b".into(), path: b }];
+    let loaded = load_eval_problems(&cfg).unwrap();
+    let ids: Vec<&str> = loaded.problems.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(ids.len(), 4, "three of a (the limit), one of b: {ids:?}");
+    assert!(ids[..3].iter().all(|i| i.starts_with("bench-a/")) && ids[3].starts_with("bench-b/"), "{ids:?}");
+    assert!(loaded.problems.iter().all(|p| p.source == p.id.split('/').next().unwrap()));
+
+    let tok = tokenizer();
+    let rep = evaluate(&model(&tok), &tok, &loaded.problems, &cfg, &mut |_, _| {}).unwrap();
+    let rows: Vec<&str> = rep.per_source.iter().map(|s| s.source.as_str()).collect();
+    assert_eq!(rows, ["bench-a", "bench-b"]);
+    let m = rep.macro_average.as_ref().expect("a macro average over two benchmarks");
+    let (ra, rb) = (&rep.per_source[0], &rep.per_source[1]);
+    assert_eq!(m.avg_at_k, (ra.avg_at_k + rb.avg_at_k) / 2.0);
+    assert_eq!(m.pass_at[&8], (ra.pass_at[&8] + rb.pass_at[&8]) / 2.0);
+    assert_eq!(m.maj_at_k, (ra.maj_at_k + rb.maj_at_k) / 2.0);
+    assert_eq!((m.problems, m.samples), (4, 32));
+    assert!((rep.overall.avg_at_k - (3.0 * ra.avg_at_k + rb.avg_at_k) / 4.0).abs() < 1e-12);
+    let table = rep.to_markdown();
+    assert!(table.lines().last().unwrap().starts_with("| macro average | 4 |"), "{table}");
+
+    // One source: no macro row.
+    let single = evaluate(&model(&tok), &tok, &loaded.problems[..3], &cfg, &mut |_, _| {}).unwrap();
+    assert!(single.macro_average.is_none() && !single.to_markdown().contains("macro"));
+    // A name given twice is refused, naming it.
+    cfg.benchmarks.push(Benchmark { name: "bench-a".into(), path: "x.jsonl".into() });
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(e.contains("benchmarks") && e.contains("bench-a"), "{e}");
 }

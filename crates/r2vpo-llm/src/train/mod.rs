@@ -362,7 +362,7 @@ impl Trainer {
         skipped_records.extend(loaded.skipped);
         let problems = loaded.problems;
         let eval_problems = if evaluating {
-            let loaded = load_problems_reporting(&cfg.eval.data)?;
+            let loaded = crate::eval::load_eval_problems(&cfg.eval)?;
             skipped_records.extend(loaded.skipped);
             loaded.problems
         } else {
