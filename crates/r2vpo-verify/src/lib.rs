@@ -476,9 +476,11 @@ pub fn is_equivalent(answer: &str, gold: &str, cfg: &VerifyConfig) -> Verdict {
     }
     // `3,25` or `12,5 km` against one number: a decimal comma, where a
     // thousands reading is impossible (not exactly three digits after the
-    // comma). Against a list gold the comma still separates answers, and
+    // comma). Only as written, with no space after the comma: `2, 5` lists
+    // two answers (normalisation drops that space, so the raw answer is
+    // asked). Against a list gold the comma still separates answers, and
     // `1,250` stays one thousand two hundred and fifty.
-    if vg.as_num().is_some() {
+    if vg.as_num().is_some() && !comma_then_space(answer) {
         if let Some(decimal) = decimal_comma_number(&a.text) {
             a.text = decimal;
         }
@@ -589,6 +591,17 @@ fn is_relation_text(s: &str) -> bool {
 fn is_ratio(s: &str) -> bool {
     let parts: Vec<&str> = s.split(':').map(str::trim).collect();
     parts.len() >= 2 && parts.iter().all(|p| is_decimal(p))
+}
+
+/// Whether a comma in `s` is followed by white space (or a LaTeX space).
+fn comma_then_space(s: &str) -> bool {
+    s.match_indices(',').any(|(i, _)| {
+        let rest = &s[i + 1..];
+        rest.starts_with(char::is_whitespace)
+            || rest.starts_with("\\ ")
+            || rest.starts_with("\\,")
+            || rest.starts_with("\\;")
+    })
 }
 
 /// `3,25` → `3.25`: one comma between digits with other than three digits
