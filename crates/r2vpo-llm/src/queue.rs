@@ -285,6 +285,42 @@ impl Outage {
     }
 }
 
+/// Calls `f` until the queue answers: while it is unavailable, backs off
+/// from `first` to 5 s and reports the outage through `warn` ([`Outage`]:
+/// at once, then every half minute, then its end). `Ok(None)` once
+/// `alive(backoff)` (which sleeps) turns false; a refused call is the error.
+/// The one retry loop of the learner, the actors and the weight channel.
+pub fn retry_unavailable<T>(
+    what: &str,
+    first: Duration,
+    warn: &mut dyn FnMut(String),
+    alive: &mut dyn FnMut(Duration) -> bool,
+    mut f: impl FnMut() -> Result<T, QueueError>,
+) -> Result<Option<T>, QueueError> {
+    let mut backoff = first;
+    let mut outage = Outage::default();
+    loop {
+        match f() {
+            Ok(v) => {
+                if let Some(line) = outage.recovered(what) {
+                    warn(line);
+                }
+                return Ok(Some(v));
+            }
+            Err(QueueError::Unavailable(e)) => {
+                if let Some(line) = outage.failed(what, &e) {
+                    warn(line);
+                }
+                if !alive(backoff) {
+                    return Ok(None);
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Sleeps `d` in short slices, returning early (false) once `stop` is
 /// raised, so a signal is honoured within a fraction of a second of any
 /// back-off.

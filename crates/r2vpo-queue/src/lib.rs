@@ -28,7 +28,7 @@
 //! (`rediss://`) is not built in.
 
 use r2vpo_llm::queue::{
-    sleep_unless, EntryId, EntryLimits, ExperienceQueue, GroupEntry, Outage, QueueError, ReadBatch,
+    retry_unavailable, sleep_unless, EntryId, EntryLimits, ExperienceQueue, GroupEntry, Outage, QueueError, ReadBatch,
 };
 use redis::streams::StreamRangeReply;
 use std::path::{Path, PathBuf};
@@ -656,32 +656,15 @@ impl SharedWeights {
         self.redis.lock().unwrap_or_else(PoisonError::into_inner).call(f)
     }
 
-    /// Calls `f` until Redis answers, reporting the outage ([`Outage`]);
-    /// a refused call is an error, and so is a stop raised meanwhile.
-    fn patiently<T>(&self, what: &str, mut f: impl FnMut() -> Result<T, QueueError>) -> Result<T, WeightsError> {
-        let mut outage = Outage::default();
-        let mut backoff = self.poll;
-        loop {
-            match f() {
-                Ok(v) => {
-                    if let Some(line) = outage.recovered(what) {
-                        eprintln!("warning: {line}");
-                    }
-                    return Ok(v);
-                }
-                Err(QueueError::Unavailable(e)) => {
-                    if let Some(line) = outage.failed(what, &e) {
-                        eprintln!("warning: {line}");
-                    }
-                    if !sleep_unless(&self.stop, backoff) {
-                        return Err(WeightsError::Channel(format!(
-                            "{what}: stopped while Redis was unavailable ({e})"
-                        )));
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-                Err(e) => return Err(WeightsError::Channel(e.to_string())),
-            }
+    /// Calls `f` until Redis answers ([`retry_unavailable`]); a refused
+    /// call is an error, and so is a stop raised meanwhile.
+    fn patiently<T>(&self, what: &str, f: impl FnMut() -> Result<T, QueueError>) -> Result<T, WeightsError> {
+        let mut warn = |line: String| eprintln!("warning: {line}");
+        let mut alive = |d: Duration| sleep_unless(&self.stop, d);
+        match retry_unavailable(what, self.poll, &mut warn, &mut alive, f) {
+            Ok(Some(v)) => Ok(v),
+            Ok(None) => Err(WeightsError::Channel(format!("{what}: stopped while Redis was unavailable"))),
+            Err(e) => Err(WeightsError::Channel(e.to_string())),
         }
     }
 

@@ -25,22 +25,6 @@ pub fn read_records<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, ReportEr
         .collect()
 }
 
-/// Keeps the first `n` lines of a log, atomically (what a resumed run does
-/// to drop what a killed run wrote after its last checkpoint). A missing
-/// file is left missing.
-pub fn truncate_lines(path: &Path, n: usize) -> Result<(), ReportError> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => return Err(ReportError::Io { path: path.to_path_buf(), source }),
-    };
-    let kept: String = text.split_inclusive('\n').take(n).collect();
-    if kept.len() != text.len() {
-        atomic_write_string(path, &kept)?;
-    }
-    Ok(())
-}
-
 /// What [`keep_complete_lines`] kept of a log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kept {
@@ -51,8 +35,9 @@ pub struct Kept {
     pub torn: Option<usize>,
 }
 
-/// [`truncate_lines`] for a resume that must leave a log every reader
-/// accepts: keeps the first `n` lines, but only up to the first one that
+/// Keeps the first `n` lines of a log, atomically (what a resumed run does
+/// to drop what a killed run wrote after its checkpoint), and leaves a log
+/// every reader accepts: only up to the first line that
 /// does not end in a newline or is not a JSON value (a write cut short by
 /// a crash or power loss: the lines after a torn one were appended to it).
 /// A missing file is left missing.
@@ -113,9 +98,9 @@ mod tests {
         retain_records(&p, |v| v["update"].as_u64().is_some_and(|u| u <= 2)).unwrap();
         let v: Vec<serde_json::Value> = read_records(&p).unwrap();
         assert_eq!(v.len(), 2);
-        truncate_lines(&p, 1).unwrap();
+        keep_complete_lines(&p, 1).unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"update\":1}\n");
-        truncate_lines(&dir.path().join("missing"), 3).unwrap();
+        keep_complete_lines(&dir.path().join("missing"), 3).unwrap();
         assert!(!dir.path().join("missing").exists());
     }
 

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use super::metrics::QueueMetrics;
 use super::{load_policy, Actor, DataPosition, Event, Outcome, TrainConfig, TrainError, TrainResult, Trainer};
-use crate::queue::{sleep_unless, EntryLimits, ExperienceQueue, GroupEntry, Outage, QueueError};
+use crate::queue::{retry_unavailable, sleep_unless, EntryLimits, ExperienceQueue, GroupEntry, QueueError};
 use crate::rollout::RolloutSource;
 use crate::weights::{Fetched, WeightChannel, Weights, WeightsError};
 
@@ -140,38 +140,14 @@ impl WeightChannel for Board {
     }
 }
 
-/// Calls `f` until the queue answers, backing off 0.1 s → 5 s while it is
-/// unavailable and reporting the outage through `warn` ([`Outage`]: at
-/// once, then every half minute, then its end); gives up only when `alive`
-/// turns false (`Ok(None)`) or the queue refuses the call.
+/// [`retry_unavailable`] from 0.1 s, a refusal as the run's error.
 fn retrying<T>(
     what: &str,
     warn: &mut dyn FnMut(String),
     alive: &mut dyn FnMut(Duration) -> bool,
-    mut f: impl FnMut() -> Result<T, QueueError>,
+    f: impl FnMut() -> Result<T, QueueError>,
 ) -> TrainResult<Option<T>> {
-    let mut backoff = Duration::from_millis(100);
-    let mut outage = Outage::default();
-    loop {
-        match f() {
-            Ok(v) => {
-                if let Some(line) = outage.recovered(what) {
-                    warn(line);
-                }
-                return Ok(Some(v));
-            }
-            Err(QueueError::Unavailable(e)) => {
-                if let Some(line) = outage.failed(what, &e) {
-                    warn(line);
-                }
-                if !alive(backoff) {
-                    return Ok(None);
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => return Err(TrainError::Queue(e.to_string())),
-        }
-    }
+    retry_unavailable(what, Duration::from_millis(100), warn, alive, f).map_err(|e| TrainError::Queue(e.to_string()))
 }
 
 /// Where the batches an actor steps through start in the data order.
