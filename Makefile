@@ -19,6 +19,7 @@ deps:
 	@bash scripts/redis.sh
 	@PYTHON=$(PYTHON) bash scripts/openai/venv.sh
 	@PYTHON=$(PYTHON) bash scripts/math_verify/venv.sh
+	@PYTHON=$(PYTHON) bash scripts/brax/venv.sh
 
 build: deps
 	$(CARGO) build --release -p r2vpo-cli

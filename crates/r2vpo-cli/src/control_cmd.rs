@@ -205,13 +205,15 @@ pub fn train(a: &TrainArgs) -> Result<()> {
 
 /// `r2vpo control eval`.
 pub fn eval(a: &EvalArgs) -> Result<()> {
-    let (cfg, net, stats) = load_policy(&a.run.join("checkpoints")).context("loading the run's policy")?;
+    let saved = load_policy(&a.run.join("checkpoints")).context("loading the run's policy")?;
     if a.episodes == 0 {
         bail!("--episodes must be at least 1");
     }
-    let returns = evaluate_policy(&cfg, &net, &stats, a.episodes, a.seed)?;
+    let cfg = &saved.config;
+    let returns = evaluate_policy(cfg, &saved.eval_policy(), a.episodes, a.seed)?;
     let (m, s) = mean_std(&returns);
-    println!("{}: {} deterministic episodes: return {m:.1} ± {s:.1}", cfg.task, returns.len());
+    let kind = if cfg.eval_deterministic { "deterministic" } else { "sampled" };
+    println!("{}: {} {kind} episodes: return {m:.1} ± {s:.1}", cfg.task, returns.len());
     #[derive(Serialize)]
     struct Out<'a> {
         task: &'a str,
@@ -667,7 +669,7 @@ mod tests {
     #[test]
     fn shipped_configs_parse() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        for f in ["configs/control/cpu.toml", "configs/control/paper.toml"] {
+        for f in ["configs/control/cpu.toml", "configs/control/paper.toml", "configs/control/paper-cleanrl.toml"] {
             let c: TrainConfig = config::load(Some(&root.join(f)), &[]).unwrap();
             c.validate().unwrap();
         }
@@ -680,6 +682,10 @@ mod tests {
         );
         assert_eq!(paper.policy.actor_hidden, vec![256; 5]);
         assert_eq!(paper.dual.lambda0, 0.06);
+        assert_eq!(paper.flavour, r2vpo_control::trainer::Flavour::Brax);
+        assert_eq!(paper.gae_for_task().gamma, 0.995);
+        let ball = TrainConfig { task: "ball_in_cup-catch".into(), ..paper.clone() };
+        assert_eq!(ball.gae_for_task().gamma, 0.95);
     }
 
     #[test]

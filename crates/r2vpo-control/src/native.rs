@@ -26,7 +26,7 @@
 //! changes any output's summation order, so the bits are those of one
 //! thread (tested).
 
-use crate::policy::{Activation, ActorCritic, LogStdMode};
+use crate::policy::{ActionDistribution, Activation, ActorCritic, LogStdMode};
 
 /// `½ (1 + ln 2π)`, the per-dimension entropy constant of a Gaussian.
 const ENTROPY_CONST: f32 = 1.418_938_5;
@@ -409,9 +409,28 @@ pub struct Forward {
     raw_log_std: Vec<f32>,
     /// State values `(B,)`.
     pub value: Vec<f32>,
+    /// σ `(B, A)`, tanh-normal only.
+    sigma: Vec<f32>,
+    /// The standard-normal draws `(B, A)` of the tanh-normal's sampled
+    /// entropy estimate ([`Forward::set_entropy_noise`]).
+    entropy_noise: Vec<f32>,
 }
 
 impl Forward {
+    /// Rows in the batch.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Sets the standard-normal draws `ε'` `(B, A)` of the tanh-normal's
+    /// entropy estimate at `x = μ + σε'` (Brax draws them per minibatch;
+    /// the normal distribution's entropy has a closed form and ignores
+    /// them). [`NativeNet::entropy`] and [`NativeNet::backward`] read them.
+    pub fn set_entropy_noise(&mut self, noise: Vec<f32>) {
+        assert_eq!(noise.len(), self.mean.len(), "entropy noise shape");
+        self.entropy_noise = noise;
+    }
+
     /// The log-std of row `r`, dimension `j`.
     fn ls(&self, r: usize, j: usize, a: usize) -> f32 {
         if self.log_std.len() == a {
@@ -433,6 +452,28 @@ pub struct NativeNet {
     obs_dim: usize,
     min_log_std: f32,
     max_log_std: f32,
+    distribution: ActionDistribution,
+    min_std: f32,
+    /// `(mean, std)` the observations are normalised with inside the
+    /// networks (Brax's `preprocess_observations_fn`); `None`: fed as given.
+    obs_norm: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+/// `softplus(x) = ln(1 + eˣ)` in the stable form jax's `logaddexp(x, 0)`
+/// takes: `max(x, 0) + ln(1 + e^{−|x|})`.
+fn softplus(x: f32) -> f32 {
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
+}
+
+/// `1/(1 + e^{−x})`, the derivative of [`softplus`].
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `log(1 − tanh² u) = 2(ln 2 − u − softplus(−2u))` (Brax's
+/// `TanhBijector.forward_log_det_jacobian`).
+fn tanh_log_det(u: f32) -> f32 {
+    2.0 * (std::f32::consts::LN_2 - u - softplus(-2.0 * u))
 }
 
 impl NativeNet {
@@ -472,7 +513,68 @@ impl NativeNet {
             obs_dim: d,
             min_log_std: cfg.min_log_std as f32,
             max_log_std: cfg.max_log_std as f32,
+            distribution: cfg.distribution,
+            min_std: cfg.min_std as f32,
+            obs_norm: None,
         })
+    }
+
+    /// Normalises every observation as `(x − mean)/std` inside the networks
+    /// from now on (Brax's in-network normaliser); `None` feeds them as
+    /// given.
+    pub fn set_obs_norm(&mut self, norm: Option<(Vec<f32>, Vec<f32>)>) {
+        if let Some((m, s)) = &norm {
+            assert!(m.len() == self.obs_dim && s.len() == self.obs_dim, "normaliser shape");
+        }
+        self.obs_norm = norm;
+    }
+
+    /// The action distribution.
+    pub fn distribution(&self) -> ActionDistribution {
+        self.distribution
+    }
+
+    /// Action length.
+    pub fn act_dim(&self) -> usize {
+        self.act_dim
+    }
+
+    /// The action the environment receives for the stored action `u`:
+    /// `clip(u, −1, 1)` (normal) or `tanh(u)` (tanh-normal).
+    pub fn env_action(&self, u: f32) -> f64 {
+        match self.distribution {
+            ActionDistribution::Normal => f64::from(u).clamp(-1.0, 1.0),
+            ActionDistribution::TanhNormal => f64::from(u).tanh(),
+        }
+    }
+
+    /// σ of row `r`, dimension `j` of `f`.
+    pub fn sigma(&self, f: &Forward, r: usize, j: usize) -> f32 {
+        match self.distribution {
+            ActionDistribution::Normal => f.ls(r, j, self.act_dim).exp(),
+            ActionDistribution::TanhNormal => f.sigma[r * self.act_dim + j],
+        }
+    }
+
+    /// Mean σ over the rows and action dimensions of `f`.
+    pub fn mean_sigma(&self, f: &Forward) -> f64 {
+        let (a, rows) = (self.act_dim, f.rows);
+        let sum: f64 =
+            (0..rows).flat_map(|r| (0..a).map(move |j| (r, j))).map(|(r, j)| f64::from(self.sigma(f, r, j))).sum();
+        sum / (rows * a).max(1) as f64
+    }
+
+    /// `obs` normalised by [`NativeNet::set_obs_norm`]'s statistics, or
+    /// borrowed as is.
+    fn normalized<'a>(&self, obs: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
+        match &self.obs_norm {
+            None => std::borrow::Cow::Borrowed(obs),
+            Some((mean, std)) => std::borrow::Cow::Owned(
+                obs.chunks_exact(self.obs_dim)
+                    .flat_map(|row| row.iter().zip(mean).zip(std).map(|((&x, &m), &s)| (x - m) / s))
+                    .collect(),
+            ),
+        }
     }
 
     /// Writes the parameters back into `net`'s variables.
@@ -537,6 +639,7 @@ impl NativeNet {
 
     fn forward_with(&self, obs: &[f32], rows: usize, keep: bool) -> Forward {
         assert_eq!(obs.len(), rows * self.obs_dim, "observation batch shape");
+        let obs = &*self.normalized(obs);
         let a = self.act_dim;
         let mut f = Forward { rows, ..Forward::default() };
         let out = self.actor.forward(obs, rows, keep.then_some(&mut f.actor));
@@ -554,7 +657,16 @@ impl NativeNet {
                     f.mean.extend_from_slice(&row[..a]);
                     f.raw_log_std.extend_from_slice(&row[a..]);
                 }
-                f.log_std = f.raw_log_std.iter().map(|&x| x.clamp(self.min_log_std, self.max_log_std)).collect();
+                match self.distribution {
+                    ActionDistribution::Normal => {
+                        f.log_std =
+                            f.raw_log_std.iter().map(|&x| x.clamp(self.min_log_std, self.max_log_std)).collect();
+                    }
+                    ActionDistribution::TanhNormal => {
+                        f.sigma = f.raw_log_std.iter().map(|&x| softplus(x) + self.min_std).collect();
+                        f.log_std = f.sigma.iter().map(|s| s.ln()).collect();
+                    }
+                }
             }
         }
         f.value = self.critic.forward(obs, rows, keep.then_some(&mut f.critic));
@@ -563,31 +675,57 @@ impl NativeNet {
 
     /// State values at `obs` (`rows × obs_dim`), without tapes.
     pub fn value(&self, obs: &[f32], rows: usize) -> Vec<f32> {
-        self.critic.forward(obs, rows, None)
+        self.critic.forward(&self.normalized(obs), rows, None)
     }
 
-    /// Gaussian log-density of `actions` (`rows × A`) under `f`, summed over
-    /// the action dimension (as [`crate::policy::gaussian_log_prob`]).
+    /// Log-density of the stored actions `u` (`rows × A`) under `f`, summed
+    /// over the action dimension: the Gaussian's (as
+    /// [`crate::policy::gaussian_log_prob`]), minus `Σ log(1 − tanh² u)`
+    /// under the tanh-normal (Brax's `ParametricDistribution.log_prob`).
     pub fn log_prob(&self, f: &Forward, actions: &[f32]) -> Vec<f32> {
         let a = self.act_dim;
+        let tanh = self.distribution == ActionDistribution::TanhNormal;
         (0..f.rows)
             .map(|r| {
                 (0..a)
                     .map(|j| {
                         let ls = f.ls(r, j, a);
-                        let z = (actions[r * a + j] - f.mean[r * a + j]) / ls.exp();
-                        -0.5 * z * z - HALF_LN_2PI - ls
+                        let u = actions[r * a + j];
+                        let z = (u - f.mean[r * a + j]) / self.sigma(f, r, j);
+                        let lp = -0.5 * z * z - HALF_LN_2PI - ls;
+                        if tanh {
+                            lp - tanh_log_det(u)
+                        } else {
+                            lp
+                        }
                     })
                     .sum()
             })
             .collect()
     }
 
-    /// Mean Gaussian entropy over the batch.
+    /// Mean entropy over the batch: the Gaussian's closed form, or under the
+    /// tanh-normal Brax's one-sample estimate at `x = μ + σε'` with the
+    /// draws of [`Forward::set_entropy_noise`]: `Σ_j [½(1 + ln 2π) + ln σ_j +
+    /// log(1 − tanh² x_j)]` (`ParametricDistribution.entropy`). Panics under
+    /// the tanh-normal when no draws were set.
     pub fn entropy(&self, f: &Forward) -> f32 {
         let a = self.act_dim;
-        let rows = if f.log_std.len() == a { 1 } else { f.rows };
-        f.log_std.iter().map(|&ls| ls + ENTROPY_CONST).sum::<f32>() / rows as f32
+        match self.distribution {
+            ActionDistribution::Normal => {
+                let rows = if f.log_std.len() == a { 1 } else { f.rows };
+                f.log_std.iter().map(|&ls| ls + ENTROPY_CONST).sum::<f32>() / rows as f32
+            }
+            ActionDistribution::TanhNormal => {
+                assert_eq!(f.entropy_noise.len(), f.rows * a, "the tanh-normal's entropy needs its noise");
+                let mut sum = 0f32;
+                for i in 0..f.rows * a {
+                    let x = f.mean[i] + f.sigma[i] * f.entropy_noise[i];
+                    sum += ENTROPY_CONST + f.log_std[i] + tanh_log_det(x);
+                }
+                sum / f.rows.max(1) as f32
+            }
+        }
     }
 
     /// Floating-point operations of the products of one [`NativeNet::forward`]
@@ -628,15 +766,36 @@ impl NativeNet {
         let head = if state_dep { 2 * a } else { a };
         let mut dout = vec![0f32; rows * head];
         let mut dls_shared = vec![0f32; if state_dep { 0 } else { a }];
+        let tanh = self.distribution == ActionDistribution::TanhNormal;
+        if tanh && dentropy != 0.0 {
+            assert_eq!(f.entropy_noise.len(), rows * a, "the tanh-normal's entropy needs its noise");
+        }
         for r in 0..rows {
             for j in 0..a {
-                let ls = f.ls(r, j, a);
-                let inv_sigma = (-ls).exp();
+                // (−ln σ).exp() for the normal keeps the bits the pinned
+                // runs were made with.
+                let inv_sigma = if tanh { 1.0 / f.sigma[r * a + j] } else { (-f.ls(r, j, a)).exp() };
                 let z = (actions[r * a + j] - f.mean[r * a + j]) * inv_sigma;
                 // d log π / dμ = z/σ, d log π / d log σ = z² − 1.
                 dout[r * head + j] = dlogp[r] * z * inv_sigma;
                 let dls = dlogp[r] * (z * z - 1.0);
-                if state_dep {
+                if tanh {
+                    // σ = softplus(s) + min_std: dσ/ds = sigmoid(s). The
+                    // entropy estimate at x = μ + σε' adds −2·tanh(x) to
+                    // d/dμ and 1/σ − 2·tanh(x)·ε' to d/dσ (the tanh log-det
+                    // of the stored action does not depend on θ).
+                    let i = r * a + j;
+                    let ds = sigmoid(f.raw_log_std[i]);
+                    let mut dsigma = dls * inv_sigma;
+                    if dentropy != 0.0 {
+                        let c = dentropy / rows as f32;
+                        let x = f.mean[i] + f.sigma[i] * f.entropy_noise[i];
+                        let t = x.tanh();
+                        dout[r * head + j] += c * (-2.0 * t);
+                        dsigma += c * (inv_sigma - 2.0 * t * f.entropy_noise[i]);
+                    }
+                    dout[r * head + a + j] = dsigma * ds;
+                } else if state_dep {
                     let raw = f.raw_log_std[r * a + j];
                     // clamp passes the gradient only strictly inside its range.
                     let inside = raw > self.min_log_std && raw < self.max_log_std;

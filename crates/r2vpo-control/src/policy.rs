@@ -1,13 +1,22 @@
 //! Gaussian MLP actor and value MLP (candle, f32, CPU).
 //!
-//! **Actions are clipped, not squashed.** The actor defines a diagonal
-//! Gaussian over an unbounded action `u`; the log-probability, the entropy
-//! and the stored action are those of `u`, and the environment receives
-//! `clip(u, −1, 1)` (CleanRL's `ClipAction`). Clipping is outside the policy,
-//! so log-probabilities and entropy have closed forms and the rollout and the
-//! learner compute them with the very same function
-//! ([`gaussian_log_prob`]). Brax's tanh-normal is not used: its entropy has
-//! no closed form and needs a sampled log-det estimate.
+//! Two action distributions ([`ActionDistribution`]):
+//!
+//! - **`normal`, clipped (CleanRL's).** The actor defines a diagonal
+//!   Gaussian over an unbounded action `u`; the log-probability, the entropy
+//!   and the stored action are those of `u`, and the environment receives
+//!   `clip(u, −1, 1)` (CleanRL's `ClipAction`). Clipping is outside the
+//!   policy, so log-probabilities and entropy have closed forms
+//!   ([`gaussian_log_prob`], [`gaussian_entropy`]).
+//! - **`tanh-normal` (Brax's `NormalTanhDistribution`,
+//!   `brax/training/distribution.py`).** The actor's head outputs `(μ, s)`
+//!   per action dimension, `σ = softplus(s) + min_std` (state-dependent), the
+//!   stored action is the pre-tanh sample `u = μ + σε`, and the environment
+//!   receives `tanh(u)`. `log π(u) = log N(u; μ, σ) − Σ log(1 − tanh²u)`
+//!   (`crate::native`), and the entropy is Brax's one-sample estimate
+//!   `Σ_j [½ + ½ ln 2π + ln σ_j + log(1 − tanh² x_j)]` at a reparameterised
+//!   sample `x = μ + σε'`: an estimate of the squashed action's entropy,
+//!   which is bounded (a larger σ piles mass at ±1 and lowers it).
 //!
 //! Weights are stored `(in, out)`, so a layer is one `x·W + b` matmul over
 //! the whole batch (all environments of a step, or a whole minibatch).
@@ -75,6 +84,20 @@ pub enum LogStdMode {
     StateDependent,
 }
 
+/// The action distribution (module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ActionDistribution {
+    /// A diagonal Gaussian whose samples the environment clips to [−1, 1]
+    /// (CleanRL), σ = exp(log-std) as [`PolicyConfig::log_std`] says.
+    #[default]
+    Normal,
+    /// Brax's tanh-squashed Gaussian: σ = softplus(s) + `min_std` from a
+    /// state-dependent head (needs `log_std = "state-dependent"`; the log-std
+    /// bounds do not apply) and the `brax` trainer flavour.
+    TanhNormal,
+}
+
 /// The `[policy]` table: both networks.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -95,12 +118,19 @@ pub struct PolicyConfig {
     /// State-independent or state-dependent log-std.
     pub log_std: LogStdMode,
     /// Initial log-std (state-independent), or bias of the log-std head
-    /// (state-dependent). 0 gives σ = 1, as CleanRL and Brax.
+    /// (state-dependent). 0 gives σ = 1, as CleanRL and Brax's `normal`.
+    /// Under the tanh-normal it is the bias of the pre-softplus head `s`:
+    /// 0 (Brax's zero bias) gives σ ≈ softplus(0) + 0.001 ≈ 0.69.
     pub init_log_std: f64,
-    /// Lower bound of the log-std, in both modes.
+    /// Lower bound of the log-std, in both modes (normal distribution only).
     pub min_log_std: f64,
-    /// Upper bound of the log-std, in both modes.
+    /// Upper bound of the log-std, in both modes (normal distribution only).
     pub max_log_std: f64,
+    /// The action distribution: `"normal"` (clipped) or `"tanh-normal"` (Brax).
+    pub distribution: ActionDistribution,
+    /// The smallest σ of the tanh-normal, added to `softplus(s)` (Brax's
+    /// `min_std`, 0.001). Not used by the normal distribution.
+    pub min_std: f64,
 }
 
 impl Default for PolicyConfig {
@@ -116,6 +146,8 @@ impl Default for PolicyConfig {
             init_log_std: 0.0,
             min_log_std: -5.0,
             max_log_std: 2.0,
+            distribution: ActionDistribution::Normal,
+            min_std: 1e-3,
         }
     }
 }
@@ -139,6 +171,17 @@ impl PolicyConfig {
             return Err(bad(
                 "policy.init_log_std",
                 format!("must lie in [min_log_std, max_log_std], got {}", self.init_log_std),
+            ));
+        }
+        if !(self.min_std.is_finite() && self.min_std > 0.0) {
+            return Err(bad("policy.min_std", format!("must be finite and > 0, got {}", self.min_std)));
+        }
+        if self.distribution == ActionDistribution::TanhNormal && self.log_std != LogStdMode::StateDependent {
+            return Err(bad(
+                "policy.log_std",
+                "policy.distribution = \"tanh-normal\" takes σ from the actor's head (Brax's \
+                 softplus head): set policy.log_std = \"state-dependent\""
+                    .into(),
             ));
         }
         for (field, g) in
@@ -344,7 +387,15 @@ impl ActorCritic {
             None => {
                 let a = self.act_dim;
                 let mean = out.narrow(1, 0, a)?;
-                let log_std = out.narrow(1, a, a)?.clamp(self.cfg.min_log_std, self.cfg.max_log_std)?;
+                let head = out.narrow(1, a, a)?;
+                let log_std = match self.cfg.distribution {
+                    ActionDistribution::Normal => head.clamp(self.cfg.min_log_std, self.cfg.max_log_std)?,
+                    // ln(softplus(s) + min_std); softplus as ln(1 + eˢ),
+                    // exact enough at the magnitudes the tests use.
+                    ActionDistribution::TanhNormal => {
+                        head.exp()?.affine(1.0, 1.0)?.log()?.affine(1.0, self.cfg.min_std)?.log()?
+                    }
+                };
                 Ok(Dist { mean, log_std })
             }
         }

@@ -15,8 +15,11 @@ pub struct CheckpointState {
     pub counters: Counters,
     /// Action-sampling and shuffling RNG.
     pub rng: ChaCha8Rng,
-    /// Observation normalisation statistics.
+    /// Observation normalisation statistics (cleanrl flavour).
     pub obs_stats: RunningMeanStd,
+    /// Brax's in-network normaliser (brax flavour).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub obs_norm: Option<ObsNormalizer>,
     /// λ and its settings.
     pub dual: DualVariable,
     /// Adam's step count.
@@ -59,6 +62,7 @@ impl Trainer {
             counters: self.counters.clone(),
             rng: self.rng.clone(),
             obs_stats: self.segment_stats.clone(),
+            obs_norm: self.obs_norm.clone(),
             dual: self.learner.dual().clone(),
             adam_steps: self.adam.t,
             weights,
@@ -128,6 +132,14 @@ impl Trainer {
         }
         t.net.load_state_dict(&params)?;
         t.fast = NativeNet::from_net(&t.net)?;
+        if t.obs_norm.is_some() {
+            t.obs_norm = Some(state.obs_norm.clone().ok_or_else(|| TrainError::File {
+                path: json.clone(),
+                message:
+                    "the checkpoint has no observation normaliser (obs_norm), which this brax-flavour run needs".into(),
+            })?);
+        }
+        t.fast.set_obs_norm(t.obs_norm.as_ref().map(ObsNormalizer::mean_std));
         t.adam.t = state.adam_steps;
         t.rng = state.rng;
         t.learner = Learner::with_dual(t.cfg.objective.clone(), state.dual)?;
@@ -176,9 +188,29 @@ pub fn latest_checkpoint(dir: &Path) -> TrainResult<PathBuf> {
     })
 }
 
+/// A policy read back from a checkpoint (for evaluation).
+#[derive(Debug)]
+pub struct SavedPolicy {
+    /// The run's config.
+    pub config: TrainConfig,
+    /// The networks.
+    pub net: ActorCritic,
+    /// The environments' observation statistics (cleanrl flavour).
+    pub obs_stats: RunningMeanStd,
+    /// Brax's in-network normaliser (brax flavour).
+    pub obs_norm: Option<ObsNormalizer>,
+}
+
+impl SavedPolicy {
+    /// The policy as [`evaluate_policy`] takes it.
+    pub fn eval_policy(&self) -> EvalPolicy<'_> {
+        EvalPolicy { net: &self.net, obs_stats: &self.obs_stats, obs_norm: self.obs_norm.as_ref() }
+    }
+}
+
 /// Loads the networks and observation statistics of the newest checkpoint
 /// in `dir` (for evaluation).
-pub fn load_policy(dir: &Path) -> TrainResult<(TrainConfig, ActorCritic, RunningMeanStd)> {
+pub fn load_policy(dir: &Path) -> TrainResult<SavedPolicy> {
     let json = latest_checkpoint(dir)?;
     let state = read_state(&json)?;
     let spec = crate::tasks::task_spec(&state.config.task)?;
@@ -191,5 +223,5 @@ pub fn load_policy(dir: &Path) -> TrainResult<(TrainConfig, ActorCritic, Running
     let params =
         tensors.into_iter().filter_map(|(k, v)| k.strip_prefix("param/").map(|n| (n.to_string(), v))).collect();
     net.load_state_dict(&params)?;
-    Ok((state.config, net, state.obs_stats))
+    Ok(SavedPolicy { config: state.config, net, obs_stats: state.obs_stats, obs_norm: state.obs_norm })
 }

@@ -2,11 +2,36 @@
 
 use super::*;
 
+/// Which PPO code base the update follows (`flavour`; the two differ in
+/// how advantages, observations and minibatches are made, never in the
+/// policy objective, which is always `[objective]`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Flavour {
+    /// CleanRL's `ppo_continuous_action`: GAE once per update over the whole
+    /// rollout with the rollout's critic (truncation bootstraps from
+    /// V(final_obs)), environment-side observation normalisation (clipped to
+    /// ±`obs_clip`), minibatches of shuffled single transitions, the
+    /// previous epoch's order reshuffled.
+    #[default]
+    Cleanrl,
+    /// Brax's PPO (`brax/training/agents/ppo`, the paper's code base through
+    /// MuJoCo Playground; [`crate::brax`]): minibatches of `batch_size` whole
+    /// `unroll`-step sequences, a fresh permutation each epoch; values and
+    /// advantages recomputed with the current critic inside every
+    /// minibatch's loss; a truncated step has no δ; Brax's in-network
+    /// observation normaliser (updated on the rollout before the epochs, no
+    /// clipping; `obs_clip` unused); the tanh-normal's sampled entropy.
+    Brax,
+}
+
 /// A full control training run (the `r2vpo control train` config). The
 /// defaults are the CPU configuration (`configs/control/cpu.toml`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
+    /// The update's code base: `"cleanrl"` (default) or `"brax"`.
+    pub flavour: Flavour,
     /// Registry task name, e.g. `cheetah-run`.
     pub task: String,
     /// Master seed (networks, sampling, environments).
@@ -49,6 +74,17 @@ pub struct TrainConfig {
     pub obs_clip: f64,
     /// γ and λ of GAE.
     pub gae: GaeConfig,
+    /// γ for particular tasks, replacing `gae.gamma` when the run's task is
+    /// named here (MuJoCo Playground's per-task `discounting`:
+    /// `{ "ball_in_cup-catch" = 0.95, "finger-spin" = 0.95 }`).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub task_gamma: std::collections::BTreeMap<String, f64>,
+    /// Reset every environment after every update (current MuJoCo
+    /// Playground: `num_resets_per_eval = 10` with one training step per
+    /// epoch resets after each, so no training episode outlives one
+    /// update's rollout). The rollout's last step bootstraps as at any
+    /// rollout end.
+    pub reset_every_update: bool,
     /// The policy objective: `kind = "clip"` (PPO) or `"r2vpo"`.
     pub objective: ObjectiveConfig,
     /// λ of R²VPO (fixed 0.06 for control).
@@ -57,8 +93,12 @@ pub struct TrainConfig {
     pub policy: PolicyConfig,
     /// Evaluate every this many env steps (0: only at the end).
     pub eval_every: u64,
-    /// Episodes per evaluation (0 disables evaluation).
+    /// Episodes per evaluation (0 disables evaluation), one per environment.
     pub eval_episodes: usize,
+    /// Evaluate the distribution's mode (clip(μ) or tanh(μ)) instead of
+    /// sampling actions from it. Brax's default (`deterministic_eval =
+    /// False`) samples.
+    pub eval_deterministic: bool,
     /// Checkpoint every this many env steps (0: only at the end and on
     /// SIGINT/SIGTERM). Default 320 000 = 10 × (1000-step episodes × 32
     /// envs), so an interrupted run loses at most ~10 minutes on 2 cores
@@ -73,6 +113,10 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {
+            flavour: Flavour::Cleanrl,
+            task_gamma: Default::default(),
+            reset_every_update: false,
+            eval_deterministic: true,
             task: "cheetah-run".into(),
             seed: 0,
             total_env_steps: 1_000_000,
@@ -118,6 +162,16 @@ impl TrainConfig {
     /// Transitions per minibatch.
     pub fn minibatch_size(&self) -> usize {
         self.batch_size * self.unroll
+    }
+
+    /// The GAE settings of this run's task: `gae` with `task_gamma`'s γ for
+    /// the task where it names one.
+    pub fn gae_for_task(&self) -> GaeConfig {
+        let mut g = self.gae;
+        if let Some(&gamma) = self.task_gamma.get(&self.task) {
+            g.gamma = gamma;
+        }
+        g
     }
 
     /// Checks every field; errors name the field.
@@ -171,6 +225,20 @@ impl TrainConfig {
             return Err(config_err("total_env_steps", "must be at least 1".into()));
         }
         self.gae.validate()?;
+        for (task, &gamma) in &self.task_gamma {
+            crate::tasks::task_spec(task).map_err(|e| config_err("task_gamma", format!("{task}: {e}")))?;
+            if !(gamma.is_finite() && (0.0..=1.0).contains(&gamma)) {
+                return Err(config_err("task_gamma", format!("{task}: γ must lie in [0, 1], got {gamma}")));
+            }
+        }
+        let tanh = self.policy.distribution == crate::policy::ActionDistribution::TanhNormal;
+        if tanh && self.flavour != Flavour::Brax {
+            return Err(config_err(
+                "policy.distribution",
+                "\"tanh-normal\" needs the sampled entropy of flavour = \"brax\"; the cleanrl flavour uses \"normal\""
+                    .into(),
+            ));
+        }
         self.objective.validate()?;
         self.dual.validate()?;
         self.policy.validate()?;
@@ -183,7 +251,8 @@ impl TrainConfig {
             task: self.task.clone(),
             num_envs,
             seed,
-            normalize_obs: self.normalize_obs,
+            // Brax normalises inside the networks (crate::brax::ObsNormalizer).
+            normalize_obs: self.normalize_obs && self.flavour == Flavour::Cleanrl,
             obs_clip: self.obs_clip,
             reward_scale: self.reward_scale,
             suite_dir: self.suite_dir.clone(),

@@ -1,49 +1,65 @@
-//! Deterministic evaluation of the mean action.
+//! Evaluation: whole episodes of fresh environments under the current
+//! policy, its mode (deterministic) or samples from it.
 
 use super::*;
 
+/// What [`evaluate_policy`] needs besides the config: the networks and the
+/// observation statistics they were trained with.
+#[derive(Debug)]
+pub struct EvalPolicy<'a> {
+    /// The networks.
+    pub net: &'a ActorCritic,
+    /// The environments' observation statistics (cleanrl flavour).
+    pub obs_stats: &'a RunningMeanStd,
+    /// Brax's in-network normaliser (brax flavour).
+    pub obs_norm: Option<&'a ObsNormalizer>,
+}
+
 impl Trainer {
-    /// Deterministic evaluation (mean action, clipped) over `episodes`
-    /// complete episodes of fresh environments seeded from `(seed, index)`,
-    /// with the training observation statistics frozen. Returns the
-    /// undiscounted returns.
+    /// Evaluation over `episodes` complete episodes of fresh environments
+    /// seeded from `(seed, index)`, with the training observation
+    /// statistics frozen; the policy's mode or its samples as
+    /// `eval_deterministic` says. Returns the undiscounted returns.
     pub fn evaluate(&self, episodes: usize, index: u64) -> TrainResult<Vec<f64>> {
         evaluate_policy(
             &self.cfg,
-            &self.net,
-            self.env.obs_stats(),
+            &EvalPolicy { net: &self.net, obs_stats: self.env.obs_stats(), obs_norm: self.obs_norm.as_ref() },
             episodes,
             derived_seed(self.cfg.seed, TAG_EVAL, index),
         )
     }
 }
 
-/// Deterministic evaluation of `net` (see [`Trainer::evaluate`]) on
-/// environments seeded with `seed`.
-pub fn evaluate_policy(
-    cfg: &TrainConfig,
-    net: &ActorCritic,
-    obs_stats: &RunningMeanStd,
-    episodes: usize,
-    seed: u64,
-) -> TrainResult<Vec<f64>> {
+/// Evaluation of `policy` (see [`Trainer::evaluate`]) on environments
+/// seeded with `seed`, one episode per environment (Brax's evaluator runs
+/// `num_eval_envs` environments for one episode each in the same way).
+/// Sampled actions draw from a stream derived from `seed`.
+pub fn evaluate_policy(cfg: &TrainConfig, policy: &EvalPolicy, episodes: usize, seed: u64) -> TrainResult<Vec<f64>> {
     if episodes == 0 {
         return Ok(Vec::new());
     }
     let mut env = VecEnv::new(cfg.env_config(episodes, seed))?;
     env.set_update_stats(false);
-    env.set_obs_stats(obs_stats.clone())?;
-    let (d, a) = (env.observation_dim(), env.action_dim());
+    env.set_obs_stats(policy.obs_stats.clone())?;
+    let mut net = NativeNet::from_net(policy.net)?;
+    net.set_obs_norm(policy.obs_norm.map(ObsNormalizer::mean_std));
+    let a = env.action_dim();
+    let mut rng = ChaCha8Rng::seed_from_u64(derived_seed(seed, TAG_SAMPLING, 0));
     let mut obs: Vec<f32> = env.reset()?.iter().map(|&x| x as f32).collect();
     let mut returns: Vec<Option<f64>> = vec![None; episodes];
     let mut actions = vec![0f64; episodes * a];
     // Unstable episodes restart; give up after a generous number of steps.
     let limit = 20 * env.episode_steps();
     for _ in 0..limit {
-        let mean =
-            net.dist(&Tensor::from_slice(&obs, (episodes, d), &Device::Cpu)?)?.mean.flatten_all()?.to_vec1::<f32>()?;
-        for (x, &m) in actions.iter_mut().zip(&mean) {
-            *x = f64::from(m).clamp(-1.0, 1.0);
+        let f = net.infer(&obs, episodes);
+        for (i, x) in actions.iter_mut().enumerate() {
+            let u = if cfg.eval_deterministic {
+                f.mean[i]
+            } else {
+                let eps: f32 = StandardNormal.sample(&mut rng);
+                f.mean[i] + net.sigma(&f, i / a, i % a) * eps
+            };
+            *x = net.env_action(u);
         }
         let step = env.step(&actions)?;
         for (o, &x) in obs.iter_mut().zip(&step.obs) {

@@ -51,8 +51,13 @@ pub struct UpdateMetrics {
     pub clip_frac: f64,
     /// k1 estimate of KL(π_old‖π).
     pub approx_kl: f64,
-    /// Mean policy entropy (nats, of the unclipped Gaussian).
+    /// Mean policy entropy (nats): the unclipped Gaussian's, or the
+    /// tanh-normal's sampled estimate.
     pub entropy: f64,
+    /// Mean σ of the action distribution over the update's minibatch rows
+    /// (absent in metrics written before it was logged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sigma_mean: Option<f64>,
     /// Mean policy loss (objective value, incl. R²VPO's penalty).
     pub policy_loss: f64,
     /// Mean value loss `½·mean((V − R)²)` (scaled rewards).

@@ -44,11 +44,13 @@ use r2vpo::seed::derived_seed;
 use r2vpo::stats::mean_std;
 use r2vpo_report::{atomic_write, atomic_write_json};
 
+use crate::brax::ObsNormalizer;
 use crate::error::config_err;
 use crate::native::NativeNet;
 use crate::policy::{ActorCritic, PolicyConfig};
 use crate::vec_env::{EpisodeStats, RunningMeanStd, VecEnv, VecEnvConfig};
 
+mod brax_update;
 mod checkpoint;
 mod config;
 mod eval;
@@ -58,9 +60,9 @@ mod rollout;
 mod update;
 
 pub use crate::error::{TrainError, TrainResult};
-pub use checkpoint::{latest_checkpoint, load_policy, CheckpointState};
-pub use config::{algo_overrides, TrainConfig};
-pub use eval::evaluate_policy;
+pub use checkpoint::{latest_checkpoint, load_policy, CheckpointState, SavedPolicy};
+pub use config::{algo_overrides, Flavour, TrainConfig};
+pub use eval::{evaluate_policy, EvalPolicy};
 pub use metrics::{Counters, UpdateMetrics};
 pub use optim::Adam;
 
@@ -94,6 +96,9 @@ pub struct Trainer {
     /// its reset observations were folded in: what a checkpoint saves, so
     /// that the resumed segment's reset folds them in exactly once.
     segment_stats: RunningMeanStd,
+    /// Brax's in-network observation normaliser (brax flavour with
+    /// `normalize_obs`).
+    obs_norm: Option<ObsNormalizer>,
 }
 impl Trainer {
     /// A fresh run.
@@ -107,7 +112,10 @@ impl Trainer {
             derived_seed(cfg.seed, TAG_INIT, 0),
         )?;
         let params = net.named_params();
-        let fast = NativeNet::from_net(&net)?;
+        let mut fast = NativeNet::from_net(&net)?;
+        let obs_norm =
+            (cfg.flavour == Flavour::Brax && cfg.normalize_obs).then(|| ObsNormalizer::new(env.observation_dim()));
+        fast.set_obs_norm(obs_norm.as_ref().map(ObsNormalizer::mean_std));
         let adam = Adam::new(&params, cfg.lr, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps);
         let learner = Learner::new(cfg.objective.clone(), &cfg.dual)?;
         let rng = ChaCha8Rng::seed_from_u64(derived_seed(cfg.seed, TAG_SAMPLING, 0));
@@ -127,6 +135,7 @@ impl Trainer {
             counters,
             buf: Rollout::default(),
             segment_stats,
+            obs_norm,
         };
         t.reset_envs()?;
         Ok(t)
@@ -147,9 +156,16 @@ impl Trainer {
         &self.counters
     }
 
-    /// Current observation statistics.
+    /// Current observation statistics (the cleanrl flavour's, kept by the
+    /// environments).
     pub fn obs_stats(&self) -> &RunningMeanStd {
         self.env.obs_stats()
+    }
+
+    /// Brax's in-network observation normaliser (brax flavour with
+    /// `normalize_obs`).
+    pub fn obs_normalizer(&self) -> Option<&ObsNormalizer> {
+        self.obs_norm.as_ref()
     }
 
     /// The current λ.
@@ -216,14 +232,16 @@ impl Trainer {
             }
             let ckpt_due = self.cfg.checkpoint_every > 0 && self.counters.env_steps >= self.counters.next_checkpoint;
             let stopping = stop.load(Ordering::SeqCst);
-            if finished || ckpt_due || stopping {
+            let save = finished || ckpt_due || stopping;
+            if save || self.cfg.reset_every_update {
                 while self.cfg.checkpoint_every > 0 && self.counters.next_checkpoint <= self.counters.env_steps {
                     self.counters.next_checkpoint += self.cfg.checkpoint_every;
                 }
                 // The segment boundary does not depend on whether a folder
-                // was given, so runs with and without checkpoints agree.
+                // was given, so runs with and without checkpoints agree;
+                // `reset_every_update` makes every update a segment.
                 self.new_segment(self.counters.segment + 1)?;
-                if let Some(dir) = checkpoint_dir {
+                if let (true, Some(dir)) = (save, checkpoint_dir) {
                     self.save_checkpoint(dir)?;
                 }
             }

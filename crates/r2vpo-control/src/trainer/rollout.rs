@@ -13,7 +13,7 @@ pub(super) struct Rollout {
     pub(super) rewards: Vec<f32>,
     pub(super) truncated: Vec<bool>,
     pub(super) terminated: Vec<bool>,
-    /// V(final_obs) at truncated steps.
+    /// V(final_obs) at truncated steps (cleanrl flavour).
     pub(super) final_values: Vec<f32>,
 }
 
@@ -39,12 +39,12 @@ impl Trainer {
         let mut final_obs: Vec<f32> = Vec::new();
         for t in 0..t_len {
             let f = self.fast.infer(&self.obs, n);
-            let per_row = f.log_std.len() == n * a;
             for (i, (act, env_act)) in actions.iter_mut().zip(env_actions.iter_mut()).enumerate() {
-                let ls = if per_row { f.log_std[i] } else { f.log_std[i % a] };
                 let eps: f32 = StandardNormal.sample(&mut self.rng);
-                *act = f.mean[i] + ls.exp() * eps;
-                *env_act = f64::from(*act).clamp(-1.0, 1.0);
+                // The stored action is the unclipped (pre-tanh) sample; the
+                // environment gets clip(u) or tanh(u).
+                *act = f.mean[i] + self.fast.sigma(&f, i / a, i % a) * eps;
+                *env_act = self.fast.env_action(*act);
             }
             // The learner recomputes log π with this same function, so the
             // first minibatch's ratios are exactly 1.
@@ -70,7 +70,8 @@ impl Trainer {
             for (o, &x) in self.obs.iter_mut().zip(&step.obs) {
                 *o = x as f32;
             }
-            if !final_rows.is_empty() {
+            // Only the cleanrl flavour bootstraps a truncated step.
+            if !final_rows.is_empty() && self.cfg.flavour == Flavour::Cleanrl {
                 let fv = self.fast.value(&final_obs, final_rows.len());
                 for (&i, v) in final_rows.iter().zip(fv) {
                     self.buf.final_values[t * n + i] = v;

@@ -163,8 +163,33 @@ fn real_truncation_records_final_values() {
     assert!(t.buf.final_values[..last].iter().all(|&v| v == 0.0));
 }
 
+/// The brax flavour on a tiny problem: tanh-normal, sequences of 8 steps,
+/// environments reset after every update, sampled evaluation, a per-task γ.
+fn brax_tiny(task: &str) -> TrainConfig {
+    let mut cfg = tiny(task);
+    cfg.flavour = Flavour::Brax;
+    cfg.policy.distribution = crate::policy::ActionDistribution::TanhNormal;
+    cfg.policy.log_std = crate::policy::LogStdMode::StateDependent;
+    cfg.policy.activation = crate::policy::Activation::Silu;
+    cfg.policy.init = crate::policy::Init::LecunUniform;
+    cfg.reset_every_update = true;
+    cfg.eval_deterministic = false;
+    cfg.entropy_cost = 1e-2;
+    cfg.task_gamma.insert(task.into(), 0.95);
+    cfg
+}
+
 #[test]
 fn resume_repeats_the_uninterrupted_run() {
+    resume_repeats(tiny("cartpole-balance"));
+}
+
+#[test]
+fn a_brax_flavour_resume_repeats_the_uninterrupted_run() {
+    resume_repeats(brax_tiny("cartpole-balance"));
+}
+
+fn resume_repeats(base: TrainConfig) {
     let dir = tempfile::tempdir().unwrap();
     let per_update = 4 * 16;
     let cfg = TrainConfig {
@@ -173,7 +198,7 @@ fn resume_repeats_the_uninterrupted_run() {
         eval_every: 3 * per_update,
         eval_episodes: 2,
         objective: ObjectiveConfig { kind: ObjectiveKind::R2vpo, ..ObjectiveConfig::default() },
-        ..tiny("cartpole-balance")
+        ..base
     };
     let a_dir = dir.path().join("a");
     let full = Trainer::new(cfg.clone()).unwrap().run(Some(&a_dir), None, &AtomicBool::new(false), |_| {}).unwrap();
@@ -191,8 +216,9 @@ fn resume_repeats_the_uninterrupted_run() {
     assert_eq!(joined, full);
     assert!(full[2].eval_return_mean.is_some() && full[5].eval_return_mean.is_some());
     // The policy loads back for evaluation.
-    let (c, net, stats) = load_policy(&b_dir).unwrap();
-    let r = evaluate_policy(&c, &net, &stats, 2, 9).unwrap();
+    let saved = load_policy(&b_dir).unwrap();
+    assert_eq!(saved.obs_norm.is_some(), cfg.flavour == Flavour::Brax);
+    let r = evaluate_policy(&saved.config, &saved.eval_policy(), 2, 9).unwrap();
     assert_eq!(r.len(), 2);
 }
 
@@ -222,4 +248,69 @@ fn cheetah_run_return_increases() {
     assert!(rounds.len() >= 4, "{rounds:?}");
     let later = rounds[2..].iter().sum::<f64>() / (rounds.len() - 2) as f64;
     assert!(later > rounds[0] + 50.0, "return did not increase: {rounds:?}");
+}
+
+#[test]
+fn the_brax_flavour_learns_from_whole_sequences_and_resets_each_update() {
+    let mut t = Trainer::new(brax_tiny("cheetah-run")).unwrap();
+    t.rollout().unwrap();
+    // Sequence s = k·N + e of the rollout: its rows are env e's steps k·8 ..
+    // k·8 + 7 in order, and its bootstrap is the next step's observation.
+    let (n, d, unroll) = (4, t.net.obs_dim(), 8);
+    let mut g = brax_update::Gathered::default();
+    // Two chunks of 8 steps per env (16-step rollout).
+    t.gather(&[1, 6], &mut g, (n, d, t.net.act_dim()), unroll);
+    for tau in 0..unroll {
+        let i = tau * n + 1; // sequence 1: chunk 0, env 1
+        assert_eq!(&g.obs[(tau * 2) * d..(tau * 2 + 1) * d], &t.buf.obs[i * d..(i + 1) * d]);
+        assert_eq!(g.logp[tau * 2], t.buf.logp[i]);
+        let j = (unroll + tau) * n + 2; // sequence 6: chunk 1, env 2
+        assert_eq!(g.logp[tau * 2 + 1], t.buf.logp[j]);
+    }
+    let next = unroll * n + 1;
+    assert_eq!(&g.bootstrap_obs[..d], &t.buf.obs[next * d..(next + 1) * d]);
+    // Sequence 6 is the rollout's last chunk of env 2: it bootstraps from
+    // the observation after the rollout.
+    assert_eq!(&g.bootstrap_obs[d..2 * d], &t.obs[2 * d..3 * d]);
+    // The stored actions are pre-tanh samples: the environment got tanh(u).
+    assert!(t.buf.actions.iter().any(|u| u.abs() > 1.0));
+
+    // Through `run`: every update is a segment, and the normaliser moved.
+    let mut t = Trainer::new(brax_tiny("cheetah-run")).unwrap();
+    let ms = t.run(None, None, &AtomicBool::new(false), |_| {}).unwrap();
+    assert_eq!(ms.len(), 3);
+    assert_eq!(t.counters().segment, 3);
+    let norm = t.obs_normalizer().unwrap();
+    assert_eq!(norm.count, 3 * 4 * 16);
+    assert!(norm.std.iter().any(|&s| s != 1.0));
+    for m in &ms {
+        assert!(m.entropy.is_finite() && m.sigma_mean.unwrap() > 0.0, "{m:?}");
+    }
+    // The normaliser updates before the epochs: the first minibatch's
+    // ratios are not all 1 (Brax's behaviour, module docs).
+    assert!(ms[1].first_minibatch_ratio_dev > 0.0);
+}
+
+#[test]
+fn flavour_settings_are_checked() {
+    let mut cfg = tiny("cheetah-run");
+    cfg.policy.distribution = crate::policy::ActionDistribution::TanhNormal;
+    cfg.policy.log_std = crate::policy::LogStdMode::StateDependent;
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(e.contains("policy.distribution") && e.contains("brax"), "{e}");
+    let mut cfg = brax_tiny("cheetah-run");
+    cfg.policy.log_std = crate::policy::LogStdMode::StateIndependent;
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(e.contains("policy.log_std"), "{e}");
+    let mut cfg = tiny("cheetah-run");
+    cfg.task_gamma.insert("cheetah-sprint".into(), 0.9);
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(e.contains("task_gamma") && e.contains("cheetah-sprint"), "{e}");
+    let mut cfg = tiny("cheetah-run");
+    cfg.task_gamma.insert("cheetah-run".into(), 1.5);
+    assert!(cfg.validate().unwrap_err().to_string().contains("task_gamma"));
+    cfg.task_gamma.insert("cheetah-run".into(), 0.9);
+    assert_eq!(cfg.gae_for_task().gamma, 0.9);
+    cfg.task = "cartpole-balance".into();
+    assert_eq!(cfg.gae_for_task().gamma, cfg.gae.gamma);
 }

@@ -7,6 +7,9 @@ impl Trainer {
     /// One update: rollout, GAE, epochs × minibatches. Does not evaluate or
     /// checkpoint (see [`Trainer::run`]).
     pub fn update(&mut self) -> TrainResult<UpdateMetrics> {
+        if self.cfg.flavour == Flavour::Brax {
+            return self.update_brax();
+        }
         let t0 = Instant::now();
         let episodes = self.rollout()?;
         let rollout_s = t0.elapsed().as_secs_f64();
@@ -14,7 +17,8 @@ impl Trainer {
         let (n, d, a) = (self.cfg.num_envs, self.net.obs_dim(), self.net.act_dim());
         let next_values = self.next_values()?;
         let b = &self.buf;
-        let (adv, ret) = gae(&b.rewards, &b.values, &next_values, &b.terminated, &b.truncated, n, &self.cfg.gae)?;
+        let (adv, ret) =
+            gae(&b.rewards, &b.values, &next_values, &b.terminated, &b.truncated, n, &self.cfg.gae_for_task())?;
         let total = b.values.len();
         let explained_variance = {
             let (_, sr) = mean_std(&ret.iter().map(|&x| f64::from(x)).collect::<Vec<_>>());
@@ -29,7 +33,7 @@ impl Trainer {
 
         let mb = self.cfg.minibatch_size();
         let mut stats: Vec<RatioStats> = Vec::new();
-        let (mut ent_sum, mut vl_sum, mut gn_sum, mut pl_sum) = (0.0, 0.0, 0.0, 0.0);
+        let (mut ent_sum, mut vl_sum, mut gn_sum, mut pl_sum, mut sigma_sum) = (0.0, 0.0, 0.0, 0.0, 0.0);
         let mut first_dev = 0.0;
         let mut steps = 0usize;
         let (mut o_mb, mut a_mb, mut lp_mb, mut adv_mb, mut ret_mb) = (
@@ -114,6 +118,7 @@ impl Trainer {
                     first_dev = (out.stats.ratio_max - 1.0).abs().max((out.stats.ratio_min - 1.0).abs());
                 }
                 ent_sum += entropy;
+                sigma_sum += self.fast.mean_sigma(&f);
                 vl_sum += value_loss;
                 pl_sum += out.stats.pg_loss + out.stats.penalty;
                 gn_sum += gn;
@@ -147,6 +152,7 @@ impl Trainer {
             clip_frac: s.clip_frac_low + s.clip_frac_high,
             approx_kl: s.approx_kl,
             entropy: ent_sum / k,
+            sigma_mean: Some(sigma_sum / k),
             policy_loss: pl_sum / k,
             value_loss: vl_sum / k,
             grad_norm: gn_sum / k,
