@@ -46,6 +46,20 @@ pub struct TrainArgs {
 
 /// Loads a train config: defaults → file → algorithm preset → seed → `--set`.
 pub fn load_config(file: Option<&Path>, algo: Option<&str>, seed: Option<u64>, sets: &[String]) -> Result<TrainConfig> {
+    let cfg = load_config_values(file, algo, seed, sets)?;
+    cfg.validate().with_context(|| config::source(file, sets))?;
+    Ok(cfg)
+}
+
+/// [`load_config`] checking the values only, not whether this binary can
+/// run them (`config show`, `llm plan`: a torch recipe resolves in a
+/// binary without the torch backend).
+pub fn load_config_values(
+    file: Option<&Path>,
+    algo: Option<&str>,
+    seed: Option<u64>,
+    sets: &[String],
+) -> Result<TrainConfig> {
     let mut all = match algo {
         Some(a) => TrainConfig::algo_overrides(a)?,
         None => Vec::new(),
@@ -55,7 +69,7 @@ pub fn load_config(file: Option<&Path>, algo: Option<&str>, seed: Option<u64>, s
     }
     all.extend(sets.iter().cloned());
     let cfg: TrainConfig = config::load(file, &all)?;
-    cfg.validate().with_context(|| config::source(file, sets))?;
+    cfg.validate_values().with_context(|| config::source(file, sets))?;
     Ok(cfg)
 }
 

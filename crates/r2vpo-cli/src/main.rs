@@ -40,6 +40,7 @@ mod config;
 mod control_cmd;
 mod control_stats;
 mod llm_eval;
+mod llm_plan;
 mod llm_plot;
 mod llm_train;
 mod serve;
@@ -140,6 +141,10 @@ enum LlmCmd {
     /// Reward/length/λ curves, ratio histograms by staleness and a summary
     /// table from one or more `llm train` runs.
     Plot(llm_plot::PlotArgs),
+    /// Per-rank memory of a training step (weights, gradients, master
+    /// weights, AdamW moments, activations, logits) for a model shape, a
+    /// world size and a ZeRO stage, against a device size.
+    Plan(llm_plan::PlanArgs),
 }
 
 #[derive(Args, Debug)]
@@ -254,6 +259,7 @@ fn run(cli: Cli) -> Result<()> {
             LlmCmd::Learn(a) => llm_train::train_as(&a, llm_train::Role::Learn),
             LlmCmd::Actor(a) => llm_train::actor(&a),
             LlmCmd::Plot(a) => llm_plot::plot(&a),
+            LlmCmd::Plan(a) => llm_plan::run(&a),
         },
         Command::Toy(cmd) => match cmd {
             ToyCmd::Train(a) => toy::cmd_train(&a),
@@ -285,7 +291,9 @@ fn config_show(a: &ConfigShowArgs) -> Result<()> {
             config::to_toml(&c)?
         }
         "llm-eval" => config::to_toml(&llm_eval::load_config(a.cfg.config.as_deref(), &a.cfg.sets)?)?,
-        "llm-train" => config::to_toml(&llm_train::load_config(a.cfg.config.as_deref(), None, None, &a.cfg.sets)?)?,
+        "llm-train" => {
+            config::to_toml(&llm_train::load_config_values(a.cfg.config.as_deref(), None, None, &a.cfg.sets)?)?
+        }
         other => anyhow::bail!("no config kind `{other}`; known: toy, control, llm-eval, llm-train"),
     };
     print!("{text}");

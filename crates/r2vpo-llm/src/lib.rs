@@ -17,6 +17,7 @@ pub mod eval;
 pub mod experience;
 pub mod gguf;
 pub mod model;
+pub mod plan;
 pub mod queue;
 pub mod rollout;
 pub mod sample;

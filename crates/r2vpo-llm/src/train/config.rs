@@ -626,8 +626,25 @@ fn positive_seconds(fields: &[(&str, f64)]) -> TrainResult<()> {
 }
 
 impl TrainConfig {
-    /// Checks every field, naming the first bad one.
+    /// Checks every field, naming the first bad one, and that this binary
+    /// can run the config ([`TrainConfig::validate_values`], then the
+    /// compute backend it names).
     pub fn validate(&self) -> TrainResult<()> {
+        self.validate_values()?;
+        if self.model.backend == BackendKind::Torch && !cfg!(feature = "torch") {
+            return Err(bad(
+                "model.backend",
+                "`torch`: this binary was built without the torch backend; build one with `make build-torch` \
+                 (CPU) or `make build-gpu` (CUDA)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks every field's value, naming the first bad one, whatever this
+    /// binary can run (what `config show` and `llm plan` check: a GPU
+    /// recipe resolves on a machine that only plans it).
+    pub fn validate_values(&self) -> TrainResult<()> {
         let positive = [
             ("iterations", self.iterations),
             ("prompts_per_iter", self.prompts_per_iter),
@@ -700,13 +717,6 @@ impl TrainConfig {
         }
         if self.ref_kl.coef.is_nan() || self.ref_kl.coef < 0.0 {
             return Err(bad("ref_kl.coef", "must be non-negative"));
-        }
-        if self.model.backend == BackendKind::Torch && !cfg!(feature = "torch") {
-            return Err(bad(
-                "model.backend",
-                "`torch`: this binary was built without the torch backend; build one with `make build-torch` \
-                 (CPU) or `make build-gpu` (CUDA)",
-            ));
         }
         if self.activation_checkpointing && self.share_prompt_prefix && self.model.backend == BackendKind::Candle {
             return Err(bad(
