@@ -205,6 +205,14 @@ if has_torch; then
         --reps "$REPS" --out "$OUT/torch-ck-step.json"
 fi
 
+# `llm plan`'s prediction for the two torch-backend steps above, against
+# their peak GPU memory in the summary (the plan leaves out the CUDA context
+# and the caching allocator's slack, which nvidia-smi counts).
+phase plan-torch-step 30 "$BIN" llm plan --shape "$SHAPE" --backend torch --dtype $dtype --checkpoint false \
+    --micro-batch "$BATCH" --prompt "$PROMPT" --response "$RESPONSE" --json "$OUT/plan-torch-step.json"
+phase plan-torch-ck-step 30 "$BIN" llm plan --shape "$SHAPE" --backend torch --dtype $dtype --checkpoint true \
+    --micro-batch "$LONG_BATCH" --prompt "$PROMPT" --response "$LONG_RESPONSE" --json "$OUT/plan-torch-ck-step.json"
+
 # The trainer end to end on the device: sampling (KV cache, behaviour
 # log-probs), rewards, the R²VPO update with gradient checkpointing, λ, a
 # checkpoint. Then a tiny run checkpointed on the device, resumed on the

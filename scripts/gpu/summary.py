@@ -118,6 +118,19 @@ def main() -> None:
                 md.append(f"\nr2vpo (torch backend) / PyTorch: tokens/s {ratios['tch_tokens_per_s']:.2f}× (goal ≥ 0.9×)"
                           + (f", peak memory {ratios['tch_peak_memory']:.2f}× (goal ≤ 1.2×)"
                              if "tch_peak_memory" in ratios else ""))
+    plans = {}
+    for name, title in [("torch-step", "plain step"), ("torch-ck-step", "checkpointed step")]:
+        plan, measured = load(d / f"plan-{name}.json"), peak(d / f"r2vpo-{name}-peak-mib")
+        if not plan:
+            continue
+        planned = plan["plan"]["total"] / 2**30
+        plans[name] = {"planned_gib": planned, "peak_gib": measured / 1024 if measured else None}
+        if len(plans) == 1:
+            md += ["", "## `llm plan` against the torch backend's peak GPU memory\n",
+                   "| step | planned GiB | peak GiB (nvidia-smi, with the CUDA context) | measured / planned |",
+                   "|---|---|---|---|"]
+        ratio = f"{measured / 1024 / planned:.2f}×" if measured and planned else "–"
+        md.append(f"| {title} | {planned:.2f} | {measured / 1024 if measured else float('nan'):.2f} | {ratio} |")
     runs = {}
     for name, title in [("torch-e2e", "`llm train --config configs/llm/gpu-smoke.toml --set model.backend=torch`"),
                         ("e2e", "`llm train --config configs/llm/gpu-smoke.toml`"),
@@ -142,7 +155,7 @@ def main() -> None:
     if status:
         md += ["", "## Phases (exit code, seconds)\n", "```", *status, "```"]
     summary = {"device": device, "checks": checks, "samplers": samplers, "sampling": sampling, "steps": steps,
-               "runs": runs,
+               "plans": plans, "runs": runs,
                "phases": status}
     for name, text in [("summary.json", json.dumps(summary, indent=2)), ("summary.md", "\n".join(md) + "\n")]:
         tmp = d / (name + ".tmp")

@@ -46,9 +46,12 @@ pub struct PlanArgs {
     /// `activation_checkpointing`).
     #[arg(long)]
     pub checkpoint: Option<bool>,
-    /// Rows per LM-head chunk (0: all response rows at once).
-    #[arg(long, default_value_t = 1024)]
-    pub lm_head_chunk: usize,
+    /// Rows per LM-head chunk; 0: all response rows at once. Default: what
+    /// the backends do, 16 Mi logits per chunk (16 Mi / vocabulary rows) on
+    /// the torch backend and in the candle backend's checkpointed step, all
+    /// rows in candle's full graph.
+    #[arg(long)]
+    pub lm_head_chunk: Option<usize>,
     /// LoRA rank on every attention and MLP projection (0: full fine-tuning).
     #[arg(long, default_value_t = 0)]
     pub lora_rank: usize,
@@ -114,7 +117,12 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         response_tokens: micro * response,
         seq_len,
         checkpointing,
-        lm_head_chunk: (a.lm_head_chunk > 0).then_some(a.lm_head_chunk),
+        lm_head_chunk: match a.lm_head_chunk {
+            Some(0) => None,
+            Some(rows) => Some(rows),
+            None if checkpointing || !materialised_attention => Some(((16usize << 20) / model.vocab_size).max(1)),
+            None => None,
+        },
         lora_rank: (a.lora_rank > 0).then_some(a.lora_rank),
         bf16,
         materialised_attention,

@@ -25,7 +25,17 @@ fn the_gpu_checks_dry_run_passes_every_phase() {
     let log = String::from_utf8_lossy(&st.stdout).into_owned() + &String::from_utf8_lossy(&st.stderr);
     assert!(st.status.success(), "{log}");
     let status = std::fs::read_to_string(out.join("status.txt")).unwrap();
-    for phase in ["check-f32", "check-sampler-f32", "r2vpo-step", "r2vpo-ck-step", "train-e2e", "xdev-2", "summary"] {
+    for phase in [
+        "check-f32",
+        "check-sampler-f32",
+        "r2vpo-step",
+        "r2vpo-ck-step",
+        "plan-torch-step",
+        "plan-torch-ck-step",
+        "train-e2e",
+        "xdev-2",
+        "summary",
+    ] {
         assert!(status.contains(&format!("{phase} rc=0")), "{phase} did not pass:\n{status}");
     }
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
