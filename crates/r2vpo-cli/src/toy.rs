@@ -56,7 +56,7 @@ fn resolve(config: Option<&Path>, algo: Option<&str>, sets: &[String]) -> Result
         None => Vec::new(),
     };
     all.extend(sets.iter().cloned());
-    config::load(config, &all)
+    Ok(config::load(config, &all)?)
 }
 
 /// `r2vpo toy train`.

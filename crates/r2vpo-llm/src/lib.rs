@@ -18,6 +18,7 @@ pub mod experience;
 pub mod gguf;
 pub mod model;
 pub mod plan;
+pub mod plot;
 pub mod queue;
 pub mod rollout;
 pub mod sample;

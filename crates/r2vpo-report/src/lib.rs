@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod config;
 pub mod edge;
 pub mod golden;
 mod io;
