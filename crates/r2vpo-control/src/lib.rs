@@ -16,6 +16,7 @@
 //! `scripts/dmc_golden.py` and replayed in `tests/golden.rs`.
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod brax;
 pub mod env;
 pub mod error;
