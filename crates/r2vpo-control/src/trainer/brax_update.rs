@@ -5,6 +5,7 @@
 //! advantages with the current critic (Brax `train.py`: `training_step`,
 //! `sgd_step`, `minibatch_step`).
 
+use super::update::StepMeans;
 use super::*;
 use crate::brax::{loss_and_grads, LossConfig, Minibatch};
 
@@ -104,41 +105,17 @@ impl Trainer {
         }
         self.fast.write_to(&self.net)?;
         let learn_s = t1.elapsed().as_secs_f64();
-        let s = RatioStats::merge(&stats);
         let k = steps.max(1) as f64;
-        let new_steps = (t_len * n) as u64;
-        self.counters.update = update_index;
-        self.counters.env_steps += new_steps;
-        self.counters.episodes += episodes.len() as u64;
-        self.counters.warning_resets += episodes.iter().filter(|e| e.unstable).count() as u64;
-        let full: Vec<f64> = episodes.iter().filter(|e| !e.unstable).map(|e| e.ret).collect();
-        let (rm, rs) = mean_std(&full);
-        Ok(UpdateMetrics {
-            update: update_index,
-            env_steps: self.counters.env_steps,
-            episodes: full.len(),
-            episode_return_mean: (!full.is_empty()).then_some(rm),
-            episode_return_std: (!full.is_empty()).then_some(rs),
-            ratio_mean: s.ratio_mean,
-            ratio_var: s.ratio_var,
-            sq_dev: s.sq_dev_mean,
-            first_minibatch_ratio_dev: first_dev,
-            lambda: self.learner.lambda(),
-            clip_frac: s.clip_frac_low + s.clip_frac_high,
-            approx_kl: s.approx_kl,
+        let means = StepMeans {
             entropy: ent_sum / k,
-            sigma_mean: Some(sigma_sum / k),
+            sigma: sigma_sum / k,
             policy_loss: pl_sum / k,
             value_loss: vl_sum / k,
             grad_norm: gn_sum / k,
             explained_variance: ev_sum / k,
-            warning_resets: self.counters.warning_resets,
-            env_steps_per_s: new_steps as f64 / (rollout_s + learn_s).max(1e-9),
-            rollout_s,
-            learn_s,
-            eval_return_mean: None,
-            eval_return_std: None,
-        })
+        };
+        let new_steps = (t_len * n) as u64;
+        Ok(self.close_update(update_index, &episodes, &stats, first_dev, means, new_steps, (rollout_s, learn_s)))
     }
 
     /// Gathers the sequences `seqs` of the rollout into `g`, time-major.

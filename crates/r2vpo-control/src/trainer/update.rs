@@ -128,17 +128,51 @@ impl Trainer {
         }
         self.fast.write_to(&self.net)?;
         let learn_s = t1.elapsed().as_secs_f64();
-        let s = RatioStats::merge(&stats);
         let k = steps.max(1) as f64;
-        let new_steps = (total) as u64;
+        let sums = StepMeans {
+            entropy: ent_sum / k,
+            sigma: sigma_sum / k,
+            policy_loss: pl_sum / k,
+            value_loss: vl_sum / k,
+            grad_norm: gn_sum / k,
+            explained_variance,
+        };
+        Ok(self.close_update(update_index, &episodes, &stats, first_dev, sums, total as u64, (rollout_s, learn_s)))
+    }
+}
+
+/// Per-SGD-step means of an update, for its metrics.
+pub(super) struct StepMeans {
+    pub(super) entropy: f64,
+    pub(super) sigma: f64,
+    pub(super) policy_loss: f64,
+    pub(super) value_loss: f64,
+    pub(super) grad_norm: f64,
+    pub(super) explained_variance: f64,
+}
+
+impl Trainer {
+    /// Counts an update's env steps and episodes and makes its metrics
+    /// (both flavours).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn close_update(
+        &mut self,
+        update_index: u64,
+        episodes: &[EpisodeStats],
+        stats: &[RatioStats],
+        first_dev: f64,
+        means: StepMeans,
+        new_steps: u64,
+        (rollout_s, learn_s): (f64, f64),
+    ) -> UpdateMetrics {
+        let s = RatioStats::merge(stats);
         self.counters.update = update_index;
         self.counters.env_steps += new_steps;
         self.counters.episodes += episodes.len() as u64;
-        let warn = episodes.iter().filter(|e| e.unstable).count() as u64;
-        self.counters.warning_resets += warn;
+        self.counters.warning_resets += episodes.iter().filter(|e| e.unstable).count() as u64;
         let full: Vec<f64> = episodes.iter().filter(|e| !e.unstable).map(|e| e.ret).collect();
         let (rm, rs) = mean_std(&full);
-        Ok(UpdateMetrics {
+        UpdateMetrics {
             update: update_index,
             env_steps: self.counters.env_steps,
             episodes: full.len(),
@@ -151,18 +185,18 @@ impl Trainer {
             lambda: self.learner.lambda(),
             clip_frac: s.clip_frac_low + s.clip_frac_high,
             approx_kl: s.approx_kl,
-            entropy: ent_sum / k,
-            sigma_mean: Some(sigma_sum / k),
-            policy_loss: pl_sum / k,
-            value_loss: vl_sum / k,
-            grad_norm: gn_sum / k,
-            explained_variance,
+            entropy: means.entropy,
+            sigma_mean: Some(means.sigma),
+            policy_loss: means.policy_loss,
+            value_loss: means.value_loss,
+            grad_norm: means.grad_norm,
+            explained_variance: means.explained_variance,
             warning_resets: self.counters.warning_resets,
             env_steps_per_s: new_steps as f64 / (rollout_s + learn_s).max(1e-9),
             rollout_s,
             learn_s,
             eval_return_mean: None,
             eval_return_std: None,
-        })
+        }
     }
 }
