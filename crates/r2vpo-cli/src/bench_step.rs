@@ -836,8 +836,10 @@ fn torch_step(a: &StepBenchArgs, cfg: &ModelConfig) -> Result<()> {
     let cuda = torch_device(&a.device).map_err(|m| anyhow::anyhow!("--device {m}"))?;
     let bf16 = parse_dtype(&a.dtype)? == DType::BF16;
     let optim = OptimConfig { lr: if a.check { 1e-4 } else { 1e-6 }, ..OptimConfig::default() };
-    let random = || Transformer::new_random_with_std(cfg.clone(), a.seed, 0.02, DType::F32, &Device::Cpu);
-    let mut be = TorchBackend::new(random()?, optim, TorchOptions { cuda, bf16, checkpointing: a.checkpoint })?;
+    let init = r2vpo_llm::model::RandomInit::new(cfg.clone(), a.seed, 0.02);
+    let random = || Transformer::from_source(cfg.clone(), &init, DType::F32, &Device::Cpu);
+    let mut be =
+        TorchBackend::new(cfg.clone(), &init, optim, TorchOptions { cuda, bf16, checkpointing: a.checkpoint })?;
     let shape = a.shape.display().to_string();
     if a.sampler {
         if !a.check {

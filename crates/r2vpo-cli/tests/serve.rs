@@ -129,7 +129,16 @@ fn served_logprobs_equal_the_learners_and_weight_pushes_take_effect() {
 
     // A push that does not load keeps the old weights serving; so does
     // one whose config.json declares fewer layers than its tensors hold
-    // (it would load, as another model).
+    // (it would load, as another model), and one of another model: weights
+    // are set in place, into the model being served.
+    let narrower = tmp.path().join("narrower");
+    {
+        use r2vpo_llm::model::{Architecture, ModelConfig};
+        let (_, tok) = tiny(0);
+        let cfg = ModelConfig::tiny(Architecture::Llama, tok.vocab_size(), 16, 64, 2, 4, 2, true);
+        let m = Transformer::new_random(cfg, 3, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        r2vpo_llm::model::save::save_hf_dir(&m, &narrower).unwrap();
+    }
     let fewer = tiny_dir(&tmp.path().join("fewer"), 9);
     let config = fewer.join("config.json");
     let text = std::fs::read_to_string(&config).unwrap();
@@ -139,6 +148,7 @@ fn served_logprobs_equal_the_learners_and_weight_pushes_take_effect() {
         json!({"model_path": tmp.path().join("missing").to_str().unwrap(), "weight_version": "4"}),
         json!({"model_path": 5}),
         json!({"model_path": fewer.to_str().unwrap(), "weight_version": "4"}),
+        json!({"model_path": narrower.to_str().unwrap(), "weight_version": "4"}),
     ] {
         let (code, v) = post(&format!("{}/update_weights_from_disk", s.url), &bad);
         assert_eq!(code, 400, "{v}");
@@ -147,6 +157,10 @@ fn served_logprobs_equal_the_learners_and_weight_pushes_take_effect() {
         if bad["model_path"].as_str() == fewer.to_str() {
             assert!(message.contains("num_hidden_layers") && message.contains("declares 1 layers"), "{v}");
             assert!(message.contains("tensors of 2") && message.contains("model.layers.1."), "{v}");
+            assert!(message.contains("still serving weight version 3"), "{v}");
+        }
+        if bad["model_path"].as_str() == narrower.to_str() {
+            assert!(message.contains("describes another model than the one served"), "{v}");
             assert!(message.contains("still serving weight version 3"), "{v}");
         }
     }

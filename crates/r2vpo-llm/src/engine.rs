@@ -23,7 +23,8 @@
 //! (tested).
 //!
 //! Weights change only between generations: [`Engine::update_weights`]
-//! stops admitting jobs, lets the running rows finish, then swaps the model.
+//! stops admitting jobs, lets the running rows finish, then sets the
+//! weights in place, one tensor at a time.
 //! Every answer carries the weight version that produced all of its tokens,
 //! which is what an RL learner needs to measure staleness exactly.
 
@@ -39,7 +40,7 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
 use crate::decode::{DecodeCache, Decoder};
-use crate::model::{KvCache, ModelConfig, Transformer};
+use crate::model::{KvCache, ModelConfig, TensorSource, Transformer};
 use crate::sample::{
     check_prompt, distinct_prompts, sample_token, FinishReason, Generation, SampleError, SamplingConfig,
 };
@@ -105,9 +106,9 @@ pub type TokenSink = Arc<dyn Fn(TokenEvent) -> bool + Send + Sync>;
 /// Per token of a generation: its alternatives and their log-probs.
 pub type TopLogprobs = Vec<Vec<(u32, f32)>>;
 
-/// A weight update waiting for the running rows: the model, its version,
-/// and what to call once it serves.
-type PendingWeights = (Box<DecodeModel>, String, Box<dyn FnOnce() + Send>);
+/// A weight update waiting for the running rows: the weights, their
+/// version, and what to call with the outcome once they were applied.
+type PendingWeights = (Box<dyn TensorSource>, String, Box<dyn FnOnce(crate::model::Result<()>) + Send>);
 
 /// The model an [`Engine`] decodes with: either compute backend, chosen
 /// when the server starts (`r2vpo serve --backend`). One lives per engine
@@ -119,6 +120,16 @@ pub enum DecodeModel {
     /// The libtorch decoder ([`crate::backend::torch::TorchBackend`]).
     #[cfg(feature = "torch")]
     Torch(Box<crate::backend::torch::TorchBackend>),
+}
+
+impl From<crate::backend::Opened> for DecodeModel {
+    fn from(m: crate::backend::Opened) -> Self {
+        match m {
+            crate::backend::Opened::Candle(m) => DecodeModel::Candle(m),
+            #[cfg(feature = "torch")]
+            crate::backend::Opened::Torch(t) => DecodeModel::Torch(Box::new(t)),
+        }
+    }
 }
 
 impl From<Transformer> for DecodeModel {
@@ -165,6 +176,14 @@ macro_rules! each_cache {
             DecodeModelCache::Torch($c) => $body,
         }
     };
+}
+
+impl DecodeModel {
+    /// Sets the weights from `source` in place ([`crate::backend::Policy::load`]:
+    /// nothing is applied unless every tensor fits).
+    pub fn load(&self, source: &dyn TensorSource) -> crate::model::Result<()> {
+        each!(self, m => crate::backend::Policy::load(m, source))
+    }
 }
 
 impl DecodeCache for DecodeModelCache {
@@ -326,11 +345,12 @@ pub struct Engine {
     limits: Limits,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Limits {
     cfg: EngineConfig,
     vocab: usize,
     context: usize,
+    model: ModelConfig,
 }
 
 impl Engine {
@@ -346,7 +366,12 @@ impl Engine {
     ) -> Engine {
         let model: DecodeModel = model.into();
         let (tx, rx) = mpsc::channel();
-        let limits = Limits { cfg, vocab: model.config().vocab_size, context: model.config().max_position_embeddings };
+        let limits = Limits {
+            cfg,
+            vocab: model.config().vocab_size,
+            context: model.config().max_position_embeddings,
+            model: model.config().clone(),
+        };
         let stats = Arc::new(Mutex::new(EngineStats { weight_version: version.clone(), ..EngineStats::default() }));
         let st = stats.clone();
         let handle = std::thread::Builder::new()
@@ -384,6 +409,11 @@ impl Engine {
     /// The model's vocabulary size.
     pub fn vocab_size(&self) -> usize {
         self.limits.vocab
+    }
+
+    /// The description of the model being served.
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.limits.model
     }
 
     /// The limits the engine was started with.
@@ -434,10 +464,21 @@ impl Engine {
         rx.recv().unwrap_or_else(|_| Err(EngineError::Stopped("no answer".into())))
     }
 
-    /// Replaces the weights once the running rows have finished (no new
-    /// job is admitted meanwhile); `done` is called after the swap.
-    pub fn update_weights(&self, model: impl Into<DecodeModel>, version: String, done: impl FnOnce() + Send + 'static) {
-        let _ = self.tx.send(Msg::Weights((Box::new(model.into()), version, Box::new(done))));
+    /// Sets the weights from `source` in place, tensor by tensor, once the
+    /// running rows (and rescoring jobs) have finished; no new job is
+    /// admitted meanwhile, so no sample mixes two versions and the model
+    /// never exists twice in memory. `done` gets the outcome: a tensor that
+    /// is missing or of another shape is refused before anything is
+    /// applied (the old weights and version stay); a read that fails after
+    /// that check (the files changed underneath) leaves a mix, served as
+    /// version `"{version}-incomplete"` until the next update.
+    pub fn update_weights(
+        &self,
+        source: Box<dyn TensorSource>,
+        version: String,
+        done: impl FnOnce(crate::model::Result<()>) + Send + 'static,
+    ) {
+        let _ = self.tx.send(Msg::Weights((source, version, Box::new(done))));
     }
 
     /// Stops (`true`) or resumes (`false`) admitting jobs; running rows
@@ -569,12 +610,29 @@ impl Loop {
                     Err(mpsc::TryRecvError::Disconnected) => open = false,
                 }
             }
-            if self.rows.is_empty() && self.prefills.is_empty() {
-                if let Some((model, version, done)) = self.pending.pop_front() {
-                    self.model = Arc::from(model);
-                    self.version = version;
-                    self.stats.lock().expect("stats").weight_version = self.version.clone();
-                    done();
+            if self.rows.is_empty() && self.prefills.is_empty() && !self.pending.is_empty() {
+                // Rescoring jobs hold the model too: the weights change
+                // only when they have finished with the old ones.
+                if Arc::strong_count(&self.model) > 1 {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                if let Some((source, version, done)) = self.pending.pop_front() {
+                    let expected = crate::model::transformer::expected_params(self.model.config());
+                    let applied = crate::backend::check_fits(source.as_ref(), &expected).and_then(|()| {
+                        self.model.load(source.as_ref()).inspect_err(|_| {
+                            // Every tensor fitted, so a read failed part-way
+                            // (the files changed underneath): the weights are
+                            // a mix, and the version says so.
+                            self.version = format!("{version}-incomplete");
+                            self.stats.lock().expect("stats").weight_version = self.version.clone();
+                        })
+                    });
+                    if applied.is_ok() {
+                        self.version = version;
+                        self.stats.lock().expect("stats").weight_version = self.version.clone();
+                    }
+                    done(applied);
                     continue;
                 }
             }

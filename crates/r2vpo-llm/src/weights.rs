@@ -69,6 +69,29 @@ impl Weights {
     }
 }
 
+impl crate::model::TensorSource for Weights {
+    fn origin(&self) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!("<weight version {}>", self.version))
+    }
+
+    fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.tensors.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    fn dims(&self, name: &str) -> Option<Vec<usize>> {
+        self.tensors.get(name).map(|t| t.dims().to_vec())
+    }
+
+    fn tensor(&self, name: &str) -> crate::model::Result<Tensor> {
+        self.tensors.get(name).cloned().ok_or_else(|| ModelError::Mismatch {
+            tensor: name.to_string(),
+            message: format!("missing from weight version {}", self.version),
+        })
+    }
+}
+
 /// Errors of a weight channel.
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {

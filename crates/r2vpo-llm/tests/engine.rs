@@ -17,6 +17,11 @@ fn model(seed: u64) -> Transformer {
     common::peaked_model(seed)
 }
 
+/// `model(seed)`'s weights, as a weight push carries them.
+fn weights(seed: u64) -> Box<dyn r2vpo_llm::model::TensorSource> {
+    Box::new(r2vpo_llm::backend::Policy::export(&model(seed), 0).unwrap())
+}
+
 /// The learner's recomputation of `gens`, all continuations of `prompt`.
 fn rescored(m: &Transformer, prompt: &[u32], gens: &[Generation]) -> Vec<Vec<f32>> {
     let reqs: Vec<GenerationRequest> =
@@ -130,10 +135,10 @@ fn a_weight_update_waits_for_running_rows_and_changes_the_version() {
     engine.submit(job(&[1, 2, 3], &[5, 6], 40, 1.0), move |r| tx1.send(("before", r)).unwrap());
     std::thread::sleep(Duration::from_millis(10));
     let (dtx, drx) = mpsc::channel();
-    engine.update_weights(model(12), "1".into(), move || dtx.send(()).unwrap());
+    engine.update_weights(weights(12), "1".into(), move |r| dtx.send(r.is_ok()).unwrap());
     engine.submit(job(&[1, 2, 3], &[5, 6], 40, 1.0), move |r| tx.send(("after", r)).unwrap());
     let a = rx.recv().unwrap();
-    drx.recv().unwrap();
+    assert!(drx.recv().unwrap(), "the update applied");
     let b = rx.recv().unwrap();
     assert_eq!((a.0, b.0), ("before", "after"));
     let (a, b) = (a.1.unwrap(), b.1.unwrap());
@@ -211,14 +216,14 @@ fn rescored_jobs_equal_the_learners_pass_for_the_weights_that_sampled_them() {
     // scoring thread is done: the scores must still be the old weights'.
     std::thread::sleep(Duration::from_millis(5));
     let (dtx, drx) = mpsc::channel();
-    engine.update_weights(model(12), "1".into(), move || dtx.send(()).unwrap());
+    engine.update_weights(weights(12), "1".into(), move |r| dtx.send(r.is_ok()).unwrap());
     engine.submit(job(&[4, 9], &[7], 8, 1.0), move |r| tx.send(("plain", r)).unwrap());
     let mut got = std::collections::HashMap::new();
     for _ in 0..2 {
         let (name, r) = rx.recv().unwrap();
         got.insert(name, r.unwrap());
     }
-    drx.recv().unwrap();
+    assert!(drx.recv().unwrap(), "the update applied");
     let out = &got["rescored"];
     assert_eq!(out.weight_version, "0");
     assert_eq!(got["plain"].weight_version, "1");
@@ -275,4 +280,32 @@ fn top_logprobs_and_streamed_tokens_match_the_answer_and_a_gone_client_frees_its
     let out = engine.run_job(j).unwrap();
     assert_eq!(out.generations[0].token_ids.len(), 3, "the cancelled sample kept decoding");
     assert_eq!(out.generations[1].token_ids.len(), 40);
+}
+
+#[test]
+fn a_weight_update_that_does_not_fit_changes_nothing() {
+    let engine = engine(4, 8, 512);
+    let run = || engine.run_job(job(&[1, 2, 3], &[5, 6], 12, 1.0)).unwrap();
+    let before = run();
+    let full = r2vpo_llm::backend::Policy::export(&model(12), 7).unwrap();
+    // One tensor missing (the last in load order: a partial apply would
+    // have changed every other one), one of another shape.
+    let mut missing = (*full.tensors).clone();
+    missing.remove("model.norm.weight").unwrap();
+    let mut reshaped = (*full.tensors).clone();
+    let t = reshaped["model.norm.weight"].clone();
+    reshaped.insert("model.norm.weight".into(), t.narrow(0, 0, t.dims()[0] - 1).unwrap());
+    for (case, tensors) in [("missing", missing), ("reshaped", reshaped)] {
+        let (dtx, drx) = mpsc::channel();
+        let push = Box::new(r2vpo_llm::weights::Weights::new(7, tensors));
+        engine.update_weights(push, "7".into(), move |r| dtx.send(r.map_err(|e| e.to_string())).unwrap());
+        let err = drx.recv().unwrap().unwrap_err();
+        assert!(err.contains("model.norm.weight"), "{case}: {err}");
+        let after = run();
+        assert_eq!(after.weight_version, "0", "{case}");
+        let ids =
+            |o: &r2vpo_llm::engine::JobOutput| o.generations.iter().map(|g| g.token_ids.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&after), ids(&before), "{case}: the old weights answer");
+    }
+    engine.shutdown();
 }

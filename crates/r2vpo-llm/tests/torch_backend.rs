@@ -23,7 +23,7 @@ use r2vpo_kernels::distance;
 use r2vpo_llm::backend::torch::{TorchBackend, TorchOptions};
 use r2vpo_llm::backend::{batch, Backend, CandleBackend, MicroBatch, OptimConfig, Policy};
 use r2vpo_llm::experience::Sample;
-use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
+use r2vpo_llm::model::{Architecture, ModelConfig, RandomInit, Transformer};
 use r2vpo_llm::train::{BackendKind, IterMetrics, ModelSource, Outcome, TrainConfig, Trainer};
 
 mod common;
@@ -90,8 +90,14 @@ fn optim() -> OptimConfig {
     OptimConfig { lr: 1e-5, weight_decay: 0.1, ..OptimConfig::default() }
 }
 
+/// The torch model with [`model`]'s weights, read from the same
+/// initialisation one tensor at a time.
 fn torch(cfg: &ModelConfig, checkpointing: bool) -> TorchBackend {
-    TorchBackend::new(model(cfg), optim(), TorchOptions { cuda: None, bf16: false, checkpointing }).unwrap()
+    torch_with(cfg, TorchOptions { cuda: None, bf16: false, checkpointing })
+}
+
+fn torch_with(cfg: &ModelConfig, opts: TorchOptions) -> TorchBackend {
+    TorchBackend::new(cfg.clone(), &RandomInit::new(cfg.clone(), 5, 0.1), optim(), opts).unwrap()
 }
 
 fn assert_close(what: &str, a: &[f32], b: &[f32], bound: f64) -> f64 {
@@ -187,8 +193,7 @@ fn scoring_equals_the_learners_forward_and_bf16_stays_near_f32() {
     let scored = t.score(&mb).unwrap();
     let fwd = t.forward(&mb, false).unwrap();
     assert_eq!(flat(&scored), flat(&fwd.logp));
-    let mut h =
-        TorchBackend::new(model(&cfg), optim(), TorchOptions { cuda: None, bf16: true, checkpointing: false }).unwrap();
+    let mut h = torch_with(&cfg, TorchOptions { cuda: None, bf16: true, checkpointing: false });
     let half = h.forward(&mb, false).unwrap();
     // bf16 keeps 8 bits of mantissa: log-probs of order 5 move by ~1e-2.
     let d = distance(&masked(&half.logp, &mb.mask), &masked(&fwd.logp, &mb.mask));

@@ -25,13 +25,15 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use candle_core::{DType, Device};
+
 use serde::de::DeserializeOwned;
 use tokio::sync::{oneshot, Mutex};
 
+use r2vpo_llm::backend::{BackendKind, BackendSpec, ComputeDtype};
 use r2vpo_llm::chat::{ChatMessage, ChatTemplate};
 use r2vpo_llm::engine::{DecodeModel, Engine, EngineConfig, EngineError, Job, JobOutput, StopWhen, MAX_TOP_LOGPROBS};
-use r2vpo_llm::model::{load_model, Transformer};
+use r2vpo_llm::model::source::{self, check};
+use r2vpo_llm::model::{ModelConfig, ModelError, TensorSource};
 use r2vpo_llm::rollout::LogprobsMode;
 use r2vpo_llm::sample::{request_seed, FinishReason, Generation, SampleError, SamplingConfig};
 use r2vpo_llm::tokenizer::Tokenizer;
@@ -207,51 +209,32 @@ fn parse<T: DeserializeOwned>(body: Result<Bytes, axum::extract::rejection::Byte
     })
 }
 
-/// `model` on the backend, device and dtype `cfg` names; the error names
-/// the option at fault.
-fn on_backend(cfg: &ServeConfig, mut model: Transformer) -> Result<DecodeModel, ServeError> {
-    let bad = |field: &str, message: String| ServeError::Config { field: field.into(), message };
-    let bf16 = match cfg.dtype.as_str() {
-        "f32" => false,
-        "bf16" => true,
-        other => return Err(bad("dtype", format!("`{other}`: expected f32 or bf16"))),
-    };
-    match cfg.backend.as_str() {
-        "candle" => {
-            if cfg.device != "cpu" {
-                return Err(bad(
-                    "device",
-                    format!("`{}`: the candle backend serves on the CPU; --backend torch serves on a GPU", cfg.device),
-                ));
-            }
-            if bf16 {
-                model.set_compute_dtype(DType::BF16);
-            }
-            Ok(model.into())
+impl ServeConfig {
+    /// The backend `--backend`, `--device` and `--dtype` describe; the
+    /// error names the option at fault.
+    pub fn backend_spec(&self) -> Result<BackendSpec, ServeError> {
+        let bad = |field: &str, message: String| ServeError::Config { field: field.into(), message };
+        let kind: BackendKind = self.backend.parse().map_err(|m| bad("backend", m))?;
+        let compute_dtype: ComputeDtype = self.dtype.parse().map_err(|m| bad("dtype", m))?;
+        if kind == BackendKind::Candle && self.device != "cpu" {
+            return Err(bad(
+                "device",
+                format!("`{}`: the candle backend serves on the CPU; --backend torch serves on a GPU", self.device),
+            ));
         }
-        "torch" => torch_model(cfg, model, bf16),
-        other => Err(bad("backend", format!("`{other}`: expected candle or torch"))),
+        Ok(BackendSpec { kind, device: self.device.clone(), compute_dtype, checkpointing: false })
     }
 }
 
-#[cfg(feature = "torch")]
-fn torch_model(cfg: &ServeConfig, model: Transformer, bf16: bool) -> Result<DecodeModel, ServeError> {
-    use r2vpo_llm::backend::torch::{torch_device, TorchBackend, TorchOptions};
-    let cuda = torch_device(&cfg.device).map_err(|m| ServeError::Config { field: "device".into(), message: m })?;
-    let opts = TorchOptions { cuda, bf16, checkpointing: false };
-    TorchBackend::new(model, r2vpo_llm::backend::OptimConfig::default(), opts)
-        .map(Into::into)
-        .map_err(|e| ServeError::Load { path: cfg.model.clone(), message: e.to_string() })
-}
-
-#[cfg(not(feature = "torch"))]
-fn torch_model(_: &ServeConfig, _: Transformer, _: bool) -> Result<DecodeModel, ServeError> {
-    Err(ServeError::Config {
-        field: "backend".into(),
-        message: "`torch`: this binary was built without the torch backend; build one with `make build-torch` \
-                  (CPU) or `make build-gpu` (CUDA)"
-            .into(),
-    })
+/// The model of `config` with the weights of `source`, on the backend
+/// `cfg` names; the error names the option at fault.
+fn on_backend(cfg: &ServeConfig, config: &ModelConfig, source: &dyn TensorSource) -> Result<DecodeModel, ServeError> {
+    let spec = cfg.backend_spec()?;
+    match r2vpo_llm::backend::open(&spec, config, source, r2vpo_llm::backend::OptimConfig::default()) {
+        Ok(m) => Ok(m.into()),
+        Err(ModelError::Spec { field, message }) => Err(ServeError::Config { field, message }),
+        Err(e) => Err(ServeError::Load { path: cfg.model.clone(), message: e.to_string() }),
+    }
 }
 
 fn load_tokenizer(cfg: &ServeConfig) -> Result<Tokenizer, ServeError> {
@@ -279,19 +262,19 @@ pub fn serve(cfg: ServeConfig) -> Result<(), ServeError> {
         return Err(ServeError::Config { field: "logprobs-mode".into(), message: "raw or processed".into() });
     }
     let tok = load_tokenizer(&cfg)?;
-    let model = load_model(&cfg.model, DType::F32, &Device::Cpu)
-        .map_err(|e| ServeError::Load { path: cfg.model.clone(), message: e.to_string() })?;
-    if model.config().vocab_size < tok.vocab_size() {
+    let (config, source) =
+        source::open(&cfg.model).map_err(|e| ServeError::Load { path: cfg.model.clone(), message: e.to_string() })?;
+    if config.vocab_size < tok.vocab_size() {
         return Err(ServeError::Load {
             path: cfg.model.clone(),
             message: format!(
                 "vocabulary of {} is smaller than the tokenizer's {}",
-                model.config().vocab_size,
+                config.vocab_size,
                 tok.vocab_size()
             ),
         });
     }
-    let model = on_backend(&cfg, model)?;
+    let model = on_backend(&cfg, &config, source.as_ref())?;
     let engine = Engine::start(
         model,
         cfg.weight_version.clone(),
@@ -552,35 +535,50 @@ async fn update_weights(
     if !(path.is_dir() || path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))) {
         return Err(refuse(format!("`{}` is neither a model folder nor a .gguf file", req.model_path)));
     }
-    let loaded = tokio::task::spawn_blocking(move || load_model(&path, DType::F32, &Device::Cpu))
-        .await
-        .map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string(), param: None })?;
-    let model = loaded.map_err(|e| {
+    // Only the headers are read here; the tensors are read one at a time
+    // as the engine sets them, after checking that every one fits.
+    let loaded = tokio::task::spawn_blocking(move || source::open(&path)).await.map_err(|e| ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message: e.to_string(),
+        param: None,
+    })?;
+    let (config, source) = loaded.map_err(|e| {
         // candle's GGUF reader quotes the first bytes of a file it cannot
         // read ("unknown magic 0x…"): not the client's to see.
         let e = e.to_string();
         let why = if e.contains("magic") { "not a GGUF file".to_string() } else { e };
         refuse(format!("`{}` did not load: {why}", req.model_path))
     })?;
-    if model.config().vocab_size != st.engine.vocab_size() {
+    if config.vocab_size != st.engine.vocab_size() {
         return Err(refuse(format!(
             "`{}` has a vocabulary of {}, the served model {}",
             req.model_path,
-            model.config().vocab_size,
+            config.vocab_size,
             st.engine.vocab_size()
         )));
     }
-    let model = on_backend(&st.cfg, model).map_err(|e| refuse(format!("`{}` did not load: {e}", req.model_path)))?;
+    // The pushed folder's own description must be the served model's: the
+    // same tensors with other hyper-parameters (RoPE, norms) would decode
+    // wrongly without any tensor failing to fit.
+    if let Err(e) = check(&config, source.as_ref()) {
+        return Err(refuse(format!("`{}` did not load: {e}", req.model_path)));
+    }
+    if let Some(d) = st.engine.model_config().differs_from(&config) {
+        return Err(refuse(format!("`{}` describes another model than the one served: {d}", req.model_path)));
+    }
     let version = req.weight_version.clone().unwrap_or_else(|| req.model_path.clone());
     let (tx, rx) = oneshot::channel();
-    st.engine.update_weights(model, version.clone(), move || {
-        let _ = tx.send(());
+    st.engine.update_weights(source, version.clone(), move |r| {
+        let _ = tx.send(r);
     });
-    rx.await.map_err(|_| ApiError {
+    let applied = rx.await.map_err(|_| ApiError {
         status: StatusCode::SERVICE_UNAVAILABLE,
         message: "the engine stopped before the update".into(),
         param: None,
     })?;
+    if let Err(e) = applied {
+        return Err(refuse(format!("`{}` did not load: {e}", req.model_path)));
+    }
     st.metrics.push(true);
     Ok(Json(UpdateWeightsResponse {
         success: true,

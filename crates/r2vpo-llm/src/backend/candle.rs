@@ -9,7 +9,7 @@ use candle_core::{DType, Tensor};
 use super::adamw::{global_norm, AdamW, OptimConfig};
 use super::batch::{Inputs, MicroBatch};
 use super::{Backend, Forward, Policy};
-use crate::model::{on_pool, CheckpointedTail, ModelConfig, Result, Transformer};
+use crate::model::{on_pool, CheckpointedTail, ModelConfig, Result, TensorSource, Transformer};
 use crate::sample::{Generation, GenerationRequest, SamplingConfig};
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
@@ -26,6 +26,10 @@ impl Policy for Transformer {
     fn describe(&self) -> String {
         let dev = if self.device().is_cpu() { "cpu".to_string() } else { format!("{:?}", self.device().location()) };
         format!("candle {dev} ({})", crate::model::kernels::path())
+    }
+
+    fn shares_prompt_prefix(&self) -> bool {
+        true
     }
 
     fn score(&self, batch: &MicroBatch) -> Result<Tensor> {
@@ -58,11 +62,14 @@ impl Policy for Transformer {
         Ok(Weights::new(version, tensors))
     }
 
-    fn load(&self, weights: &Weights) -> Result<()> {
-        for (n, v) in self.named_vars() {
+    fn load(&self, weights: &dyn TensorSource) -> Result<()> {
+        let vars = self.named_vars();
+        let expected: Vec<(String, Vec<usize>)> =
+            vars.iter().map(|(n, v)| (n.clone(), v.as_tensor().dims().to_vec())).collect();
+        super::check_fits(weights, &expected)?;
+        for (n, v) in vars {
             let live = v.as_tensor();
-            let w = weights.get(&n, live.dims())?;
-            v.set(&w.to_dtype(live.dtype())?.to_device(live.device())?)?;
+            v.set(&weights.tensor(&n)?.to_dtype(live.dtype())?.to_device(live.device())?)?;
         }
         Ok(())
     }
@@ -129,6 +136,10 @@ impl Policy for CandleBackend {
         Policy::describe(&self.model)
     }
 
+    fn shares_prompt_prefix(&self) -> bool {
+        true
+    }
+
     fn score(&self, batch: &MicroBatch) -> Result<Tensor> {
         Policy::score(&self.model, batch)
     }
@@ -146,7 +157,7 @@ impl Policy for CandleBackend {
         self.model.export(version)
     }
 
-    fn load(&self, weights: &Weights) -> Result<()> {
+    fn load(&self, weights: &dyn TensorSource) -> Result<()> {
         self.model.load(weights)
     }
 }

@@ -44,13 +44,161 @@ pub use adamw::OptimConfig;
 pub use batch::MicroBatch;
 pub use candle::CandleBackend;
 
-use crate::model::{ModelConfig, Result};
+use crate::model::{ModelConfig, ModelError, Result, TensorSource};
 use crate::sample::{Generation, GenerationRequest, SamplingConfig};
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
 
-#[cfg(doc)]
 use crate::model::Transformer;
+
+/// Which compute backend (`model.backend`, `r2vpo serve --backend`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// candle on the CPU kernels of `r2vpo-kernels`.
+    #[default]
+    Candle,
+    /// libtorch through tch-rs.
+    Torch,
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "candle" => Ok(BackendKind::Candle),
+            "torch" => Ok(BackendKind::Torch),
+            other => Err(format!("`{other}`: expected candle or torch")),
+        }
+    }
+}
+
+/// The dtype a backend computes in (`model.compute_dtype`, `r2vpo serve
+/// --dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeDtype {
+    /// Full precision (the default).
+    #[default]
+    F32,
+    /// bf16 compute with f32 master weights.
+    Bf16,
+}
+
+impl ComputeDtype {
+    /// The candle dtype.
+    pub fn dtype(self) -> candle_core::DType {
+        match self {
+            ComputeDtype::F32 => candle_core::DType::F32,
+            ComputeDtype::Bf16 => candle_core::DType::BF16,
+        }
+    }
+}
+
+impl std::str::FromStr for ComputeDtype {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" => Ok(ComputeDtype::F32),
+            "bf16" => Ok(ComputeDtype::Bf16),
+            other => Err(format!("`{other}`: expected f32 or bf16")),
+        }
+    }
+}
+
+/// Everything that decides how a model is computed: the one description
+/// the trainer, the server and the benches open a backend from ([`open`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendSpec {
+    /// Which backend.
+    pub kind: BackendKind,
+    /// `cpu`, `cuda` or `cuda:N` ([`crate::model::cuda_ordinal`]).
+    pub device: String,
+    /// The dtype forwards and backwards compute in (weights, gradients and
+    /// AdamW moments stay f32).
+    pub compute_dtype: ComputeDtype,
+    /// Per-layer gradient checkpointing in the learner.
+    pub checkpointing: bool,
+}
+
+impl Default for BackendSpec {
+    fn default() -> Self {
+        BackendSpec {
+            kind: BackendKind::Candle,
+            device: "cpu".into(),
+            compute_dtype: ComputeDtype::F32,
+            checkpointing: false,
+        }
+    }
+}
+
+/// A model opened on a backend: the concrete types, for callers that need
+/// more than the traits (the server's KV-cached decoder).
+#[allow(clippy::large_enum_variant)]
+pub enum Opened {
+    /// The candle model.
+    Candle(Transformer),
+    /// The libtorch model.
+    #[cfg(feature = "torch")]
+    Torch(torch::TorchBackend),
+}
+
+/// Opens `config`'s model with the weights of `source` as `spec` asks:
+/// the one place a backend is chosen. Each tensor is read from `source`,
+/// converted and placed before the next ([`crate::model::source`]). The
+/// optimizer `optim` is used only if the model learns ([`Backend`]).
+pub fn open(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource, optim: OptimConfig) -> Result<Opened> {
+    let spec_err = |field: &str, message: String| ModelError::Spec { field: field.into(), message };
+    match spec.kind {
+        BackendKind::Candle => {
+            let device = crate::model::open_device(&spec.device).map_err(|m| spec_err("device", m))?;
+            let _ = optim;
+            let mut model = Transformer::from_source(config.clone(), source, candle_core::DType::F32, &device)?;
+            model.set_compute_dtype(spec.compute_dtype.dtype());
+            Ok(Opened::Candle(model))
+        }
+        #[cfg(feature = "torch")]
+        BackendKind::Torch => {
+            let opts = torch::TorchOptions {
+                cuda: torch::torch_device(&spec.device).map_err(|m| spec_err("device", m))?,
+                bf16: spec.compute_dtype == ComputeDtype::Bf16,
+                checkpointing: spec.checkpointing,
+            };
+            Ok(Opened::Torch(torch::TorchBackend::new(config.clone(), source, optim, opts)?))
+        }
+        #[cfg(not(feature = "torch"))]
+        BackendKind::Torch => Err(spec_err(
+            "backend",
+            "`torch`: this binary was built without the torch backend; build one with `make build-torch` (CPU) or \
+             `make build-gpu` (CUDA)"
+                .into(),
+        )),
+    }
+}
+
+/// [`open`] for inference only (sampling, scoring: an actor's policy, the
+/// KL reference).
+pub fn open_policy(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource) -> Result<Box<dyn Policy>> {
+    Ok(match open(spec, config, source, OptimConfig::default())? {
+        Opened::Candle(m) => Box::new(m),
+        #[cfg(feature = "torch")]
+        Opened::Torch(t) => Box::new(t),
+    })
+}
+
+/// [`open`] for learning, with AdamW `optim`.
+pub fn open_backend(
+    spec: &BackendSpec,
+    config: &ModelConfig,
+    source: &dyn TensorSource,
+    optim: OptimConfig,
+) -> Result<Box<dyn Backend>> {
+    Ok(match open(spec, config, source, optim)? {
+        Opened::Candle(m) => Box::new(CandleBackend::new(m, optim, spec.checkpointing)?),
+        #[cfg(feature = "torch")]
+        Opened::Torch(t) => Box::new(t),
+    })
+}
 
 /// The inference half of a backend.
 pub trait Policy: Send + Sync {
@@ -63,6 +211,13 @@ pub trait Policy: Send + Sync {
 
     /// A short description for logs: backend, device, kernels.
     fn describe(&self) -> String;
+
+    /// Whether micro-batches may share each prompt's keys and values
+    /// across its samples ([`batch::pack_prefixed`]); a backend that cannot
+    /// is given padded rows ([`batch::pack`]).
+    fn shares_prompt_prefix(&self) -> bool {
+        false
+    }
 
     /// log π of the response columns of `batch`, `(B, R)`, without a graph
     /// (recomputed behaviour log-probs, the reference policy's).
@@ -81,9 +236,28 @@ pub trait Policy: Send + Sync {
     /// updates do not reach it).
     fn export(&self, version: u64) -> Result<Weights>;
 
-    /// Sets every parameter from `weights`; a missing or mis-shaped tensor
-    /// is an error naming it ([`crate::model::ModelError::Mismatch`]).
-    fn load(&self, weights: &Weights) -> Result<()>;
+    /// Sets every parameter from `weights` (a [`Weights`] snapshot, or a
+    /// model read from disk one tensor at a time). Every tensor's presence
+    /// and shape is checked before any is applied, so a source that does
+    /// not fit leaves the model as it was: the error names the tensor
+    /// ([`crate::model::ModelError::Mismatch`]).
+    fn load(&self, weights: &dyn TensorSource) -> Result<()>;
+}
+
+/// The check [`Policy::load`] makes before applying anything: `source`
+/// holds each of `expected` (name, shape).
+pub fn check_fits(source: &dyn TensorSource, expected: &[(String, Vec<usize>)]) -> Result<()> {
+    for (name, shape) in expected {
+        let mismatch = |message: String| ModelError::Mismatch { tensor: name.clone(), message };
+        match source.dims(name) {
+            None => return Err(mismatch(format!("missing from {}", source.origin().display()))),
+            Some(d) if d != *shape => {
+                return Err(mismatch(format!("shape {d:?} in {}, {shape:?} in this model", source.origin().display())))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// The values of one micro-batch's forward, without a graph, on

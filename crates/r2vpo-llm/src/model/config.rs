@@ -243,6 +243,33 @@ impl ModelConfig {
         }
     }
 
+    /// Where `other` would compute differently from this configuration
+    /// (architecture, shapes, heads, norm ε, RoPE, biases, tying), or
+    /// `None`: what a weight push into a running model must agree on.
+    /// Fields that only describe (`architectures`, `extra`) or that are
+    /// written differently for the same model (a default left out) do not
+    /// count.
+    pub fn differs_from(&self, other: &ModelConfig) -> Option<String> {
+        let described = |c: &ModelConfig| {
+            (
+                c.architecture(),
+                (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size),
+                (c.num_attention_heads, c.kv_heads(), c.head_dim()),
+                (c.qkv_bias(), c.o_bias(), c.qk_norm(), c.tie_word_embeddings),
+            )
+        };
+        if described(self) != described(other) {
+            return Some(format!("{:?} against {:?}", described(other), described(self)));
+        }
+        if self.rms_norm_eps != other.rms_norm_eps {
+            return Some(format!("rms_norm_eps {} against {}", other.rms_norm_eps, self.rms_norm_eps));
+        }
+        if self.inv_freq() != other.inv_freq() {
+            return Some("another RoPE (rope_theta or rope_scaling)".into());
+        }
+        None
+    }
+
     /// Checks that the configuration describes a model this crate can run.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let err = |field: &str, message: String| ModelError::Config {

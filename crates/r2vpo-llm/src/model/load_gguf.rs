@@ -14,9 +14,6 @@
 //! " Paris". The fact alone is not enough: the permuted model also says
 //! " Paris" on that short prompt.
 
-use std::collections::HashMap;
-use std::fs::File;
-use std::io::BufReader;
 use std::path::Path;
 
 use candle_core::quantized::gguf_file::{Content, Value};
@@ -167,30 +164,9 @@ pub fn unpermute_qk(t: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
     t.reshape((heads, hd / 2, 2, rest))?.transpose(1, 2)?.reshape(dims)?.contiguous()
 }
 
-/// Loads a GGUF file into a trainable model of `dtype` on `device`.
+/// Loads a GGUF file into a candle model of `dtype` on `device` (one
+/// tensor at a time, [`super::source::GgufFile`]).
 pub fn load_gguf(path: &Path, dtype: DType, device: &Device) -> Result<Transformer> {
-    let file = File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
-    let mut reader = BufReader::new(file);
-    let content = Content::read(&mut reader)
-        .map_err(|e| ModelError::Format { path: path.to_path_buf(), message: format!("not a valid GGUF file: {e}") })?;
-    let cfg = config_from_gguf(&content, path)?;
-    let permuted = cfg.architecture() == Some(Architecture::Llama);
-    let mut tensors = HashMap::new();
-    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
-    names.sort();
-    for name in names {
-        let Some(hf) = hf_name(name) else { continue };
-        let terr = |message: String| ModelError::Tensor { path: path.to_path_buf(), tensor: name.clone(), message };
-        let q = content.tensor(&mut reader, name, &Device::Cpu).map_err(|e| terr(format!("reading: {e}")))?;
-        let mut t = q.dequantize(&Device::Cpu).map_err(|e| terr(format!("dequantising: {e}")))?;
-        if permuted && (hf.contains("self_attn.q_proj.") || hf.contains("self_attn.k_proj.")) {
-            let heads = if hf.contains("q_proj") { cfg.num_attention_heads } else { cfg.kv_heads() };
-            if t.dims()[0] != heads * cfg.head_dim() {
-                return Err(terr(format!("{} rows, expected {heads} heads × {}", t.dims()[0], cfg.head_dim())));
-            }
-            t = unpermute_qk(&t, heads).map_err(|e| terr(e.to_string()))?;
-        }
-        tensors.insert(hf, t);
-    }
-    Transformer::from_tensors(cfg, tensors, dtype, device, path)
+    let gguf = super::source::GgufFile::open(path)?;
+    Transformer::from_source(gguf.config().clone(), &gguf, dtype, device)
 }

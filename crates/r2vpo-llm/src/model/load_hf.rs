@@ -2,10 +2,10 @@
 //! `model.safetensors` or a sharded `model.safetensors.index.json`.
 //! bf16/f16 weights are upcast to the requested dtype (f32 for training).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 
 use super::{ModelConfig, ModelError, Result, Transformer};
 
@@ -46,22 +46,11 @@ pub fn weight_files(dir: &Path) -> Result<(Vec<PathBuf>, PathBuf)> {
     Ok((files.into_iter().collect(), index))
 }
 
-/// Reads every tensor of one safetensors file onto the CPU in its stored dtype.
-pub fn read_safetensors(path: &Path) -> Result<HashMap<String, Tensor>> {
-    let data = std::fs::read(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
-    candle_core::safetensors::load_buffer(&data, &Device::Cpu).map_err(|e| ModelError::Format {
-        path: path.to_path_buf(),
-        message: format!("not a valid safetensors file: {e}"),
-    })
-}
-
-/// Loads a Hugging Face folder into a trainable model of `dtype` on `device`.
+/// Loads a Hugging Face folder into a candle model of `dtype` on `device`
+/// (one tensor at a time, [`super::source`]).
 pub fn load_hf_dir(dir: &Path, dtype: DType, device: &Device) -> Result<Transformer> {
     let config = ModelConfig::from_file(&dir.join("config.json"))?;
     let (files, name_for_errors) = weight_files(dir)?;
-    let mut tensors = HashMap::new();
-    for f in &files {
-        tensors.extend(read_safetensors(f)?);
-    }
-    Transformer::from_tensors(config, tensors, dtype, device, &name_for_errors)
+    let source = super::source::SafetensorsFiles::open(&files, name_for_errors)?;
+    Transformer::from_source(config, &source, dtype, device)
 }

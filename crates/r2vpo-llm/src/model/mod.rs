@@ -23,11 +23,13 @@ pub mod openblas;
 pub mod ops;
 pub mod save;
 mod small_gemm;
+pub mod source;
 pub mod transformer;
 
 use std::path::PathBuf;
 
 pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use source::{RandomInit, TensorSource};
 pub use transformer::{CheckpointedTail, KvCache, PrefixedRows, Transformer};
 
 /// Runs `f` on a thread of rayon's pool (from outside the pool,
@@ -219,6 +221,15 @@ pub enum ModelError {
         /// What is wrong.
         message: String,
     },
+    /// A backend cannot be opened as its [`crate::backend::BackendSpec`]
+    /// asks (a malformed device, a backend this binary was built without).
+    #[error("backend option `{field}`: {message}")]
+    Spec {
+        /// The spec's field: `backend`, `device` or `compute_dtype`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
     /// An error from libtorch while computing (the torch backend).
     #[error("libtorch: {0}")]
     Torch(String),
@@ -237,9 +248,6 @@ pub fn load_model(
     dtype: candle_core::DType,
     device: &candle_core::Device,
 ) -> Result<Transformer> {
-    if path.is_dir() {
-        load_hf::load_hf_dir(path, dtype, device)
-    } else {
-        load_gguf::load_gguf(path, dtype, device)
-    }
+    let (config, source) = source::open(path)?;
+    Transformer::from_source(config, source.as_ref(), dtype, device)
 }

@@ -14,6 +14,7 @@ use candle_nn::VarMap;
 
 use super::config::ModelConfig;
 use super::ops;
+use super::source::{check, NamedTensors, RandomInit, TensorSource};
 use super::{ModelError, Result};
 
 /// Logit elements per chunk of the checkpointed head: 64 MiB of f32, ≈ 340
@@ -400,64 +401,28 @@ pub struct Transformer {
     device: Device,
 }
 
-/// A small deterministic generator for random initialisation, so tests need
-/// no RNG crate and are reproducible across platforms.
-struct SplitMix(u64);
-
-impl SplitMix {
-    /// The reference SplitMix64 sequence (the core's [`r2vpo::seed::splitmix64`]
-    /// of a state advanced by the golden-ratio increment), as a uniform in [0, 1).
-    fn next_f64(&mut self) -> f64 {
-        let z = r2vpo::seed::splitmix64(self.0);
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        (z >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 impl Transformer {
-    /// Builds a model from Hugging Face-named tensors. Every expected tensor
-    /// must be present with its exact shape; it is converted to `dtype` on
-    /// `device`. Extra tensors outside the layers (e.g. `lm_head.weight` of
-    /// a tied model) are ignored, but a layer tensor the config does not
-    /// describe is refused: `config.json` then disagrees with the weights
-    /// (fewer layers declared than stored, biases or norms it does not
-    /// know), and loading would silently build a different model. `path`
-    /// names the source in errors.
-    pub fn from_tensors(
-        config: ModelConfig,
-        mut tensors: HashMap<String, Tensor>,
-        dtype: DType,
-        device: &Device,
-        path: &Path,
-    ) -> Result<Self> {
-        config.validate(path)?;
+    /// Builds a model from `source`, one tensor at a time: each is read,
+    /// converted to `dtype` and placed on `device` before the next is read.
+    /// The source is first [`check`]ed against `config` (every expected
+    /// tensor with its exact shape, no layer tensor the config does not
+    /// describe).
+    pub fn from_source(config: ModelConfig, source: &dyn TensorSource, dtype: DType, device: &Device) -> Result<Self> {
+        check(&config, source)?;
         let varmap = VarMap::new();
         let mut vars: HashMap<String, Tensor> = HashMap::new();
         {
-            let mut data = varmap.data().lock().map_err(|_| ModelError::Format {
-                path: path.to_path_buf(),
-                message: "var map lock poisoned".into(),
-            })?;
-            for (name, shape) in expected_params(&config) {
-                let t = tensors.remove(&name).ok_or_else(|| ModelError::Tensor {
-                    path: path.to_path_buf(),
-                    tensor: name.clone(),
-                    message: "missing".into(),
-                })?;
-                if t.dims() != shape.as_slice() {
-                    return Err(ModelError::Tensor {
-                        path: path.to_path_buf(),
-                        tensor: name,
-                        message: format!("shape {:?}, expected {shape:?}", t.dims()),
-                    });
-                }
-                let t = t.to_device(device)?.to_dtype(dtype)?.contiguous()?;
+            let mut data = varmap
+                .data()
+                .lock()
+                .map_err(|_| ModelError::Format { path: source.origin(), message: "var map lock poisoned".into() })?;
+            for (name, _) in expected_params(&config) {
+                let t = source.tensor(&name)?.to_device(device)?.to_dtype(dtype)?.contiguous()?;
                 let var = Var::from_tensor(&t)?;
                 vars.insert(name.clone(), var.as_tensor().clone());
                 data.insert(name, var);
             }
         }
-        Self::refuse_unknown_layer_tensors(&config, tensors.keys(), path)?;
         let params = Self::params_from(&config, &vars);
         let inv_freq = config.inv_freq().into_iter().map(|f| f as f32).collect();
         Ok(Transformer {
@@ -472,40 +437,16 @@ impl Transformer {
         })
     }
 
-    /// The check of [`Transformer::from_tensors`]: `left` are the tensors
-    /// the config did not ask for. Old Llama exports store the RoPE
-    /// frequencies per layer (`rotary_emb.inv_freq`): derived, so allowed.
-    fn refuse_unknown_layer_tensors<'a>(
-        config: &ModelConfig,
-        left: impl Iterator<Item = &'a String>,
+    /// [`Transformer::from_source`] over tensors in memory; `path` names
+    /// them in errors.
+    pub fn from_tensors(
+        config: ModelConfig,
+        tensors: HashMap<String, Tensor>,
+        dtype: DType,
+        device: &Device,
         path: &Path,
-    ) -> Result<()> {
-        let mut unknown: Vec<&String> =
-            left.filter(|n| n.starts_with("model.layers.") && !n.ends_with("rotary_emb.inv_freq")).collect();
-        if unknown.is_empty() {
-            return Ok(());
-        }
-        unknown.sort();
-        let layer_of = |n: &str| n.strip_prefix("model.layers.")?.split('.').next()?.parse::<usize>().ok();
-        let stored = unknown.iter().filter_map(|n| layer_of(n)).max().map_or(0, |l| l + 1);
-        let (field, message) = if stored > config.num_hidden_layers {
-            let message = format!(
-                "the config declares {} layers, but these weights hold tensors of {stored} (e.g. `{}`): the config \
-                 does not describe these weights",
-                config.num_hidden_layers, unknown[0]
-            );
-            ("num_hidden_layers", message)
-        } else {
-            let message = format!(
-                "these weights hold {} layer tensor(s) that a `{}` model has no place for (e.g. `{}`): the config \
-                 does not describe these weights",
-                unknown.len(),
-                config.model_type,
-                unknown[0]
-            );
-            ("model_type", message)
-        };
-        Err(ModelError::Config { path: path.to_path_buf(), field: field.into(), message })
+    ) -> Result<Self> {
+        Self::from_source(config, &NamedTensors::new(path, tensors), dtype, device)
     }
 
     /// A randomly initialised model (uniform weights of std 0.02, norms at
@@ -525,21 +466,9 @@ impl Transformer {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let mut rng = SplitMix(seed);
-        let mut tensors = HashMap::new();
-        for (name, shape) in expected_params(&config) {
-            let n: usize = shape.iter().product();
-            let data: Vec<f64> = if name.ends_with("norm.weight") {
-                // Perturbed around 1 so norm-weight gradients are not degenerate.
-                (0..n).map(|_| 1.0 + 0.1 * (rng.next_f64() - 0.5)).collect()
-            } else {
-                // Uniform with the given std: half-width std·√3.
-                let a = std * 3f64.sqrt();
-                (0..n).map(|_| a * (2.0 * rng.next_f64() - 1.0)).collect()
-            };
-            tensors.insert(name, Tensor::from_vec(data, shape, &Device::Cpu)?);
-        }
-        Self::from_tensors(config, tensors, dtype, device, Path::new("<random init>"))
+        let init = RandomInit::new(config.clone(), seed, std);
+        let init = if dtype == DType::F64 { init.in_f64() } else { init };
+        Self::from_source(config, &init, dtype, device)
     }
 
     fn params_from(cfg: &ModelConfig, vars: &HashMap<String, Tensor>) -> Params {

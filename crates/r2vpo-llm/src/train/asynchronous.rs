@@ -192,7 +192,8 @@ fn actor_loop(
 ) -> TrainResult<()> {
     let owner = format!("{name}-{}-{}", std::process::id(), derived_owner_nonce());
     let lease = Duration::from_secs_f64(cfg.queue.lease_s);
-    let policy = super::new_policy(cfg, load_policy(&cfg.model)?.0)?;
+    let (config, source, _) = load_policy(&cfg.model)?;
+    let policy = super::new_policy(cfg, &config, source.as_ref())?;
     let mut have: Option<u64> = None;
     let mut positions = Positions::new();
     let mut warn = |w: String| eprintln!("warning: {w}");
@@ -287,9 +288,8 @@ pub fn run_actor(
     stop: &AtomicBool,
 ) -> TrainResult<()> {
     cfg.validate()?;
-    let (model, tok) = load_policy(&cfg.model)?;
-    let context = model.config().max_position_embeddings;
-    drop(model);
+    let (config, _, tok) = load_policy(&cfg.model)?;
+    let context = config.max_position_embeddings;
     let loaded = crate::data::load_problems_reporting(&cfg.data)?;
     for r in &loaded.skipped {
         eprintln!("warning: {r}");

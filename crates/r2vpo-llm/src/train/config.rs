@@ -288,37 +288,7 @@ pub struct ModelSource {
     pub compute_dtype: ComputeDtype,
 }
 
-/// `model.backend`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BackendKind {
-    /// candle on the CPU kernels of `r2vpo-kernels`.
-    #[default]
-    Candle,
-    /// libtorch through tch-rs.
-    Torch,
-}
-
-/// `model.compute_dtype`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ComputeDtype {
-    /// Full precision (the default).
-    #[default]
-    F32,
-    /// bf16 compute with f32 master weights.
-    Bf16,
-}
-
-impl ComputeDtype {
-    /// The candle dtype.
-    pub fn dtype(self) -> candle_core::DType {
-        match self {
-            ComputeDtype::F32 => candle_core::DType::F32,
-            ComputeDtype::Bf16 => candle_core::DType::BF16,
-        }
-    }
-}
+pub use crate::backend::{BackendKind, ComputeDtype};
 
 impl Default for ModelSource {
     fn default() -> Self {
@@ -329,20 +299,6 @@ impl Default for ModelSource {
             backend: BackendKind::Candle,
             device: "cpu".into(),
             compute_dtype: ComputeDtype::F32,
-        }
-    }
-}
-
-impl ModelSource {
-    /// The device `model.device` names, refused (naming the key) when it is
-    /// malformed, or CUDA in a binary built without it.
-    pub fn device(&self) -> TrainResult<candle_core::Device> {
-        match self.backend {
-            BackendKind::Candle => crate::model::open_device(&self.device).map_err(|m| bad("model.device", m)),
-            // The candle model only carries the weights into the torch
-            // backend (and is the KL reference), on the CPU; the learner's
-            // device is the torch backend's.
-            BackendKind::Torch => Ok(candle_core::Device::Cpu),
         }
     }
 }
@@ -626,6 +582,16 @@ fn positive_seconds(fields: &[(&str, f64)]) -> TrainResult<()> {
 }
 
 impl TrainConfig {
+    /// The backend `[model]` and `activation_checkpointing` describe.
+    pub fn backend_spec(&self) -> crate::backend::BackendSpec {
+        crate::backend::BackendSpec {
+            kind: self.model.backend,
+            device: self.model.device.clone(),
+            compute_dtype: self.model.compute_dtype,
+            checkpointing: self.activation_checkpointing,
+        }
+    }
+
     /// Checks every field, naming the first bad one, and that this binary
     /// can run the config ([`TrainConfig::validate_values`], then the
     /// compute backend it names).
@@ -845,18 +811,28 @@ mod device_tests {
 
     #[test]
     fn model_device_is_checked_and_cuda_needs_a_cuda_build() {
+        // Opening the backend is where the device is opened: its refusal
+        // names the config key.
+        let open = |m: &ModelSource| {
+            let cfg = TrainConfig { model: m.clone(), ..TrainConfig::default() };
+            let c = crate::model::ModelConfig::tiny(crate::model::Architecture::Llama, 16, 8, 16, 1, 2, 1, true);
+            let init = crate::model::RandomInit::new(c.clone(), 0, 0.02);
+            crate::backend::open_policy(&cfg.backend_spec(), &c, &init)
+                .map(|_| ())
+                .map_err(|e| crate::train::spec_error(e, "model."))
+        };
         let mut m = ModelSource::default();
-        assert!(matches!(m.device(), Ok(candle_core::Device::Cpu)));
+        open(&m).unwrap();
         for d in ["gpu", "cuda:x", "cuda:", "CPU"] {
             m.device = d.into();
-            let e = m.device().unwrap_err();
+            let e = open(&m).unwrap_err();
             assert_eq!(field_of(&e), "model.device", "{e}");
             assert!(e.to_string().contains(d), "{e}");
             let cfg = TrainConfig { model: m.clone(), ..TrainConfig::default() };
             assert_eq!(field_of(&cfg.validate().unwrap_err()), "model.device");
         }
         m.device = "cuda".into();
-        let e = m.device().unwrap_err();
+        let e = open(&m).unwrap_err();
         assert_eq!(field_of(&e), "model.device", "{e}");
         if !cfg!(feature = "cuda") {
             assert!(e.to_string().contains("make build-gpu"), "{e}");

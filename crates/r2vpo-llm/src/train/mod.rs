@@ -38,9 +38,9 @@ use r2vpo::replay::ReplayBuffer;
 use r2vpo::schedule::{EpochSchedule, Remainder, Reshuffle, UpdateSchedule};
 use r2vpo_report::{JsonlWriter, TensorBoardWriter};
 
-use crate::backend::{batch, Backend, CandleBackend, Policy};
+use crate::backend::{batch, Backend, Policy};
 use crate::data::{load_problems_reporting, Problem, PromptError, SkippedRecord};
-use crate::model::{load_model, ModelConfig, Transformer};
+use crate::model::{ModelConfig, RandomInit, TensorSource};
 use crate::queue::GroupEntry;
 use crate::rollout::{RolloutError, RolloutSource};
 use crate::sample::Generation;
@@ -232,12 +232,13 @@ const STREAM_ROLLOUT: u64 = 2;
 const STREAM_SHUFFLE: u64 = 3;
 const STREAM_REPLAY: u64 = 4;
 
-/// Builds the policy described by `src` (and the tokenizer it uses).
-pub fn load_policy(src: &ModelSource) -> TrainResult<(Transformer, Tokenizer)> {
-    let device = src.device()?;
+/// The policy `src` describes, not yet on any backend: its configuration,
+/// a source of its weights (read when a backend is opened from it, one
+/// tensor at a time) and the tokenizer it uses.
+pub fn load_policy(src: &ModelSource) -> TrainResult<(ModelConfig, Box<dyn TensorSource>, Tokenizer)> {
     let tok_path = src.tokenizer.as_deref().unwrap_or(&src.path);
     let tok = Tokenizer::load(Path::new(tok_path))?;
-    let model = match &src.random {
+    let (config, weights): (ModelConfig, Box<dyn TensorSource>) = match &src.random {
         Some(r) => {
             let cfg = match &r.shape {
                 Some(shape) => {
@@ -256,42 +257,33 @@ pub fn load_policy(src: &ModelSource) -> TrainResult<(Transformer, Tokenizer)> {
                     true,
                 ),
             };
-            Transformer::new_random_with_std(cfg, r.seed, r.init_std, DType::F32, &device)?
+            (cfg.clone(), Box::new(RandomInit::new(cfg, r.seed, r.init_std)))
         }
-        None => load_model(Path::new(&src.path), DType::F32, &device)?,
+        None => crate::model::source::open(Path::new(&src.path))?,
     };
-    let mut model = model;
-    model.set_compute_dtype(src.compute_dtype.dtype());
-    Ok((model, tok))
+    Ok((config, weights, tok))
 }
 
-/// A policy on the backend `cfg.model.backend` names, holding `model`'s
-/// weights, for sampling and scoring only (an actor's, the KL reference):
-/// the candle model itself, or a torch model without optimizer state.
-fn new_policy(cfg: &TrainConfig, model: Transformer) -> TrainResult<Box<dyn Policy>> {
-    Ok(match cfg.model.backend {
-        BackendKind::Candle => Box::new(model),
-        BackendKind::Torch => new_backend(cfg, model)?,
-    })
+/// A policy on the backend `cfg` names, for sampling and scoring only (an
+/// actor's, the KL reference).
+fn new_policy(cfg: &TrainConfig, config: &ModelConfig, weights: &dyn TensorSource) -> TrainResult<Box<dyn Policy>> {
+    crate::backend::open_policy(&cfg.backend_spec(), config, weights).map_err(|e| spec_error(e, "model."))
 }
 
-/// The learner `cfg.model.backend` names, holding `model`'s weights.
-fn new_backend(cfg: &TrainConfig, model: Transformer) -> TrainResult<Box<dyn Backend>> {
-    Ok(match cfg.model.backend {
-        BackendKind::Candle => Box::new(CandleBackend::new(model, cfg.optim, cfg.activation_checkpointing)?),
-        #[cfg(feature = "torch")]
-        BackendKind::Torch => {
-            let opts = crate::backend::torch::TorchOptions {
-                cuda: crate::backend::torch::torch_device(&cfg.model.device)
-                    .map_err(|m| TrainError::Config { field: "model.device".into(), message: m })?,
-                bf16: cfg.model.compute_dtype == ComputeDtype::Bf16,
-                checkpointing: cfg.activation_checkpointing,
-            };
-            Box::new(crate::backend::torch::TorchBackend::new(model, cfg.optim, opts)?)
+/// The learner `cfg` names.
+fn new_backend(cfg: &TrainConfig, config: &ModelConfig, weights: &dyn TensorSource) -> TrainResult<Box<dyn Backend>> {
+    crate::backend::open_backend(&cfg.backend_spec(), config, weights, cfg.optim).map_err(|e| spec_error(e, "model."))
+}
+
+/// A backend option the spec refused, as the config key that set it
+/// (`prefix` + the spec's field); other errors as they are.
+pub(crate) fn spec_error(e: crate::model::ModelError, prefix: &str) -> TrainError {
+    match e {
+        crate::model::ModelError::Spec { field, message } => {
+            TrainError::Config { field: format!("{prefix}{field}"), message }
         }
-        #[cfg(not(feature = "torch"))]
-        BackendKind::Torch => unreachable!("TrainConfig::validate refuses the torch backend in this build"),
-    })
+        other => other.into(),
+    }
 }
 
 /// One training run: the policy, its optimizer, λ, the replay buffer and
@@ -340,12 +332,12 @@ impl Trainer {
     }
 
     fn build(cfg: TrainConfig, run_dir: &Path, reward_fn: Box<dyn RewardFn>, progress: Progress) -> TrainResult<Self> {
-        let (model, tok) = load_policy(&cfg.model)?;
-        let reference = if cfg.ref_kl.coef > 0.0 { Some(new_policy(&cfg, load_policy(&cfg.model)?.0)?) } else { None };
+        let (config, weights, tok) = load_policy(&cfg.model)?;
+        let reference = if cfg.ref_kl.coef > 0.0 { Some(new_policy(&cfg, &config, weights.as_ref())?) } else { None };
         let evaluating = cfg.eval_at_start || cfg.eval_at_end || cfg.eval_every > 0;
         // Prompt + response must fit the model's context; a generation
         // budget that leaves no room for any prompt is a config error.
-        let context = model.config().max_position_embeddings;
+        let context = config.max_position_embeddings;
         for (field, n, used) in [
             ("sampling.max_new_tokens", cfg.sampling.max_new_tokens, true),
             ("eval.sampling.max_new_tokens", cfg.eval.sampling.max_new_tokens, evaluating),
@@ -369,7 +361,7 @@ impl Trainer {
             Vec::new()
         };
         let actor = Actor::new(cfg.clone(), tok.clone(), problems, std::sync::Arc::from(reward_fn), context)?;
-        let backend = new_backend(&cfg, model)?;
+        let backend = new_backend(&cfg, &config, weights.as_ref())?;
         let learner = Learner::new(cfg.objective.clone(), &cfg.dual)?;
         let replay =
             ReplayBuffer::new(cfg.replay.capacity_iters, derived_seed(cfg.seed, STREAM_REPLAY, cfg.replay.seed))?;
@@ -525,7 +517,7 @@ impl Trainer {
     /// Tensors for one micro-batch, in the layout `share_prompt_prefix` picks.
     fn pack(&self, samples: &[&Sample], dev: &candle_core::Device) -> candle_core::Result<batch::MicroBatch> {
         let pad = self.tok.pad_token_id();
-        if self.cfg.share_prompt_prefix && self.cfg.model.backend == BackendKind::Candle {
+        if self.cfg.share_prompt_prefix && self.backend.shares_prompt_prefix() {
             batch::pack_prefixed(samples, pad, dev)
         } else {
             batch::pack(samples, pad, dev)
@@ -759,7 +751,7 @@ impl Trainer {
         }
         let dev = self.backend.device().clone();
         let mut items = items.to_vec();
-        if self.cfg.share_prompt_prefix && self.cfg.model.backend == BackendKind::Candle {
+        if self.cfg.share_prompt_prefix && self.backend.shares_prompt_prefix() {
             // Keep each prompt's samples in as few micro-batches as possible.
             items.sort_by_key(|(s, _)| s.problem);
         }
