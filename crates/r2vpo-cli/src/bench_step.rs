@@ -14,8 +14,10 @@ use serde::Serialize;
 use r2vpo::aggregate::{aggregate, GlobalBatch};
 use r2vpo::objective::{ObjectiveConfig, PolicyBatch};
 use r2vpo::stats::median;
-use r2vpo_llm::backend::adamw::{global_norm, AdamW};
-use r2vpo_llm::model::{ModelConfig, Transformer};
+use r2vpo_llm::backend::batch::{Inputs, MicroBatch};
+use r2vpo_llm::backend::{forward_backward, open_backend, Backend, BackendKind, BackendSpec, CandleBackend, Opened};
+use r2vpo_llm::model::transformer::expected_params;
+use r2vpo_llm::model::{ModelConfig, RandomInit, Transformer};
 use r2vpo_llm::train::config::OptimConfig;
 
 /// `r2vpo bench step` arguments.
@@ -206,14 +208,6 @@ impl Comparison {
     }
 }
 
-fn parse_dtype(s: &str) -> Result<DType> {
-    match s {
-        "f32" => Ok(DType::F32),
-        "bf16" => Ok(DType::BF16),
-        _ => bail!("--dtype `{s}`: expected f32 or bf16"),
-    }
-}
-
 /// The step's inputs: token ids (deterministic, in the vocabulary),
 /// behaviour log-probs a little off the current ones (so ρ ≠ 1 and the
 /// penalty's branch is taken) and ±1 advantages.
@@ -253,75 +247,110 @@ fn batch(a: &StepBenchArgs, vocab: usize, dev: &Device) -> Result<Batch> {
     })
 }
 
-/// The R²VPO loss (λ = 0.05) of `x` given its log-probs, whose behaviour
-/// log-probs are those log-probs plus `x.wobble`.
-fn loss_of(x: &Batch) -> Result<impl Fn(&Tensor) -> candle_core::Result<Tensor> + '_> {
+/// The bench's loss on a micro-batch's log-probs (and entropies): R²VPO
+/// with λ = 0.05, whose behaviour log-probs are the current ones plus
+/// `x.wobble` (so ρ ≠ 1 and the penalty's branch is taken), minus the
+/// entropy bonus `coef` when the entropies are given, aggregated as the
+/// trainer aggregates it.
+fn bench_loss(x: &Batch, coef: f64, logp: &Tensor, entropy: Option<&Tensor>) -> Result<Tensor> {
+    let obj = ObjectiveConfig::preset("r2vpo")?;
     let global = GlobalBatch::from_mask(&x.mask)?;
-    let cfg = ObjectiveConfig::preset("r2vpo")?;
-    Ok(move |logp: &Tensor| {
-        let logp = logp.to_dtype(DType::F32)?;
-        let old = (logp.detach() + &x.wobble)?;
-        let batch = PolicyBatch { logp: &logp, old_logp: &old, advantages: &x.adv, mask: &x.mask };
-        Ok(cfg.loss(&batch, 0.05, &global).map_err(|e| candle_core::Error::Msg(e.to_string()))?.loss)
-    })
+    let old = (logp.detach() + &x.wobble)?;
+    let pb = PolicyBatch { logp, old_logp: &old, advantages: &x.adv, mask: &x.mask };
+    let mut loss = obj.loss(&pb, 0.05, &global)?.loss;
+    if let Some(e) = entropy {
+        let term = aggregate(e, &x.mask, obj.aggregation, &global)?;
+        loss = (loss - term.affine(coef, 0.0)?)?;
+    }
+    Ok(loss)
 }
 
-/// Forward + objective + backward, through the whole graph or with
-/// gradient checkpointing (`--checkpoint`), on the composites when
-/// `--composite`: the log-probs, the loss and the gradients in
-/// [`Transformer::named_vars`] order (the optimizer's).
-fn forward_backward(model: &Transformer, x: &Batch, a: &StepBenchArgs) -> Result<(Tensor, f64, Vec<Option<Tensor>>)> {
-    let run = || -> Result<(Tensor, f64, Vec<Option<Tensor>>)> {
-        let loss_of = loss_of(x)?;
-        let (logp, loss, grads) = if a.checkpoint {
-            model.tail_grads_checkpointed(&x.ids, &x.att, a.response, loss_of)?
-        } else {
-            let logp = model.tail_logprobs(&x.ids, &x.att, a.response)?;
-            let mut loss = loss_of(&logp)?;
-            if a.entropy != 0.0 {
-                // The trainer's bonus, aggregated as its objective is.
-                let ent = model.tail_entropy(&x.ids, &x.att, a.response)?.to_dtype(DType::F32)?;
-                let agg = ObjectiveConfig::preset("r2vpo")?.aggregation;
-                let term = aggregate(&ent, &x.mask, agg, &GlobalBatch::from_mask(&x.mask)?)?;
-                loss = (loss - term.affine(a.entropy, 0.0)?)?;
-            }
-            let grads = loss.backward()?;
-            (logp, loss, grads)
-        };
-        let g = model.named_vars().iter().map(|(_, v)| grads.get(v.as_tensor()).cloned()).collect();
-        Ok((logp.to_dtype(DType::F32)?, loss.to_dtype(DType::F64)?.to_scalar::<f64>()?, g))
+/// One micro-batch's step exactly as the trainer takes it
+/// ([`r2vpo_llm::backend::forward_backward`] with the bench's loss, the
+/// gradient norm, and with `apply` the clipped AdamW step), on the
+/// composites with `composite`. Returns the log-probs, the loss and the
+/// gradient norm. `between` runs after the objective, before the backward
+/// (`--memory` reads the resident set there).
+fn step_once(
+    be: &mut dyn Backend,
+    run: &BenchBatch,
+    apply: bool,
+    composite: bool,
+    between: &mut dyn FnMut() -> Result<()>,
+) -> Result<(Tensor, f64, f64)> {
+    let mut go = || -> Result<(Tensor, f64, f64)> {
+        let (fwd, loss, ()) = forward_backward(be, &run.mb, run.entropy != 0.0, |logp, ent| -> Result<_> {
+            let loss = bench_loss(&run.x, run.entropy, logp, ent)?;
+            between()?;
+            Ok((loss, ()))
+        })?;
+        let norm = be.grad_norm()?;
+        if apply {
+            be.step(run.optim.clip_scale(norm))?;
+        }
+        be.synchronize()?;
+        Ok((fwd.logp, loss.to_dtype(DType::F64)?.to_scalar::<f64>()?, norm))
     };
-    if a.composite {
-        r2vpo_llm::model::ops::with_composites(run)
+    if composite {
+        r2vpo_llm::model::ops::with_composites(go)
     } else {
-        run()
+        go()
     }
 }
 
-/// Clips `grads` by their global norm and takes the AdamW step.
-fn apply(opt: &mut AdamW, grads: &[Option<Tensor>]) -> Result<()> {
-    let norm = global_norm(grads)?;
-    opt.step(grads, opt.clip_scale(norm))?;
-    Ok(())
+/// A step's batch, packed as the trainer packs a padded micro-batch, with
+/// the figures the bench's loss and optimizer need.
+struct BenchBatch {
+    x: Batch,
+    mb: MicroBatch,
+    entropy: f64,
+    optim: OptimConfig,
+}
+
+impl BenchBatch {
+    fn new(a: &StepBenchArgs, vocab: usize, dev: &Device, optim: OptimConfig) -> Result<BenchBatch> {
+        let x = batch(a, vocab, dev)?;
+        let mb = MicroBatch {
+            inputs: Inputs::Padded { ids: x.ids.clone(), attention: x.att.clone() },
+            tail: a.response,
+            mask: x.mask.clone(),
+            old_logp: x.mask.zeros_like()?,
+            advantages: x.adv.clone(),
+            ref_logp: None,
+        };
+        Ok(BenchBatch { x, mb, entropy: a.entropy, optim })
+    }
+}
+
+/// The backend `--backend`, `--device`, `--dtype` and `--checkpoint` name.
+fn spec(a: &StepBenchArgs) -> Result<BackendSpec> {
+    Ok(BackendSpec {
+        kind: a.backend.parse().map_err(|m| anyhow::anyhow!("--backend {m}"))?,
+        device: a.device.clone(),
+        compute_dtype: a.dtype.parse().map_err(|m| anyhow::anyhow!("--dtype {m}"))?,
+        checkpointing: a.checkpoint,
+    })
+}
+
+/// A backend error, naming the flag a refused spec field came from.
+fn opened<T>(r: r2vpo_llm::model::Result<T>) -> Result<T> {
+    r.map_err(|e| match e {
+        r2vpo_llm::model::ModelError::Spec { field, message } => {
+            let flag = if field == "compute_dtype" { "dtype".to_string() } else { field };
+            anyhow::anyhow!("--{flag} {message}")
+        }
+        other => other.into(),
+    })
 }
 
 /// `r2vpo bench step`.
 pub fn step(a: &StepBenchArgs) -> Result<()> {
     let cfg = ModelConfig::from_file(&a.shape)?;
-    match a.backend.as_str() {
-        "candle" => {}
-        "torch" => return torch_step(a, &cfg),
-        other => bail!("--backend `{other}`: expected candle or torch"),
-    }
-    let dev = r2vpo_llm::model::open_device(&a.device).map_err(|m| anyhow::anyhow!("--device {m}"))?;
-    let dtype = parse_dtype(&a.dtype)?;
+    let spec = spec(a)?;
+    opened(spec.kind.check_built())?;
     if a.batch == 0 || a.response == 0 || a.prompt == 0 {
         bail!("--batch, --prompt and --response must be at least 1");
     }
-    let mut model = Transformer::new_random_with_std(cfg.clone(), a.seed, 0.02, DType::F32, &dev)?;
-    model.set_compute_dtype(dtype);
-    let x = batch(a, cfg.vocab_size, &dev)?;
-    let shape = a.shape.display().to_string();
     if a.checkpoint && a.entropy != 0.0 {
         bail!("--entropy takes no --checkpoint (the trainer's checkpointed path has no entropy bonus either)");
     }
@@ -331,21 +360,27 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     if a.turns.is_some() && a.check {
         bail!("--turns takes turns timing steps: it takes no --check");
     }
-    if a.sampler && !a.check {
-        return sampler_bench(a, &model, shape, "candle");
+    if spec.kind == BackendKind::Torch && (a.composite || a.memory) {
+        bail!("--backend torch: --composite and --memory are the candle backend's (its kernels, this process's resident set)");
     }
-    if a.check && a.sampler {
-        return sampler_check(a, &cfg, &model, shape);
+    let init = RandomInit::new(cfg.clone(), a.seed, 0.02);
+    let shape = a.shape.display().to_string();
+    if a.sampler {
+        return sampler(a, &spec, &cfg, &init, shape);
     }
+    let optim = OptimConfig { lr: if a.check { 1e-4 } else { 1e-6 }, ..OptimConfig::default() };
+    let mut be = opened(open_backend(&spec, &cfg, &init, optim))?;
+    let dev = be.device().clone();
+    let run = BenchBatch::new(a, cfg.vocab_size, &dev, optim)?;
     if a.check {
-        return check(a, &cfg, &model, &x, shape);
+        return check(a, &cfg, &init, be.as_mut(), &run, shape);
     }
+    let parameters: usize = expected_params(&cfg).iter().map(|(_, s)| s.iter().product::<usize>()).sum();
     let mut turns = a.turns.as_deref().map(Turns::open).transpose()?;
-    let mut opt = AdamW::new(model.named_vars(), OptimConfig { lr: 1e-6, ..OptimConfig::default() })?;
     // Memory first, in a fresh process: an allocator keeps what it freed
     // (RSS never falls back), so only the first step shows what each phase
     // adds. It also serves as the warm-up.
-    let memory = if a.memory { Some(memory_phases(a, &model, &mut opt, &x)?) } else { None };
+    let memory = if a.memory { Some(memory_phases(a, &cfg, be.as_mut(), &run)?) } else { None };
     let mut times = Vec::new();
     let mut loss = 0.0;
     if let (true, Some(t)) = (a.memory, turns.as_mut()) {
@@ -357,20 +392,15 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
                 t.wait()?;
             }
         }
-        dev.synchronize()?;
+        be.synchronize()?;
         let t0 = Instant::now();
-        // On a pool thread, as the trainer runs its passes (`on_pool`).
-        let l = r2vpo_llm::model::on_pool(|| -> Result<f64> {
-            if a.score {
-                let lp = model.score_tail_logprobs(&x.ids, &x.att, a.response)?;
-                Ok(f64::from(lp.mean_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?))
-            } else {
-                let (_, l, grads) = forward_backward(&model, &x, a)?;
-                apply(&mut opt, &grads)?;
-                Ok(l)
-            }
-        })?;
-        dev.synchronize()?;
+        let l = if a.score {
+            let lp = be.score(&run.mb)?;
+            be.synchronize()?;
+            f64::from(lp.mean_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?)
+        } else {
+            step_once(be.as_mut(), &run, true, a.composite, &mut || Ok(()))?.1
+        };
         if rep > 0 {
             times.push(t0.elapsed().as_secs_f64());
         }
@@ -383,9 +413,10 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     let n_timed = times.len();
     let step_s = median(&mut times.clone());
     let tokens = a.batch * (a.prompt + a.response);
+    let torch = spec.kind == BackendKind::Torch;
     let res = StepResult {
         shape,
-        parameters: model.num_parameters(),
+        parameters,
         device: a.device.clone(),
         dtype: a.dtype.clone(),
         batch: a.batch,
@@ -395,17 +426,19 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         times_s: times,
         tokens_per_s: tokens as f64 / step_s,
         loss,
-        matmul: r2vpo_llm::model::kernels::path(),
-        backend: "candle".into(),
+        matmul: if torch { "libtorch".into() } else { r2vpo_llm::model::kernels::path() },
+        backend: if torch { "torch".into() } else { "candle".into() },
     };
     let what = if a.score {
         "scoring pass (no-grad log-probs of the response tokens; `loss` is their mean)"
+    } else if a.checkpoint {
+        "training step, checkpointed (forward + R²VPO objective + backward + AdamW, the trainer's)"
     } else {
-        "training step (forward + R²VPO objective + backward + AdamW)"
+        "training step (forward + R²VPO objective + backward + AdamW, the trainer's)"
     };
     println!(
-        "r2vpo {what}, {} ({} parameters), {} {} (many-row products: {}), {} × ({} + {}) tokens, median of {}",
-        res.shape, res.parameters, res.device, res.dtype, res.matmul, res.batch, res.prompt, res.response, n_timed
+        "r2vpo {what} on the {} backend, {} ({} parameters), {} {} (many-row products: {}), {} × ({} + {}) tokens, median of {}",
+        res.backend, res.shape, res.parameters, res.device, res.dtype, res.matmul, res.batch, res.prompt, res.response, n_timed
     );
     println!("| step s | tokens/s |\n|---|---|\n| {:.3} | {:.1} |", res.step_s, res.tokens_per_s);
     #[derive(Serialize)]
@@ -492,43 +525,38 @@ struct Memory {
     phases: Vec<(String, f64, f64)>,
 }
 
-fn memory_phases(a: &StepBenchArgs, model: &Transformer, opt: &mut AdamW, x: &Batch) -> Result<Memory> {
+fn memory_phases(a: &StepBenchArgs, cfg: &ModelConfig, be: &mut dyn Backend, run: &BenchBatch) -> Result<Memory> {
     let gib = |bytes: usize| bytes as f64 / (1u64 << 30) as f64;
-    let el = model.dtype().size_in_bytes();
-    let cfg = model.config();
-    let mut phases = Vec::new();
+    // f32 master weights and moments, whatever the compute dtype.
+    let el = 4;
+    let params: usize = expected_params(cfg).iter().map(|(_, s)| s.iter().product::<usize>()).sum();
+    let phases = std::cell::RefCell::new(Vec::new());
     let (before, _) = rss()?;
-    let phase = |name: &str, phases: &mut Vec<(String, f64, f64)>| -> Result<()> {
+    let phase = |name: &str| -> Result<()> {
         let (now, peak) = rss()?;
-        phases.push((name.to_string(), peak, now));
+        phases.borrow_mut().push((name.to_string(), peak, now));
         reset_peak()
     };
     reset_peak()?;
-    let g = if a.checkpoint {
-        let (_, _, g) = forward_backward(model, x, a)?;
-        phase("forward + objective + backward, checkpointed (gradients kept)", &mut phases)?;
-        g
+    let first = if a.checkpoint {
+        "forward (layer inputs kept) + objective"
     } else {
-        let loss_of = loss_of(x)?;
-        let logp = model.tail_logprobs(&x.ids, &x.att, a.response)?;
-        let loss = loss_of(&logp)?;
-        phase("forward + objective (graph kept for backward)", &mut phases)?;
-        let grads = loss.backward()?;
-        phase("backward", &mut phases)?;
-        let g: Vec<Option<Tensor>> = opt.vars().iter().map(|v| grads.get(v.as_tensor()).cloned()).collect();
-        drop((grads, loss, logp));
-        phase("graph dropped (gradients kept)", &mut phases)?;
-        g
+        "forward + objective (graph kept for backward)"
     };
-    apply(opt, &g)?;
-    drop(g);
-    phase("AdamW step, gradients dropped", &mut phases)?;
+    let (_, _, norm) = step_once(be, run, false, a.composite, &mut || phase(first))?;
+    phase(if a.checkpoint {
+        "backward, one layer recomputed at a time (gradients kept)"
+    } else {
+        "backward, graph dropped (gradients kept)"
+    })?;
+    be.step(run.optim.clip_scale(norm))?;
+    phase("AdamW step, gradients dropped")?;
     let mem = Memory {
-        weights_gib: gib(model.num_parameters() * el),
-        moments_gib: gib(2 * model.num_parameters() * el),
+        weights_gib: gib(params * el),
+        moments_gib: gib(2 * params * el),
         logits_gib: gib(a.batch * a.response * cfg.vocab_size * el),
         before_gib: before,
-        phases,
+        phases: phases.into_inner(),
     };
     println!(
         "\nmemory (resident set, GiB): weights {:.2}, AdamW moments {:.2}, one copy of the response logits {:.2}; before the step {:.2}",
@@ -550,38 +578,49 @@ fn rel_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
     Ok(if scale > 0.0 { diff / scale } else { diff })
 }
 
-fn check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, x: &Batch, shape: String) -> Result<()> {
-    // The reference: the same weights and batch in f32 on the CPU, through
-    // the fused kernels and the whole graph.
-    let cpu = Transformer::new_random_with_std(cfg.clone(), a.seed, 0.02, DType::F32, &Device::Cpu)?;
-    let cpu_x = batch(a, cfg.vocab_size, &Device::Cpu)?;
-    let reference = StepBenchArgs { checkpoint: false, composite: false, ..a.clone() };
-    // Two steps: forward/backward, the AdamW update on each device, and
-    // forward/backward again, so the optimizer's path is compared too.
-    let optim = OptimConfig { lr: 1e-4, ..OptimConfig::default() };
-    let (mut opt, mut cpu_opt) = (AdamW::new(model.named_vars(), optim)?, AdamW::new(cpu.named_vars(), optim)?);
+/// `--check`: the step on the backend `a` names against the candle
+/// backend in f32 on the CPU, through the fused kernels and the whole
+/// graph, on the same weights and batch, over two steps (forward and
+/// backward, the AdamW update on each side, forward and backward again),
+/// so the optimizer's path is compared too.
+fn check(
+    a: &StepBenchArgs,
+    cfg: &ModelConfig,
+    init: &RandomInit,
+    be: &mut dyn Backend,
+    run: &BenchBatch,
+    shape: String,
+) -> Result<()> {
+    let reference = Transformer::from_source(cfg.clone(), init, DType::F32, &Device::Cpu)?;
+    let mut cpu = CandleBackend::new(reference, run.optim, false)?;
+    let cpu_run = BenchBatch::new(a, cfg.vocab_size, &Device::Cpu, run.optim)?;
     let mut cmp = Comparison::default();
     for step in 1..=2 {
-        // As the trainer does: the passes on rayon's pool, the gradients
-        // read and the optimizer stepped on this thread. On a GPU that
-        // checks the work of two threads is ordered (`open_device`).
-        let (lp, _, g) = r2vpo_llm::model::on_pool(|| forward_backward(model, x, a))?;
-        let (cpu_lp, _, cpu_g) = forward_backward(&cpu, &cpu_x, &reference)?;
+        let (lp, _, n) = step_once(be, run, false, a.composite, &mut || Ok(()))?;
+        let (cpu_lp, _, cn) = step_once(&mut cpu, &cpu_run, false, false, &mut || Ok(()))?;
         cmp.log_probs(&lp, &cpu_lp)?;
-        for (((name, _), g), cg) in model.named_vars().iter().zip(&g).zip(&cpu_g) {
-            match (g, cg) {
-                (Some(g), Some(cg)) => cmp.gradient(name, step, g, cg)?,
-                (None, None) => {}
-                _ => bail!("`{name}` has a gradient on one device only"),
-            }
+        let (g, cg) = (be.gradients()?, cpu.gradients()?);
+        if let Some(only) = g.keys().find(|k| !cg.contains_key(*k)) {
+            bail!("`{only}` has a gradient on one side only");
         }
-        cmp.norms(global_norm(&g)?, global_norm(&cpu_g)?);
+        for (name, cgr) in &cg {
+            let gr = g.get(name).with_context(|| format!("`{name}` has a gradient on the CPU only"))?;
+            cmp.gradient(name, step, gr, cgr)?;
+        }
+        cmp.norms(n, cn);
         if step == 1 {
-            apply(&mut opt, &g)?;
-            apply(&mut cpu_opt, &cpu_g)?;
+            be.step(run.optim.clip_scale(n))?;
+            cpu.step(run.optim.clip_scale(cn))?;
+        } else {
+            be.zero_grad();
+            cpu.zero_grad();
         }
     }
-    report_check(a, &cmp.result(a, shape, a.device.clone(), a.composite), "CPU")
+    let (device, reference) = match a.backend.as_str() {
+        "torch" => (format!("torch {}", a.device), "candle CPU"),
+        _ => (a.device.clone(), "CPU"),
+    };
+    report_check(a, &cmp.result(a, shape, device, a.composite), reference)
 }
 
 /// Prints and writes a `--check` of a step against `reference` (what ran
@@ -752,7 +791,13 @@ fn sampler_bench<M: r2vpo_llm::decode::Decoder + ?Sized>(
     Ok(())
 }
 
-fn sampler_check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, shape: String) -> Result<()> {
+fn sampler_check(
+    a: &StepBenchArgs,
+    cfg: &ModelConfig,
+    init: &RandomInit,
+    model: &Transformer,
+    shape: String,
+) -> Result<()> {
     let (b, p, r) = (a.batch, a.prompt, a.response);
     let prompts = sampler_prompts(a, cfg.vocab_size);
     let run = |m: &Transformer| -> Result<(Vec<Vec<u32>>, f64)> {
@@ -764,7 +809,7 @@ fn sampler_check(a: &StepBenchArgs, cfg: &ModelConfig, model: &Transformer, shap
     };
     let (toks, max_abs) =
         if a.composite { r2vpo_llm::model::ops::with_composites(|| run(model))? } else { run(model)? };
-    let cpu = Transformer::new_random_with_std(cfg.clone(), a.seed, 0.02, DType::F32, &Device::Cpu)?;
+    let cpu = Transformer::from_source(cfg.clone(), init, DType::F32, &Device::Cpu)?;
     let (cpu_toks, cpu_max_abs) = run(&cpu)?;
     let same = toks.iter().flatten().zip(cpu_toks.iter().flatten()).filter(|(x, y)| x == y).count();
     let pass = max_abs <= a.tolerance && max_abs.is_finite();
@@ -810,176 +855,66 @@ fn report_sampler_check(a: &StepBenchArgs, res: &SamplerCheck, reference: &str) 
     Ok(())
 }
 
-#[cfg(not(feature = "torch"))]
-fn torch_step(_: &StepBenchArgs, _: &ModelConfig) -> Result<()> {
-    bail!("--backend torch: this binary was built without the torch backend; build one with `make build-torch` (CPU) or `make build-gpu` (CUDA)")
+/// `--sampler`: the sampler of the backend `spec` names, timed, or
+/// (`--check`) its behaviour log-probs against the learner's
+/// recomputation of the sequences it sampled.
+fn sampler(a: &StepBenchArgs, spec: &BackendSpec, cfg: &ModelConfig, init: &RandomInit, shape: String) -> Result<()> {
+    match opened(r2vpo_llm::backend::open(spec, cfg, init, OptimConfig::default()))? {
+        Opened::Candle(m) if a.check => sampler_check(a, cfg, init, &m, shape),
+        Opened::Candle(m) => sampler_bench(a, &m, shape, "candle"),
+        #[cfg(feature = "torch")]
+        Opened::Torch(t) if a.check => torch_sampler_check(a, cfg, init, &t, shape),
+        #[cfg(feature = "torch")]
+        Opened::Torch(t) => sampler_bench(a, &t, shape, "torch"),
+    }
 }
 
-/// `--backend torch`: the trainer's step through the backend seam, timed,
-/// or (`--check`) compared with the candle backend in f32 on the CPU over
-/// two steps.
+/// The torch sampler's behaviour log-probs against the torch learner's
+/// recomputation; candle's on the CPU in f32 beside them.
 #[cfg(feature = "torch")]
-fn torch_step(a: &StepBenchArgs, cfg: &ModelConfig) -> Result<()> {
-    use r2vpo_llm::backend::batch::{Inputs, MicroBatch};
-    use r2vpo_llm::backend::torch::{torch_device, TorchBackend, TorchOptions};
-    use r2vpo_llm::backend::{Backend, CandleBackend};
-
-    if a.composite || a.memory || a.turns.is_some() || a.score {
-        bail!("--backend torch times (or --check's) the training step or the sampler: it takes no --composite, --memory, --turns or --score");
-    }
-    if a.batch == 0 || a.response == 0 || a.prompt == 0 {
-        bail!("--batch, --prompt and --response must be at least 1");
-    }
-    if a.checkpoint && a.entropy != 0.0 {
-        bail!("--entropy takes no --checkpoint (the trainer's checkpointed path has no entropy bonus either)");
-    }
-    let cuda = torch_device(&a.device).map_err(|m| anyhow::anyhow!("--device {m}"))?;
-    let bf16 = parse_dtype(&a.dtype)? == DType::BF16;
-    let optim = OptimConfig { lr: if a.check { 1e-4 } else { 1e-6 }, ..OptimConfig::default() };
-    let init = r2vpo_llm::model::RandomInit::new(cfg.clone(), a.seed, 0.02);
-    let random = || Transformer::from_source(cfg.clone(), &init, DType::F32, &Device::Cpu);
-    let mut be =
-        TorchBackend::new(cfg.clone(), &init, optim, TorchOptions { cuda, bf16, checkpointing: a.checkpoint })?;
-    let shape = a.shape.display().to_string();
-    if a.sampler {
-        if !a.check {
-            return sampler_bench(a, &be, shape, "torch");
-        }
-        // The torch sampler's behaviour log-probs against the torch
-        // learner's recomputation; candle's on the CPU in f32 beside them.
-        use r2vpo_llm::backend::Policy;
-        let (b, p, r) = (a.batch, a.prompt, a.response);
-        let prompts = sampler_prompts(a, cfg.vocab_size);
-        let gens = sample_all(&be, a, &prompts)?;
-        let (ids, att) = sampled_rows(&prompts, &gens, p + r, &Device::Cpu)?;
-        let ones = Tensor::ones((b, r), DType::F32, &Device::Cpu)?;
-        let mb = MicroBatch {
-            inputs: Inputs::Padded { ids, attention: att },
-            tail: r,
-            old_logp: ones.zeros_like()?,
-            advantages: ones.zeros_like()?,
-            mask: ones,
-            ref_logp: None,
-        };
-        let max_abs = worst_gap(&gens, &be.score(&mb)?.to_vec2::<f32>()?);
-        let cpu = random()?;
-        let cpu_gens = sample_all(&cpu, a, &prompts)?;
-        let (cids, catt) = sampled_rows(&prompts, &cpu_gens, p + r, &Device::Cpu)?;
-        let cpu_max_abs = worst_gap(&cpu_gens, &cpu.score_tail_logprobs(&cids, &catt, r)?.to_vec2::<f32>()?);
-        let same = gens
-            .iter()
-            .flat_map(|g| &g.token_ids)
-            .zip(cpu_gens.iter().flat_map(|g| &g.token_ids))
-            .filter(|(x, y)| x == y)
-            .count();
-        let pass = max_abs <= a.tolerance && max_abs.is_finite();
-        let res = SamplerCheck {
-            shape,
-            device: format!("torch {}", a.device),
-            dtype: a.dtype.clone(),
-            tokens: b * r,
-            max_abs,
-            cpu_max_abs,
-            same_tokens_frac: same as f64 / (b * r) as f64,
-            tolerance: a.tolerance,
-            pass,
-        };
-        return report_sampler_check(a, &res, "candle cpu");
-    }
-    let x = batch(a, cfg.vocab_size, &Device::Cpu)?;
+fn torch_sampler_check(
+    a: &StepBenchArgs,
+    cfg: &ModelConfig,
+    init: &RandomInit,
+    be: &r2vpo_llm::backend::torch::TorchBackend,
+    shape: String,
+) -> Result<()> {
+    use r2vpo_llm::backend::Policy;
+    let (b, p, r) = (a.batch, a.prompt, a.response);
+    let prompts = sampler_prompts(a, cfg.vocab_size);
+    let gens = sample_all(be, a, &prompts)?;
+    let (ids, att) = sampled_rows(&prompts, &gens, p + r, &Device::Cpu)?;
+    let ones = Tensor::ones((b, r), DType::F32, &Device::Cpu)?;
     let mb = MicroBatch {
-        inputs: Inputs::Padded { ids: x.ids.clone(), attention: x.att.clone() },
-        tail: a.response,
-        mask: x.mask.clone(),
-        old_logp: x.mask.zeros_like()?,
-        advantages: x.adv.clone(),
+        inputs: Inputs::Padded { ids, attention: att },
+        tail: r,
+        old_logp: ones.zeros_like()?,
+        advantages: ones.zeros_like()?,
+        mask: ones,
         ref_logp: None,
     };
-    let global = GlobalBatch::from_mask(&x.mask)?;
-    let obj = ObjectiveConfig::preset("r2vpo")?;
-    // One optimizer step as the trainer takes it; the log-probs, the loss
-    // and the gradient norm.
-
-    let step_once = |be: &mut dyn Backend, apply: bool| -> Result<(Tensor, f64, f64)> {
-        let fwd = be.forward(&mb, a.entropy != 0.0)?;
-        let logp = candle_core::Var::from_tensor(&fwd.logp)?;
-        let ent = fwd.entropy.as_ref().map(candle_core::Var::from_tensor).transpose()?;
-        let old = (&fwd.logp + &x.wobble)?;
-        let pb = PolicyBatch { logp: logp.as_tensor(), old_logp: &old, advantages: &x.adv, mask: &x.mask };
-        let mut loss = obj.loss(&pb, 0.05, &global)?.loss;
-        if let Some(e) = &ent {
-            let term = aggregate(e.as_tensor(), &x.mask, obj.aggregation, &global)?;
-            loss = (loss - term.affine(a.entropy, 0.0)?)?;
-        }
-        let gs = loss.backward()?;
-        let dlogp = gs.get(logp.as_tensor()).context("the loss does not depend on the log-probs")?;
-        be.backward(dlogp, ent.as_ref().and_then(|e| gs.get(e.as_tensor())))?;
-        let norm = be.grad_norm()?;
-        if apply {
-            be.step(optim.clip_scale(norm))?;
-        }
-        be.synchronize()?;
-        Ok((fwd.logp, loss.to_dtype(DType::F64)?.to_scalar::<f64>()?, norm))
-    };
-    if a.check {
-        let mut cpu = CandleBackend::new(random()?, optim, false)?;
-        let mut cmp = Comparison::default();
-        for step in 1..=2 {
-            let (lp, _, n) = step_once(&mut be, false)?;
-            let (cpu_lp, _, cn) = step_once(&mut cpu, false)?;
-            cmp.log_probs(&lp, &cpu_lp)?;
-            let (g, cg) = (be.gradients()?, cpu.gradients()?);
-            for (name, cgr) in &cg {
-                let gr = g.get(name).with_context(|| format!("`{name}` has a gradient on the CPU only"))?;
-                cmp.gradient(name, step, gr, cgr)?;
-            }
-            cmp.norms(n, cn);
-            if step == 1 {
-                be.step(optim.clip_scale(n))?;
-                cpu.step(optim.clip_scale(cn))?;
-            } else {
-                be.zero_grad();
-                cpu.zero_grad();
-            }
-        }
-        return report_check(a, &cmp.result(a, shape, format!("torch {}", a.device), false), "candle CPU");
-    }
-    let mut times = Vec::new();
-    let mut loss = 0.0;
-    for rep in 0..=a.reps.max(1) {
-        let t0 = Instant::now();
-        loss = step_once(&mut be, true)?.1;
-        if rep > 0 {
-            times.push(t0.elapsed().as_secs_f64());
-        }
-    }
-    let n_timed = times.len();
-    let step_s = median(&mut times.clone());
-    let tokens = a.batch * (a.prompt + a.response);
-    let parameters =
-        r2vpo_llm::model::transformer::expected_params(cfg).iter().map(|(_, s)| s.iter().product::<usize>()).sum();
-    let res = StepResult {
+    let max_abs = worst_gap(&gens, &be.score(&mb)?.to_vec2::<f32>()?);
+    let cpu = Transformer::from_source(cfg.clone(), init, DType::F32, &Device::Cpu)?;
+    let cpu_gens = sample_all(&cpu, a, &prompts)?;
+    let (cids, catt) = sampled_rows(&prompts, &cpu_gens, p + r, &Device::Cpu)?;
+    let cpu_max_abs = worst_gap(&cpu_gens, &cpu.score_tail_logprobs(&cids, &catt, r)?.to_vec2::<f32>()?);
+    let same = gens
+        .iter()
+        .flat_map(|g| &g.token_ids)
+        .zip(cpu_gens.iter().flat_map(|g| &g.token_ids))
+        .filter(|(x, y)| x == y)
+        .count();
+    let pass = max_abs <= a.tolerance && max_abs.is_finite();
+    let res = SamplerCheck {
         shape,
-        parameters,
-        device: a.device.clone(),
+        device: format!("torch {}", a.device),
         dtype: a.dtype.clone(),
-        batch: a.batch,
-        prompt: a.prompt,
-        response: a.response,
-        step_s,
-        times_s: times,
-        tokens_per_s: tokens as f64 / step_s,
-        loss,
-        matmul: "libtorch".into(),
-        backend: "torch".into(),
+        tokens: b * r,
+        max_abs,
+        cpu_max_abs,
+        same_tokens_frac: same as f64 / (b * r) as f64,
+        tolerance: a.tolerance,
+        pass,
     };
-    println!(
-        "r2vpo training step on the torch backend{} (forward + R²VPO objective + backward + AdamW), {} ({} parameters), {} {}, {} × ({} + {}) tokens, median of {}",
-        if a.checkpoint { ", checkpointed" } else { "" },
-        res.shape, res.parameters, res.device, res.dtype, res.batch, res.prompt, res.response, n_timed
-    );
-    println!("| step s | tokens/s |\n|---|---|\n| {:.3} | {:.1} |", res.step_s, res.tokens_per_s);
-    r2vpo_report::atomic_write_json(&a.out, &res)?;
-    println!("written: {}", a.out.display());
-    Ok(())
+    report_sampler_check(a, &res, "candle cpu")
 }

@@ -253,6 +253,36 @@ fn the_composite_path_of_the_whole_model_matches_the_fused_one() {
     assert_eq!(max_abs_diff(&m.tail_logprobs(&ids, &att, r).unwrap(), &lp), 0.0);
 }
 
+/// The learner's step with gradient checkpointing on `model`: the candle
+/// backend's forward and backward of the padded rows `ids` through
+/// `loss_of` of the last `r` log-probs. Returns the log-probs, the loss and
+/// the gradients by parameter name.
+fn checkpointed_step(
+    model: r2vpo_llm::model::Transformer,
+    ids: &Tensor,
+    att: &Tensor,
+    r: usize,
+    loss_of: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
+) -> (Tensor, Tensor, std::collections::HashMap<String, Tensor>) {
+    use r2vpo_llm::backend::batch::{Inputs, MicroBatch};
+    use r2vpo_llm::backend::{forward_backward, Backend, CandleBackend, OptimConfig};
+    let mut be = CandleBackend::new(model, OptimConfig::default(), true).unwrap();
+    let b = ids.dims()[0];
+    let zeros = Tensor::zeros((b, r), DType::F32, &Device::Cpu).unwrap();
+    let mb = MicroBatch {
+        inputs: Inputs::Padded { ids: ids.clone(), attention: att.clone() },
+        tail: r,
+        mask: zeros.ones_like().unwrap(),
+        old_logp: zeros.clone(),
+        advantages: zeros,
+        ref_logp: None,
+    };
+    let (fwd, loss, ()) =
+        forward_backward::<(), r2vpo_llm::model::ModelError>(&mut be, &mb, false, |lp, _| Ok((loss_of(lp)?, ())))
+            .unwrap();
+    (fwd.logp, loss, be.gradients().unwrap())
+}
+
 /// Gradient checkpointing recomputes each layer in the backward and runs the
 /// head a chunk of rows at a time: the same log-probs, loss and gradients as
 /// one backward through the whole graph, for tied (Qwen3) and untied (Llama)
@@ -266,7 +296,7 @@ fn checkpointed_gradients_equal_the_full_graphs() {
         (Architecture::Qwen3, true, 5),
     ] {
         let cfg = ModelConfig::tiny(arch, 96, 64, 128, 3, 4, 2, tied);
-        let mut m = Transformer::new_random_with_std(cfg, 5, 0.3, DType::F32, &Device::Cpu).unwrap();
+        let mut m = Transformer::new_random_with_std(cfg.clone(), 5, 0.3, DType::F32, &Device::Cpu).unwrap();
         m.set_logits_chunk(chunk_rows.saturating_mul(96));
         let (b, w, r) = (3, 14, 6);
         let ids: Vec<u32> = (0..b * w).map(|i| ((i * 53 + 7) % 96) as u32).collect();
@@ -279,14 +309,15 @@ fn checkpointed_gradients_equal_the_full_graphs() {
         let lp = m.tail_logprobs(&ids, &att, r).unwrap();
         let loss = loss_of(&lp).unwrap();
         let full = loss.backward().unwrap();
-        let (lp_c, loss_c, ck) = m.tail_grads_checkpointed(&ids, &att, r, loss_of).unwrap();
+        let mut ck_model = Transformer::new_random_with_std(cfg.clone(), 5, 0.3, DType::F32, &Device::Cpu).unwrap();
+        ck_model.set_logits_chunk(chunk_rows.saturating_mul(96));
+        let (lp_c, loss_c, ck) = checkpointed_step(ck_model, &ids, &att, r, |lp| loss_of(lp));
         let what = format!("{arch:?}, {chunk_rows} rows a chunk");
         let scale = scalar(&lp.abs().unwrap().max_all().unwrap());
         assert!(max_abs_diff(&lp_c, &lp) / scale < 1e-6, "{what}: log-probs");
         assert!((scalar(&loss_c) - scalar(&loss)).abs() <= 1e-6 * scalar(&loss).abs(), "{what}: loss");
         for (n, v) in m.named_vars() {
-            let (g, gc) =
-                (full.get(v.as_tensor()).unwrap(), ck.get(v.as_tensor()).unwrap_or_else(|| panic!("{n}: no gradient")));
+            let (g, gc) = (full.get(v.as_tensor()).unwrap(), ck.get(&n).unwrap_or_else(|| panic!("{n}: no gradient")));
             let scale = scalar(&g.abs().unwrap().max_all().unwrap()).max(1e-12);
             assert!(max_abs_diff(gc, g) / scale < 1e-5, "{what} {n}: {:e}", max_abs_diff(gc, g) / scale);
         }
@@ -301,7 +332,7 @@ fn bf16_compute_keeps_f32_master_weights_and_tracks_f32() {
     use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
     let cfg = ModelConfig::tiny(Architecture::Qwen3, 96, 64, 128, 2, 4, 2, true);
     let m32 = Transformer::new_random_with_std(cfg.clone(), 9, 0.3, DType::F32, &Device::Cpu).unwrap();
-    let mut m16 = Transformer::new_random_with_std(cfg, 9, 0.3, DType::F32, &Device::Cpu).unwrap();
+    let mut m16 = Transformer::new_random_with_std(cfg.clone(), 9, 0.3, DType::F32, &Device::Cpu).unwrap();
     m16.set_compute_dtype(DType::BF16);
     let (b, w, r) = (2, 12, 6);
     let ids = Tensor::from_vec((0..b * w).map(|i| ((i * 29 + 3) % 96) as u32).collect(), (b, w), &Device::Cpu).unwrap();
@@ -316,10 +347,12 @@ fn bf16_compute_keeps_f32_master_weights_and_tracks_f32() {
     assert!(rel(&lp16, &lp32) > 0.0, "bf16 compute changed nothing");
     let loss_of = |lp: &Tensor| lp.sqr()?.sum_all();
     let full = loss_of(&lp16).unwrap().backward().unwrap();
-    let (_, _, ck) = m16.tail_grads_checkpointed(&ids, &att, r, loss_of).unwrap();
+    let mut ck16 = Transformer::new_random_with_std(cfg, 9, 0.3, DType::F32, &Device::Cpu).unwrap();
+    ck16.set_compute_dtype(DType::BF16);
+    let (_, _, ck) = checkpointed_step(ck16, &ids, &att, r, |lp| loss_of(lp));
     for (n, v) in m16.named_vars() {
         assert_eq!(v.dtype(), DType::F32, "{n}: master weights stay f32");
-        let (g, gc) = (full.get(v.as_tensor()).unwrap(), ck.get(v.as_tensor()).unwrap());
+        let (g, gc) = (full.get(v.as_tensor()).unwrap(), &ck[&n]);
         assert_eq!(g.dtype(), DType::F32, "{n}: gradients reach the master weights in f32");
         assert!(rel(gc, g) < 2e-2, "{n}: checkpointed bf16 gradients off by {:e}", rel(gc, g));
     }

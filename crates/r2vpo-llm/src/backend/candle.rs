@@ -258,6 +258,10 @@ impl Backend for CandleBackend {
         self.opt.save(path)
     }
 
+    fn synchronize(&self) -> Result<()> {
+        Ok(self.model.device().synchronize()?)
+    }
+
     fn load_optimizer(&mut self, path: &Path, steps: u64) -> Result<()> {
         self.opt.load(path, steps)
     }

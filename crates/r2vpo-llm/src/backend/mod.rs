@@ -62,6 +62,22 @@ pub enum BackendKind {
     Torch,
 }
 
+impl BackendKind {
+    /// Whether this binary has the backend: the torch backend needs one
+    /// built with the `torch` feature, and the refusal says how to get it.
+    pub fn check_built(self) -> Result<()> {
+        if self == BackendKind::Torch && !cfg!(feature = "torch") {
+            return Err(ModelError::Spec {
+                field: "backend".into(),
+                message: "`torch`: this binary was built without the torch backend; build one with `make \
+                          build-torch` (CPU) or `make build-gpu` (CUDA)"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+}
+
 impl std::str::FromStr for BackendKind {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
@@ -149,6 +165,7 @@ pub enum Opened {
 /// optimizer `optim` is used only if the model learns ([`Backend`]).
 pub fn open(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource, optim: OptimConfig) -> Result<Opened> {
     let spec_err = |field: &str, message: String| ModelError::Spec { field: field.into(), message };
+    spec.kind.check_built()?;
     match spec.kind {
         BackendKind::Candle => {
             let device = crate::model::open_device(&spec.device).map_err(|m| spec_err("device", m))?;
@@ -167,12 +184,7 @@ pub fn open(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource,
             Ok(Opened::Torch(torch::TorchBackend::new(config.clone(), source, optim, opts)?))
         }
         #[cfg(not(feature = "torch"))]
-        BackendKind::Torch => Err(spec_err(
-            "backend",
-            "`torch`: this binary was built without the torch backend; build one with `make build-torch` (CPU) or \
-             `make build-gpu` (CUDA)"
-                .into(),
-        )),
+        BackendKind::Torch => unreachable!("check_built refused it"),
     }
 }
 
@@ -267,6 +279,36 @@ pub struct Forward {
     pub logp: Tensor,
     /// The policy's entropy at the same columns, `(B, R)`, when asked for.
     pub entropy: Option<Tensor>,
+}
+
+/// One micro-batch's forward and backward through `loss`: the step every
+/// learner takes (the trainer's, and `bench step`'s, which therefore times
+/// exactly it). The backend's log-probs (and entropies, with `entropy`)
+/// become leaves of a small graph on [`Policy::device`]; `loss` builds the
+/// scalar loss on them (the objective, a KL to a reference, an entropy
+/// bonus) and may return anything else it computed; its gradient with
+/// respect to the leaves goes into the backend's backward, which adds the
+/// parameters' gradients to the step's. Returns the forward's values, the
+/// loss and what `loss` returned.
+pub fn forward_backward<R, E>(
+    be: &mut dyn Backend,
+    batch: &MicroBatch,
+    entropy: bool,
+    loss: impl FnOnce(&Tensor, Option<&Tensor>) -> std::result::Result<(Tensor, R), E>,
+) -> std::result::Result<(Forward, Tensor, R), E>
+where
+    E: From<ModelError> + From<candle_core::Error>,
+{
+    let fwd = be.forward(batch, entropy)?;
+    let logp = candle_core::Var::from_tensor(&fwd.logp)?;
+    let ent = fwd.entropy.as_ref().map(candle_core::Var::from_tensor).transpose()?;
+    let (value, extra) = loss(logp.as_tensor(), ent.as_ref().map(|e| e.as_tensor()))?;
+    let gs = value.backward()?;
+    let dlogp = gs
+        .get(logp.as_tensor())
+        .ok_or_else(|| candle_core::Error::Msg("the loss does not depend on the log-probs it was given".into()))?;
+    be.backward(dlogp, ent.as_ref().and_then(|e| gs.get(e.as_tensor())))?;
+    Ok((fwd, value, extra))
 }
 
 /// The learning half of a backend: one micro-batch in flight at a time

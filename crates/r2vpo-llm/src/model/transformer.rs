@@ -549,7 +549,7 @@ impl Transformer {
     }
 
     /// How many logit elements (rows × vocabulary) one chunk of the head
-    /// holds in [`Transformer::tail_grads_checkpointed`] and in the scoring
+    /// holds in the checkpointed backward ([`Transformer::checkpointed_backward`]) and in the scoring
     /// passes ([`Transformer::score_tail_logprobs`],
     /// [`Transformer::score_prefixed_tail_logprobs`]) (default 16 Mi, 64 MiB
     /// in f32; at least one row).
@@ -954,31 +954,6 @@ impl Transformer {
         let h2 = ops::rms_norm(&x, &l.post_norm, cfg.rms_norm_eps)?;
         let [gate, up]: [Tensor; 2] = ops::linear_many(&h2, &[&l.gate, &l.up])?.try_into().expect("two projections");
         Ok((x + ops::linear(&ops::swiglu(&gate, &up)?, &l.down)?)?)
-    }
-
-    /// The gradients of `loss_of(tail_logprobs(ids, mask, r))` with respect
-    /// to every weight, by gradient checkpointing: [`Transformer::checkpointed_tail`],
-    /// the loss and its gradient with respect to the log-probs, then
-    /// [`Transformer::checkpointed_backward`].
-    /// Returns the log-probs `(B, r)` and the loss (both without a graph)
-    /// and the gradients, keyed like `loss.backward()`'s.
-    pub fn tail_grads_checkpointed(
-        &self,
-        input_ids: &Tensor,
-        attention_mask: &Tensor,
-        r: usize,
-        loss_of: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
-    ) -> Result<(Tensor, Tensor, candle_core::backprop::GradStore)> {
-        let pass = self.checkpointed_tail(input_ids, attention_mask, r)?;
-        let leaf = Var::from_tensor(pass.logprobs())?;
-        let loss = loss_of(leaf.as_tensor())?;
-        let dlogp = loss
-            .backward()?
-            .remove(leaf.as_tensor())
-            .ok_or_else(|| candle_core::Error::Msg("the loss does not depend on the log-probs it was given".into()))?;
-        let logp = pass.logprobs().clone();
-        let grads = self.checkpointed_backward(pass, &dlogp)?;
-        Ok((logp, loss.detach(), grads))
     }
 
     /// The forward half of gradient checkpointing (Chen et al. 2016,

@@ -456,7 +456,7 @@ pub struct TrainConfig {
     /// Gradient checkpointing per decoder layer: the forward keeps only each
     /// layer's input, the backward recomputes one layer at a time, and the
     /// LM head runs in chunks of rows
-    /// ([`crate::model::Transformer::tail_grads_checkpointed`]). The same
+    /// ([`crate::model::Transformer::checkpointed_tail`]). The same
     /// gradients up to float rounding (tested) for one more forward pass;
     /// on SmolLM2 at 8 × (44 + 256) tokens the step's peak resident memory
     /// falls from 10.1 to 3.4 GiB and its time rises 1.37×
@@ -597,14 +597,7 @@ impl TrainConfig {
     /// compute backend it names).
     pub fn validate(&self) -> TrainResult<()> {
         self.validate_values()?;
-        if self.model.backend == BackendKind::Torch && !cfg!(feature = "torch") {
-            return Err(bad(
-                "model.backend",
-                "`torch`: this binary was built without the torch backend; build one with `make build-torch` \
-                 (CPU) or `make build-gpu` (CUDA)",
-            ));
-        }
-        Ok(())
+        self.model.backend.check_built().map_err(|e| crate::train::spec_error(e, "model."))
     }
 
     /// Checks every field's value, naming the first bad one, whatever this

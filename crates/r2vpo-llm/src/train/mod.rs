@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use candle_core::{DType, Tensor, Var};
+use candle_core::{DType, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -772,38 +772,34 @@ impl Trainer {
             // Forward on the backend, then the loss on the log-probs as
             // leaves: the objective, the KL to the reference and the
             // entropy bonus when on.
-            let fwd = self.backend.forward(t, entropy_coef != 0.0)?;
-            let logp = Var::from_tensor(&fwd.logp)?;
-            let entropy = fwd.entropy.as_ref().map(Var::from_tensor).transpose()?;
-            let out = self.learner.loss(
-                &PolicyBatch {
-                    logp: logp.as_tensor(),
-                    old_logp: &t.old_logp,
-                    advantages: &t.advantages,
-                    mask: &t.mask,
+            let (fwd, loss, (out_stats, kl)) = crate::backend::forward_backward(
+                self.backend.as_mut(),
+                t,
+                entropy_coef != 0.0,
+                |logp, entropy| -> TrainResult<_> {
+                    let out = self.learner.loss(
+                        &PolicyBatch { logp, old_logp: &t.old_logp, advantages: &t.advantages, mask: &t.mask },
+                        &global,
+                    )?;
+                    let mut loss = out.loss;
+                    let mut kl_term = 0.0;
+                    let ref_cfg = self.cfg.ref_kl;
+                    if let (Some(rf), true) = (&t.ref_logp, ref_cfg.coef > 0.0) {
+                        // KL(π_θ‖π_ref) with x = log π_ref − log π_θ (verl's kl_penalty).
+                        let x = rf.sub(logp)?;
+                        let kl = kl_estimate(ref_cfg.estimator, &x)?;
+                        let term = aggregate(&kl, &t.mask, agg, &global)?;
+                        kl_term = term.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                        loss = loss.add(&term.affine(ref_cfg.coef, 0.0)?)?;
+                    }
+                    if let Some(ent) = entropy {
+                        let term = aggregate(ent, &t.mask, agg, &global)?;
+                        loss = loss.sub(&term.affine(entropy_coef, 0.0)?)?;
+                    }
+                    Ok((loss, (out.stats, kl_term)))
                 },
-                &global,
             )?;
-            let mut loss = out.loss;
-            let ref_cfg = self.cfg.ref_kl;
-            if let (Some(rf), true) = (&t.ref_logp, ref_cfg.coef > 0.0) {
-                // KL(π_θ‖π_ref) with x = log π_ref − log π_θ (verl's kl_penalty).
-                let x = rf.sub(logp.as_tensor())?;
-                let kl = kl_estimate(ref_cfg.estimator, &x)?;
-                let term = aggregate(&kl, &t.mask, agg, &global)?;
-                ref_kl += term.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-                loss = loss.add(&term.affine(ref_cfg.coef, 0.0)?)?;
-            }
-            if let Some(ent) = &entropy {
-                let term = aggregate(ent.as_tensor(), &t.mask, agg, &global)?;
-                loss = loss.sub(&term.affine(entropy_coef, 0.0)?)?;
-            }
-            let gs = loss.backward()?;
-            let dlogp = gs.get(logp.as_tensor()).ok_or_else(|| {
-                candle_core::Error::Msg("the loss does not depend on the log-probs it was given".into())
-            })?;
-            let dentropy = entropy.as_ref().and_then(|e| gs.get(e.as_tensor()));
-            self.backend.backward(dlogp, dentropy)?;
+            ref_kl += kl;
             loss_total += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             if hist.enabled() {
                 let ratio = (&fwd.logp - &t.old_logp)?.exp()?;
@@ -814,7 +810,7 @@ impl Trainer {
                 }
             }
             tokens += t.mask.sum_all()?.to_scalar::<f32>()? as usize;
-            stats.push(out.stats);
+            stats.push(out_stats);
         }
         let norm = self.backend.grad_norm()?;
         if !loss_total.is_finite() || !norm.is_finite() {
