@@ -248,7 +248,7 @@ pub fn llm(a: &LlmArgs) -> Result<()> {
          tokens, T = 1",
         path.display(),
         model.num_parameters(),
-        r2vpo_llm::model::kernels::path(),
+        r2vpo_kernels::dispatch::path(),
         std::env::var("RAYON_NUM_THREADS").unwrap_or_default(),
         ids.len(),
         a.new_tokens

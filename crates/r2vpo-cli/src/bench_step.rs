@@ -133,7 +133,7 @@ struct StepResult {
     tokens_per_s: f64,
     loss: f64,
     /// The kernel behind the CPU's many-row f32 products
-    /// (`r2vpo_llm::model::kernels::path`), or `libtorch`.
+    /// (`r2vpo_kernels::dispatch::path`), or `libtorch`.
     matmul: String,
     /// `candle` or `torch`.
     backend: String,
@@ -426,7 +426,7 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         times_s: times,
         tokens_per_s: tokens as f64 / step_s,
         loss,
-        matmul: if torch { "libtorch".into() } else { r2vpo_llm::model::kernels::path() },
+        matmul: if torch { "libtorch".into() } else { r2vpo_kernels::dispatch::path() },
         backend: if torch { "torch".into() } else { "candle".into() },
     };
     let what = if a.score {

@@ -188,7 +188,7 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     trainer.set_warning_handler(progress.printer());
     if cfg.model.device == "cpu" && !a.run.quiet {
         // Runs on different kernels round differently (docs/cpu-speed.md).
-        progress.println(&format!("learner's products on the CPU: {}", r2vpo_llm::model::kernels::path()));
+        progress.println(&format!("learner's products on the CPU: {}", r2vpo_kernels::dispatch::path()));
     }
     let mut last = String::new();
     let mut on_event = |e: Event| match e {

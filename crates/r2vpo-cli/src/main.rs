@@ -407,7 +407,7 @@ fn main() -> ExitCode {
     set_threads(cli.threads);
     // A kernel choice this machine cannot run (or a typo in it) is refused
     // before any work, not as a panic inside the first product.
-    if let Err(e) = r2vpo_llm::model::kernels::check() {
+    if let Err(e) = r2vpo_kernels::dispatch::check() {
         eprintln!("error: {e}");
         return ExitCode::FAILURE;
     }

@@ -33,60 +33,7 @@ const ENTROPY_CONST: f32 = 1.418_938_5;
 /// `½ ln 2π`.
 const HALF_LN_2PI: f32 = 0.918_938_5;
 
-/// The kernel that runs the networks' products.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kernel {
-    /// `r2vpo_kernels::product`: the same bits on every CPU.
-    Reference,
-    /// `r2vpo_kernels::avx2`, the LLM learner's AVX2 + FMA kernel.
-    Avx2,
-    /// The `gemm` crate at its widest SIMD level for this CPU.
-    Gemm,
-}
-
-/// The kernel for `R2VPO_MATMUL`'s current choice: the one table of the
-/// control networks' products.
-///
-/// | choice | products |
-/// |---|---|
-/// | `auto` | gemm |
-/// | `reference` | `r2vpo_kernels::product` |
-/// | `avx2` | the AVX2 kernel (needs AVX2 + FMA) |
-/// | `gemm`, `openblas`, `amx` | gemm (OpenBLAS and AMX run only the LLM learner's products) |
-///
-/// Why gemm under `auto`: `r2vpo bench control` measures the learner on
-/// both kernels in one run, and on a 2-core AMD EPYC (Zen 3) the AVX2
-/// kernel ran the paper's 256 × 5 networks level with gemm (0.98–1.01× at
-/// 960-row minibatches, 2 threads) and `cpu.toml`'s 2 × 64 ones at 0.91×
-/// (128 rows), where the products are too small for its blocking
-/// (`results/bench/control-learner/`). On AVX-512 and AMX CPUs gemm's
-/// AVX-512 kernels run. Both kernels' outputs keep each row's sums apart
-/// from the rows beside it, so a rollout's action log-probs are the
-/// learner's first recomputation of them whatever the batch. Panics under
-/// `R2VPO_MATMUL=avx2` on a CPU that cannot run it (the CLI refuses that
-/// value first).
-pub fn kernel() -> Kernel {
-    use r2vpo_kernels::Matmul;
-    match r2vpo_kernels::matmul() {
-        Matmul::Reference => Kernel::Reference,
-        Matmul::Avx2 if !r2vpo_kernels::avx2::runs() => {
-            panic!("{}=avx2: this CPU lacks AVX2 and FMA (or the build has no AVX2 kernel)", r2vpo_kernels::ENV)
-        }
-        Matmul::Avx2 => Kernel::Avx2,
-        Matmul::Auto | Matmul::Gemm | Matmul::OpenBlas | Matmul::Amx => Kernel::Gemm,
-    }
-}
-
-/// The kernels behind the networks' products now, for logs and result
-/// files: `"reference"`, `"avx2"`, or `"gemm-<simd>"` (the widest kernels
-/// the `gemm` crate picks here).
-pub fn kernel_path() -> String {
-    match kernel() {
-        Kernel::Reference => "reference".into(),
-        Kernel::Avx2 => "avx2".into(),
-        Kernel::Gemm => format!("gemm-{}", r2vpo_kernels::gemm_simd()),
-    }
-}
+pub use r2vpo_kernels::dispatch::control::{kernel, kernel_path, Kernel};
 
 /// Products of at least this many multiply-adds run on every thread of the
 /// rayon pool (gemm's `Parallelism::Rayon`, which splits output tiles and

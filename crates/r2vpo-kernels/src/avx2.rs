@@ -6,7 +6,7 @@
 //! Why: there the forward ran on gemm's AVX2 kernels at 85–100 GFLOP/s on
 //! SmolLM2's learner shapes (2 threads, a 2-core AMD EPYC whose FMA peak is
 //! 172–182), and OpenBLAS, which ran the backward at 100–150
-//! (r2vpo-llm's `model::openblas`), cannot take the forward: a row's values there
+//! ([`crate::openblas`]), cannot take the forward: a row's values there
 //! depend on the rows beside it, and the chunked LM head and the served
 //! log-probs need them not to. This kernel (GotoBLAS's blocking around
 //! BLIS's 6 × 16 register tile, the inner loop in assembly) sums each
@@ -28,8 +28,8 @@
 //! gradients stay on OpenBLAS ([`WHOLE_A_MAX`]).
 //!
 //! On AVX-512 CPUs it is unmeasured (gemm's AVX-512 kernels run there) and
-//! on AMX ones r2vpo-llm's `model::amx` runs the forward; `R2VPO_MATMUL=avx2` runs it
-//! on any CPU with AVX2 and FMA (r2vpo-llm's `model::kernels` table).
+//! on AMX ones [`crate::amx`] runs the forward; `R2VPO_MATMUL=avx2` runs it
+//! on any CPU with AVX2 and FMA ([`crate::dispatch`]'s table).
 //! The control networks (`r2vpo_control::native`) run their products here
 //! too where this kernel runs.
 

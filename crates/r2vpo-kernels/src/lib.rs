@@ -26,7 +26,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use rayon::prelude::*;
 
+pub mod amx;
 pub mod avx2;
+pub mod dispatch;
+pub mod openblas;
+pub mod small_gemm;
 
 /// A raw pointer that rayon's tasks may share: each writes a disjoint part
 /// (rows of a split input, columns of an output, a BLAS call's row or

@@ -371,17 +371,17 @@ fn linear_matches_matmul_in_value_and_gradient() {
         // size ≤ 2.25, in different orders: ~1e-6 relative; an indexing
         // slip is O(1). Otherwise gemm is called as candle calls it (into an
         // output not zero-filled first): the same bits. So is the AVX2
-        // kernel's (`model::avx2`, CPUs with AVX2 but neither AVX-512 nor
+        // kernel's (`r2vpo_kernels::avx2`, CPUs with AVX2 but neither AVX-512 nor
         // AMX): at these k it and gemm's AVX2 kernel both sum each output as
         // one FMA chain in k order. The gradients too where gemm runs the
         // backward, not where the AVX2 kernel or OpenBLAS does (sums of up
         // to 300 such terms, blocked over k in their own ways).
         // The reference choice (`R2VPO_MATMUL=reference`) sums unfused, so
         // it is within rounding too.
-        use r2vpo_llm::model::kernels::{forward, Forward};
+        use r2vpo_kernels::dispatch::{forward, Forward};
         let exact = m > 32 && matches!(forward(), Forward::Gemm | Forward::Avx2);
         let tol = if exact { f64::MIN_POSITIVE } else { 2e-4 };
-        let gemm_backward = !r2vpo_llm::model::kernels::backward_blas() && forward() == Forward::Gemm;
+        let gemm_backward = !r2vpo_kernels::dispatch::backward_blas() && forward() == Forward::Gemm;
         let grad_tol = if exact && gemm_backward { f64::MIN_POSITIVE } else { 2e-4 };
         compare_split(
             &|t| ops::linear(&t[0], &t[1]).unwrap(),

@@ -23,7 +23,7 @@
 //! them, whatever the SIMD width) and any thread count.
 //!
 //! The machine's fast paths are then checked where they can be: each
-//! kernel choice this CPU runs ([`r2vpo_llm::model::kernels::runnable`])
+//! kernel choice this CPU runs ([`r2vpo_kernels::dispatch::runnable`])
 //! must give the reference's log-probs and gradients on one left-padded
 //! micro-batch within a stated tolerance, and run the pinned trainer
 //! configuration to the end with finite metrics. So a kernel that breaks
@@ -39,8 +39,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
 use candle_core::{DType, Device, Tensor};
+use r2vpo_kernels::dispatch as kernels;
 use r2vpo_kernels::Matmul;
-use r2vpo_llm::model::{kernels, Architecture, ModelConfig, Transformer};
+use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
 use r2vpo_llm::train::{IterMetrics, Outcome, TrainConfig, Trainer};
 
 mod common;

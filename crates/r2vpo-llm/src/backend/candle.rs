@@ -25,7 +25,7 @@ impl Policy for Transformer {
 
     fn describe(&self) -> String {
         let dev = if self.device().is_cpu() { "cpu".to_string() } else { format!("{:?}", self.device().location()) };
-        format!("candle {dev} ({})", crate::model::kernels::path())
+        format!("candle {dev} ({})", r2vpo_kernels::dispatch::path())
     }
 
     fn shares_prompt_prefix(&self) -> bool {

@@ -12,17 +12,11 @@
 //!   share storage with the trainable `Var`s and therefore see optimizer
 //!   updates without retaining a graph.
 
-pub mod amx;
-/// The AVX2 + FMA product kernel, shared with the control networks.
-pub use r2vpo_kernels::avx2;
 pub mod config;
-pub mod kernels;
 pub mod load_gguf;
 pub mod load_hf;
-pub mod openblas;
 pub mod ops;
 pub mod save;
-mod small_gemm;
 pub mod source;
 pub mod transformer;
 

@@ -14,7 +14,7 @@ use super::*;
 /// 6-row tile). The block changes a score's bits (the products' shapes), so
 /// the gemm and AMX paths keep the 64 their pinned runs were recorded with.
 fn attention_rows() -> usize {
-    if crate::model::kernels::on_avx2() {
+    if r2vpo_kernels::dispatch::on_avx2() {
         48
     } else {
         64
@@ -148,7 +148,7 @@ fn mm<T: Float>(
         return;
     }
     assert!(span(m, k, ars, acs) <= a.len() && span(k, n, brs, bcs) <= b.len() && span(m, n, ldc, 1) <= c.len());
-    if crate::model::kernels::reference() {
+    if r2vpo_kernels::dispatch::reference() {
         r2vpo_kernels::product([m, k, n], (a, (ars, acs)), (b, (brs, bcs)), c, ldc, acc);
         return;
     }

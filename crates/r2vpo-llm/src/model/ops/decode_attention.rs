@@ -70,7 +70,7 @@ pub fn attention_no_grad(
     let mut out = vec![0f32; b * hk * gt * d];
     // The SIMD pass's score sums follow the vector width (8 or 16 lanes);
     // the portable one's do not.
-    let reference = crate::model::kernels::reference();
+    let reference = r2vpo_kernels::dispatch::reference();
     out.par_chunks_mut(gt * d).enumerate().for_each(|(rh, o)| {
         let (r, h) = (rh / hk, rh % hk);
         let (s, l) = shared.get(r).copied().unwrap_or((r, 0));

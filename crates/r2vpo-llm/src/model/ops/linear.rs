@@ -20,20 +20,20 @@ impl CustomOp2 for Linear {
             (CpuStorage::F32(x), CpuStorage::F32(w)) => (contiguous(x, l1, n)?, contiguous(w, l2, n)?),
             _ => return Err(unsupported(n, s1)),
         };
-        let y = if crate::model::kernels::reference() {
+        let y = if r2vpo_kernels::dispatch::reference() {
             let mut y = Vec::with_capacity(m * o);
             y.resize(m * o, 0.0);
             // wᵀ as a (k, o) operand: row stride 1, column stride k.
             r2vpo_kernels::product([m, k, o], (x, (k, 1)), (w, (1, k)), &mut y, o, false);
             y
-        } else if crate::model::small_gemm::takes(m) {
-            crate::model::small_gemm::linear(x, m, k, &[(w, o)]).into_iter().next().expect("one weight")
-        } else if crate::model::kernels::on_amx() && m <= crate::model::amx::FEW_ROWS {
-            crate::model::amx::linear_few(x, m, k, w, o)
-        } else if crate::model::kernels::on_amx() {
-            crate::model::amx::linear(x, m, k, w, o).map_err(Error::Msg)?
-        } else if crate::model::kernels::on_avx2() {
-            crate::model::avx2::linear(x, m, k, w, o).map_err(Error::Msg)?
+        } else if r2vpo_kernels::small_gemm::takes(m) {
+            r2vpo_kernels::small_gemm::linear(x, m, k, &[(w, o)]).into_iter().next().expect("one weight")
+        } else if r2vpo_kernels::dispatch::on_amx() && m <= r2vpo_kernels::amx::FEW_ROWS {
+            r2vpo_kernels::amx::linear_few(x, m, k, w, o)
+        } else if r2vpo_kernels::dispatch::on_amx() {
+            r2vpo_kernels::amx::linear(x, m, k, w, o).map_err(Error::Msg)?
+        } else if r2vpo_kernels::dispatch::on_avx2() {
+            r2vpo_kernels::avx2::linear(x, m, k, w, o).map_err(Error::Msg)?
         } else {
             // wᵀ as gemm's (k, o) right-hand side: row stride 1, column stride k.
             gemm_uninit([m, k, o], (x, [1, k as isize]), (w, [k as isize, 1]))
@@ -47,10 +47,10 @@ impl CustomOp2 for Linear {
 }
 
 /// `a · b` for two 2-D tensors, the backward's products: on f32 CPU
-/// tensors, the AVX2 kernel where it runs the forward ([`crate::model::avx2`];
-/// up to [`crate::model::avx2::WHOLE_A_MAX`] values of `a`, so every layer's
+/// tensors, the AVX2 kernel where it runs the forward ([`r2vpo_kernels::avx2`];
+/// up to [`r2vpo_kernels::avx2::WHOLE_A_MAX`] values of `a`, so every layer's
 /// products but not the LM head's), else OpenBLAS where it is in use
-/// ([`crate::model::openblas`]), else gemm called exactly as candle's matmul calls
+/// ([`r2vpo_kernels::openblas`]), else gemm called exactly as candle's matmul calls
 /// it (so the same values, bit for bit) into an output that is not
 /// zero-filled first; elsewhere candle's matmul.
 pub(super) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
@@ -67,7 +67,7 @@ pub(super) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (ad, bd) = (f32_storage(&ag, "r2vpo-matmul")?, f32_storage(&bg, "r2vpo-matmul")?);
     let stride = |l: &Layout| [l.stride()[1] as isize, l.stride()[0] as isize];
     let (lhs, rhs) = ((&ad[al.start_offset()..], stride(al)), (&bd[bl.start_offset()..], stride(bl)));
-    if crate::model::kernels::reference() {
+    if r2vpo_kernels::dispatch::reference() {
         let mut y = vec![0f32; m * n];
         let rc = |s: [isize; 2]| (s[1] as usize, s[0] as usize);
         r2vpo_kernels::product([m, k, n], (lhs.0, rc(lhs.1)), (rhs.0, rc(rhs.1)), &mut y, n, false);
@@ -77,16 +77,19 @@ pub(super) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     // (the forward's log-probs may not: scoring must equal training bit
     // for bit); the AVX2 kernel ran the layers' gradients faster in a step
     // (`avx2.rs`).
-    if crate::model::kernels::on_avx2() && m * k <= crate::model::avx2::WHOLE_A_MAX {
+    if r2vpo_kernels::dispatch::on_avx2() && m * k <= r2vpo_kernels::avx2::WHOLE_A_MAX {
         if let (Some(la), Some(lb)) =
-            (crate::model::avx2::Layout::of(lhs.1, m, k), crate::model::avx2::Layout::of(rhs.1, k, n))
+            (r2vpo_kernels::avx2::Layout::of(lhs.1, m, k), r2vpo_kernels::avx2::Layout::of(rhs.1, k, n))
         {
-            let y = crate::model::avx2::product([m, k, n], (lhs.0, la), (rhs.0, lb)).map_err(Error::Msg)?;
+            let y = r2vpo_kernels::avx2::product([m, k, n], (lhs.0, la), (rhs.0, lb)).map_err(Error::Msg)?;
             return Tensor::from_vec(y, (m, n), a.device());
         }
     }
-    let blas =
-        if crate::model::kernels::backward_blas() { crate::model::openblas::sgemm([m, k, n], lhs, rhs) } else { None };
+    let blas = if r2vpo_kernels::dispatch::backward_blas() {
+        r2vpo_kernels::openblas::sgemm([m, k, n], lhs, rhs)
+    } else {
+        None
+    };
     let y = blas.unwrap_or_else(|| gemm_uninit([m, k, n], lhs, rhs));
     Tensor::from_vec(y, (m, n), a.device())
 }
@@ -151,20 +154,20 @@ fn gemm_uninit(
 
 /// Rows at or below which [`linear`] may run a few-row kernel (decode
 /// steps and short prefills: up to 32 rows on the f32 small-row kernel, up
-/// to [`crate::model::amx::FEW_ROWS`] on AMX's); above it AMX's or AVX2's
+/// to [`r2vpo_kernels::amx::FEW_ROWS`] on AMX's); above it AMX's or AVX2's
 /// many-row kernel or gemm, which sum in another order.
-pub const SMALL_ROWS: usize = crate::model::amx::FEW_ROWS;
+pub const SMALL_ROWS: usize = r2vpo_kernels::amx::FEW_ROWS;
 
 /// `x (M, K) · w (N, K)ᵀ`, differentiable: a linear layer with the weight
 /// as checkpoints store it. Up to 32 rows of f32 on a CPU with AVX2 or
 /// AVX-512 (every decode step) it runs without repacking `w`, on AMX from
 /// 16 rows where the CPU has it; on AMX up to 64 rows (a short prompt's
 /// prefill) run as 32-row blocks of that kernel; more rows run on AMX where the CPU has it
-/// ([`crate::model::amx`]: f32 products from split bf16 pieces), on AVX2 CPUs
-/// without AVX-512 on [`crate::model::avx2`]'s kernel, else gemm as candle's
+/// ([`r2vpo_kernels::amx`]: f32 products from split bf16 pieces), on AVX2 CPUs
+/// without AVX-512 on [`r2vpo_kernels::avx2`]'s kernel, else gemm as candle's
 /// matmul does, without zero-filling the output first. Every many-row path
 /// sums a row independently of the rows beside it. The backward's products run on
-/// OpenBLAS where it is in use ([`crate::model::openblas`]), else gemm; other dtypes and devices use candle's matmul. The kernels sum in
+/// OpenBLAS where it is in use ([`r2vpo_kernels::openblas`]), else gemm; other dtypes and devices use candle's matmul. The kernels sum in
 /// different orders, so they agree to f32 rounding, not bit for bit
 /// (tested).
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
@@ -179,7 +182,7 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// Whether `x · wᵀ` for these weights goes to the small-row kernel.
 fn small_ok(x: &Tensor, ws: &[&Tensor]) -> Result<bool> {
     Ok(x.rank() == 2
-        && crate::model::small_gemm::takes(x.dim(0)?)
+        && r2vpo_kernels::small_gemm::takes(x.dim(0)?)
         && fused_ok(x)
         && x.dtype() == DType::F32
         && ws.iter().all(|w| w.dtype() == DType::F32 && w.rank() == 2))
@@ -207,6 +210,6 @@ pub fn linear_many(x: &Tensor, ws: &[&Tensor]) -> Result<Vec<Tensor>> {
         }
         wv.push((f32_data(g, l, name)?, w.dim(0)?));
     }
-    let outs = crate::model::small_gemm::linear(xv, m, k, &wv);
+    let outs = r2vpo_kernels::small_gemm::linear(xv, m, k, &wv);
     outs.into_iter().zip(&wv).map(|(o, &(_, n))| Tensor::from_vec(o, (m, n), x.device())).collect()
 }

@@ -73,7 +73,7 @@ trait Float:
         }
     }
 
-    /// `c (+)= a · b` as [`mm`] takes it, on [`super::avx2::product_here`]
+    /// `c (+)= a · b` as [`mm`] takes it, on [`r2vpo_kernels::avx2::product_here`]
     /// where that kernel runs (f32 only); false where it did nothing.
     #[allow(clippy::too_many_arguments)]
     fn mm_avx2(
@@ -159,13 +159,13 @@ impl_float!(
         (brs, bcs): (usize, usize),
     ) -> bool {
         // `mm` returns before calling this on an empty product.
-        if !super::kernels::on_avx2() {
+        if !r2vpo_kernels::dispatch::on_avx2() {
             return false;
         }
-        let la = super::avx2::Layout::of([acs as isize, ars as isize], m, k);
-        let lb = super::avx2::Layout::of([bcs as isize, brs as isize], k, n);
+        let la = r2vpo_kernels::avx2::Layout::of([acs as isize, ars as isize], m, k);
+        let lb = r2vpo_kernels::avx2::Layout::of([bcs as isize, brs as isize], k, n);
         let (Some(la), Some(lb)) = (la, lb) else { return false };
-        super::avx2::product_here([m, k, n], (a, la), (b, lb), c, ldc, acc).is_ok()
+        r2vpo_kernels::avx2::product_here([m, k, n], (a, la), (b, lb), c, ldc, acc).is_ok()
     }
 );
 impl_float!(f64);

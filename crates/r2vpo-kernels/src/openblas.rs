@@ -1,6 +1,6 @@
 //! The backward's f32 products on OpenBLAS, on CPUs without AMX: the
 //! input and weight gradients of linear layers (`sgemm`, which the
-//! backward of `ops::linear` calls). Where `super::avx2`'s kernel runs (AVX2
+//! backward of `ops::linear` calls). Where [`crate::avx2`]'s kernel runs (AVX2
 //! without AVX-512), it takes every product whose left operand it can pack
 //! whole (`avx2::WHOLE_A_MAX`), which leaves OpenBLAS the LM head's.
 //!
@@ -29,15 +29,15 @@
 //! `.deps/openblas/lib`): `DYNAMIC_ARCH`, so it picks its kernels for the
 //! CPU when it loads. It is loaded at run time rather than linked, so a
 //! binary without it (a GPU build carried elsewhere, a checkout without
-//! `make deps`) still runs, on gemm; [`super::kernels::path`] says which, and `r2vpo
+//! `make deps`) still runs, on gemm; [`crate::dispatch::path`] says which, and `r2vpo
 //! bench` and `llm train` print it. Where it is looked for, first found
 //! wins: `R2VPO_OPENBLAS` (a path to the `.so`; then only there),
 //! `libscipy_openblas.so` beside the executable, this checkout's
-//! `.deps/openblas/lib`. Which products it runs is [`super::kernels`]' table
+//! `.deps/openblas/lib`. Which products it runs is [`crate::dispatch`]' table
 //! (`R2VPO_MATMUL`).
 //!
 //! OpenBLAS's own threads are set to one and the product is split over
-//! rayon's pool instead: every pass runs on that pool ([`super::on_pool`]),
+//! rayon's pool instead: every pass runs on that pool (`r2vpo-llm`'s `model::on_pool`),
 //! and OpenBLAS's workers spin for a while after each call, on the same
 //! two cores as rayon's.
 
@@ -111,7 +111,7 @@ fn load(path: &std::path::Path) -> Result<Blas, String> {
     }
 }
 
-/// The library, loaded on first use (only where [`super::kernels`] asks
+/// The library, loaded on first use (only where [`crate::dispatch`] asks
 /// for it); `None` where no candidate loads.
 fn blas() -> Option<&'static Blas> {
     static B: OnceLock<Option<Blas>> = OnceLock::new();
@@ -134,26 +134,26 @@ fn blas() -> Option<&'static Blas> {
 }
 
 /// Whether the library loads here (loading it on first call).
-pub(crate) fn loads() -> bool {
+pub fn loads() -> bool {
     blas().is_some()
 }
 
 /// OpenBLAS's name for the kernel family it picked for this CPU
 /// (`Haswell`, `SkylakeX`, …), or `None` where it does not load.
-pub(crate) fn core() -> Option<&'static str> {
+pub fn core() -> Option<&'static str> {
     blas().map(|b| b.core.as_str())
 }
 
 /// An operand for [`sgemm`]: its data and `[column stride, row stride]`.
-pub(crate) type Operand<'a> = (&'a [f32], [isize; 2]);
+pub type Operand<'a> = (&'a [f32], [isize; 2]);
 
 /// CBLAS's transpose flag and leading dimension for a `(rows, cols)`
-/// operand with these strides ([`super::avx2::Layout::of`]'s reading), or
+/// operand with these strides ([`crate::avx2::Layout::of`]'s reading), or
 /// `None` when neither stride is 1 (or the other is too small for CBLAS).
 fn layout(s: [isize; 2], rows: usize, cols: usize) -> Option<(c_int, usize)> {
-    Some(match super::avx2::Layout::of(s, rows, cols)? {
-        super::avx2::Layout::Rows(ld) => (NO_TRANS, ld),
-        super::avx2::Layout::Cols(ld) => (TRANS, ld),
+    Some(match crate::avx2::Layout::of(s, rows, cols)? {
+        crate::avx2::Layout::Rows(ld) => (NO_TRANS, ld),
+        crate::avx2::Layout::Cols(ld) => (TRANS, ld),
     })
 }
 
@@ -163,7 +163,7 @@ fn layout(s: [isize; 2], rows: usize, cols: usize) -> Option<(c_int, usize)> {
 /// `int`, or an operand has no unit stride. Splitting narrows `m` or `n`
 /// only, so each element is summed over `k` in the kernel's order
 /// whichever block it falls in.
-pub(crate) fn sgemm([m, k, n]: [usize; 3], (a, sa): Operand, (b, sb): Operand) -> Option<Vec<f32>> {
+pub fn sgemm([m, k, n]: [usize; 3], (a, sa): Operand, (b, sb): Operand) -> Option<Vec<f32>> {
     let blas = blas()?;
     let fits = |v: usize| v <= c_int::MAX as usize;
     if m == 0 || n == 0 || k == 0 || ![m, k, n].into_iter().all(fits) {
@@ -182,7 +182,7 @@ pub(crate) fn sgemm([m, k, n]: [usize; 3], (a, sa): Operand, (b, sb): Operand) -
         "openblas::sgemm: operands shorter than their shapes"
     );
     let mut y = Vec::<f32>::with_capacity(m * n);
-    let out = r2vpo_kernels::Shared(y.as_mut_ptr());
+    let out = crate::Shared(y.as_mut_ptr());
     // Blocks of 64 rows or columns (a multiple of every OpenBLAS f32
     // kernel's unroll), as even as that allows.
     // At most 32 blocks: OpenBLAS keeps a fixed table of per-call buffers

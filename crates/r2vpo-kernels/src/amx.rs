@@ -18,12 +18,12 @@
 //! AMX and AVX-512 enabled per function, so the library still loads on any
 //! x86-64 and [`hardware`] asks the CPU and the kernel at run time.
 //!
-//! Whether it runs is [`super::kernels`]' decision (`R2VPO_MATMUL=gemm`,
+//! Whether it runs is [`crate::dispatch`]' decision (`R2VPO_MATMUL=gemm`,
 //! or any choice but `auto` and `amx`, turns it off).
 
 use std::sync::OnceLock;
 
-use r2vpo_kernels::{per_thread, Shared};
+use crate::{per_thread, Shared};
 use rayon::prelude::*;
 
 #[cfg(r2vpo_amx)]

@@ -18,7 +18,7 @@ use rayon::prelude::*;
 /// Inputs with more rows than this go to candle's matmul: above it each
 /// weight panel is reused enough for packing to pay (measured crossover on
 /// SmolLM2 shapes, README).
-pub(crate) const MAX_ROWS: usize = 32;
+pub const MAX_ROWS: usize = 32;
 
 /// Work (multiply–adds) below which one thread does it all: rayon's
 /// hand-off costs more than the split saves.
@@ -34,10 +34,10 @@ const NR512: usize = 8;
 
 /// Whether `m` input rows go to this kernel now (the one rule
 /// `ops::linear` and `ops::linear_many` route by): up to [`MAX_ROWS`] where
-/// [`super::kernels::few_rows`] says so (x86-64 with AVX2+FMA or AVX-512,
+/// [`crate::dispatch::few_rows`] says so (x86-64 with AVX2+FMA or AVX-512,
 /// and not the reference choice); elsewhere callers use the many-row path.
-pub(crate) fn takes(m: usize) -> bool {
-    m <= MAX_ROWS && super::kernels::few_rows()
+pub fn takes(m: usize) -> bool {
+    m <= MAX_ROWS && crate::dispatch::few_rows()
 }
 
 /// `outᵢ (m, nᵢ) = x (m, k) · wᵢ (nᵢ, k)ᵀ` for each weight `(wᵢ, nᵢ)`, all
@@ -46,20 +46,20 @@ pub(crate) fn takes(m: usize) -> bool {
 /// and up) share one parallel pass: one hand-off to the threads instead of
 /// one per matrix, and the small k/v projections split too. Panics if a
 /// slice is shorter than its shape says.
-pub(crate) fn linear(x: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Vec<Vec<f32>> {
-    if m >= AMX_MIN_ROWS && super::kernels::on_amx() {
-        return super::amx::linear_small(x, m, k, ws);
+pub fn linear(x: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Vec<Vec<f32>> {
+    if m >= AMX_MIN_ROWS && crate::dispatch::on_amx() {
+        return crate::amx::linear_small(x, m, k, ws);
     }
     linear_f32(x, m, k, ws)
 }
 
 /// Rows from which [`linear`] runs on AMX where the CPU has it
-/// ([`super::amx::linear_small`]); fewer stay on the f32 kernel here.
+/// ([`crate::amx::linear_small`]); fewer stay on the f32 kernel here.
 /// Measured on SmolLM2 (2 threads, weights from memory): at 16 and 32
 /// rows AMX ran the decode shapes at 1.5–1.7× this kernel's rate; at 8
 /// rows the decode was faster here (248 against 229 tokens/s), the weight
 /// stream being the bound and AMX's split costing more than it saves.
-pub(crate) const AMX_MIN_ROWS: usize = 16;
+pub const AMX_MIN_ROWS: usize = 16;
 
 /// [`linear`] on the f32 SIMD kernel of this file.
 fn linear_f32(x: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Vec<Vec<f32>> {
@@ -293,7 +293,7 @@ mod timing {
     #[ignore]
     fn smollm2_shapes() {
         let shapes = [(576, 960), (576, 3072), (1536, 576), (576, 49152)];
-        let amx = super::super::kernels::on_amx();
+        let amx = crate::dispatch::on_amx();
         for m in [1usize, 4, 8, 12, 16, 24, 32] {
             for kernel in if amx { &["f32", "amx"][..] } else { &["f32"][..] } {
                 let mut line = format!("m={m:2} {kernel}");
@@ -310,7 +310,7 @@ mod timing {
                     for r in 0..reps {
                         let w = &ws[r % copies];
                         if *kernel == "amx" {
-                            std::hint::black_box(super::super::amx::linear_small(&x, m, k, &[(w, n)]));
+                            std::hint::black_box(crate::amx::linear_small(&x, m, k, &[(w, n)]));
                         } else {
                             std::hint::black_box(super::linear_f32(&x, m, k, &[(w, n)]));
                         }
