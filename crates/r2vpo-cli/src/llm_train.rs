@@ -44,11 +44,10 @@ pub struct TrainArgs {
     pub asynchronous: bool,
 }
 
-/// Loads a train config: defaults → file → algorithm preset → seed → `--set`.
+/// Loads a train config: defaults → file → algorithm preset → seed → `--set`
+/// ([`r2vpo_llm::train::config::load`]).
 pub fn load_config(file: Option<&Path>, algo: Option<&str>, seed: Option<u64>, sets: &[String]) -> Result<TrainConfig> {
-    let cfg = load_config_values(file, algo, seed, sets)?;
-    cfg.validate().with_context(|| config::source(file, sets))?;
-    Ok(cfg)
+    Ok(r2vpo_llm::train::config::load(file, algo, seed, sets)?)
 }
 
 /// [`load_config`] checking the values only, not whether this binary can
@@ -60,17 +59,7 @@ pub fn load_config_values(
     seed: Option<u64>,
     sets: &[String],
 ) -> Result<TrainConfig> {
-    let mut all = match algo {
-        Some(a) => TrainConfig::algo_overrides(a)?,
-        None => Vec::new(),
-    };
-    if let Some(s) = seed {
-        all.push(format!("seed={s}"));
-    }
-    all.extend(sets.iter().cloned());
-    let cfg: TrainConfig = config::load(file, &all)?;
-    cfg.validate_values().with_context(|| config::source(file, sets))?;
-    Ok(cfg)
+    Ok(r2vpo_llm::train::config::load_values(file, algo, seed, sets)?)
 }
 
 /// Which process `train_as` runs.

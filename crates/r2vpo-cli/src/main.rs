@@ -32,10 +32,6 @@ fn tune_allocator() {
 }
 
 mod args;
-mod bench;
-mod bench_async;
-mod bench_serve;
-mod bench_step;
 mod config;
 mod control_cmd;
 mod control_stats;
@@ -194,21 +190,21 @@ enum ToyCmd {
 #[derive(Subcommand, Debug)]
 enum BenchCmd {
     /// Forward+backward cost of every policy objective (R²VPO vs the baselines).
-    Core(bench::CoreArgs),
+    Core(r2vpo_bench::objectives::CoreArgs),
     /// Raw physics and end-to-end training throughput on control tasks.
     Control(control_cmd::BenchArgs),
     /// Generation throughput of the LLM stack (decode with KV cache at batch 1/8/32).
-    Llm(bench::LlmArgs),
+    Llm(r2vpo_bench::objectives::LlmArgs),
     /// Throughput of `r2vpo serve` under 1/8/32 concurrent clients against
     /// the in-process sampler at the same total batch.
-    Serve(bench_serve::ServeBenchArgs),
+    Serve(r2vpo_bench::serve::ServeBenchArgs),
     /// Iteration time of `llm train` in turn vs `--async` (one actor
     /// thread), and the experience queue's throughput in memory and on Redis.
-    Async(bench_async::AsyncBenchArgs),
+    Async(r2vpo_bench::queue::AsyncBenchArgs),
     /// One training step (forward + R²VPO + backward + AdamW) of a random
     /// model of any Hugging Face shape on cpu or cuda, or `--check` its
     /// log-probs and gradients against the CPU's.
-    Step(bench_step::StepBenchArgs),
+    Step(r2vpo_bench::step::StepBenchArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -266,12 +262,12 @@ fn run(cli: Cli) -> Result<()> {
             ToyCmd::Compare(a) => toy::cmd_compare(&a),
         },
         Command::Bench(cmd) => match cmd {
-            BenchCmd::Core(a) => bench::core(&a),
+            BenchCmd::Core(a) => r2vpo_bench::objectives::core(&a),
             BenchCmd::Control(a) => control_cmd::bench(&a),
-            BenchCmd::Llm(a) => bench::llm(&a),
-            BenchCmd::Serve(a) => bench_serve::serve(&a),
-            BenchCmd::Async(a) => bench_async::bench(&a),
-            BenchCmd::Step(a) => bench_step::step(&a),
+            BenchCmd::Llm(a) => r2vpo_bench::objectives::llm(&a),
+            BenchCmd::Serve(a) => r2vpo_bench::serve::serve(&a),
+            BenchCmd::Async(a) => r2vpo_bench::queue::bench(&a),
+            BenchCmd::Step(a) => r2vpo_bench::step::step(&a),
         },
         Command::Serve(a) => serve::serve(&a),
         Command::Config(ConfigCmd::Show(a)) => config_show(&a),

@@ -854,3 +854,64 @@ mod device_tests {
         assert_eq!((r.hidden, r.layers, r.init_std), (0, 0, 0.02));
     }
 }
+
+/// Why [`load`] could not build a config.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file, a `--set` or a key did not layer ([`r2vpo_report::config`]).
+    #[error(transparent)]
+    Layers(#[from] r2vpo_report::config::ConfigError),
+    /// The algorithm preset is not in the table.
+    #[error(transparent)]
+    Algo(Box<TrainError>),
+    /// The layered config is not valid; `origin` says where it came from
+    /// (the file and the `--set`s), `error` names the field.
+    #[error("{origin}")]
+    Invalid {
+        /// The file and overrides ([`r2vpo_report::config::source`]).
+        origin: String,
+        /// The field at fault.
+        #[source]
+        error: Box<TrainError>,
+    },
+}
+
+/// A train config layered as the command line layers it: defaults, then
+/// `file`, then the `algo` preset's overrides, then `seed`, then `sets`
+/// (`key=value` TOML overrides). Checks every value, not whether this
+/// binary can run it ([`TrainConfig::validate_values`]: what `config show`
+/// and `llm plan` need, a GPU recipe resolving on a machine that only
+/// plans it).
+pub fn load_values(
+    file: Option<&std::path::Path>,
+    algo: Option<&str>,
+    seed: Option<u64>,
+    sets: &[String],
+) -> Result<TrainConfig, LoadError> {
+    let mut all = match algo {
+        Some(a) => TrainConfig::algo_overrides(a).map_err(|e| LoadError::Algo(Box::new(e)))?,
+        None => Vec::new(),
+    };
+    if let Some(s) = seed {
+        all.push(format!("seed={s}"));
+    }
+    all.extend(sets.iter().cloned());
+    let cfg: TrainConfig = r2vpo_report::config::load(file, &all)?;
+    cfg.validate_values()
+        .map_err(|e| LoadError::Invalid { origin: r2vpo_report::config::source(file, sets), error: Box::new(e) })?;
+    Ok(cfg)
+}
+
+/// [`load_values`], then whether this binary can run the config
+/// ([`TrainConfig::validate`]).
+pub fn load(
+    file: Option<&std::path::Path>,
+    algo: Option<&str>,
+    seed: Option<u64>,
+    sets: &[String],
+) -> Result<TrainConfig, LoadError> {
+    let cfg = load_values(file, algo, seed, sets)?;
+    cfg.validate()
+        .map_err(|e| LoadError::Invalid { origin: r2vpo_report::config::source(file, sets), error: Box::new(e) })?;
+    Ok(cfg)
+}

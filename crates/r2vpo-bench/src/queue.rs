@@ -29,7 +29,7 @@ pub struct AsyncBenchArgs {
     #[arg(long, default_value_t = 4)]
     pub iterations: usize,
     /// Extra config overrides for both modes (as `--set` everywhere:
-    /// [`crate::args::ConfigArgs`]; here `--config` has a default).
+    /// the other commands' `--config`; here `--config` has a default).
     #[arg(long = "set", value_name = "KEY=VALUE", allow_hyphen_values = true)]
     pub sets: Vec<String>,
     /// Redis for the queue measurement; by default a `redis-server` from
@@ -170,7 +170,7 @@ fn train_mode(a: &AsyncBenchArgs, asynchronous: bool) -> Result<ModeRow> {
         "actors.max_staleness=1".into(),
     ];
     sets.extend(a.sets.iter().cloned());
-    let cfg = crate::llm_train::load_config(Some(&a.config), Some("r2vpo-off"), None, &sets)?;
+    let cfg = r2vpo_llm::train::config::load(Some(&a.config), Some("r2vpo-off"), None, &sets)?;
     let dir = tempfile::tempdir()?;
     let t0 = Instant::now();
     let mut trainer = Trainer::new(cfg, dir.path())?;
