@@ -50,6 +50,25 @@ impl OptimConfig {
         }
     }
 
+    /// Checks every field: `(field, what is wrong)` for the first bad one.
+    pub fn validate(&self) -> std::result::Result<(), (&'static str, String)> {
+        let finite_positive = |x: f64| x.is_finite() && x > 0.0;
+        let non_negative = |x: f64| x.is_finite() && x >= 0.0;
+        for (k, v, ok, rule) in [
+            ("lr", self.lr, finite_positive(self.lr), "must be positive"),
+            ("beta1", self.beta1, (0.0..1.0).contains(&self.beta1), "must lie in [0, 1)"),
+            ("beta2", self.beta2, (0.0..1.0).contains(&self.beta2), "must lie in [0, 1)"),
+            ("eps", self.eps, finite_positive(self.eps), "must be positive"),
+            ("weight_decay", self.weight_decay, non_negative(self.weight_decay), "must be non-negative"),
+            ("grad_clip", self.grad_clip, non_negative(self.grad_clip), "must be non-negative (0 = off)"),
+        ] {
+            if !ok {
+                return Err((k, format!("{rule}, got {v}")));
+            }
+        }
+        Ok(())
+    }
+
     /// The factor that scales gradients of global norm `norm` down to
     /// `grad_clip` (1 when they are within it, or clipping is off).
     pub fn clip_scale(&self, norm: f64) -> f64 {
@@ -105,11 +124,6 @@ impl AdamW {
     /// The learning rate of step `step`: [`OptimConfig::lr_at`].
     pub fn lr_at(&self, step: u64) -> f64 {
         self.cfg.lr_at(step)
-    }
-
-    /// [`OptimConfig::clip_scale`].
-    pub fn clip_scale(&self, norm: f64) -> f64 {
-        self.cfg.clip_scale(norm)
     }
 
     /// One update with `grads[i]` for `vars()[i]` (`None`: no gradient, the

@@ -572,6 +572,15 @@ fn bad(field: &str, message: impl Into<String>) -> TrainError {
     TrainError::Config { field: field.into(), message: message.into() }
 }
 
+/// Each `(field, count)` is at least 1, or the error names the first that
+/// is not (with `hint` after the rule).
+fn at_least_one(fields: &[(&str, usize)], hint: &str) -> TrainResult<()> {
+    match fields.iter().find(|(_, v)| *v == 0) {
+        Some((k, _)) => Err(bad(k, format!("must be at least 1{hint}"))),
+        None => Ok(()),
+    }
+}
+
 /// Each `(field, seconds)` is a finite positive duration, or the error
 /// names the first that is not.
 fn positive_seconds(fields: &[(&str, f64)]) -> TrainResult<()> {
@@ -615,17 +624,11 @@ impl TrainConfig {
             ("max_bad_steps", self.max_bad_steps),
             ("keep_checkpoints", self.keep_checkpoints),
         ];
-        for (k, v) in positive {
-            if v == 0 {
-                return Err(bad(k, "must be at least 1"));
-            }
-        }
+        at_least_one(&positive, "")?;
         if self.group_size < 2 {
             return Err(bad("group_size", "group-relative advantages need at least 2 samples per prompt"));
         }
-        if self.sampling.max_new_tokens == 0 {
-            return Err(bad("sampling.max_new_tokens", "must be at least 1"));
-        }
+        at_least_one(&[("sampling.max_new_tokens", self.sampling.max_new_tokens)], "")?;
         if self.sampling.temperature <= 0.0 {
             return Err(bad("sampling.temperature", "training rollouts must sample (temperature > 0)"));
         }
@@ -647,33 +650,14 @@ impl TrainConfig {
                     ("model.random.heads", r.heads),
                     ("model.random.kv_heads", r.kv_heads),
                 ];
-                for (k, v) in sizes {
-                    if v == 0 {
-                        return Err(bad(k, "must be at least 1 (or give model.random.shape, a config.json)"));
-                    }
-                }
+                at_least_one(&sizes, " (or give model.random.shape, a config.json)")?;
             }
         }
         self.rollout.validate()?;
         if self.rollout.backend == RolloutBackend::Http {
             self.check_logprobs(self.rollout.logprobs_mode)?;
         }
-        let o = &self.optim;
-        if !(o.lr > 0.0 && o.lr.is_finite()) {
-            return Err(bad("optim.lr", format!("must be positive, got {}", o.lr)));
-        }
-        if !(0.0..1.0).contains(&o.beta1) || !(0.0..1.0).contains(&o.beta2) {
-            return Err(bad("optim.beta1/beta2", "must lie in [0, 1)"));
-        }
-        if o.eps.is_nan()
-            || o.eps <= 0.0
-            || o.weight_decay.is_nan()
-            || o.weight_decay < 0.0
-            || o.grad_clip.is_nan()
-            || o.grad_clip < 0.0
-        {
-            return Err(bad("optim", "eps must be positive; weight_decay and grad_clip non-negative"));
-        }
+        self.optim.validate().map_err(|(k, m)| bad(&format!("optim.{k}"), m))?;
         if self.ref_kl.coef.is_nan() || self.ref_kl.coef < 0.0 {
             return Err(bad("ref_kl.coef", "must be non-negative"));
         }
@@ -704,9 +688,7 @@ impl TrainConfig {
         self.dual.validate().map_err(|e| bad("dual", e.to_string()))?;
         self.replay.validate().map_err(|e| bad("replay", e.to_string()))?;
         self.group_norm.validate().map_err(|e| bad("group_norm", e.to_string()))?;
-        if self.actors.count == 0 {
-            return Err(bad("actors.count", "must be at least 1"));
-        }
+        at_least_one(&[("actors.count", self.actors.count)], "")?;
         positive_seconds(&[("queue.lease_s", self.queue.lease_s), ("queue.timeout_s", self.queue.timeout_s)])?;
         if self.queue.backend == QueueBackend::Redis
             && !(self.queue.url.starts_with("redis://") || self.queue.url.starts_with("rediss://"))
@@ -829,6 +811,29 @@ mod device_tests {
         assert_eq!(field_of(&e), "model.device", "{e}");
         if !cfg!(feature = "cuda") {
             assert!(e.to_string().contains("make build-gpu"), "{e}");
+        }
+    }
+
+    /// Each bad optimizer value is refused naming its own key; counts of
+    /// zero name theirs.
+    #[test]
+    fn bad_optimizer_values_and_zero_counts_name_their_key() {
+        type Break = fn(&mut TrainConfig);
+        let cases: [(&str, Break); 8] = [
+            ("optim.lr", |c| c.optim.lr = 0.0),
+            ("optim.beta1", |c| c.optim.beta1 = 1.0),
+            ("optim.beta2", |c| c.optim.beta2 = -0.1),
+            ("optim.eps", |c| c.optim.eps = f64::NAN),
+            ("optim.weight_decay", |c| c.optim.weight_decay = -1.0),
+            ("optim.grad_clip", |c| c.optim.grad_clip = f64::INFINITY),
+            ("sampling.max_new_tokens", |c| c.sampling.max_new_tokens = 0),
+            ("actors.count", |c| c.actors.count = 0),
+        ];
+        for (key, break_it) in cases {
+            let mut cfg = TrainConfig::default();
+            break_it(&mut cfg);
+            let e = cfg.validate_values().unwrap_err();
+            assert_eq!(field_of(&e), key, "{e}");
         }
     }
 
