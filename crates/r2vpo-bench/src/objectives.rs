@@ -146,7 +146,11 @@ struct StepRow {
 /// Per-step cost of GRPO's clipped objective and R²VPO's penalty on the same
 /// batch through `model`: the paper's claim that the penalty's overhead is
 /// negligible, measured.
-fn train_step_overhead(model: &r2vpo_llm::model::Transformer, prompt: &[u32], a: &LlmArgs) -> Result<Vec<StepRow>> {
+fn train_step_overhead(
+    model: &r2vpo_llm::backend::candle::Transformer,
+    prompt: &[u32],
+    a: &LlmArgs,
+) -> Result<Vec<StepRow>> {
     let (b, r) = (a.train_batch, a.train_tokens);
     // Rows: the prompt, then `r` response ids cycling through the prompt's
     // own ids (real tokens; their values do not change the cost).
@@ -181,7 +185,7 @@ fn train_step_overhead(model: &r2vpo_llm::model::Transformer, prompt: &[u32], a:
     let mut obj = vec![Vec::new(); 2];
     for _ in 0..a.train_reps.max(1) {
         let t0 = Instant::now();
-        let logp = model.prefixed_tail_logprobs(&r2vpo_llm::model::PrefixedRows {
+        let logp = model.prefixed_tail_logprobs(&r2vpo_llm::backend::candle::PrefixedRows {
             prefix_ids: &pre,
             prefix_mask: &pre_att,
             rows: &share,
@@ -236,7 +240,7 @@ fn train_step_overhead(model: &r2vpo_llm::model::Transformer, prompt: &[u32], a:
 /// Generation throughput of the LLM stack: sampled decode with a KV cache at
 /// the paper's training temperature, on a chat-formatted prompt.
 pub fn llm(a: &LlmArgs) -> Result<()> {
-    use r2vpo_llm::{chat::ChatTemplate, model::load_model, sample, tokenizer::Tokenizer};
+    use r2vpo_llm::{backend::candle::load_model, chat::ChatTemplate, sample, tokenizer::Tokenizer};
     let path = if a.model.exists() { a.model.clone() } else { PathBuf::from(".deps").join(&a.model) };
     let model = load_model(&path, DType::F32, &Device::Cpu)?;
     let tok = Tokenizer::load(&path)?;

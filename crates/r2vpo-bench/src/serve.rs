@@ -50,7 +50,7 @@ struct Row {
 
 /// `r2vpo bench serve`.
 pub fn serve(a: &ServeBenchArgs) -> Result<()> {
-    use r2vpo_llm::{chat::ChatTemplate, model::load_model, sample, tokenizer::Tokenizer};
+    use r2vpo_llm::{backend::candle::load_model, chat::ChatTemplate, sample, tokenizer::Tokenizer};
     let model = load_model(&a.model, DType::F32, &Device::Cpu)?;
     let tok = Tokenizer::load(&a.model)?;
     let prompt = ChatTemplate::from_tokenizer(&tok)?.prompt("What is 12 + 7? Think step by step.", None)?;

@@ -15,9 +15,10 @@ use r2vpo::aggregate::{aggregate, GlobalBatch};
 use r2vpo::objective::{ObjectiveConfig, PolicyBatch};
 use r2vpo::stats::median;
 use r2vpo_llm::backend::batch::{Inputs, MicroBatch};
+use r2vpo_llm::backend::candle::Transformer;
 use r2vpo_llm::backend::{forward_backward, open_backend, Backend, BackendKind, BackendSpec, CandleBackend, Opened};
-use r2vpo_llm::model::transformer::expected_params;
-use r2vpo_llm::model::{ModelConfig, RandomInit, Transformer};
+use r2vpo_llm::model::expected_params;
+use r2vpo_llm::model::{ModelConfig, RandomInit};
 use r2vpo_llm::train::config::OptimConfig;
 
 /// `r2vpo bench step` arguments.
@@ -292,7 +293,7 @@ fn step_once(
         Ok((fwd.logp, loss.to_dtype(DType::F64)?.to_scalar::<f64>()?, norm))
     };
     if composite {
-        r2vpo_llm::model::ops::with_composites(go)
+        r2vpo_llm::backend::candle::ops::with_composites(go)
     } else {
         go()
     }
@@ -755,10 +756,8 @@ fn sampler_bench<M: r2vpo_llm::decode::Decoder + ?Sized>(
         times.push(t0.elapsed().as_secs_f64());
     }
     let seconds = median(&mut times.clone());
-    let parameters = r2vpo_llm::model::transformer::expected_params(m.config())
-        .iter()
-        .map(|(_, s)| s.iter().product::<usize>())
-        .sum();
+    let parameters =
+        r2vpo_llm::model::expected_params(m.config()).iter().map(|(_, s)| s.iter().product::<usize>()).sum();
     let res = SamplerBench {
         stack: "r2vpo sampler".into(),
         backend: backend.into(),
@@ -808,7 +807,7 @@ fn sampler_check(
         Ok((gens.into_iter().map(|g| g.token_ids).collect(), worst))
     };
     let (toks, max_abs) =
-        if a.composite { r2vpo_llm::model::ops::with_composites(|| run(model))? } else { run(model)? };
+        if a.composite { r2vpo_llm::backend::candle::ops::with_composites(|| run(model))? } else { run(model)? };
     let cpu = Transformer::from_source(cfg.clone(), init, DType::F32, &Device::Cpu)?;
     let (cpu_toks, cpu_max_abs) = run(&cpu)?;
     let same = toks.iter().flatten().zip(cpu_toks.iter().flatten()).filter(|(x, y)| x == y).count();

@@ -14,8 +14,8 @@ use candle_core::{DType, Device};
 use indicatif::{ProgressBar, ProgressStyle};
 use toml::Value;
 
+use r2vpo_llm::backend::candle::load_model;
 use r2vpo_llm::eval::{evaluate, load_eval_problems, EvalConfig, EvalReport};
-use r2vpo_llm::model::load_model;
 use r2vpo_llm::tokenizer::Tokenizer;
 use r2vpo_report::edge::{open_run_folder, Existing};
 

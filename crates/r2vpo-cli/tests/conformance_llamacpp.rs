@@ -83,7 +83,7 @@ fn llama_cpp_serves_raw_logprobs_that_match_the_learner() {
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    let model = r2vpo_llm::model::load_model(&gguf, DType::F32, &Device::Cpu).unwrap();
+    let model = r2vpo_llm::backend::candle::load_model(&gguf, DType::F32, &Device::Cpu).unwrap();
     let tok = Tokenizer::load(&gguf).unwrap();
     // Single-token texts, to map llama.cpp's token strings back to ids;
     // strings that several ids decode to are ambiguous and not used.

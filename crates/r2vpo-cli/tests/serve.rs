@@ -6,7 +6,7 @@ mod common;
 
 use candle_core::{Device, Tensor};
 use common::{post, tiny, tiny_dir, Server};
-use r2vpo_llm::model::Transformer;
+use r2vpo_llm::backend::candle::Transformer;
 use r2vpo_llm::tokenizer::PaddedBatch;
 use serde_json::{json, Value};
 
@@ -340,7 +340,7 @@ fn concurrent_clients_get_complete_answers_and_bad_requests_get_4xx() {
 fn the_server_samples_what_the_in_process_sampler_samples() {
     let gguf = common::gguf();
     let s = Server::start(&["--model", gguf.to_str().unwrap()]);
-    let m = r2vpo_llm::model::load_model(&gguf, candle_core::DType::F32, &Device::Cpu).unwrap();
+    let m = r2vpo_llm::backend::candle::load_model(&gguf, candle_core::DType::F32, &Device::Cpu).unwrap();
     let tok = r2vpo_llm::tokenizer::Tokenizer::load(&gguf).unwrap();
     let prompt = tok.encode("<|im_start|>user\nWhat is 17 + 25?<|im_end|>\n<|im_start|>assistant\n", false).unwrap();
     for t in [0.0, 1.0] {

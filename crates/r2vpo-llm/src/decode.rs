@@ -7,9 +7,9 @@
 //! Rows carry their own attention masks and positions, so left-padded
 //! prompts, finished rows feeding padding and rows that join a running
 //! batch decode together. Implementations: the candle
-//! [`Transformer`](crate::model::Transformer) with its
-//! [`KvCache`](crate::model::KvCache), and (with the `torch` feature) the
-//! libtorch model of [`crate::backend::torch`].
+//! [`Transformer`](crate::backend::candle::Transformer) with its
+//! [`KvCache`](crate::backend::candle::KvCache), and (with the `torch` feature) the
+//! libtorch model of `crate::backend::torch`.
 
 use candle_core::{Device, Tensor};
 
@@ -67,7 +67,7 @@ pub trait Decoder: Send + Sync {
     fn score_logprobs(&self, ids: &Tensor, mask: &Tensor, targets: &Tensor) -> Result<Tensor>;
 
     /// Whether its steps run best on rayon's pool with the pool's other
-    /// threads kept awake (`crate::model::on_pool_awake`): candle's kernels
+    /// threads kept awake (`crate::backend::candle::on_pool_awake`): candle's kernels
     /// are rayon's; libtorch runs its own threads, which spinning rayon
     /// threads would only slow down.
     fn wants_pool(&self) -> bool {
@@ -75,33 +75,33 @@ pub trait Decoder: Send + Sync {
     }
 }
 
-impl DecodeCache for crate::model::KvCache {
+impl DecodeCache for crate::backend::candle::KvCache {
     fn batch(&self) -> usize {
-        crate::model::KvCache::batch(self)
+        crate::backend::candle::KvCache::batch(self)
     }
 
     fn len(&self) -> usize {
-        crate::model::KvCache::len(self)
+        crate::backend::candle::KvCache::len(self)
     }
 
     fn select_rows(&mut self, rows: &[usize]) -> Result<()> {
-        crate::model::KvCache::select_rows(self, rows)
+        crate::backend::candle::KvCache::select_rows(self, rows)
     }
 
     fn append_rows(&mut self, other: Self) -> Result<()> {
-        crate::model::KvCache::append_rows(self, other)
+        crate::backend::candle::KvCache::append_rows(self, other)
     }
 
     fn trim_padding(&mut self) -> Result<()> {
-        crate::model::KvCache::trim_padding(self)
+        crate::backend::candle::KvCache::trim_padding(self)
     }
 }
 
-impl Decoder for crate::model::Transformer {
-    type Cache = crate::model::KvCache;
+impl Decoder for crate::backend::candle::Transformer {
+    type Cache = crate::backend::candle::KvCache;
 
     fn config(&self) -> &ModelConfig {
-        crate::model::Transformer::config(self)
+        crate::backend::candle::Transformer::config(self)
     }
 
     fn input_device(&self) -> &Device {
@@ -109,14 +109,14 @@ impl Decoder for crate::model::Transformer {
     }
 
     fn new_cache(&self, batch: usize, tokens: usize) -> Self::Cache {
-        crate::model::KvCache::with_capacity(self, batch, tokens)
+        crate::backend::candle::KvCache::with_capacity(self, batch, tokens)
     }
 
     fn forward_step(&self, ids: &Tensor, mask: &Tensor, cache: &mut Self::Cache) -> Result<Tensor> {
-        crate::model::Transformer::forward_step(self, ids, mask, cache)
+        crate::backend::candle::Transformer::forward_step(self, ids, mask, cache)
     }
 
     fn score_logprobs(&self, ids: &Tensor, mask: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        crate::model::Transformer::score_logprobs(self, ids, mask, targets)
+        crate::backend::candle::Transformer::score_logprobs(self, ids, mask, targets)
     }
 }

@@ -39,8 +39,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
+use crate::backend::candle::{KvCache, Transformer};
 use crate::decode::{DecodeCache, Decoder};
-use crate::model::{KvCache, ModelConfig, TensorSource, Transformer};
+use crate::model::{ModelConfig, TensorSource};
 use crate::sample::{
     check_prompt, distinct_prompts, sample_token, FinishReason, Generation, SampleError, SamplingConfig,
 };
@@ -618,7 +619,7 @@ impl Loop {
                     continue;
                 }
                 if let Some((source, version, done)) = self.pending.pop_front() {
-                    let expected = crate::model::transformer::expected_params(self.model.config());
+                    let expected = crate::model::expected_params(self.model.config());
                     let applied = crate::backend::check_fits(source.as_ref(), &expected).and_then(|()| {
                         self.model.load(source.as_ref()).inspect_err(|_| {
                             // Every tensor fitted, so a read failed part-way
@@ -639,8 +640,11 @@ impl Loop {
             // On a pool thread, the others kept awake (see `on_pool_awake`),
             // per step so that no pool thread is held (or spins) while the
             // loop waits for requests.
-            let stepped =
-                if self.model.wants_pool() { crate::model::on_pool_awake(|| self.step(open)) } else { self.step(open) };
+            let stepped = if self.model.wants_pool() {
+                crate::backend::candle::on_pool_awake(|| self.step(open))
+            } else {
+                self.step(open)
+            };
             if let Err(e) = stepped {
                 self.fail_all(&format!("model step failed: {e}"));
             }

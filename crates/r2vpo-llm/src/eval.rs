@@ -590,7 +590,7 @@ pub fn evaluate(
     Ok(EvalReport {
         model_path: String::new(),
         model_type: model.config().model_type.clone(),
-        parameters: crate::model::transformer::expected_params(model.config())
+        parameters: crate::model::expected_params(model.config())
             .iter()
             .map(|(_, shape)| shape.iter().product::<usize>())
             .sum(),

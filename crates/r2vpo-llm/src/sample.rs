@@ -9,7 +9,7 @@
 //!   (π_off) of the sampler.
 //! * [`Generation::model_logprobs`] — log π(token) under the model's own
 //!   untruncated temperature-1 distribution `softmax(logits)`: the quantity
-//!   [`crate::model::Transformer::forward_logprobs`] / [`crate::model::Transformer::score_logprobs`]
+//!   [`crate::backend::candle::Transformer::forward_logprobs`] / [`crate::backend::candle::Transformer::score_logprobs`]
 //!   compute (checked to 1e-4 in `tests/sample_*.rs`).
 //!
 //! **Which one the trainer uses:** the policy ratio π_θ/π_old must compare
@@ -27,7 +27,7 @@
 //! batch (up to floating-point differences in the logits of differently
 //! shaped matmuls, far below what moves a draw in practice).
 //!
-//! Finished rows are dropped from the batch with [`KvCache::select_rows`],
+//! Finished rows are dropped from the batch with [`crate::backend::candle::KvCache::select_rows`],
 //! so long generations do not pay for rows that already stopped; requests
 //! with identical prompts (several samples per prompt) share one prefill.
 
@@ -387,7 +387,7 @@ pub fn generate_ids<M: Decoder + ?Sized>(
         // On a pool thread for the whole loop, the others kept awake (see
         // `on_pool_awake`).
         if model.wants_pool() {
-            crate::model::on_pool_awake(|| decode(model, requests, cfg, eos, pad_id, &mut rows))?;
+            crate::backend::candle::on_pool_awake(|| decode(model, requests, cfg, eos, pad_id, &mut rows))?;
         } else {
             decode(model, requests, cfg, eos, pad_id, &mut rows)?;
         }
@@ -536,7 +536,7 @@ pub struct Sampled {
 /// strictly-more-likely predecessors hold less than `top_p` of the mass
 /// (so the token that crosses `top_p` is kept, and always at least one).
 pub fn sample_token(logits: &[f32], cfg: &SamplingConfig, rng: &mut impl Rng) -> Sampled {
-    let (max_i, max_l) = crate::model::ops::argmax(logits);
+    let (max_i, max_l) = crate::backend::candle::ops::argmax(logits);
     // One pass gives both the log-normaliser and the entropy:
     // H = ln Σe − Σ e·(l − max) / Σe with e = exp(l − max), in f32 SIMD
     // with f64 sums (`exp_moments`: within 3e-7 relative of f64 throughout,
@@ -546,7 +546,7 @@ pub fn sample_token(logits: &[f32], cfg: &SamplingConfig, rng: &mut impl Rng) ->
     // was 6 % of decode time at batch 32, half of it repeated.
     let keep = cfg.temperature == 1.0;
     let mut e = Vec::with_capacity(if keep { logits.len() } else { 0 });
-    let (s0, s1) = crate::model::ops::exp_moments(logits, max_l, keep.then_some(&mut e));
+    let (s0, s1) = crate::backend::candle::ops::exp_moments(logits, max_l, keep.then_some(&mut e));
     let lse = f64::from(max_l) + s0.ln();
     let entropy = s0.ln() - s1 / s0;
     let model_lp = |t: usize| f64::from(logits[t]) - lse;

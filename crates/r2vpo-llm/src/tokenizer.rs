@@ -104,7 +104,7 @@ impl PaddedBatch {
     }
 
     /// `(ids, mask)` as `(B, T)` u32 tensors, the layout
-    /// [`crate::model::Transformer`] takes.
+    /// [`crate::backend::candle::Transformer`] takes.
     pub fn to_tensors(&self, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
         let (b, t) = (self.batch(), self.width());
         let ids: Vec<u32> = self.ids.iter().flatten().copied().collect();

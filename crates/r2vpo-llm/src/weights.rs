@@ -62,7 +62,7 @@ impl Weights {
     }
 
     /// Writes a Hugging Face folder (`config.json` for `config`,
-    /// `model.safetensors`), loadable by [`crate::model::load_model`] and
+    /// `model.safetensors`), loadable by [`crate::backend::candle::load_model`] and
     /// by `transformers`; tokenizer files are the tokenizer's to write.
     pub fn save_hf_dir(&self, config: &ModelConfig, dir: &Path) -> crate::model::Result<()> {
         crate::model::save::save_hf_tensors(config, &self.tensors, dir)

@@ -6,8 +6,8 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
+use r2vpo_llm::backend::candle::Transformer;
 use r2vpo_llm::engine::{Engine, EngineConfig, EngineError, Job, TokenEvent};
-use r2vpo_llm::model::Transformer;
 use r2vpo_llm::sample::{generate_ids, request_seed, Generation, GenerationRequest, SamplingConfig};
 
 mod common;

@@ -6,9 +6,10 @@
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
+use r2vpo_llm::backend::candle::Transformer;
 use r2vpo_llm::data::{builtin_split, ArithmeticConfig, Problem, PromptTemplate};
 use r2vpo_llm::eval::{evaluate, pass_at_k, EvalConfig, EvalError, EvalReport};
-use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
+use r2vpo_llm::model::{Architecture, ModelConfig};
 use r2vpo_llm::sample::SamplingConfig;
 use r2vpo_llm::tokenizer::Tokenizer;
 use r2vpo_verify::{AnswerFormat, VerifyConfig};

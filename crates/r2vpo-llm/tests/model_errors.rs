@@ -3,10 +3,11 @@
 use std::path::Path;
 
 use candle_core::{DType, Device};
-use r2vpo_llm::model::load_gguf::load_gguf;
-use r2vpo_llm::model::load_hf::load_hf_dir;
+use r2vpo_llm::backend::candle::load_gguf;
+use r2vpo_llm::backend::candle::load_hf_dir;
+use r2vpo_llm::backend::candle::Transformer;
 use r2vpo_llm::model::save::save_hf_dir;
-use r2vpo_llm::model::{Architecture, ModelConfig, ModelError, RopeScaling, Transformer};
+use r2vpo_llm::model::{Architecture, ModelConfig, ModelError, RopeScaling};
 
 fn saved(dir: &Path) {
     let cfg = ModelConfig::tiny(Architecture::Qwen2, 20, 16, 24, 1, 2, 1, false);

@@ -7,8 +7,10 @@ use std::path::PathBuf;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{DType, Device, Tensor};
-use r2vpo_llm::model::load_gguf::{load_gguf, unpermute_qk};
-use r2vpo_llm::model::{Architecture, KvCache};
+use r2vpo_llm::backend::candle::load_gguf;
+use r2vpo_llm::backend::candle::KvCache;
+use r2vpo_llm::model::load_gguf::unpermute_qk;
+use r2vpo_llm::model::Architecture;
 
 fn gguf_path() -> Option<PathBuf> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -78,7 +80,7 @@ fn smollm2_completes_the_capital_of_france() {
     let tid = Tensor::new(vec![toks[..n - 1].to_vec()], &d).unwrap();
     let ttg = Tensor::new(vec![toks[1..].to_vec()], &d).unwrap();
     let tmask = Tensor::ones((1, n - 1), DType::U32, &d).unwrap();
-    let mean_lp = |m: &r2vpo_llm::model::Transformer| {
+    let mean_lp = |m: &r2vpo_llm::backend::candle::Transformer| {
         m.score_logprobs(&tid, &tmask, &ttg).unwrap().mean_all().unwrap().to_scalar::<f32>().unwrap()
     };
     let good = mean_lp(&m);

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use r2vpo_llm::model::load_hf::load_hf_dir;
+use r2vpo_llm::backend::candle::load_hf_dir;
 use serde_json::Value;
 
 fn golden_dir(arch: &str) -> PathBuf {

@@ -2,7 +2,7 @@
 //! differences in f64 (forward values and gradients).
 
 use candle_core::{DType, Device, Tensor, Var};
-use r2vpo_llm::model::ops;
+use r2vpo_llm::backend::candle::ops;
 
 fn pseudo(shape: &[usize], seed: f64, dtype: DType) -> Tensor {
     let n: usize = shape.iter().product();
@@ -217,7 +217,8 @@ fn fused_ops_record_a_backward() {
 /// norms, GQA, tied embeddings), log-probs and every parameter's gradient.
 #[test]
 fn the_composite_path_of_the_whole_model_matches_the_fused_one() {
-    use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
+    use r2vpo_llm::backend::candle::Transformer;
+    use r2vpo_llm::model::{Architecture, ModelConfig};
     let cfg = ModelConfig::tiny(Architecture::Qwen3, 96, 64, 128, 2, 4, 2, true);
     let m = Transformer::new_random_with_std(cfg, 3, 0.3, DType::F32, &Device::Cpu).unwrap();
     let (b, w, r) = (2, 12, 7);
@@ -258,7 +259,7 @@ fn the_composite_path_of_the_whole_model_matches_the_fused_one() {
 /// `loss_of` of the last `r` log-probs. Returns the log-probs, the loss and
 /// the gradients by parameter name.
 fn checkpointed_step(
-    model: r2vpo_llm::model::Transformer,
+    model: r2vpo_llm::backend::candle::Transformer,
     ids: &Tensor,
     att: &Tensor,
     r: usize,
@@ -289,7 +290,8 @@ fn checkpointed_step(
 /// heads, with left padding, in one chunk or several.
 #[test]
 fn checkpointed_gradients_equal_the_full_graphs() {
-    use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
+    use r2vpo_llm::backend::candle::Transformer;
+    use r2vpo_llm::model::{Architecture, ModelConfig};
     for (arch, tied, chunk_rows) in [
         (Architecture::Qwen3, true, usize::MAX),
         (Architecture::Llama, false, usize::MAX),
@@ -329,7 +331,8 @@ fn checkpointed_gradients_equal_the_full_graphs() {
 /// checkpointing gives the same gradients in it.
 #[test]
 fn bf16_compute_keeps_f32_master_weights_and_tracks_f32() {
-    use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
+    use r2vpo_llm::backend::candle::Transformer;
+    use r2vpo_llm::model::{Architecture, ModelConfig};
     let cfg = ModelConfig::tiny(Architecture::Qwen3, 96, 64, 128, 2, 4, 2, true);
     let m32 = Transformer::new_random_with_std(cfg.clone(), 9, 0.3, DType::F32, &Device::Cpu).unwrap();
     let mut m16 = Transformer::new_random_with_std(cfg.clone(), 9, 0.3, DType::F32, &Device::Cpu).unwrap();

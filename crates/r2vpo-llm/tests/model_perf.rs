@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use r2vpo_llm::model::load_gguf::load_gguf;
-use r2vpo_llm::model::KvCache;
+use r2vpo_llm::backend::candle::load_gguf;
+use r2vpo_llm::backend::candle::KvCache;
 
 fn path() -> Option<PathBuf> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");

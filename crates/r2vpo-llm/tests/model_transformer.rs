@@ -4,9 +4,10 @@
 //! save/load round trip.
 
 use candle_core::{DType, Device, Tensor, Var};
-use r2vpo_llm::model::load_hf::load_hf_dir;
+use r2vpo_llm::backend::candle::load_hf_dir;
+use r2vpo_llm::backend::candle::{KvCache, PrefixedRows, Transformer};
 use r2vpo_llm::model::save::save_hf_dir;
-use r2vpo_llm::model::{Architecture, KvCache, ModelConfig, PrefixedRows, Transformer};
+use r2vpo_llm::model::{Architecture, ModelConfig};
 
 const ARCHS: [Architecture; 3] = [Architecture::Llama, Architecture::Qwen2, Architecture::Qwen3];
 

@@ -9,13 +9,14 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device};
+use r2vpo_llm::backend::candle::{load_model, Transformer};
 use r2vpo_llm::chat::ChatTemplate;
 use r2vpo_llm::data::{
     load_problems, load_problems_reporting, DataConfig, DataError, Fitted, OverlongPrompts, Problem, PromptFitter,
     PromptTemplate, MAX_LINE_BYTES,
 };
 use r2vpo_llm::eval::{evaluate, EvalConfig, EvalError};
-use r2vpo_llm::model::{load_model, Architecture, ModelConfig, Transformer};
+use r2vpo_llm::model::{Architecture, ModelConfig};
 use r2vpo_llm::sample::{
     check_prompt_fits, generate_ids, max_prompt_len, ContextOverflow, GenerationRequest, SampleError, SamplingConfig,
 };

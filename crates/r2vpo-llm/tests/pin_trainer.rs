@@ -41,7 +41,8 @@ use std::sync::Mutex;
 use candle_core::{DType, Device, Tensor};
 use r2vpo_kernels::dispatch as kernels;
 use r2vpo_kernels::Matmul;
-use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
+use r2vpo_llm::backend::candle::Transformer;
+use r2vpo_llm::model::{Architecture, ModelConfig};
 use r2vpo_llm::train::{IterMetrics, Outcome, TrainConfig, Trainer};
 
 mod common;

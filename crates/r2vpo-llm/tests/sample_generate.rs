@@ -3,7 +3,7 @@
 //! correctness hinges on), seeds are per request, top-k = 1 is greedy, and
 //! the truncation rules and their renormalised log-probs are exact.
 
-use r2vpo_llm::model::Transformer;
+use r2vpo_llm::backend::candle::Transformer;
 use r2vpo_llm::sample::{
     bench_generate, generate_ids, request_seed, sample_token, FinishReason, GenerationRequest, SamplingConfig,
 };

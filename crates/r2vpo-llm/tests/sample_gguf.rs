@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::{DType, Device};
+use r2vpo_llm::backend::candle::load_model;
 use r2vpo_llm::chat::{ChatMessage, ChatTemplate};
-use r2vpo_llm::model::load_model;
 use r2vpo_llm::sample::{bench_generate, generate, generate_chat, FinishReason, GenerationRequest, SamplingConfig};
 use r2vpo_llm::tokenizer::Tokenizer;
 

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use r2vpo_llm::model::transformer::expected_params;
+use r2vpo_llm::model::expected_params;
 use r2vpo_llm::model::ModelConfig;
 
 fn shapes() -> PathBuf {

@@ -169,7 +169,7 @@ fn exported_policy_loads_back() {
     assert_eq!(tok.eos_token_id(), orig.eos_token_id());
     assert_eq!(tok.pad_token_id(), orig.pad_token_id());
     assert_eq!(tok.chat_template(), orig.chat_template());
-    let m = r2vpo_llm::model::load_model(&out, DType::F32, &Device::Cpu).unwrap();
+    let m = r2vpo_llm::backend::candle::load_model(&out, DType::F32, &Device::Cpu).unwrap();
     // The trained policy's weights, bit for bit.
     let w = t.policy().export(0).unwrap();
     let flat = |x: &Tensor| x.flatten_all().unwrap().to_vec1::<f32>().unwrap();

@@ -17,7 +17,9 @@ use axum::{Json, Router};
 use candle_core::{DType, Device};
 use serde_json::{json, Value};
 
-use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
+use r2vpo_llm::model::{Architecture, ModelConfig};
+
+use r2vpo_llm::backend::candle::Transformer;
 use r2vpo_llm::rollout::{GroupRequest, RolloutError, RolloutSource};
 use r2vpo_llm::sample::SamplingConfig;
 use r2vpo_llm::tokenizer::Tokenizer;

@@ -9,7 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device};
-use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
+use r2vpo_llm::backend::candle::Transformer;
+use r2vpo_llm::model::{Architecture, ModelConfig};
 use r2vpo_llm::tokenizer::Tokenizer;
 
 pub fn root() -> PathBuf {

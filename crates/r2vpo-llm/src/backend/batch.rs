@@ -3,8 +3,8 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::backend::candle::PrefixedRows;
 use crate::experience::Sample;
-use crate::model::PrefixedRows;
 
 /// The token inputs of a micro-batch, in one of two equivalent layouts.
 pub enum Inputs {
@@ -23,7 +23,7 @@ pub enum Inputs {
 /// Each distinct prompt once, minus its last token, in `prefix_ids (U, P)`;
 /// row `b` continues prefix `rows[b]` with `suffix_ids (B, R + 1)` = the
 /// prompt's last token then the response, left-padded (see
-/// [`crate::model::Transformer::prefixed_tail_logprobs`]).
+/// [`crate::backend::candle::Transformer::prefixed_tail_logprobs`]).
 pub struct SharedPrompts {
     /// Distinct prompt prefixes `(U, P)`, left-padded.
     pub prefix_ids: Tensor,
@@ -53,7 +53,7 @@ impl SharedPrompts {
 /// A micro-batch ready for a backend. Responses end at the right edge, so
 /// the per-token tensors cover only the last `R` = longest-response columns:
 /// a response of length `r` occupies columns `[R − r, R)` (see
-/// [`crate::model::Transformer::tail_logprobs`]), whichever [`Inputs`]
+/// [`crate::backend::candle::Transformer::tail_logprobs`]), whichever [`Inputs`]
 /// layout carries the tokens.
 pub struct MicroBatch {
     /// The tokens.

@@ -12,7 +12,7 @@
 //! The `(B, R)` tensors are a few kilobytes whatever the model's size, so
 //! crossing the boundary costs nothing next to a pass. This is exactly
 //! the split that gradient checkpointing needs anyway
-//! ([`crate::model::Transformer::checkpointed_tail`]).
+//! ([`crate::backend::candle::Transformer::checkpointed_tail`]).
 //!
 //! Two halves:
 //! * [`Policy`], inference: scoring, batched sampling with behaviour
@@ -29,9 +29,9 @@
 //! candle [`Policy`]), and `torch::TorchBackend` (libtorch through tch-rs,
 //! CPU or CUDA; built with the `torch` feature).
 
-pub mod adamw;
 pub mod batch;
 pub mod candle;
+pub mod optim;
 #[cfg(feature = "torch")]
 pub mod torch;
 
@@ -40,16 +40,16 @@ use std::path::Path;
 
 use candle_core::Tensor;
 
-pub use adamw::OptimConfig;
 pub use batch::MicroBatch;
 pub use candle::CandleBackend;
+pub use optim::OptimConfig;
 
 use crate::model::{ModelConfig, ModelError, Result, TensorSource};
 use crate::sample::{Generation, GenerationRequest, SamplingConfig};
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
 
-use crate::model::Transformer;
+use candle::Transformer;
 
 /// Which compute backend (`model.backend`, `r2vpo serve --backend`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -168,7 +168,7 @@ pub fn open(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource,
     spec.kind.check_built()?;
     match spec.kind {
         BackendKind::Candle => {
-            let device = crate::model::open_device(&spec.device).map_err(|m| spec_err("device", m))?;
+            let device = crate::backend::candle::open_device(&spec.device).map_err(|m| spec_err("device", m))?;
             let _ = optim;
             let mut model = Transformer::from_source(config.clone(), source, candle_core::DType::F32, &device)?;
             model.set_compute_dtype(spec.compute_dtype.dtype());

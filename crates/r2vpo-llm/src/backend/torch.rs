@@ -49,11 +49,11 @@ use std::sync::Mutex;
 
 use tch::{Device as TDevice, Kind, Tensor as T};
 
-use super::adamw::OptimConfig;
+use super::OptimConfig;
 use super::batch::{Inputs, MicroBatch};
 use super::{Backend, Forward, Policy};
+use crate::model::expected_params;
 use crate::model::source::check;
-use crate::model::transformer::expected_params;
 use crate::model::{ModelConfig, ModelError, Result, TensorSource};
 use crate::sample::{Generation, GenerationRequest, SamplingConfig};
 use crate::tokenizer::Tokenizer;
@@ -899,7 +899,7 @@ impl Backend for TorchBackend {
 /// `(B, kv heads, capacity, head dim)` whose first [`DecodeCache::len`]
 /// columns are filled: a decode step writes its new columns in place and
 /// attends to a view of the filled ones (the candle
-/// [`KvCache`](crate::model::KvCache)'s layout and semantics). Capacity is
+/// [`KvCache`](crate::backend::candle::KvCache)'s layout and semantics). Capacity is
 /// what the cache was made for, doubling when a write goes past it. Each
 /// row keeps its own mask, so rows of different lengths decode together.
 pub struct TorchKv {

@@ -17,11 +17,11 @@
 use std::path::Path;
 
 use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::{DType, Device, Tensor};
+use candle_core::Tensor;
 use serde_json::Map;
 
 use super::config::Architecture;
-use super::{ModelConfig, ModelError, Result, Transformer};
+use super::{ModelConfig, ModelError, Result};
 
 fn as_f64(v: &Value) -> Option<f64> {
     match *v {
@@ -162,11 +162,4 @@ pub fn unpermute_qk(t: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
     let hd = rows / heads;
     let rest: usize = dims[1..].iter().product();
     t.reshape((heads, hd / 2, 2, rest))?.transpose(1, 2)?.reshape(dims)?.contiguous()
-}
-
-/// Loads a GGUF file into a candle model of `dtype` on `device` (one
-/// tensor at a time, [`super::source::GgufFile`]).
-pub fn load_gguf(path: &Path, dtype: DType, device: &Device) -> Result<Transformer> {
-    let gguf = super::source::GgufFile::open(path)?;
-    Transformer::from_source(gguf.config().clone(), &gguf, dtype, device)
 }

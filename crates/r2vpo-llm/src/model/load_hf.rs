@@ -5,9 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device};
-
-use super::{ModelConfig, ModelError, Result, Transformer};
+use super::{ModelError, Result};
 
 /// The safetensors files of a folder, and the path to name in errors about
 /// missing tensors (the single file, or the index).
@@ -44,13 +42,4 @@ pub fn weight_files(dir: &Path) -> Result<(Vec<PathBuf>, PathBuf)> {
         files.insert(dir.join(f));
     }
     Ok((files.into_iter().collect(), index))
-}
-
-/// Loads a Hugging Face folder into a candle model of `dtype` on `device`
-/// (one tensor at a time, [`super::source`]).
-pub fn load_hf_dir(dir: &Path, dtype: DType, device: &Device) -> Result<Transformer> {
-    let config = ModelConfig::from_file(&dir.join("config.json"))?;
-    let (files, name_for_errors) = weight_files(dir)?;
-    let source = super::source::SafetensorsFiles::open(&files, name_for_errors)?;
-    Transformer::from_source(config, &source, dtype, device)
 }

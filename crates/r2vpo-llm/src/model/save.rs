@@ -1,23 +1,20 @@
 //! Saving a model as a Hugging Face folder (`config.json` +
-//! `model.safetensors`), loadable by [`super::load_hf::load_hf_dir`] and by
+//! `model.safetensors`), loadable by [`super::source::open`] and by
 //! `transformers`. Tokenizer files are written by the tokenizer module.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use serde_json::Value;
 
-use super::{ModelConfig, ModelError, Result, Transformer};
+use super::{ModelConfig, ModelError, Result};
 
-/// Writes `config.json` and `model.safetensors` (f32) into `dir`, creating it.
-/// A tied model saves no `lm_head.weight`, as Hugging Face does.
-pub fn save_hf_dir(model: &Transformer, dir: &Path) -> Result<()> {
-    let mut tensors: HashMap<String, Tensor> = HashMap::new();
-    for (name, var) in model.named_vars() {
-        tensors.insert(name, var.as_tensor().detach().to_dtype(DType::F32)?.contiguous()?);
-    }
-    save_hf_tensors(model.config(), &tensors, dir)
+/// Writes `config.json` and `model.safetensors` (f32) of `model`, on any
+/// backend, into `dir`, creating it. A tied model saves no
+/// `lm_head.weight`, as Hugging Face does.
+pub fn save_hf_dir(model: &dyn crate::backend::Policy, dir: &Path) -> Result<()> {
+    save_hf_tensors(model.config(), &model.export(0)?.tensors, dir)
 }
 
 /// [`save_hf_dir`] of a model given by its config and its tensors by

@@ -23,9 +23,9 @@ use candle_core::quantized::gguf_file::Content;
 use candle_core::{DType, Device, Tensor};
 
 use super::config::Architecture;
+use super::expected_params;
 use super::load_gguf::{config_from_gguf, hf_name, unpermute_qk};
 use super::load_hf::weight_files;
-use super::transformer::expected_params;
 use super::{ModelConfig, ModelError, Result};
 
 /// Named tensors, read one at a time (see the module documentation).

@@ -283,7 +283,7 @@ pub struct ModelSource {
     /// The dtype forwards and backwards compute in: `f32`, or `bf16` for
     /// mixed precision (weights, gradients and AdamW moments stay f32; each
     /// forward casts the weights, logits are cast back to f32;
-    /// [`crate::model::Transformer::set_compute_dtype`]). Sampling and
+    /// [`crate::backend::candle::Transformer::set_compute_dtype`]). Sampling and
     /// scoring compute in it too, so behaviour and learner log-probs agree.
     pub compute_dtype: ComputeDtype,
 }
@@ -456,7 +456,7 @@ pub struct TrainConfig {
     /// Gradient checkpointing per decoder layer: the forward keeps only each
     /// layer's input, the backward recomputes one layer at a time, and the
     /// LM head runs in chunks of rows
-    /// ([`crate::model::Transformer::checkpointed_tail`]). The same
+    /// ([`crate::backend::candle::Transformer::checkpointed_tail`]). The same
     /// gradients up to float rounding (tested) for one more forward pass;
     /// on SmolLM2 at 8 × (44 + 256) tokens the step's peak resident memory
     /// falls from 10.1 to 3.4 GiB and its time rises 1.37×

@@ -852,7 +852,7 @@ impl Trainer {
 
     /// Writes the current policy as a Hugging Face folder (weights,
     /// `config.json`, tokenizer files with the chat template), loadable by
-    /// [`crate::model::load_model`] and by `transformers`.
+    /// [`crate::backend::candle::load_model`] and by `transformers`.
     pub fn export(&self, dir: &Path) -> TrainResult<()> {
         let weights = self.backend.export(self.progress.iteration as u64)?;
         weights.save_hf_dir(self.backend.config(), dir)?;

@@ -7,7 +7,8 @@
 pub mod train;
 
 use candle_core::{DType, Device, Tensor};
-use r2vpo_llm::model::{Architecture, ModelConfig, Transformer};
+use r2vpo_llm::backend::candle::Transformer;
+use r2vpo_llm::model::{Architecture, ModelConfig};
 use r2vpo_llm::sample::{Generation, GenerationRequest};
 use r2vpo_llm::tokenizer::PaddedBatch;
 

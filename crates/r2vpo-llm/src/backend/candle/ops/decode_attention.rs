@@ -19,7 +19,7 @@ pub const ATTENTION_MAX_T: usize = 8;
 /// max-shifted exp, normalise, weighted sum) in another summation order.
 ///
 /// `shared[r] = (s, l)` (empty: none) says row `r`'s first `l` keys and
-/// values are those of row `s` ([`super::transformer::KvCache`]'s record of
+/// values are those of row `s` ([`super::super::transformer::KvCache`]'s record of
 /// rows replicated from one prefill): they are read from row `s`, so the
 /// samples of one prompt read its keys from memory once, not once each.
 /// The values are the same either way; wrong entries give wrong results.

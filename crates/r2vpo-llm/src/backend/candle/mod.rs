@@ -1,18 +1,38 @@
-//! The candle backend: the [`Transformer`] on the CPU kernels of
-//! `r2vpo-kernels` (or candle's CUDA backend in a `make build-gpu` binary),
-//! with [`AdamW`] updating its `Var`s in place.
+//! The candle backend: the [`Transformer`] (one config-driven decoder for
+//! every supported architecture) on the CPU kernels of `r2vpo-kernels` (or
+//! candle's CUDA backend in a `make build-gpu` binary), with [`AdamW`]
+//! updating its `Var`s in place.
+//!
+//! Two facts about candle 0.11 shape it (see
+//! `shared/notes/candle-llm-training.md`):
+//! * candle-nn's fused kernels record no backward, so every op on the
+//!   training path is either a candle primitive or one of our [`ops`] with a
+//!   hand-written `bwd`;
+//! * candle has no `no_grad`, so inference runs on detached weight handles
+//!   ([`Transformer::forward_step`], [`Transformer::score_logprobs`]), which
+//!   share storage with the trainable `Var`s and therefore see optimizer
+//!   updates without retaining a graph.
+
+pub mod adamw;
+pub mod device;
+pub mod ops;
+pub mod transformer;
+
+pub use device::{keep_awake, on_pool, on_pool_awake, open_device};
+pub use transformer::{CheckpointedTail, KvCache, PrefixedRows, Transformer};
 
 use std::path::Path;
 
 use candle_core::{DType, Tensor};
 
-use super::adamw::{global_norm, AdamW, OptimConfig};
 use super::batch::{Inputs, MicroBatch};
+use super::OptimConfig;
 use super::{Backend, Forward, Policy};
-use crate::model::{on_pool, CheckpointedTail, ModelConfig, Result, TensorSource, Transformer};
+use crate::model::{ModelConfig, Result, TensorSource};
 use crate::sample::{Generation, GenerationRequest, SamplingConfig};
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
+use adamw::{global_norm, AdamW};
 
 impl Policy for Transformer {
     fn config(&self) -> &ModelConfig {
@@ -265,4 +285,31 @@ impl Backend for CandleBackend {
     fn load_optimizer(&mut self, path: &Path, steps: u64) -> Result<()> {
         self.opt.load(path, steps)
     }
+}
+
+/// Loads a model from a Hugging Face folder or a `.gguf` file, as weights
+/// of `dtype` (f32 for training) on `device`.
+pub fn load_model(
+    path: &std::path::Path,
+    dtype: candle_core::DType,
+    device: &candle_core::Device,
+) -> Result<Transformer> {
+    let (config, source) = crate::model::source::open(path)?;
+    Transformer::from_source(config, source.as_ref(), dtype, device)
+}
+
+/// Loads a Hugging Face folder into a candle model of `dtype` on `device`
+/// (one tensor at a time, [`crate::model::source`]).
+pub fn load_hf_dir(dir: &Path, dtype: DType, device: &candle_core::Device) -> Result<Transformer> {
+    let config = ModelConfig::from_file(&dir.join("config.json"))?;
+    let (files, name_for_errors) = crate::model::load_hf::weight_files(dir)?;
+    let source = crate::model::source::SafetensorsFiles::open(&files, name_for_errors)?;
+    Transformer::from_source(config, &source, dtype, device)
+}
+
+/// Loads a GGUF file into a candle model of `dtype` on `device` (one
+/// tensor at a time, [`crate::model::source::GgufFile`]).
+pub fn load_gguf(path: &Path, dtype: DType, device: &candle_core::Device) -> Result<Transformer> {
+    let gguf = crate::model::source::GgufFile::open(path)?;
+    Transformer::from_source(gguf.config().clone(), &gguf, dtype, device)
 }

@@ -12,10 +12,9 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 
-use super::config::ModelConfig;
 use super::ops;
-use super::source::{check, NamedTensors, RandomInit, TensorSource};
-use super::{ModelError, Result};
+use crate::model::source::{check, NamedTensors, RandomInit, TensorSource};
+use crate::model::{expected_params, ModelConfig, ModelError, Result};
 
 /// Logit elements per chunk of the checkpointed head: 64 MiB of f32, ≈ 340
 /// rows of SmolLM2's 49 152-token vocabulary, 110 of Qwen3's 151 936.
@@ -346,42 +345,6 @@ fn select_shared(old: &[(usize, usize)], rows: &[usize], len: usize) -> Vec<(usi
             }
         })
         .collect()
-}
-
-/// Expected parameters of a configuration: HF name and shape, in a fixed order.
-pub fn expected_params(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    let (h, hd) = (cfg.hidden_size, cfg.head_dim());
-    let (nq, nkv) = (cfg.num_attention_heads * hd, cfg.kv_heads() * hd);
-    let mut v = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h])];
-    for i in 0..cfg.num_hidden_layers {
-        let p = |s: &str| format!("model.layers.{i}.{s}");
-        v.push((p("input_layernorm.weight"), vec![h]));
-        v.push((p("self_attn.q_proj.weight"), vec![nq, h]));
-        v.push((p("self_attn.k_proj.weight"), vec![nkv, h]));
-        v.push((p("self_attn.v_proj.weight"), vec![nkv, h]));
-        if cfg.qkv_bias() {
-            v.push((p("self_attn.q_proj.bias"), vec![nq]));
-            v.push((p("self_attn.k_proj.bias"), vec![nkv]));
-            v.push((p("self_attn.v_proj.bias"), vec![nkv]));
-        }
-        v.push((p("self_attn.o_proj.weight"), vec![h, nq]));
-        if cfg.o_bias() {
-            v.push((p("self_attn.o_proj.bias"), vec![h]));
-        }
-        if cfg.qk_norm() {
-            v.push((p("self_attn.q_norm.weight"), vec![hd]));
-            v.push((p("self_attn.k_norm.weight"), vec![hd]));
-        }
-        v.push((p("post_attention_layernorm.weight"), vec![h]));
-        v.push((p("mlp.gate_proj.weight"), vec![cfg.intermediate_size, h]));
-        v.push((p("mlp.up_proj.weight"), vec![cfg.intermediate_size, h]));
-        v.push((p("mlp.down_proj.weight"), vec![h, cfg.intermediate_size]));
-    }
-    v.push(("model.norm.weight".to_string(), vec![h]));
-    if !cfg.tie_word_embeddings {
-        v.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h]));
-    }
-    v
 }
 
 /// The decoder. Weights are `Var`s in [`Transformer::varmap`] under Hugging
