@@ -15,8 +15,10 @@ use r2vpo::aggregate::{aggregate, GlobalBatch};
 use r2vpo::objective::{ObjectiveConfig, PolicyBatch};
 use r2vpo::stats::median;
 use r2vpo_llm::backend::batch::{Inputs, MicroBatch};
+use r2vpo_llm::backend::candle::CandleBackend;
 use r2vpo_llm::backend::candle::Transformer;
-use r2vpo_llm::backend::{forward_backward, open_backend, Backend, BackendKind, BackendSpec, CandleBackend, Opened};
+use r2vpo_llm::backend::open::{open_backend, BackendSpec, Opened};
+use r2vpo_llm::backend::{forward_backward, Backend, BackendKind};
 use r2vpo_llm::model::expected_params;
 use r2vpo_llm::model::{ModelConfig, RandomInit};
 use r2vpo_llm::train::config::OptimConfig;
@@ -858,7 +860,7 @@ fn report_sampler_check(a: &StepBenchArgs, res: &SamplerCheck, reference: &str) 
 /// (`--check`) its behaviour log-probs against the learner's
 /// recomputation of the sequences it sampled.
 fn sampler(a: &StepBenchArgs, spec: &BackendSpec, cfg: &ModelConfig, init: &RandomInit, shape: String) -> Result<()> {
-    match opened(r2vpo_llm::backend::open(spec, cfg, init, OptimConfig::default()))? {
+    match opened(r2vpo_llm::backend::open::open(spec, cfg, init, OptimConfig::default()))? {
         Opened::Candle(m) if a.check => sampler_check(a, cfg, init, &m, shape),
         Opened::Candle(m) => sampler_bench(a, &m, shape, "candle"),
         #[cfg(feature = "torch")]

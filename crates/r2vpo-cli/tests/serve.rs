@@ -137,7 +137,7 @@ fn served_logprobs_equal_the_learners_and_weight_pushes_take_effect() {
         let (_, tok) = tiny(0);
         let cfg = ModelConfig::tiny(Architecture::Llama, tok.vocab_size(), 16, 64, 2, 4, 2, true);
         let m = Transformer::new_random(cfg, 3, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
-        r2vpo_llm::model::save::save_hf_dir(&m, &narrower).unwrap();
+        r2vpo_llm::backend::Policy::save_hf(&m, &narrower).unwrap();
     }
     let fewer = tiny_dir(&tmp.path().join("fewer"), 9);
     let config = fewer.join("config.json");

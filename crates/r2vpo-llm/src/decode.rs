@@ -67,56 +67,10 @@ pub trait Decoder: Send + Sync {
     fn score_logprobs(&self, ids: &Tensor, mask: &Tensor, targets: &Tensor) -> Result<Tensor>;
 
     /// Whether its steps run best on rayon's pool with the pool's other
-    /// threads kept awake (`crate::backend::candle::on_pool_awake`): candle's kernels
+    /// threads kept awake ([`crate::pool::on_pool_awake`]): candle's kernels
     /// are rayon's; libtorch runs its own threads, which spinning rayon
     /// threads would only slow down.
     fn wants_pool(&self) -> bool {
         true
-    }
-}
-
-impl DecodeCache for crate::backend::candle::KvCache {
-    fn batch(&self) -> usize {
-        crate::backend::candle::KvCache::batch(self)
-    }
-
-    fn len(&self) -> usize {
-        crate::backend::candle::KvCache::len(self)
-    }
-
-    fn select_rows(&mut self, rows: &[usize]) -> Result<()> {
-        crate::backend::candle::KvCache::select_rows(self, rows)
-    }
-
-    fn append_rows(&mut self, other: Self) -> Result<()> {
-        crate::backend::candle::KvCache::append_rows(self, other)
-    }
-
-    fn trim_padding(&mut self) -> Result<()> {
-        crate::backend::candle::KvCache::trim_padding(self)
-    }
-}
-
-impl Decoder for crate::backend::candle::Transformer {
-    type Cache = crate::backend::candle::KvCache;
-
-    fn config(&self) -> &ModelConfig {
-        crate::backend::candle::Transformer::config(self)
-    }
-
-    fn input_device(&self) -> &Device {
-        self.device()
-    }
-
-    fn new_cache(&self, batch: usize, tokens: usize) -> Self::Cache {
-        crate::backend::candle::KvCache::with_capacity(self, batch, tokens)
-    }
-
-    fn forward_step(&self, ids: &Tensor, mask: &Tensor, cache: &mut Self::Cache) -> Result<Tensor> {
-        crate::backend::candle::Transformer::forward_step(self, ids, mask, cache)
-    }
-
-    fn score_logprobs(&self, ids: &Tensor, mask: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        crate::backend::candle::Transformer::score_logprobs(self, ids, mask, targets)
     }
 }

@@ -123,12 +123,12 @@ pub enum DecodeModel {
     Torch(Box<crate::backend::torch::TorchBackend>),
 }
 
-impl From<crate::backend::Opened> for DecodeModel {
-    fn from(m: crate::backend::Opened) -> Self {
+impl From<crate::backend::open::Opened> for DecodeModel {
+    fn from(m: crate::backend::open::Opened) -> Self {
         match m {
-            crate::backend::Opened::Candle(m) => DecodeModel::Candle(m),
+            crate::backend::open::Opened::Candle(m) => DecodeModel::Candle(m),
             #[cfg(feature = "torch")]
-            crate::backend::Opened::Torch(t) => DecodeModel::Torch(Box::new(t)),
+            crate::backend::open::Opened::Torch(t) => DecodeModel::Torch(Box::new(t)),
         }
     }
 }
@@ -640,11 +640,8 @@ impl Loop {
             // On a pool thread, the others kept awake (see `on_pool_awake`),
             // per step so that no pool thread is held (or spins) while the
             // loop waits for requests.
-            let stepped = if self.model.wants_pool() {
-                crate::backend::candle::on_pool_awake(|| self.step(open))
-            } else {
-                self.step(open)
-            };
+            let stepped =
+                if self.model.wants_pool() { crate::pool::on_pool_awake(|| self.step(open)) } else { self.step(open) };
             if let Err(e) = stepped {
                 self.fail_all(&format!("model step failed: {e}"));
             }

@@ -387,7 +387,7 @@ pub fn generate_ids<M: Decoder + ?Sized>(
         // On a pool thread for the whole loop, the others kept awake (see
         // `on_pool_awake`).
         if model.wants_pool() {
-            crate::backend::candle::on_pool_awake(|| decode(model, requests, cfg, eos, pad_id, &mut rows))?;
+            crate::pool::on_pool_awake(|| decode(model, requests, cfg, eos, pad_id, &mut rows))?;
         } else {
             decode(model, requests, cfg, eos, pad_id, &mut rows)?;
         }

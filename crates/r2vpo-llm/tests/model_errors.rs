@@ -6,13 +6,12 @@ use candle_core::{DType, Device};
 use r2vpo_llm::backend::candle::load_gguf;
 use r2vpo_llm::backend::candle::load_hf_dir;
 use r2vpo_llm::backend::candle::Transformer;
-use r2vpo_llm::model::save::save_hf_dir;
 use r2vpo_llm::model::{Architecture, ModelConfig, ModelError, RopeScaling};
 
 fn saved(dir: &Path) {
     let cfg = ModelConfig::tiny(Architecture::Qwen2, 20, 16, 24, 1, 2, 1, false);
     let m = Transformer::new_random(cfg, 1, DType::F32, &Device::Cpu).unwrap();
-    save_hf_dir(&m, dir).unwrap();
+    r2vpo_llm::backend::Policy::save_hf(&m, dir).unwrap();
 }
 
 fn err_text(r: Result<Transformer, ModelError>) -> String {

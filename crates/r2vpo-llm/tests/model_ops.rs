@@ -266,7 +266,8 @@ fn checkpointed_step(
     loss_of: impl FnOnce(&Tensor) -> candle_core::Result<Tensor>,
 ) -> (Tensor, Tensor, std::collections::HashMap<String, Tensor>) {
     use r2vpo_llm::backend::batch::{Inputs, MicroBatch};
-    use r2vpo_llm::backend::{forward_backward, Backend, CandleBackend, OptimConfig};
+    use r2vpo_llm::backend::candle::CandleBackend;
+    use r2vpo_llm::backend::{forward_backward, Backend, OptimConfig};
     let mut be = CandleBackend::new(model, OptimConfig::default(), true).unwrap();
     let b = ids.dims()[0];
     let zeros = Tensor::zeros((b, r), DType::F32, &Device::Cpu).unwrap();

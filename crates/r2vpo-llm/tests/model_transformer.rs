@@ -6,7 +6,6 @@
 use candle_core::{DType, Device, Tensor, Var};
 use r2vpo_llm::backend::candle::load_hf_dir;
 use r2vpo_llm::backend::candle::{KvCache, PrefixedRows, Transformer};
-use r2vpo_llm::model::save::save_hf_dir;
 use r2vpo_llm::model::{Architecture, ModelConfig};
 
 const ARCHS: [Architecture; 3] = [Architecture::Llama, Architecture::Qwen2, Architecture::Qwen3];
@@ -232,7 +231,7 @@ fn save_and_load_round_trip() {
         for tied in [true, false] {
             let m = model(arch, tied, DType::F32);
             let dir = tempfile::tempdir().unwrap();
-            save_hf_dir(&m, dir.path()).unwrap();
+            r2vpo_llm::backend::Policy::save_hf(&m, dir.path()).unwrap();
             let back = load_hf_dir(dir.path(), DType::F32, &Device::Cpu).unwrap();
             assert_eq!(back.config().architecture(), Some(arch));
             assert_eq!(back.num_parameters(), m.num_parameters());

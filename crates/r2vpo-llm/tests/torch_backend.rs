@@ -20,9 +20,10 @@ use std::sync::atomic::AtomicBool;
 
 use candle_core::{DType, Device, Tensor};
 use r2vpo_kernels::distance;
+use r2vpo_llm::backend::candle::CandleBackend;
 use r2vpo_llm::backend::candle::Transformer;
 use r2vpo_llm::backend::torch::{TorchBackend, TorchOptions};
-use r2vpo_llm::backend::{batch, Backend, CandleBackend, MicroBatch, OptimConfig, Policy};
+use r2vpo_llm::backend::{batch, Backend, MicroBatch, OptimConfig, Policy};
 use r2vpo_llm::experience::Sample;
 use r2vpo_llm::model::{Architecture, ModelConfig, RandomInit};
 use r2vpo_llm::train::{BackendKind, IterMetrics, ModelSource, Outcome, TrainConfig, Trainer};

@@ -29,7 +29,8 @@ use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use tokio::sync::{oneshot, Mutex};
 
-use r2vpo_llm::backend::{BackendKind, BackendSpec, ComputeDtype};
+use r2vpo_llm::backend::open::BackendSpec;
+use r2vpo_llm::backend::{BackendKind, ComputeDtype};
 use r2vpo_llm::chat::{ChatMessage, ChatTemplate};
 use r2vpo_llm::engine::{DecodeModel, Engine, EngineConfig, EngineError, Job, JobOutput, StopWhen, MAX_TOP_LOGPROBS};
 use r2vpo_llm::model::source::{self, check};
@@ -230,7 +231,7 @@ impl ServeConfig {
 /// `cfg` names; the error names the option at fault.
 fn on_backend(cfg: &ServeConfig, config: &ModelConfig, source: &dyn TensorSource) -> Result<DecodeModel, ServeError> {
     let spec = cfg.backend_spec()?;
-    match r2vpo_llm::backend::open(&spec, config, source, r2vpo_llm::backend::OptimConfig::default()) {
+    match r2vpo_llm::backend::open::open(&spec, config, source, r2vpo_llm::backend::OptimConfig::default()) {
         Ok(m) => Ok(m.into()),
         Err(ModelError::Spec { field, message }) => Err(ServeError::Config { field, message }),
         Err(e) => Err(ServeError::Load { path: cfg.model.clone(), message: e.to_string() }),

@@ -35,7 +35,7 @@ pub fn tiny(seed: u64) -> (Transformer, Tokenizer) {
 /// Writes [`tiny`]`(seed)` as a Hugging Face folder.
 pub fn tiny_dir(dir: &Path, seed: u64) -> PathBuf {
     let (m, tok) = tiny(seed);
-    r2vpo_llm::model::save::save_hf_dir(&m, dir).unwrap();
+    r2vpo_llm::backend::Policy::save_hf(&m, dir).unwrap();
     tok.save_hf_files(dir).unwrap();
     dir.to_path_buf()
 }

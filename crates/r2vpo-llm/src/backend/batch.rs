@@ -3,7 +3,6 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::backend::candle::PrefixedRows;
 use crate::experience::Sample;
 
 /// The token inputs of a micro-batch, in one of two equivalent layouts.
@@ -261,4 +260,22 @@ mod tests {
         let single = sample(&[5], &[8], 1.0);
         assert!(matches!(pack_prefixed(&[&single], 0, &Device::Cpu).unwrap().inputs, Inputs::Padded { .. }));
     }
+}
+
+/// Rows that share prompts, for the candle backend's shared-prefix passes
+/// (`Transformer::prefixed_tail_logprobs`):
+/// row `b` is the prefix `rows[b]` of `prefix_ids` followed by its own
+/// `suffix_ids` row. Both blocks are left-padded, their masks 1 at real tokens.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefixedRows<'a> {
+    /// Distinct prefixes `(U, P)`.
+    pub prefix_ids: &'a Tensor,
+    /// Their attention mask `(U, P)`.
+    pub prefix_mask: &'a Tensor,
+    /// The prefix (index into `prefix_ids`) each row continues; `B` entries.
+    pub rows: &'a [usize],
+    /// Each row's continuation `(B, S)`; its first real token is context only.
+    pub suffix_ids: &'a Tensor,
+    /// Their attention mask `(B, S)`.
+    pub suffix_mask: &'a Tensor,
 }

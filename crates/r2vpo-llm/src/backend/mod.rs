@@ -24,13 +24,16 @@
 //!   step. A step takes the gradients of all its micro-batches as one list,
 //!   which is where a data-parallel all-reduce would enter.
 //!
-//! Implementations: [`CandleBackend`] (candle on the CPU kernels of
-//! `r2vpo-kernels`, the default; the candle [`Transformer`] alone is the
-//! candle [`Policy`]), and `torch::TorchBackend` (libtorch through tch-rs,
-//! CPU or CUDA; built with the `torch` feature).
+//! Implementations: [`candle::CandleBackend`] (candle on the CPU kernels
+//! of `r2vpo-kernels`, the default; the candle [`candle::Transformer`]
+//! alone is the candle [`Policy`]), and `torch::TorchBackend` (libtorch
+//! through tch-rs, CPU or CUDA; built with the `torch` feature). Which one
+//! runs is a [`open::BackendSpec`], opened by [`open::open`] from a
+//! model's description and a source of its weights.
 
 pub mod batch;
 pub mod candle;
+pub mod open;
 pub mod optim;
 #[cfg(feature = "torch")]
 pub mod torch;
@@ -41,15 +44,12 @@ use std::path::Path;
 use candle_core::Tensor;
 
 pub use batch::MicroBatch;
-pub use candle::CandleBackend;
 pub use optim::OptimConfig;
 
 use crate::model::{ModelConfig, ModelError, Result, TensorSource};
 use crate::sample::{Generation, GenerationRequest, SamplingConfig};
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
-
-use candle::Transformer;
 
 /// Which compute backend (`model.backend`, `r2vpo serve --backend`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -122,96 +122,6 @@ impl std::str::FromStr for ComputeDtype {
     }
 }
 
-/// Everything that decides how a model is computed: the one description
-/// the trainer, the server and the benches open a backend from ([`open`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BackendSpec {
-    /// Which backend.
-    pub kind: BackendKind,
-    /// `cpu`, `cuda` or `cuda:N` ([`crate::model::cuda_ordinal`]).
-    pub device: String,
-    /// The dtype forwards and backwards compute in (weights, gradients and
-    /// AdamW moments stay f32).
-    pub compute_dtype: ComputeDtype,
-    /// Per-layer gradient checkpointing in the learner.
-    pub checkpointing: bool,
-}
-
-impl Default for BackendSpec {
-    fn default() -> Self {
-        BackendSpec {
-            kind: BackendKind::Candle,
-            device: "cpu".into(),
-            compute_dtype: ComputeDtype::F32,
-            checkpointing: false,
-        }
-    }
-}
-
-/// A model opened on a backend: the concrete types, for callers that need
-/// more than the traits (the server's KV-cached decoder).
-#[allow(clippy::large_enum_variant)]
-pub enum Opened {
-    /// The candle model.
-    Candle(Transformer),
-    /// The libtorch model.
-    #[cfg(feature = "torch")]
-    Torch(torch::TorchBackend),
-}
-
-/// Opens `config`'s model with the weights of `source` as `spec` asks:
-/// the one place a backend is chosen. Each tensor is read from `source`,
-/// converted and placed before the next ([`crate::model::source`]). The
-/// optimizer `optim` is used only if the model learns ([`Backend`]).
-pub fn open(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource, optim: OptimConfig) -> Result<Opened> {
-    let spec_err = |field: &str, message: String| ModelError::Spec { field: field.into(), message };
-    spec.kind.check_built()?;
-    match spec.kind {
-        BackendKind::Candle => {
-            let device = crate::backend::candle::open_device(&spec.device).map_err(|m| spec_err("device", m))?;
-            let _ = optim;
-            let mut model = Transformer::from_source(config.clone(), source, candle_core::DType::F32, &device)?;
-            model.set_compute_dtype(spec.compute_dtype.dtype());
-            Ok(Opened::Candle(model))
-        }
-        #[cfg(feature = "torch")]
-        BackendKind::Torch => {
-            let opts = torch::TorchOptions {
-                cuda: torch::torch_device(&spec.device).map_err(|m| spec_err("device", m))?,
-                bf16: spec.compute_dtype == ComputeDtype::Bf16,
-                checkpointing: spec.checkpointing,
-            };
-            Ok(Opened::Torch(torch::TorchBackend::new(config.clone(), source, optim, opts)?))
-        }
-        #[cfg(not(feature = "torch"))]
-        BackendKind::Torch => unreachable!("check_built refused it"),
-    }
-}
-
-/// [`open`] for inference only (sampling, scoring: an actor's policy, the
-/// KL reference).
-pub fn open_policy(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource) -> Result<Box<dyn Policy>> {
-    Ok(match open(spec, config, source, OptimConfig::default())? {
-        Opened::Candle(m) => Box::new(m),
-        #[cfg(feature = "torch")]
-        Opened::Torch(t) => Box::new(t),
-    })
-}
-
-/// [`open`] for learning, with AdamW `optim`.
-pub fn open_backend(
-    spec: &BackendSpec,
-    config: &ModelConfig,
-    source: &dyn TensorSource,
-    optim: OptimConfig,
-) -> Result<Box<dyn Backend>> {
-    Ok(match open(spec, config, source, optim)? {
-        Opened::Candle(m) => Box::new(CandleBackend::new(m, optim, spec.checkpointing)?),
-        #[cfg(feature = "torch")]
-        Opened::Torch(t) => Box::new(t),
-    })
-}
-
 /// The inference half of a backend.
 pub trait Policy: Send + Sync {
     /// The decoder's description (the same for every backend).
@@ -247,6 +157,12 @@ pub trait Policy: Send + Sync {
     /// A snapshot of the weights as version `version` (a copy: later
     /// updates do not reach it).
     fn export(&self, version: u64) -> Result<Weights>;
+
+    /// Writes the model as a Hugging Face folder (`config.json` and f32
+    /// `model.safetensors`) into `dir`, creating it.
+    fn save_hf(&self, dir: &Path) -> Result<()> {
+        self.export(0)?.save_hf_dir(self.config(), dir)
+    }
 
     /// Sets every parameter from `weights` (a [`Weights`] snapshot, or a
     /// model read from disk one tensor at a time). Every tensor's presence

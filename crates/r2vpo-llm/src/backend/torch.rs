@@ -49,8 +49,8 @@ use std::sync::Mutex;
 
 use tch::{Device as TDevice, Kind, Tensor as T};
 
-use super::OptimConfig;
 use super::batch::{Inputs, MicroBatch};
+use super::OptimConfig;
 use super::{Backend, Forward, Policy};
 use crate::model::expected_params;
 use crate::model::source::check;

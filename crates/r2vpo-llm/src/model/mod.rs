@@ -79,7 +79,7 @@ pub enum ModelError {
         /// What is wrong.
         message: String,
     },
-    /// A backend cannot be opened as its [`crate::backend::BackendSpec`]
+    /// A backend cannot be opened as its [`crate::backend::open::BackendSpec`]
     /// asks (a malformed device, a backend this binary was built without).
     #[error("backend option `{field}`: {message}")]
     Spec {

@@ -10,15 +10,9 @@ use serde_json::Value;
 
 use super::{ModelConfig, ModelError, Result};
 
-/// Writes `config.json` and `model.safetensors` (f32) of `model`, on any
-/// backend, into `dir`, creating it. A tied model saves no
-/// `lm_head.weight`, as Hugging Face does.
-pub fn save_hf_dir(model: &dyn crate::backend::Policy, dir: &Path) -> Result<()> {
-    save_hf_tensors(model.config(), &model.export(0)?.tensors, dir)
-}
-
-/// [`save_hf_dir`] of a model given by its config and its tensors by
-/// Hugging Face name (f32).
+/// Writes `config.json` for `config` and `model.safetensors` of `tensors`
+/// (f32, by Hugging Face name) into `dir`, creating it. A tied model saves
+/// no `lm_head.weight`, as Hugging Face does.
 pub fn save_hf_tensors(config: &ModelConfig, tensors: &HashMap<String, Tensor>, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| ModelError::Io { path: dir.to_path_buf(), source })?;
     let mut cfg = config.clone();

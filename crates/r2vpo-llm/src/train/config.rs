@@ -592,8 +592,8 @@ fn positive_seconds(fields: &[(&str, f64)]) -> TrainResult<()> {
 
 impl TrainConfig {
     /// The backend `[model]` and `activation_checkpointing` describe.
-    pub fn backend_spec(&self) -> crate::backend::BackendSpec {
-        crate::backend::BackendSpec {
+    pub fn backend_spec(&self) -> crate::backend::open::BackendSpec {
+        crate::backend::open::BackendSpec {
             kind: self.model.backend,
             device: self.model.device.clone(),
             compute_dtype: self.model.compute_dtype,
@@ -792,7 +792,7 @@ mod device_tests {
             let cfg = TrainConfig { model: m.clone(), ..TrainConfig::default() };
             let c = crate::model::ModelConfig::tiny(crate::model::Architecture::Llama, 16, 8, 16, 1, 2, 1, true);
             let init = crate::model::RandomInit::new(c.clone(), 0, 0.02);
-            crate::backend::open_policy(&cfg.backend_spec(), &c, &init)
+            crate::backend::open::open_policy(&cfg.backend_spec(), &c, &init)
                 .map(|_| ())
                 .map_err(|e| crate::train::spec_error(e, "model."))
         };

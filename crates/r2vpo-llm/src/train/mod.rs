@@ -267,12 +267,13 @@ pub fn load_policy(src: &ModelSource) -> TrainResult<(ModelConfig, Box<dyn Tenso
 /// A policy on the backend `cfg` names, for sampling and scoring only (an
 /// actor's, the KL reference).
 fn new_policy(cfg: &TrainConfig, config: &ModelConfig, weights: &dyn TensorSource) -> TrainResult<Box<dyn Policy>> {
-    crate::backend::open_policy(&cfg.backend_spec(), config, weights).map_err(|e| spec_error(e, "model."))
+    crate::backend::open::open_policy(&cfg.backend_spec(), config, weights).map_err(|e| spec_error(e, "model."))
 }
 
 /// The learner `cfg` names.
 fn new_backend(cfg: &TrainConfig, config: &ModelConfig, weights: &dyn TensorSource) -> TrainResult<Box<dyn Backend>> {
-    crate::backend::open_backend(&cfg.backend_spec(), config, weights, cfg.optim).map_err(|e| spec_error(e, "model."))
+    crate::backend::open::open_backend(&cfg.backend_spec(), config, weights, cfg.optim)
+        .map_err(|e| spec_error(e, "model."))
 }
 
 /// A backend option the spec refused, as the config key that set it

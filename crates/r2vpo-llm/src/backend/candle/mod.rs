@@ -18,7 +18,8 @@ pub mod device;
 pub mod ops;
 pub mod transformer;
 
-pub use device::{keep_awake, on_pool, on_pool_awake, open_device};
+use crate::pool::on_pool;
+pub use device::open_device;
 pub use transformer::{CheckpointedTail, KvCache, PrefixedRows, Transformer};
 
 use std::path::Path;
@@ -312,4 +313,50 @@ pub fn load_hf_dir(dir: &Path, dtype: DType, device: &candle_core::Device) -> Re
 pub fn load_gguf(path: &Path, dtype: DType, device: &candle_core::Device) -> Result<Transformer> {
     let gguf = crate::model::source::GgufFile::open(path)?;
     Transformer::from_source(gguf.config().clone(), &gguf, dtype, device)
+}
+
+impl crate::decode::DecodeCache for KvCache {
+    fn batch(&self) -> usize {
+        KvCache::batch(self)
+    }
+
+    fn len(&self) -> usize {
+        KvCache::len(self)
+    }
+
+    fn select_rows(&mut self, rows: &[usize]) -> Result<()> {
+        KvCache::select_rows(self, rows)
+    }
+
+    fn append_rows(&mut self, other: Self) -> Result<()> {
+        KvCache::append_rows(self, other)
+    }
+
+    fn trim_padding(&mut self) -> Result<()> {
+        KvCache::trim_padding(self)
+    }
+}
+
+impl crate::decode::Decoder for Transformer {
+    type Cache = KvCache;
+
+    fn config(&self) -> &ModelConfig {
+        Transformer::config(self)
+    }
+
+    fn input_device(&self) -> &candle_core::Device {
+        self.device()
+    }
+
+    fn new_cache(&self, batch: usize, tokens: usize) -> Self::Cache {
+        KvCache::with_capacity(self, batch, tokens)
+    }
+
+    fn forward_step(&self, ids: &Tensor, mask: &Tensor, cache: &mut Self::Cache) -> Result<Tensor> {
+        Transformer::forward_step(self, ids, mask, cache)
+    }
+
+    fn score_logprobs(&self, ids: &Tensor, mask: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        Transformer::score_logprobs(self, ids, mask, targets)
+    }
 }

@@ -13,6 +13,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 
 use super::ops;
+pub use crate::backend::batch::PrefixedRows;
 use crate::model::source::{check, NamedTensors, RandomInit, TensorSource};
 use crate::model::{expected_params, ModelConfig, ModelError, Result};
 
@@ -97,23 +98,6 @@ impl Params {
             lm_head: o(&self.lm_head)?,
         })
     }
-}
-
-/// Rows that share prompts, for [`Transformer::prefixed_tail_logprobs`]:
-/// row `b` is the prefix `rows[b]` of `prefix_ids` followed by its own
-/// `suffix_ids` row. Both blocks are left-padded, their masks 1 at real tokens.
-#[derive(Clone, Copy, Debug)]
-pub struct PrefixedRows<'a> {
-    /// Distinct prefixes `(U, P)`.
-    pub prefix_ids: &'a Tensor,
-    /// Their attention mask `(U, P)`.
-    pub prefix_mask: &'a Tensor,
-    /// The prefix (index into `prefix_ids`) each row continues; `B` entries.
-    pub rows: &'a [usize],
-    /// Each row's continuation `(B, S)`; its first real token is context only.
-    pub suffix_ids: &'a Tensor,
-    /// Their attention mask `(B, S)`.
-    pub suffix_mask: &'a Tensor,
 }
 
 /// Per-layer key/value cache for batched incremental decoding. Each row

@@ -440,30 +440,11 @@ fn last_dim(l: &Layout, op: &str) -> Result<usize> {
     }
 }
 
-thread_local! {
-    static COMPOSITES_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs `f` with the fused CPU kernels off on this thread, so the CPU
-/// computes with exactly the composites a CUDA device runs: the GPU path's
-/// math checked against the fused path without a GPU (`r2vpo bench step
-/// --composite --check`, `tests/model_ops.rs`).
-pub fn with_composites<R>(f: impl FnOnce() -> R) -> R {
-    let before = COMPOSITES_ONLY.with(|c| c.replace(true));
-    let out = f();
-    COMPOSITES_ONLY.with(|c| c.set(before));
-    out
-}
-
-/// Whether [`with_composites`] is in force on this thread (so
-/// [`super::on_pool`] can carry it to the pool thread it runs on).
-pub(crate) fn composites_only() -> bool {
-    COMPOSITES_ONLY.with(|c| c.get())
-}
+pub use crate::pool::{composites_only, with_composites};
 
 /// Whether the fused CPU kernels apply to `t`.
 fn fused_ok(t: &Tensor) -> bool {
-    t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64) && !COMPOSITES_ONLY.with(|c| c.get())
+    t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64) && !composites_only()
 }
 
 fn unsupported(op: &str, s: &CpuStorage) -> Error {

@@ -1,0 +1,99 @@
+//! The one place a backend is chosen: a [`BackendSpec`] (which backend,
+//! where, in what dtype) and a model's description and weight source make
+//! a [`Policy`] or a [`Backend`].
+
+use super::candle::{CandleBackend, Transformer};
+#[cfg(feature = "torch")]
+use super::torch;
+use super::{Backend, BackendKind, ComputeDtype, OptimConfig, Policy};
+use crate::model::{ModelConfig, ModelError, Result, TensorSource};
+
+/// Everything that decides how a model is computed: the one description
+/// the trainer, the server and the benches open a backend from ([`open`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendSpec {
+    /// Which backend.
+    pub kind: BackendKind,
+    /// `cpu`, `cuda` or `cuda:N` ([`crate::model::cuda_ordinal`]).
+    pub device: String,
+    /// The dtype forwards and backwards compute in (weights, gradients and
+    /// AdamW moments stay f32).
+    pub compute_dtype: ComputeDtype,
+    /// Per-layer gradient checkpointing in the learner.
+    pub checkpointing: bool,
+}
+
+impl Default for BackendSpec {
+    fn default() -> Self {
+        BackendSpec {
+            kind: BackendKind::Candle,
+            device: "cpu".into(),
+            compute_dtype: ComputeDtype::F32,
+            checkpointing: false,
+        }
+    }
+}
+
+/// A model opened on a backend: the concrete types, for callers that need
+/// more than the traits (the server's KV-cached decoder).
+#[allow(clippy::large_enum_variant)]
+pub enum Opened {
+    /// The candle model.
+    Candle(Transformer),
+    /// The libtorch model.
+    #[cfg(feature = "torch")]
+    Torch(torch::TorchBackend),
+}
+
+/// Opens `config`'s model with the weights of `source` as `spec` asks:
+/// the one place a backend is chosen. Each tensor is read from `source`,
+/// converted and placed before the next ([`crate::model::source`]). The
+/// optimizer `optim` is used only if the model learns ([`Backend`]).
+pub fn open(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource, optim: OptimConfig) -> Result<Opened> {
+    let spec_err = |field: &str, message: String| ModelError::Spec { field: field.into(), message };
+    spec.kind.check_built()?;
+    match spec.kind {
+        BackendKind::Candle => {
+            let device = crate::backend::candle::open_device(&spec.device).map_err(|m| spec_err("device", m))?;
+            let _ = optim;
+            let mut model = Transformer::from_source(config.clone(), source, candle_core::DType::F32, &device)?;
+            model.set_compute_dtype(spec.compute_dtype.dtype());
+            Ok(Opened::Candle(model))
+        }
+        #[cfg(feature = "torch")]
+        BackendKind::Torch => {
+            let opts = torch::TorchOptions {
+                cuda: torch::torch_device(&spec.device).map_err(|m| spec_err("device", m))?,
+                bf16: spec.compute_dtype == ComputeDtype::Bf16,
+                checkpointing: spec.checkpointing,
+            };
+            Ok(Opened::Torch(torch::TorchBackend::new(config.clone(), source, optim, opts)?))
+        }
+        #[cfg(not(feature = "torch"))]
+        BackendKind::Torch => unreachable!("check_built refused it"),
+    }
+}
+
+/// [`open`] for inference only (sampling, scoring: an actor's policy, the
+/// KL reference).
+pub fn open_policy(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource) -> Result<Box<dyn Policy>> {
+    Ok(match open(spec, config, source, OptimConfig::default())? {
+        Opened::Candle(m) => Box::new(m),
+        #[cfg(feature = "torch")]
+        Opened::Torch(t) => Box::new(t),
+    })
+}
+
+/// [`open`] for learning, with AdamW `optim`.
+pub fn open_backend(
+    spec: &BackendSpec,
+    config: &ModelConfig,
+    source: &dyn TensorSource,
+    optim: OptimConfig,
+) -> Result<Box<dyn Backend>> {
+    Ok(match open(spec, config, source, optim)? {
+        Opened::Candle(m) => Box::new(CandleBackend::new(m, optim, spec.checkpointing)?),
+        #[cfg(feature = "torch")]
+        Opened::Torch(t) => Box::new(t),
+    })
+}
