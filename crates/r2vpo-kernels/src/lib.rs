@@ -30,6 +30,7 @@ pub mod amx;
 pub mod avx2;
 pub mod dispatch;
 pub mod openblas;
+pub mod simd;
 pub mod small_gemm;
 
 /// A raw pointer that rayon's tasks may share: each writes a disjoint part

@@ -536,7 +536,7 @@ pub struct Sampled {
 /// strictly-more-likely predecessors hold less than `top_p` of the mass
 /// (so the token that crosses `top_p` is kept, and always at least one).
 pub fn sample_token(logits: &[f32], cfg: &SamplingConfig, rng: &mut impl Rng) -> Sampled {
-    let (max_i, max_l) = crate::backend::candle::ops::argmax(logits);
+    let (max_i, max_l) = r2vpo_kernels::simd::argmax(logits);
     // One pass gives both the log-normaliser and the entropy:
     // H = ln Σe − Σ e·(l − max) / Σe with e = exp(l − max), in f32 SIMD
     // with f64 sums (`exp_moments`: within 3e-7 relative of f64 throughout,
@@ -546,7 +546,7 @@ pub fn sample_token(logits: &[f32], cfg: &SamplingConfig, rng: &mut impl Rng) ->
     // was 6 % of decode time at batch 32, half of it repeated.
     let keep = cfg.temperature == 1.0;
     let mut e = Vec::with_capacity(if keep { logits.len() } else { 0 });
-    let (s0, s1) = crate::backend::candle::ops::exp_moments(logits, max_l, keep.then_some(&mut e));
+    let (s0, s1) = r2vpo_kernels::simd::exp_moments(logits, max_l, keep.then_some(&mut e));
     let lse = f64::from(max_l) + s0.ln();
     let entropy = s0.ln() - s1 / s0;
     let model_lp = |t: usize| f64::from(logits[t]) - lse;

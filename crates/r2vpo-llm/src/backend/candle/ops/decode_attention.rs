@@ -257,8 +257,8 @@ fn attend_block<S: pulp::Simd, const C: usize, const N: usize>(
     }
     let mut inv = [0f32; N];
     for (a, pa) in p.chunks_exact_mut(tk).enumerate() {
-        let mx = max16(pa);
-        inv[a] = 1.0 / exp_shifted16((pa, mx));
+        let mx = r2vpo_kernels::simd::max16(pa);
+        inv[a] = 1.0 / r2vpo_kernels::simd::exp_shifted16((pa, mx));
     }
     let mut acc = [[zero; C]; N];
     for j in 0..tk {
@@ -320,8 +320,8 @@ fn attend_any(q: &[f32], kv: KvRows, o: &mut [f32]) {
         for (j, pj) in p.iter_mut().enumerate() {
             *pj = dot(qr, kv.key(j)) + mr[j];
         }
-        let mx = max16(&p);
-        let inv = 1.0 / exp_shifted16((&mut p, mx));
+        let mx = r2vpo_kernels::simd::max16(&p);
+        let inv = 1.0 / r2vpo_kernels::simd::exp_shifted16((&mut p, mx));
         for (j, &pj) in p.iter().enumerate() {
             let w = pj * inv;
             for (a, &x) in or.iter_mut().zip(kv.value(j)) {
