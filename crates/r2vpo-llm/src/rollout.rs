@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::Policy;
 use crate::sample::{Generation, GenerationRequest, SamplingConfig};
 use crate::tokenizer::Tokenizer;
+use crate::weights::Weights;
 
 /// One prompt to sample once per seed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,6 +111,42 @@ pub struct RolloutCounters {
     pub last_failure: Option<String>,
 }
 
+/// The learner's weights at one version, exported on first use: a source
+/// that samples elsewhere takes the [`Weights`] (a copy the learner's next
+/// step does not touch); the in-process source, which samples from the
+/// live policy, takes only the version and costs no copy.
+pub struct WeightSnapshot<'a> {
+    policy: &'a dyn Policy,
+    version: u64,
+    exported: std::cell::OnceCell<Weights>,
+}
+
+impl<'a> WeightSnapshot<'a> {
+    /// `policy`'s weights as version `version`, not exported yet.
+    pub fn new(policy: &'a dyn Policy, version: u64) -> Self {
+        WeightSnapshot { policy, version, exported: std::cell::OnceCell::new() }
+    }
+
+    /// The weight version.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The model's description.
+    pub fn config(&self) -> &crate::model::ModelConfig {
+        self.policy.config()
+    }
+
+    /// The weights, exported from the policy on the first call.
+    pub fn weights(&self) -> crate::model::Result<&Weights> {
+        if let Some(w) = self.exported.get() {
+            return Ok(w);
+        }
+        let w = self.policy.export(self.version)?;
+        Ok(self.exported.get_or_init(|| w))
+    }
+}
+
 /// Where samples come from.
 pub trait RolloutSource: Send {
     /// A short description for logs (`local`, `http 127.0.0.1:8000,…`).
@@ -120,7 +157,9 @@ pub trait RolloutSource: Send {
 
     /// Samples every group with `sampling` (its `seed` is ignored: groups
     /// carry theirs) and decodes the texts with `tok`. `policy` is the
-    /// learner's current policy (used by in-process sources only).
+    /// learner's live policy: the in-process source samples from it without
+    /// a copy; a source that samples elsewhere has what it needs from its
+    /// last [`RolloutSource::sync_weights`] and does not read it.
     fn generate(
         &mut self,
         policy: &dyn Policy,
@@ -129,9 +168,11 @@ pub trait RolloutSource: Send {
         sampling: &SamplingConfig,
     ) -> Result<Vec<GroupRollout>, RolloutError>;
 
-    /// Makes later rollouts come from `policy` as weight version `version`
-    /// (a source that samples elsewhere takes `policy.export(version)`).
-    fn sync_weights(&mut self, policy: &dyn Policy, tok: &Tokenizer, version: u64) -> Result<(), RolloutError>;
+    /// Makes later rollouts come from the learner's weights of `snapshot`
+    /// (a source that samples elsewhere takes [`WeightSnapshot::weights`];
+    /// the in-process source only its version). `tok` is the tokenizer a
+    /// served model folder needs beside its weights.
+    fn sync_weights(&mut self, snapshot: &WeightSnapshot<'_>, tok: &Tokenizer) -> Result<(), RolloutError>;
 
     /// The counters so far.
     fn counters(&self) -> RolloutCounters {
@@ -188,8 +229,34 @@ impl RolloutSource for LocalRollout {
             .collect())
     }
 
-    fn sync_weights(&mut self, _: &dyn Policy, _: &Tokenizer, version: u64) -> Result<(), RolloutError> {
-        self.version = version;
+    fn sync_weights(&mut self, snapshot: &WeightSnapshot<'_>, _: &Tokenizer) -> Result<(), RolloutError> {
+        self.version = snapshot.version();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::candle::Transformer;
+    use crate::model::{Architecture, ModelConfig};
+
+    /// The in-process source takes the version without exporting; a source
+    /// that asks for the weights gets one export, the same on every call.
+    #[test]
+    fn a_snapshot_exports_once_and_only_when_asked() {
+        let cfg = ModelConfig::tiny(Architecture::Llama, 16, 8, 16, 1, 2, 1, true);
+        let m = Transformer::new_random(cfg, 1, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let tok = Tokenizer::load(&root.join(crate::train::config::EMBEDDED_MODEL)).unwrap();
+        let snapshot = WeightSnapshot::new(&m, 7);
+        let mut local = LocalRollout::new(4);
+        local.sync_weights(&snapshot, &tok).unwrap();
+        assert_eq!(local.version, 7);
+        assert!(snapshot.exported.get().is_none(), "the local source exported the weights");
+        let first: *const Weights = snapshot.weights().unwrap();
+        let again: *const Weights = snapshot.weights().unwrap();
+        assert_eq!(first, again);
+        assert_eq!(snapshot.weights().unwrap().version, 7);
     }
 }

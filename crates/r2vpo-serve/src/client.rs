@@ -39,7 +39,9 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use r2vpo_llm::backend::Policy;
-use r2vpo_llm::rollout::{GroupRequest, GroupRollout, LogprobsMode, RolloutCounters, RolloutError, RolloutSource};
+use r2vpo_llm::rollout::{
+    GroupRequest, GroupRollout, LogprobsMode, RolloutCounters, RolloutError, RolloutSource, WeightSnapshot,
+};
 use r2vpo_llm::sample::{FinishReason, Generation, SamplingConfig};
 use r2vpo_llm::tokenizer::Tokenizer;
 use r2vpo_llm::train::{RolloutConfig, WeightPush};
@@ -510,7 +512,8 @@ impl RolloutSource for HttpRollout {
             .collect()
     }
 
-    fn sync_weights(&mut self, policy: &dyn Policy, tok: &Tokenizer, version: u64) -> Result<(), RolloutError> {
+    fn sync_weights(&mut self, snapshot: &WeightSnapshot<'_>, tok: &Tokenizer) -> Result<(), RolloutError> {
+        let version = snapshot.version();
         if self.loader.is_none() {
             return Ok(());
         }
@@ -524,9 +527,9 @@ impl RolloutSource for HttpRollout {
                 std::fs::remove_dir_all(d).map_err(|e| io(d, e))?;
             }
         }
-        policy
-            .export(version)
-            .and_then(|w| w.save_hf_dir(policy.config(), &tmp))
+        snapshot
+            .weights()
+            .and_then(|w| w.save_hf_dir(snapshot.config(), &tmp))
             .map_err(|e| RolloutError::Push(e.to_string()))?;
         tok.save_hf_files(&tmp).map_err(|e| RolloutError::Push(e.to_string()))?;
         std::fs::rename(&tmp, &dir).map_err(|e| io(&dir, e))?;

@@ -203,7 +203,7 @@ fn a_push_acknowledged_with_another_version_is_a_failure() {
         ..RolloutConfig::default()
     };
     let mut c = HttpRollout::new(&cfg, dir.path()).unwrap();
-    let e = c.sync_weights(&pol, &tok, 3).unwrap_err().to_string();
+    let e = c.sync_weights(&r2vpo_llm::rollout::WeightSnapshot::new(&pol, 3), &tok).unwrap_err().to_string();
     assert!(e.contains("pushed weight version 3, the server reports 999"), "{e}");
     assert!(c.counters().failures.get("push").copied().unwrap_or(0) >= 1, "{:?}", c.counters());
 }

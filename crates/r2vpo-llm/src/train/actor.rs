@@ -291,7 +291,7 @@ impl Actor {
             RolloutBackend::Http => self.cfg.rollout.sync_every as u64,
         };
         if self.synced.is_none_or(|v| version.saturating_sub(v) >= every) {
-            self.source.sync_weights(policy, &self.tok, version)?;
+            self.source.sync_weights(&crate::rollout::WeightSnapshot::new(policy, version), &self.tok)?;
             self.synced = Some(version);
         }
         let g = self.cfg.group_size;
