@@ -30,6 +30,7 @@
 
 #![warn(missing_docs)]
 
+pub mod adam;
 pub mod advantage;
 pub mod aggregate;
 pub mod algo;

@@ -3,7 +3,8 @@
 use super::*;
 
 /// Adam (Kingma & Ba) on flat f32 buffers, with moments that can be
-/// checkpointed (candle_nn's `AdamW` keeps them private).
+/// checkpointed (candle_nn's `AdamW` keeps them private); the arithmetic
+/// is the core's [`r2vpo::adam::AdamStep`], shared with the LLM learner.
 #[derive(Debug, Clone)]
 pub struct Adam {
     lr: f64,
@@ -56,24 +57,12 @@ impl Adam {
         if !norm.is_finite() {
             return norm;
         }
+        // PyTorch's clip_grad_norm_ (CleanRL's): max / (‖g‖ + 1e-6).
         let scale = if max_norm > 0.0 && norm > max_norm { max_norm / (norm + 1e-6) } else { 1.0 };
         self.t += 1;
-        let t = self.t as i32;
-        let c1 = 1.0 - self.beta1.powi(t);
-        let c2 = 1.0 - self.beta2.powi(t);
-        let step = (self.lr / c1) as f32;
-        let c2s = c2.sqrt() as f32;
-        let (b1, b2, eps) = (self.beta1 as f32, self.beta2 as f32, self.eps as f32);
-        let scale = scale as f32;
+        let step = r2vpo::adam::AdamStep::new(self.lr, self.beta1, self.beta2, self.eps, self.t, 0.0, scale);
         for ((w, g), (m, v)) in params.iter_mut().zip(grads).zip(self.m.iter_mut().zip(self.v.iter_mut())) {
-            // Zipped iterators (no indexing) so the loop vectorises.
-            for (((w, &g), m), v) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                let gi = g * scale;
-                *m = b1 * *m + (1.0 - b1) * gi;
-                *v = b2 * *v + (1.0 - b2) * gi * gi;
-                // lr·m̂/(√v̂ + ε) with m̂ = m/c1, v̂ = v/c2.
-                *w -= step * *m / (v.sqrt() / c2s + eps);
-            }
+            step.apply(w, g, m, v);
         }
         norm
     }

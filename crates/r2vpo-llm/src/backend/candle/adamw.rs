@@ -1,12 +1,15 @@
 //! AdamW over the candle model's `Var`s with state that can be checkpointed
 //! (candle-nn's `AdamW` keeps its moments private and decays every tensor,
-//! norms included).
+//! norms included). The arithmetic is the core's [`AdamStep`], shared with
+//! the control networks' Adam: PyTorch's `AdamW` form.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{CpuStorage, DType, Layout, Tensor, Var};
 use rayon::prelude::*;
+
+use r2vpo::adam::AdamStep;
 
 use crate::backend::OptimConfig;
 use crate::model::{ModelError, Result};
@@ -74,40 +77,40 @@ impl AdamW {
         }
         let lr = self.lr_at(self.t);
         self.t += 1;
-        let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
-        let bc1 = 1.0 - b1.powi(self.t as i32);
-        let bc2 = 1.0 - b2.powi(self.t as i32);
+        let c = &self.cfg;
+        let decayed = AdamStep::new(lr, c.beta1, c.beta2, c.eps, self.t, c.weight_decay, grad_scale);
+        let plain = AdamStep::new(lr, c.beta1, c.beta2, c.eps, self.t, 0.0, grad_scale);
         for (i, grad) in grads.iter().enumerate() {
             let w = self.vars[i].as_tensor();
-            let decay = if self.decay[i] && self.cfg.weight_decay > 0.0 {
-                Some(1.0 - lr * self.cfg.weight_decay)
-            } else {
-                None
-            };
+            let decays = self.decay[i] && c.weight_decay > 0.0;
+            let step = if decays { decayed } else { plain };
             if let Some(g) = grad.as_ref().filter(|g| in_place && in_place_ok(&[w, g, &self.m[i], &self.v[i]])) {
                 let g = g.contiguous()?;
-                self.m[i].inplace_op2(&g, &Moment { keep: b1, scale: grad_scale, square: false })?;
-                self.v[i].inplace_op2(&g, &Moment { keep: b2, scale: grad_scale, square: true })?;
-                let u = Update { decay, lr, bc1, bc2, eps: self.cfg.eps };
-                w.inplace_op3(&self.m[i], &self.v[i], &u)?;
+                self.m[i].inplace_op2(&g, &Moment { step, second: false })?;
+                self.v[i].inplace_op2(&g, &Moment { step, second: true })?;
+                w.inplace_op3(&self.m[i], &self.v[i], &Update(step))?;
                 continue;
             }
+            // The same arithmetic by candle ops, operation for operation in
+            // f32 (the coefficients are the step's f32 values), so both paths
+            // give the same bits (tested).
+            let f = f64::from;
             let w = w.detach();
-            let mut new_w = match decay {
-                Some(d) => w.affine(d, 0.0)?,
-                // Nothing to do, and `Var::set` refuses the var's own value.
-                None if grad.is_none() => continue,
-                None => w.clone(),
+            let Some(g) = grad else {
+                // No gradient: the parameter only decays (`Var::set` refuses
+                // the var's own value, so a plain one is left alone).
+                if decays {
+                    self.vars[i].set(&w.affine(f(step.decay), 0.0)?)?;
+                }
+                continue;
             };
-            if let Some(g) = grad {
-                let g = g.detach().affine(grad_scale, 0.0)?;
-                self.m[i] = self.m[i].affine(b1, 0.0)?.add(&g.affine(1.0 - b1, 0.0)?)?;
-                self.v[i] = self.v[i].affine(b2, 0.0)?.add(&g.sqr()?.affine(1.0 - b2, 0.0)?)?;
-                let denom = self.v[i].affine(1.0 / bc2, 0.0)?.sqrt()?.affine(1.0, self.cfg.eps)?;
-                let upd = self.m[i].affine(1.0 / bc1, 0.0)?.div(&denom)?;
-                new_w = new_w.sub(&upd.affine(lr, 0.0)?)?;
-            }
-            self.vars[i].set(&new_w)?;
+            let h = g.detach().affine(f(step.grad_scale), 0.0)?;
+            self.m[i] = self.m[i].affine(f(step.beta1), 0.0)?.add(&h.affine(f(1.0 - step.beta1), 0.0)?)?;
+            self.v[i] = self.v[i].affine(f(step.beta2), 0.0)?.add(&h.affine(f(1.0 - step.beta2), 0.0)?.mul(&h)?)?;
+            let c2 = Tensor::new(step.c2_sqrt, w.device())?;
+            let denom = self.v[i].sqrt()?.broadcast_div(&c2)?.affine(1.0, f(step.eps))?;
+            let upd = self.m[i].affine(f(step.step), 0.0)?.div(&denom)?;
+            self.vars[i].set(&w.affine(f(step.decay), 0.0)?.sub(&upd)?)?;
         }
         Ok(lr)
     }
@@ -146,14 +149,12 @@ fn in_place_ok(ts: &[&Tensor]) -> bool {
     ts.iter().all(|t| t.device().is_cpu() && t.dtype() == DType::F32 && t.is_contiguous())
 }
 
-/// `x ← keep·x + (1 − keep)·h` with `h = scale·g` (first moment) or
-/// `(scale·g)²` (second), in place. The arithmetic is the composite's,
-/// step for step in f32, so both paths give the same bits (tested): one
-/// pass where the composite ran five ops and allocated five tensors.
+/// One moment of [`AdamStep`] in place: the first (`second = false`) or
+/// the second, from the gradient. One pass where the composite ran five
+/// ops and allocated five tensors.
 struct Moment {
-    keep: f64,
-    scale: f64,
-    square: bool,
+    step: AdamStep,
+    second: bool,
 }
 
 impl candle_core::InplaceOp2 for Moment {
@@ -163,28 +164,19 @@ impl candle_core::InplaceOp2 for Moment {
 
     fn cpu_fwd(&self, s1: &mut CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<()> {
         let (x, g) = f32_pair(s1, l1, s2, l2, self.name())?;
-        let (keep, fresh, scale) = (self.keep as f32, (1.0 - self.keep) as f32, self.scale as f32);
-        let square = self.square;
+        let (step, second) = (self.step, self.second);
         x.par_chunks_mut(CHUNK).zip(g.par_chunks(CHUNK)).for_each(|(x, g)| {
             for (x, &g) in x.iter_mut().zip(g) {
-                let h = g * scale;
-                let h = if square { h * h } else { h };
-                *x = *x * keep + h * fresh;
+                *x = if second { step.second(*x, g) } else { step.first(*x, g) };
             }
         });
         Ok(())
     }
 }
 
-/// `w ← d·w − lr · (m / bc1) / (√(v / bc2) + ε)` in place (`d = 1 − lr·wd`
-/// where the parameter decays), from the moments [`Moment`] just wrote.
-struct Update {
-    decay: Option<f64>,
-    lr: f64,
-    bc1: f64,
-    bc2: f64,
-    eps: f64,
-}
+/// The parameter's update of [`AdamStep`] in place, from the moments
+/// [`Moment`] just wrote.
+struct Update(AdamStep);
 
 impl candle_core::InplaceOp3 for Update {
     fn name(&self) -> &'static str {
@@ -206,17 +198,10 @@ impl candle_core::InplaceOp3 for Update {
         if v.len() != w.len() {
             return Err(candle_core::Error::Msg(format!("{n}: {} weights, {} second moments", w.len(), v.len())));
         }
-        let (ib1, ib2, eps, lr) = ((1.0 / self.bc1) as f32, (1.0 / self.bc2) as f32, self.eps as f32, self.lr as f32);
-        let decay = self.decay.map(|d| d as f32);
+        let step = self.0;
         w.par_chunks_mut(CHUNK).zip(m.par_chunks(CHUNK)).zip(v.par_chunks(CHUNK)).for_each(|((w, m), v)| {
             for ((w, &m), &v) in w.iter_mut().zip(m).zip(v) {
-                let denom = (v * ib2).sqrt() + eps;
-                let upd = (m * ib1) / denom;
-                let base = match decay {
-                    Some(d) => *w * d,
-                    None => *w,
-                };
-                *w = base - upd * lr;
+                *w = step.param(*w, m, v);
             }
         });
         Ok(())
