@@ -192,7 +192,7 @@ enum BenchCmd {
     /// Forward+backward cost of every policy objective (R²VPO vs the baselines).
     Core(r2vpo_bench::objectives::CoreArgs),
     /// Raw physics and end-to-end training throughput on control tasks.
-    Control(control_cmd::BenchArgs),
+    Control(r2vpo_bench::control::BenchArgs),
     /// Generation throughput of the LLM stack (decode with KV cache at batch 1/8/32).
     Llm(r2vpo_bench::objectives::LlmArgs),
     /// Throughput of `r2vpo serve` under 1/8/32 concurrent clients against
@@ -263,7 +263,7 @@ fn run(cli: Cli) -> Result<()> {
         },
         Command::Bench(cmd) => match cmd {
             BenchCmd::Core(a) => r2vpo_bench::objectives::core(&a),
-            BenchCmd::Control(a) => control_cmd::bench(&a),
+            BenchCmd::Control(a) => r2vpo_bench::control::bench(&a),
             BenchCmd::Llm(a) => r2vpo_bench::objectives::llm(&a),
             BenchCmd::Serve(a) => r2vpo_bench::serve::serve(&a),
             BenchCmd::Async(a) => r2vpo_bench::queue::bench(&a),

@@ -270,3 +270,15 @@ pub fn algo_overrides(name: &str) -> TrainResult<Vec<String>> {
     a.require_on_policy("control")?;
     Ok(a.overrides(false))
 }
+
+/// The control commands' config file when `--config` is not given, where it
+/// exists (it matches [`TrainConfig::default`]).
+pub const DEFAULT_CONFIG: &str = "configs/control/cpu.toml";
+
+/// `explicit`, else [`DEFAULT_CONFIG`] where it exists (relative to the
+/// working directory), else none (the built-in defaults).
+pub fn default_config(explicit: Option<&std::path::Path>) -> Option<std::path::PathBuf> {
+    explicit
+        .map(std::path::Path::to_path_buf)
+        .or_else(|| Some(std::path::PathBuf::from(DEFAULT_CONFIG)).filter(|p| p.exists()))
+}
