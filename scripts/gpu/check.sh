@@ -223,6 +223,30 @@ if [ ! -f "$TOK/tokenizer.json" ] && [ -f .deps/models/SmolLM2-135M-Instruct.Q4_
     "$BIN" llm info --save-tokenizer "$TOK" > /dev/null   # what `make build-gpu` leaves in dist/gpu
 fi
 rm -rf "$W" && mkdir -p "$W"
+# How much host memory loading a bf16 model onto the device takes: a random
+# bf16 folder of $LOAD_SHAPE (as Hugging Face ships weights) served on the
+# torch backend, the server's peak resident memory once it listens against
+# the weights' size. Weights reach the device one tensor at a time, so the
+# peak should be the process's base plus about one tensor, not a multiple
+# of the model (docs/decisions.md). The dry run serves the tiny shape on
+# the candle backend, so the phase's plumbing is tested everywhere.
+NUMPY_PY=${NUMPY_PY:-$TORCH_PY}
+LOAD_SHAPE=${LOAD_SHAPE:-$SHAPE}
+load_bin=$TBIN load_flags=(--backend torch --device "$DEV" --dtype bf16)
+if [ $dry = 1 ] || [ $tbin = 0 ]; then load_bin=$BIN load_flags=(--backend candle); fi
+echo "== 3a. loading a bf16 $LOAD_SHAPE folder: ${load_flags[*]}"
+if "$NUMPY_PY" -c 'import numpy' 2>/dev/null; then
+    # --min-vocab: the served tokenizer's (SmolLM2's 49,152 ids; the tiny
+    # shape has 1,024).
+    phase bf16-folder 300 "$NUMPY_PY" scripts/gpu/bf16_folder.py --shape "$LOAD_SHAPE" --min-vocab 49152 \
+        --out "$W/bf16-model"
+    PEAK=1 phase serve-load 300 scripts/gpu/serve_peak.sh "$load_bin" "$W/bf16-model" "$TOK" "$OUT/serve-load.json" \
+        -- "${load_flags[@]}"
+    rm -rf "$W/bf16-model"
+else
+    echo "check: $NUMPY_PY has no numpy: the load measurement is skipped" >&2
+fi
+
 smoke=(llm train --config configs/llm/gpu-smoke.toml --no-export --set "model.tokenizer=$TOK" --set "model.device=$DEV")
 [ $dry = 1 ] && smoke+=(--set model.random.shape=configs/shapes/qwen3-tiny.json --set model.compute_dtype=f32
     --set prompts_per_iter=2 --set rollout_batch=16 --set minibatch_size=8 --set micro_batch_size=8

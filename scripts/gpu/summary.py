@@ -131,6 +131,19 @@ def main() -> None:
                    "|---|---|---|---|"]
         ratio = f"{measured / 1024 / planned:.2f}×" if measured and planned else "–"
         md.append(f"| {title} | {planned:.2f} | {measured / 1024 if measured else float('nan'):.2f} | {ratio} |")
+    loading = load(d / "serve-load.json")
+    if loading:
+        log = (d / "serve-load.log").read_text() if (d / "serve-load.log").exists() else ""
+        # "... (model PATH, BACKEND DEVICE DTYPE, weight version ...)"
+        served = next((line.split("(model ", 1)[1].split(", ")[1]
+                       for line in log.splitlines() if "listening on" in line and "(model " in line), "?")
+        gpu = peak(d / "serve-load-peak-mib")
+        loading["gpu_peak_gib"] = gpu / 1024 if gpu else None
+        md += ["", "## Loading a bf16 model (`r2vpo serve` on a random bf16 folder)\n",
+               "| served | weights file GiB | host peak GiB | host peak / weights | GPU peak GiB |", "|---|---|---|---|---|",
+               f"| {served} | {loading['weights_file_gib']:.2f} | {loading['host_peak_gib']:.2f} | "
+               f"{loading['host_peak_gib'] / loading['weights_file_gib']:.2f}× | "
+               f"{loading['gpu_peak_gib'] if loading['gpu_peak_gib'] is not None else float('nan'):.2f} |"]
     runs = {}
     for name, title in [("torch-e2e", "`llm train --config configs/llm/gpu-smoke.toml --set model.backend=torch`"),
                         ("e2e", "`llm train --config configs/llm/gpu-smoke.toml`"),
@@ -155,7 +168,7 @@ def main() -> None:
     if status:
         md += ["", "## Phases (exit code, seconds)\n", "```", *status, "```"]
     summary = {"device": device, "checks": checks, "samplers": samplers, "sampling": sampling, "steps": steps,
-               "plans": plans, "runs": runs,
+               "plans": plans, "loading": loading, "runs": runs,
                "phases": status}
     for name, text in [("summary.json", json.dumps(summary, indent=2)), ("summary.md", "\n".join(md) + "\n")]:
         tmp = d / (name + ".tmp")

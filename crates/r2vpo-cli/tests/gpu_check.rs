@@ -20,6 +20,9 @@ fn the_gpu_checks_dry_run_passes_every_phase() {
         .env("RUNS", &runs)
         .env("TOK", &tok)
         .env("RAYON_NUM_THREADS", "2")
+        // numpy for the bf16 folder the load phase writes: the Brax venv
+        // `make deps` makes has it.
+        .env("NUMPY_PY", root.join(".deps/venv-brax/bin/python"))
         .output()
         .unwrap();
     let log = String::from_utf8_lossy(&st.stdout).into_owned() + &String::from_utf8_lossy(&st.stderr);
@@ -32,6 +35,8 @@ fn the_gpu_checks_dry_run_passes_every_phase() {
         "r2vpo-ck-step",
         "plan-torch-step",
         "plan-torch-ck-step",
+        "bf16-folder",
+        "serve-load",
         "train-e2e",
         "xdev-2",
         "summary",
@@ -40,4 +45,5 @@ fn the_gpu_checks_dry_run_passes_every_phase() {
     }
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("## Sampler against learner") && summary.contains("| 2 |"), "{summary}");
+    assert!(summary.contains("## Loading a bf16 model") && summary.contains("candle cpu f32"), "{summary}");
 }
