@@ -39,7 +39,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
-use crate::backend::candle::{KvCache, Transformer};
+use crate::backend::candle::KvCache;
 use crate::decode::{DecodeCache, Decoder};
 use crate::model::{ModelConfig, TensorSource};
 use crate::sample::{
@@ -111,40 +111,10 @@ pub type TopLogprobs = Vec<Vec<(u32, f32)>>;
 /// version, and what to call with the outcome once they were applied.
 type PendingWeights = (Box<dyn TensorSource>, String, Box<dyn FnOnce(crate::model::Result<()>) + Send>);
 
-/// The model an [`Engine`] decodes with: either compute backend, chosen
-/// when the server starts (`r2vpo serve --backend`). One lives per engine
-/// (behind an `Arc`), so the variants' sizes do not matter.
-#[allow(clippy::large_enum_variant)]
-pub enum DecodeModel {
-    /// The candle decoder.
-    Candle(Transformer),
-    /// The libtorch decoder ([`crate::backend::torch::TorchBackend`]).
-    #[cfg(feature = "torch")]
-    Torch(Box<crate::backend::torch::TorchBackend>),
-}
-
-impl From<crate::backend::open::Opened> for DecodeModel {
-    fn from(m: crate::backend::open::Opened) -> Self {
-        match m {
-            crate::backend::open::Opened::Candle(m) => DecodeModel::Candle(m),
-            #[cfg(feature = "torch")]
-            crate::backend::open::Opened::Torch(t) => DecodeModel::Torch(Box::new(t)),
-        }
-    }
-}
-
-impl From<Transformer> for DecodeModel {
-    fn from(m: Transformer) -> Self {
-        DecodeModel::Candle(m)
-    }
-}
-
-#[cfg(feature = "torch")]
-impl From<crate::backend::torch::TorchBackend> for DecodeModel {
-    fn from(m: crate::backend::torch::TorchBackend) -> Self {
-        DecodeModel::Torch(Box::new(m))
-    }
-}
+/// The model an [`Engine`] decodes with: a model opened on either compute
+/// backend ([`crate::backend::open::open`], chosen when the server starts:
+/// `r2vpo serve --backend`).
+pub use crate::backend::open::Opened as DecodeModel;
 
 /// The cache of a [`DecodeModel`].
 pub enum DecodeModelCache {
@@ -161,10 +131,7 @@ macro_rules! each {
         match $x {
             DecodeModel::Candle($m) => $body,
             #[cfg(feature = "torch")]
-            DecodeModel::Torch(b) => {
-                let $m: &crate::backend::torch::TorchBackend = b;
-                $body
-            }
+            DecodeModel::Torch($m) => $body,
         }
     };
 }
@@ -230,7 +197,7 @@ impl Decoder for DecodeModel {
         match self {
             DecodeModel::Candle(m) => DecodeModelCache::Candle(m.new_cache(batch, tokens)),
             #[cfg(feature = "torch")]
-            DecodeModel::Torch(m) => DecodeModelCache::Torch(m.as_ref().new_cache(batch, tokens)),
+            DecodeModel::Torch(m) => DecodeModelCache::Torch(m.new_cache(batch, tokens)),
         }
     }
 
@@ -238,7 +205,7 @@ impl Decoder for DecodeModel {
         match (self, cache) {
             (DecodeModel::Candle(m), DecodeModelCache::Candle(c)) => Decoder::forward_step(m, ids, mask, c),
             #[cfg(feature = "torch")]
-            (DecodeModel::Torch(m), DecodeModelCache::Torch(c)) => Decoder::forward_step(m.as_ref(), ids, mask, c),
+            (DecodeModel::Torch(m), DecodeModelCache::Torch(c)) => Decoder::forward_step(m, ids, mask, c),
             #[cfg(feature = "torch")]
             _ => Err(crate::model::ModelError::Torch("a cache of the other backend".into())),
         }

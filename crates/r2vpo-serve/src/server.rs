@@ -232,7 +232,7 @@ impl ServeConfig {
 fn on_backend(cfg: &ServeConfig, config: &ModelConfig, source: &dyn TensorSource) -> Result<DecodeModel, ServeError> {
     let spec = cfg.backend_spec()?;
     match r2vpo_llm::backend::open::open(&spec, config, source, r2vpo_llm::backend::OptimConfig::default()) {
-        Ok(m) => Ok(m.into()),
+        Ok(m) => Ok(m),
         Err(ModelError::Spec { field, message }) => Err(ServeError::Config { field, message }),
         Err(e) => Err(ServeError::Load { path: cfg.model.clone(), message: e.to_string() }),
     }

@@ -35,7 +35,9 @@ impl Default for BackendSpec {
 }
 
 /// A model opened on a backend: the concrete types, for callers that need
-/// more than the traits (the server's KV-cached decoder).
+/// more than the traits (the server's KV-cached decoder,
+/// [`crate::engine::DecodeModel`]). One lives per engine or learner, so the
+/// variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
 pub enum Opened {
     /// The candle model.
@@ -43,6 +45,19 @@ pub enum Opened {
     /// The libtorch model.
     #[cfg(feature = "torch")]
     Torch(torch::TorchBackend),
+}
+
+impl From<Transformer> for Opened {
+    fn from(m: Transformer) -> Self {
+        Opened::Candle(m)
+    }
+}
+
+#[cfg(feature = "torch")]
+impl From<torch::TorchBackend> for Opened {
+    fn from(m: torch::TorchBackend) -> Self {
+        Opened::Torch(m)
+    }
 }
 
 /// Opens `config`'s model with the weights of `source` as `spec` asks:
