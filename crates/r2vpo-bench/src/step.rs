@@ -18,7 +18,7 @@ use r2vpo_llm::backend::batch::{Inputs, MicroBatch};
 use r2vpo_llm::backend::candle::CandleBackend;
 use r2vpo_llm::backend::candle::Transformer;
 use r2vpo_llm::backend::open::{open_backend, BackendSpec, Opened};
-use r2vpo_llm::backend::{forward_backward, Backend, BackendKind};
+use r2vpo_llm::backend::{forward_backward, Backend, BackendKind, Policy};
 use r2vpo_llm::model::expected_params;
 use r2vpo_llm::model::{ModelConfig, RandomInit};
 use r2vpo_llm::train::config::OptimConfig;
@@ -792,31 +792,56 @@ fn sampler_bench<M: r2vpo_llm::decode::Decoder + ?Sized>(
     Ok(())
 }
 
-fn sampler_check(
+/// A sampler's tokens and the largest gap between the behaviour
+/// log-probs it recorded and `m`'s learner recomputing the same sequences
+/// ([`Policy::score`], the trainer's ratio's denominator and numerator).
+fn sampled_gap<M: r2vpo_llm::decode::Decoder + Policy>(
+    a: &StepBenchArgs,
+    prompts: &[Vec<u32>],
+    m: &M,
+) -> Result<(Vec<Vec<u32>>, f64)> {
+    let (b, r) = (prompts.len(), a.response);
+    let gens = sample_all(m, a, prompts)?;
+    let (ids, att) = sampled_rows(prompts, &gens, a.prompt + r, Policy::device(m))?;
+    let ones = Tensor::ones((b, r), DType::F32, Policy::device(m))?;
+    let mb = MicroBatch {
+        inputs: Inputs::Padded { ids, attention: att },
+        tail: r,
+        old_logp: ones.zeros_like()?,
+        advantages: ones.zeros_like()?,
+        mask: ones,
+        ref_logp: None,
+    };
+    let lp: Vec<Vec<f32>> = Policy::score(m, &mb)?.to_dtype(DType::F32)?.to_vec2()?;
+    let worst = worst_gap(&gens, &lp);
+    Ok((gens.into_iter().map(|g| g.token_ids).collect(), worst))
+}
+
+/// `--check --sampler`: `m`'s sampler against its own learner (on the
+/// composites with `--composite`), and the candle backend's on the CPU in
+/// f32 beside it, on the same prompts and seeds.
+fn sampler_check<M: r2vpo_llm::decode::Decoder + Policy>(
     a: &StepBenchArgs,
     cfg: &ModelConfig,
     init: &RandomInit,
-    model: &Transformer,
+    m: &M,
     shape: String,
 ) -> Result<()> {
-    let (b, p, r) = (a.batch, a.prompt, a.response);
+    let (b, r) = (a.batch, a.response);
     let prompts = sampler_prompts(a, cfg.vocab_size);
-    let run = |m: &Transformer| -> Result<(Vec<Vec<u32>>, f64)> {
-        let gens = sample_all(m, a, &prompts)?;
-        let (ids, att) = sampled_rows(&prompts, &gens, p + r, m.device())?;
-        let lp: Vec<Vec<f32>> = m.score_tail_logprobs(&ids, &att, r)?.to_dtype(DType::F32)?.to_vec2()?;
-        let worst = worst_gap(&gens, &lp);
-        Ok((gens.into_iter().map(|g| g.token_ids).collect(), worst))
+    let (toks, max_abs) = if a.composite {
+        r2vpo_llm::backend::candle::ops::with_composites(|| sampled_gap(a, &prompts, m))?
+    } else {
+        sampled_gap(a, &prompts, m)?
     };
-    let (toks, max_abs) =
-        if a.composite { r2vpo_llm::backend::candle::ops::with_composites(|| run(model))? } else { run(model)? };
     let cpu = Transformer::from_source(cfg.clone(), init, DType::F32, &Device::Cpu)?;
-    let (cpu_toks, cpu_max_abs) = run(&cpu)?;
+    let (cpu_toks, cpu_max_abs) = sampled_gap(a, &prompts, &cpu)?;
     let same = toks.iter().flatten().zip(cpu_toks.iter().flatten()).filter(|(x, y)| x == y).count();
     let pass = max_abs <= a.tolerance && max_abs.is_finite();
+    let torch = a.backend == "torch";
     let res = SamplerCheck {
         shape,
-        device: a.device.clone(),
+        device: if torch { format!("torch {}", a.device) } else { a.device.clone() },
         dtype: a.dtype.clone(),
         tokens: b * r,
         max_abs,
@@ -825,7 +850,7 @@ fn sampler_check(
         tolerance: a.tolerance,
         pass,
     };
-    report_sampler_check(a, &res, "cpu")
+    report_sampler_check(a, &res, if torch { "candle cpu" } else { "cpu" })
 }
 
 /// Prints and writes a sampler check (`reference` names what the CPU side
@@ -864,58 +889,8 @@ fn sampler(a: &StepBenchArgs, spec: &BackendSpec, cfg: &ModelConfig, init: &Rand
         Opened::Candle(m) if a.check => sampler_check(a, cfg, init, &m, shape),
         Opened::Candle(m) => sampler_bench(a, &m, shape, "candle"),
         #[cfg(feature = "torch")]
-        Opened::Torch(t) if a.check => torch_sampler_check(a, cfg, init, &t, shape),
+        Opened::Torch(t) if a.check => sampler_check(a, cfg, init, &t, shape),
         #[cfg(feature = "torch")]
         Opened::Torch(t) => sampler_bench(a, &t, shape, "torch"),
     }
-}
-
-/// The torch sampler's behaviour log-probs against the torch learner's
-/// recomputation; candle's on the CPU in f32 beside them.
-#[cfg(feature = "torch")]
-fn torch_sampler_check(
-    a: &StepBenchArgs,
-    cfg: &ModelConfig,
-    init: &RandomInit,
-    be: &r2vpo_llm::backend::torch::TorchBackend,
-    shape: String,
-) -> Result<()> {
-    use r2vpo_llm::backend::Policy;
-    let (b, p, r) = (a.batch, a.prompt, a.response);
-    let prompts = sampler_prompts(a, cfg.vocab_size);
-    let gens = sample_all(be, a, &prompts)?;
-    let (ids, att) = sampled_rows(&prompts, &gens, p + r, &Device::Cpu)?;
-    let ones = Tensor::ones((b, r), DType::F32, &Device::Cpu)?;
-    let mb = MicroBatch {
-        inputs: Inputs::Padded { ids, attention: att },
-        tail: r,
-        old_logp: ones.zeros_like()?,
-        advantages: ones.zeros_like()?,
-        mask: ones,
-        ref_logp: None,
-    };
-    let max_abs = worst_gap(&gens, &be.score(&mb)?.to_vec2::<f32>()?);
-    let cpu = Transformer::from_source(cfg.clone(), init, DType::F32, &Device::Cpu)?;
-    let cpu_gens = sample_all(&cpu, a, &prompts)?;
-    let (cids, catt) = sampled_rows(&prompts, &cpu_gens, p + r, &Device::Cpu)?;
-    let cpu_max_abs = worst_gap(&cpu_gens, &cpu.score_tail_logprobs(&cids, &catt, r)?.to_vec2::<f32>()?);
-    let same = gens
-        .iter()
-        .flat_map(|g| &g.token_ids)
-        .zip(cpu_gens.iter().flat_map(|g| &g.token_ids))
-        .filter(|(x, y)| x == y)
-        .count();
-    let pass = max_abs <= a.tolerance && max_abs.is_finite();
-    let res = SamplerCheck {
-        shape,
-        device: format!("torch {}", a.device),
-        dtype: a.dtype.clone(),
-        tokens: b * r,
-        max_abs,
-        cpu_max_abs,
-        same_tokens_frac: same as f64 / (b * r) as f64,
-        tolerance: a.tolerance,
-        pass,
-    };
-    report_sampler_check(a, &res, "candle cpu")
 }
