@@ -71,7 +71,7 @@ fn mujoco_message(m: &MjLogMessage) {
     }
 }
 
-/// Routes MuJoCo's messages through [`mujoco_message`]: to stderr, never
+/// Routes MuJoCo's messages through `mujoco_message`: to stderr, never
 /// to a `MUJOCO_LOG.TXT` file in the working directory, without the
 /// suite's known deprecations. Called before every model load, effective
 /// once per process.
