@@ -17,7 +17,6 @@ use r2vpo::dual::DualVariable;
 use r2vpo::replay::ReplayBuffer;
 
 use super::{Progress, RewardFn, Sample, TrainConfig, TrainError, TrainResult, Trainer, VerifierReward};
-use crate::weights::Weights;
 
 /// Bumped when the layout changes.
 const FORMAT: u32 = 1;
@@ -179,9 +178,11 @@ impl Trainer {
         // are not drawn twice.
         r2vpo_report::truncate_events_after(run_dir, iteration as i64)?;
         let mut t = Self::build(cfg, run_dir, reward_fn, progress)?;
+        // Read one tensor at a time into the learner: a whole f32 copy of
+        // the model never sits in host memory beside it.
         let w = dir.join("model.safetensors");
-        Weights::load_safetensors(&w, t.progress.iteration as u64)
-            .and_then(|weights| t.backend.load(&weights))
+        crate::model::source::SafetensorsFiles::open(std::slice::from_ref(&w), w.clone())
+            .and_then(|source| t.backend.load(&source))
             .map_err(|e| ckpt_err(&w, e.to_string()))?;
         let o = dir.join("optimizer.safetensors");
         t.backend.load_optimizer(&o, state.optimizer_steps).map_err(|e| ckpt_err(&o, e.to_string()))?;
