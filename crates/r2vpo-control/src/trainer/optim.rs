@@ -1,10 +1,12 @@
 //! Adam with checkpointable moments.
 
+use r2vpo::adam::{AdamForm, AdamStep};
+
 use super::*;
 
 /// Adam (Kingma & Ba) on flat f32 buffers, with moments that can be
 /// checkpointed (candle_nn's `AdamW` keeps them private); the arithmetic
-/// is the core's [`r2vpo::adam::AdamStep`], shared with the LLM learner.
+/// is the core's [`AdamStep`] in PyTorch's arrangement ([`AdamForm::Folded`]).
 #[derive(Debug, Clone)]
 pub struct Adam {
     lr: f64,
@@ -60,7 +62,7 @@ impl Adam {
         // PyTorch's clip_grad_norm_ (CleanRL's): max / (‖g‖ + 1e-6).
         let scale = if max_norm > 0.0 && norm > max_norm { max_norm / (norm + 1e-6) } else { 1.0 };
         self.t += 1;
-        let step = r2vpo::adam::AdamStep::new(self.lr, self.beta1, self.beta2, self.eps, self.t, 0.0, scale);
+        let step = AdamStep::new(AdamForm::Folded, self.lr, self.beta1, self.beta2, self.eps, self.t, 0.0, scale);
         for ((w, g), (m, v)) in params.iter_mut().zip(grads).zip(self.m.iter_mut().zip(self.v.iter_mut())) {
             step.apply(w, g, m, v);
         }

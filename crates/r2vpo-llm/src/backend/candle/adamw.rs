@@ -1,7 +1,8 @@
 //! AdamW over the candle model's `Var`s with state that can be checkpointed
 //! (candle-nn's `AdamW` keeps its moments private and decays every tensor,
-//! norms included). The arithmetic is the core's [`AdamStep`], shared with
-//! the control networks' Adam: PyTorch's `AdamW` form.
+//! norms included). The arithmetic is the core's [`AdamStep`] (shared with
+//! the control networks' Adam) in optax's arrangement,
+//! [`AdamForm::Corrected`].
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -9,7 +10,7 @@ use std::path::Path;
 use candle_core::{CpuStorage, DType, Layout, Tensor, Var};
 use rayon::prelude::*;
 
-use r2vpo::adam::AdamStep;
+use r2vpo::adam::{AdamForm, AdamStep};
 
 use crate::backend::OptimConfig;
 use crate::model::{ModelError, Result};
@@ -78,8 +79,10 @@ impl AdamW {
         let lr = self.lr_at(self.t);
         self.t += 1;
         let c = &self.cfg;
-        let decayed = AdamStep::new(lr, c.beta1, c.beta2, c.eps, self.t, c.weight_decay, grad_scale);
-        let plain = AdamStep::new(lr, c.beta1, c.beta2, c.eps, self.t, 0.0, grad_scale);
+        // The arrangement this learner's pinned runs were recorded with.
+        let form = AdamForm::Corrected;
+        let decayed = AdamStep::new(form, lr, c.beta1, c.beta2, c.eps, self.t, c.weight_decay, grad_scale);
+        let plain = AdamStep::new(form, lr, c.beta1, c.beta2, c.eps, self.t, 0.0, grad_scale);
         for (i, grad) in grads.iter().enumerate() {
             let w = self.vars[i].as_tensor();
             let decays = self.decay[i] && c.weight_decay > 0.0;
@@ -105,12 +108,12 @@ impl AdamW {
                 continue;
             };
             let h = g.detach().affine(f(step.grad_scale), 0.0)?;
-            self.m[i] = self.m[i].affine(f(step.beta1), 0.0)?.add(&h.affine(f(1.0 - step.beta1), 0.0)?)?;
-            self.v[i] = self.v[i].affine(f(step.beta2), 0.0)?.add(&h.affine(f(1.0 - step.beta2), 0.0)?.mul(&h)?)?;
-            let c2 = Tensor::new(step.c2_sqrt, w.device())?;
-            let denom = self.v[i].sqrt()?.broadcast_div(&c2)?.affine(1.0, f(step.eps))?;
-            let upd = self.m[i].affine(f(step.step), 0.0)?.div(&denom)?;
-            self.vars[i].set(&w.affine(f(step.decay), 0.0)?.sub(&upd)?)?;
+            self.m[i] = self.m[i].affine(f(step.beta1), 0.0)?.add(&h.affine(f(step.fresh.0), 0.0)?)?;
+            self.v[i] = self.v[i].affine(f(step.beta2), 0.0)?.add(&h.sqr()?.affine(f(step.fresh.1), 0.0)?)?;
+            let denom = self.v[i].affine(f(step.inv_c.1), 0.0)?.sqrt()?.affine(1.0, f(step.eps))?;
+            let upd = self.m[i].affine(f(step.inv_c.0), 0.0)?.div(&denom)?.affine(f(step.lr), 0.0)?;
+            let base = if decays { w.affine(f(step.decay), 0.0)? } else { w };
+            self.vars[i].set(&base.sub(&upd)?)?;
         }
         Ok(lr)
     }
