@@ -151,7 +151,7 @@ pub const SMALL_MAX_ROWS: usize = 32;
 /// streams past and meets x's pieces at once, and nothing is packed or
 /// kept. The f32 small-row kernel (`small_gemm`) spends about as long
 /// multiplying as reading a 32-row step's weights; here the multiply runs
-/// beside the read on the tile unit (measured in the README's decode
+/// beside the read on the tile unit (measured in `docs/cpu-speed.md`'s decode
 /// table). Each output sums its k blocks in one order whatever `m` is, so
 /// a row's values do not depend on the rows beside it. Several weights
 /// that read the same input (q, k and v; gate and up) share one parallel

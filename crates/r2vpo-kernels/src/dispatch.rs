@@ -19,7 +19,7 @@
 //! | `avx2`      | AVX2 kernel (needs AVX2 + FMA; also on AVX-512 CPUs) | AVX2 kernel for the layers, OpenBLAS (where it loads) or gemm for the LM head | small-row kernel | SIMD |
 //! | `amx`       | AMX (must be granted) | gemm                            | AMX from 16 rows        | SIMD |
 //!
-//! `auto` is the dispatch every measurement in the README was made on;
+//! `auto` is the dispatch every measurement in `docs/cpu-speed.md` was made on;
 //! `reference` gives the same bits on every CPU (the pinned trainer runs
 //! on it); the others exist so that each kernel a CPU can run is tested
 //! and timed there, whatever `auto` picks.

@@ -11,13 +11,13 @@
 //! in L1, so nothing is copied. SIMD comes from `pulp` (the portable-SIMD
 //! crate under gemm and faer: run-time dispatch to AVX-512, AVX2 or NEON),
 //! not hand-written intrinsics.
-//! Measured gains are in the README's decode table.
+//! Measured gains are in `docs/cpu-speed.md`'s decode rows.
 
 use rayon::prelude::*;
 
 /// Inputs with more rows than this go to candle's matmul: above it each
 /// weight panel is reused enough for packing to pay (measured crossover on
-/// SmolLM2 shapes, README).
+/// SmolLM2 shapes, `docs/cpu-speed.md`).
 pub const MAX_ROWS: usize = 32;
 
 /// Work (multiply–adds) below which one thread does it all: rayon's
