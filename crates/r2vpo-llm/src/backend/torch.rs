@@ -256,40 +256,47 @@ fn torch_err(e: tch::TchError) -> ModelError {
     ModelError::Torch(e.to_string())
 }
 
-/// A candle tensor's values as a libtorch f32 tensor on `device`. A bf16
-/// or f16 tensor (Hugging Face's stored dtypes) crosses to libtorch and to
-/// the device in its own dtype and is widened there, so the host never
-/// holds an f32 copy of it: a bf16 folder's largest tensor costs the host
-/// 1.5× its stored size in flight instead of 5× (stored, f32 tensor, f32
-/// vector, libtorch copy).
+/// A candle tensor's values as a libtorch f32 tensor on `device`, made by
+/// one copy out of the candle tensor's own buffer: libtorch reads it in
+/// place (a view, dropped before the buffer can be) and writes the f32
+/// parameter on the device, converting bf16 and f16 on the way. So a
+/// tensor costs the host nothing beyond its stored bytes while it crosses
+/// (on the CPU device the parameter itself lives in host memory). Measured
+/// by `a_bf16_folder_reaches_the_torch_backend_without_whole_model_host_copies`.
 fn to_torch(t: &candle_core::Tensor, device: TDevice) -> Result<T> {
-    use candle_core::DType;
+    use candle_core::{CpuStorage, Storage};
+    let t = t.contiguous()?;
     let dims: Vec<i64> = t.dims().iter().map(|&d| d as i64).collect();
-    let flat = t.flatten_all()?;
-    let host = match t.dtype() {
-        DType::BF16 => {
-            let v: Vec<half::bf16> = flat.to_vec1()?;
-            T::f_from_data_size(half_bytes(&v), &dims, Kind::BFloat16)
-        }
-        DType::F16 => {
-            let v: Vec<half::f16> = flat.to_vec1()?;
-            T::f_from_data_size(half_bytes(&v), &dims, Kind::Half)
-        }
+    let mut strides = vec![1i64; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * dims[i + 1];
+    }
+    let (storage, layout) = t.storage_and_layout();
+    let start = layout.start_offset();
+    let (ptr, kind) = match &*storage {
+        Storage::Cpu(CpuStorage::F32(v)) => (v[start..].as_ptr().cast::<u8>(), Kind::Float),
+        Storage::Cpu(CpuStorage::BF16(v)) => (v[start..].as_ptr().cast::<u8>(), Kind::BFloat16),
+        Storage::Cpu(CpuStorage::F16(v)) => (v[start..].as_ptr().cast::<u8>(), Kind::Half),
+        Storage::Cpu(CpuStorage::F64(v)) => (v[start..].as_ptr().cast::<u8>(), Kind::Double),
         _ => {
-            let v: Vec<f32> = flat.to_dtype(DType::F32)?.to_vec1()?;
-            T::f_from_slice(&v).and_then(|x| x.f_view(dims.as_slice()))
+            drop(storage);
+            let v: Vec<f32> =
+                t.to_dtype(candle_core::DType::F32)?.to_device(&candle_core::Device::Cpu)?.flatten_all()?.to_vec1()?;
+            return T::f_from_slice(&v)
+                .and_then(|x| x.f_view(dims.as_slice()))
+                .and_then(|x| x.f_to_device_(device, Kind::Float, false, true))
+                .map_err(torch_err);
         }
     };
-    host.and_then(|x| x.f_to_device(device)).and_then(|x| x.f_to_kind(Kind::Float)).map_err(torch_err)
-}
-
-/// The bytes of 16-bit floats, in memory order (little-endian here, as
-/// libtorch reads them).
-fn half_bytes<H: Copy>(v: &[H]) -> &[u8] {
-    debug_assert_eq!(std::mem::size_of::<H>(), 2);
-    // SAFETY: `H` is `half::bf16` or `half::f16`, plain 2-byte values
-    // without padding; the slice is borrowed for the returned lifetime.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+    // SAFETY: `ptr` points at `t`'s contiguous elements of `kind`, which the
+    // read guard `storage` keeps alive and unchanged until the end of this
+    // function; the view does not outlive it, because `copy = true` makes
+    // the result a new tensor even where device and kind already match.
+    let view = unsafe { T::f_from_blob(ptr, &dims, &strides, kind, TDevice::Cpu) }.map_err(torch_err)?;
+    let out = view.f_to_device_(device, Kind::Float, false, true).map_err(torch_err);
+    drop(view);
+    drop(storage);
+    out
 }
 
 /// A libtorch tensor's values as a candle f32 tensor on the CPU.

@@ -288,9 +288,30 @@ impl TensorSource for SafetensorsFiles {
         let io = |source| ModelError::Io { path: path.clone(), source };
         let mut f = File::open(path).map_err(io)?;
         f.seek(SeekFrom::Start(e.start)).map_err(io)?;
-        let mut bytes = vec![0u8; e.len];
-        f.read_exact(&mut bytes).map_err(io)?;
-        Ok(Tensor::from_raw_buffer(&bytes, e.dtype, &e.dims, &Device::Cpu)?)
+        // Read straight into the tensor's own buffer: the tensor is the
+        // only copy of its bytes in memory (`from_raw_buffer` would hold a
+        // second while it copies).
+        fn read_into<T: candle_core::WithDType + Default + Clone>(f: &mut File, e: &Entry) -> std::io::Result<Tensor> {
+            let mut v = vec![T::default(); e.len / std::mem::size_of::<T>()];
+            // SAFETY: `v` holds `e.len` bytes of plain floating-point
+            // values, any bit pattern of which is valid; the view lives
+            // for the read alone.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), e.len) };
+            f.read_exact(bytes)?;
+            Tensor::from_vec(v, e.dims.as_slice(), &Device::Cpu).map_err(std::io::Error::other)
+        }
+        let read = match e.dtype {
+            DType::F32 => read_into::<f32>(&mut f, e),
+            DType::BF16 => read_into::<half::bf16>(&mut f, e),
+            DType::F16 => read_into::<half::f16>(&mut f, e),
+            DType::F64 => read_into::<f64>(&mut f, e),
+            _ => {
+                let mut bytes = vec![0u8; e.len];
+                f.read_exact(&mut bytes).map_err(io)?;
+                return Ok(Tensor::from_raw_buffer(&bytes, e.dtype, &e.dims, &Device::Cpu)?);
+            }
+        };
+        read.map_err(io)
     }
 }
 
