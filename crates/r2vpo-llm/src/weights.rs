@@ -30,22 +30,6 @@ impl Weights {
         Weights { version, tensors: Arc::new(tensors) }
     }
 
-    /// The tensor `name`, checked to have shape `dims`: a missing or
-    /// mis-shaped tensor is [`ModelError::Mismatch`] naming it.
-    pub fn get(&self, name: &str, dims: &[usize]) -> crate::model::Result<&Tensor> {
-        let mismatch = |message: String| ModelError::Mismatch { tensor: name.to_string(), message };
-        let t =
-            self.tensors.get(name).ok_or_else(|| mismatch(format!("missing from weight version {}", self.version)))?;
-        if t.dims() != dims {
-            return Err(mismatch(format!(
-                "shape {:?} in weight version {}, {dims:?} in this model",
-                t.dims(),
-                self.version
-            )));
-        }
-        Ok(t)
-    }
-
     /// Writes the tensors as one safetensors file.
     pub fn save_safetensors(&self, path: &Path) -> crate::model::Result<()> {
         candle_core::safetensors::save(self.tensors.as_ref(), path)
