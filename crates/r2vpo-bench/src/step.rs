@@ -332,6 +332,7 @@ fn spec(a: &StepBenchArgs) -> Result<BackendSpec> {
         device: a.device.clone(),
         compute_dtype: a.dtype.parse().map_err(|m| anyhow::anyhow!("--dtype {m}"))?,
         checkpointing: a.checkpoint,
+        lora: None,
     })
 }
 

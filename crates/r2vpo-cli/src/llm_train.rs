@@ -260,7 +260,11 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     if cfg.export {
         let out = dir.join("model");
         trainer.export(&out).with_context(|| format!("exporting the policy to {}", out.display()))?;
-        println!("policy (Hugging Face folder): {}", out.display());
+        if cfg.model.lora.is_some() {
+            println!("adapter (PEFT folder; `r2vpo llm merge` folds it into the base): {}", out.display());
+        } else {
+            println!("policy (Hugging Face folder): {}", out.display());
+        }
     }
     let plots = crate::llm_plot::plot_runs(std::slice::from_ref(&dir), &dir.join("plots"), None)?;
     for p in plots {

@@ -141,6 +141,24 @@ enum LlmCmd {
     /// weights, AdamW moments, activations, logits) for a model shape, a
     /// world size and a ZeRO stage, against a device size.
     Plan(llm_plan::PlanArgs),
+    /// Fold a LoRA adapter (a PEFT folder: `llm train`'s export or
+    /// checkpoint `adapter/`, or one PEFT wrote) into its base model and
+    /// write the merged model as a Hugging Face folder.
+    Merge(LlmMergeArgs),
+}
+
+#[derive(Args, Debug)]
+struct LlmMergeArgs {
+    /// The base model: a GGUF file or a Hugging Face folder (default: the
+    /// adapter's `base_model_name_or_path` where that is a path here).
+    #[arg(long)]
+    base: Option<PathBuf>,
+    /// The adapter folder (`adapter_config.json`, `adapter_model.safetensors`).
+    #[arg(long)]
+    adapter: PathBuf,
+    /// Where to write the merged model (created).
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -256,6 +274,7 @@ fn run(cli: Cli) -> Result<()> {
             LlmCmd::Actor(a) => llm_train::actor(&a),
             LlmCmd::Plot(a) => llm_plot::plot(&a),
             LlmCmd::Plan(a) => llm_plan::run(&a),
+            LlmCmd::Merge(a) => llm_merge(&a),
         },
         Command::Toy(cmd) => match cmd {
             ToyCmd::Train(a) => toy::cmd_train(&a),
@@ -327,6 +346,42 @@ fn llm_verify(a: &LlmVerifyArgs) -> Result<()> {
 /// Prints an analysis' table and the files it wrote.
 fn print_report(r: r2vpo_theory::Report) -> Result<()> {
     print!("{}", r.text);
+    Ok(())
+}
+
+fn llm_merge(a: &LlmMergeArgs) -> Result<()> {
+    use r2vpo_llm::model::lora;
+    let base = match &a.base {
+        Some(b) => b.clone(),
+        None => {
+            let c = a.adapter.join(lora::ADAPTER_CONFIG);
+            let text = std::fs::read_to_string(&c).with_context(|| format!("reading {}", c.display()))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).with_context(|| format!("{}: not JSON", c.display()))?;
+            match v.get("base_model_name_or_path").and_then(|b| b.as_str()).map(PathBuf::from) {
+                Some(p) if p.exists() => p,
+                other => anyhow::bail!(
+                    "{}: base_model_name_or_path {:?} is not a model here; name the base with --base",
+                    c.display(),
+                    other
+                ),
+            }
+        }
+    };
+    let cfg = lora::merge_to_hf(&base, &a.adapter, &a.out)?;
+    match r2vpo_llm::tokenizer::Tokenizer::load(&base) {
+        Ok(tok) => tok.save_hf_files(&a.out)?,
+        Err(e) => eprintln!("llm merge: warning: no tokenizer copied from {}: {e}", base.display()),
+    }
+    println!(
+        "merged: {} (rank {}, alpha {}, {}) into {} -> {}",
+        a.adapter.display(),
+        cfg.rank,
+        cfg.alpha,
+        cfg.targets.iter().map(|t| t.name()).collect::<Vec<_>>().join(","),
+        base.display(),
+        a.out.display()
+    );
     Ok(())
 }
 

@@ -223,7 +223,7 @@ impl ServeConfig {
                 format!("`{}`: the candle backend serves on the CPU; --backend torch serves on a GPU", self.device),
             ));
         }
-        Ok(BackendSpec { kind, device: self.device.clone(), compute_dtype, checkpointing: false })
+        Ok(BackendSpec { kind, device: self.device.clone(), compute_dtype, checkpointing: false, lora: None })
     }
 }
 

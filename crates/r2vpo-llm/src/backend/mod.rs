@@ -46,7 +46,7 @@ use candle_core::Tensor;
 pub use batch::MicroBatch;
 pub use optim::OptimConfig;
 
-use crate::model::{ModelConfig, ModelError, Result, TensorSource};
+use crate::model::{LoraConfig, ModelConfig, ModelError, Result, TensorSource};
 use crate::sample::{Generation, GenerationRequest, SamplingConfig};
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
@@ -168,8 +168,31 @@ pub trait Policy: Send + Sync {
     /// model read from disk one tensor at a time). Every tensor's presence
     /// and shape is checked before any is applied, so a source that does
     /// not fit leaves the model as it was: the error names the tensor
-    /// ([`crate::model::ModelError::Mismatch`]).
+    /// ([`crate::model::ModelError::Mismatch`]). On a model with adapters
+    /// it sets the frozen base.
     fn load(&self, weights: &dyn TensorSource) -> Result<()>;
+
+    /// The low-rank adapters' configuration where the model trains
+    /// adapters on a frozen base ([`crate::model::lora`]); `None` when
+    /// every weight trains. With adapters, [`Policy::export`] gives the
+    /// merged weights (what the adapted model computes, as a plain model).
+    fn lora(&self) -> Option<&LoraConfig> {
+        None
+    }
+
+    /// The adapters' current values, f32 on the CPU under PEFT names;
+    /// `None` without adapters.
+    fn export_adapter(&self) -> Result<Option<HashMap<String, Tensor>>> {
+        Ok(None)
+    }
+
+    /// Sets the adapters from `source` (PEFT names), checked first to hold
+    /// exactly this model's adapters ([`crate::model::lora::check_adapter`]),
+    /// so one that does not fit leaves the model as it was.
+    fn load_adapter(&self, source: &dyn TensorSource) -> Result<()> {
+        let _ = source;
+        Err(ModelError::Spec { field: "lora".into(), message: "this model has no adapters to load into".into() })
+    }
 }
 
 /// The check [`Policy::load`] makes before applying anything: `source`

@@ -6,11 +6,12 @@ use super::candle::{CandleBackend, Transformer};
 #[cfg(feature = "torch")]
 use super::torch;
 use super::{Backend, BackendKind, ComputeDtype, OptimConfig, Policy};
-use crate::model::{ModelConfig, ModelError, Result, TensorSource};
+use crate::model::lora::AdapterInit;
+use crate::model::{LoraConfig, ModelConfig, ModelError, Result, TensorSource};
 
 /// Everything that decides how a model is computed: the one description
 /// the trainer, the server and the benches open a backend from ([`open`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct BackendSpec {
     /// Which backend.
     pub kind: BackendKind,
@@ -21,6 +22,11 @@ pub struct BackendSpec {
     pub compute_dtype: ComputeDtype,
     /// Per-layer gradient checkpointing in the learner.
     pub checkpointing: bool,
+    /// Low-rank adapters on a frozen base instead of training every
+    /// weight (the learner's; a policy opened for inference only,
+    /// [`open_policy`], is the plain model, since what the learner exports
+    /// is its merged weights).
+    pub lora: Option<LoraConfig>,
 }
 
 impl Default for BackendSpec {
@@ -30,6 +36,7 @@ impl Default for BackendSpec {
             device: "cpu".into(),
             compute_dtype: ComputeDtype::F32,
             checkpointing: false,
+            lora: None,
         }
     }
 }
@@ -72,11 +79,20 @@ pub fn open(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource,
             let device = crate::backend::candle::open_device(&spec.device).map_err(|m| spec_err("device", m))?;
             let _ = optim;
             let mut model = Transformer::from_source(config.clone(), source, candle_core::DType::F32, &device)?;
+            if let Some(lora) = &spec.lora {
+                model = model.with_adapters(lora, &AdapterInit::new(config, lora))?;
+            }
             model.set_compute_dtype(spec.compute_dtype.dtype());
             Ok(Opened::Candle(model))
         }
         #[cfg(feature = "torch")]
         BackendKind::Torch => {
+            if spec.lora.is_some() {
+                return Err(spec_err(
+                    "lora",
+                    "the torch backend does not train adapters yet; LoRA runs on backend = \"candle\"".into(),
+                ));
+            }
             let opts = torch::TorchOptions {
                 cuda: torch::torch_device(&spec.device).map_err(|m| spec_err("device", m))?,
                 bf16: spec.compute_dtype == ComputeDtype::Bf16,
@@ -92,7 +108,8 @@ pub fn open(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource,
 /// [`open`] for inference only (sampling, scoring: an actor's policy, the
 /// KL reference).
 pub fn open_policy(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource) -> Result<Box<dyn Policy>> {
-    Ok(match open(spec, config, source, OptimConfig::default())? {
+    let plain = BackendSpec { lora: None, ..spec.clone() };
+    Ok(match open(&plain, config, source, OptimConfig::default())? {
         Opened::Candle(m) => Box::new(m),
         #[cfg(feature = "torch")]
         Opened::Torch(t) => Box::new(t),

@@ -9,12 +9,14 @@
 pub mod config;
 pub mod load_gguf;
 pub mod load_hf;
+pub mod lora;
 pub mod save;
 pub mod source;
 
 use std::path::PathBuf;
 
 pub use config::{expected_params, Architecture, ModelConfig, RopeScaling};
+pub use lora::{LoraConfig, LoraTarget};
 pub use source::{RandomInit, TensorSource};
 
 /// The syntax of a device name alone: `cpu` → `None`, `cuda` → device 0,

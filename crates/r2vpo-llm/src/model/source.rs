@@ -440,7 +440,7 @@ impl RandomInit {
 }
 
 /// SplitMix64's state increment.
-const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+pub(crate) const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
 impl TensorSource for RandomInit {
     fn origin(&self) -> PathBuf {

@@ -68,9 +68,22 @@ impl Trainer {
         }
         std::fs::create_dir(&tmp).map_err(io(&tmp))?;
 
-        let w = tmp.join("model.safetensors");
-        let weights = self.backend.export(self.progress.iteration as u64)?;
-        weights.save_safetensors(&w).map_err(|e| ckpt_err(&w, e.to_string()))?;
+        // With adapters the base never changes: the checkpoint holds the
+        // adapter alone, in PEFT's layout, and the base is the config's.
+        let w = match (self.backend.lora(), self.backend.export_adapter()?) {
+            (Some(lora), Some(adapter)) => {
+                let d = tmp.join("adapter");
+                crate::model::lora::save_peft(&d, lora, Some(&self.cfg.model.path), &adapter)
+                    .map_err(|e| ckpt_err(&d, e.to_string()))?;
+                d.join(crate::model::lora::ADAPTER_WEIGHTS)
+            }
+            _ => {
+                let w = tmp.join("model.safetensors");
+                let weights = self.backend.export(self.progress.iteration as u64)?;
+                weights.save_safetensors(&w).map_err(|e| ckpt_err(&w, e.to_string()))?;
+                w
+            }
+        };
         let c = tmp.join("config.json");
         std::fs::write(&c, self.backend.config().to_json_string() + "\n").map_err(io(&c))?;
         let o = tmp.join("optimizer.safetensors");
@@ -180,10 +193,35 @@ impl Trainer {
         let mut t = Self::build(cfg, run_dir, reward_fn, progress)?;
         // Read one tensor at a time into the learner: a whole f32 copy of
         // the model never sits in host memory beside it.
-        let w = dir.join("model.safetensors");
-        crate::model::source::SafetensorsFiles::open(std::slice::from_ref(&w), w.clone())
-            .and_then(|source| t.backend.load(&source))
-            .map_err(|e| ckpt_err(&w, e.to_string()))?;
+        let adapter = dir.join("adapter");
+        match t.backend.lora() {
+            Some(lora) => {
+                let (saved, files) =
+                    crate::model::lora::open_peft(&adapter).map_err(|e| ckpt_err(&adapter, e.to_string()))?;
+                if (saved.rank, saved.alpha, saved.rslora) != (lora.rank, lora.alpha, lora.rslora)
+                    || sorted(&saved.targets) != sorted(&lora.targets)
+                {
+                    return Err(ckpt_err(
+                        &adapter,
+                        format!(
+                            "holds an adapter of rank {}, alpha {}, targets {:?}; the config asks for rank {}, alpha \
+                             {}, targets {:?}",
+                            saved.rank, saved.alpha, saved.targets, lora.rank, lora.alpha, lora.targets
+                        ),
+                    ));
+                }
+                t.backend.load_adapter(&files).map_err(|e| ckpt_err(&adapter, e.to_string()))?;
+            }
+            None if adapter.exists() => {
+                return Err(ckpt_err(&adapter, "the run trained adapters; its config has no [model.lora]"));
+            }
+            None => {
+                let w = dir.join("model.safetensors");
+                crate::model::source::SafetensorsFiles::open(std::slice::from_ref(&w), w.clone())
+                    .and_then(|source| t.backend.load(&source))
+                    .map_err(|e| ckpt_err(&w, e.to_string()))?;
+            }
+        }
         let o = dir.join("optimizer.safetensors");
         t.backend.load_optimizer(&o, state.optimizer_steps).map_err(|e| ckpt_err(&o, e.to_string()))?;
         t.learner = r2vpo::learner::Learner::with_dual(t.cfg.objective.clone(), state.dual)?;
@@ -200,4 +238,11 @@ impl Trainer {
         }
         Ok(t)
     }
+}
+
+/// `targets` in a canonical order, for comparing two adapters' targets.
+fn sorted(targets: &[crate::model::LoraTarget]) -> Vec<crate::model::LoraTarget> {
+    let mut v = targets.to_vec();
+    v.sort();
+    v
 }

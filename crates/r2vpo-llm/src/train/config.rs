@@ -286,7 +286,15 @@ pub struct ModelSource {
     /// [`crate::backend::candle::Transformer::set_compute_dtype`]). Sampling and
     /// scoring compute in it too, so behaviour and learner log-probs agree.
     pub compute_dtype: ComputeDtype,
+    /// `[model.lora]`: train low-rank adapters on the frozen base instead
+    /// of every weight ([`crate::model::lora`]). Checkpoints then hold the
+    /// adapter in PEFT's layout, `export` writes one, `llm merge` folds it
+    /// into the base. The candle backend trains them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
 }
+
+pub use crate::model::LoraConfig;
 
 pub use crate::backend::{BackendKind, ComputeDtype};
 
@@ -299,6 +307,7 @@ impl Default for ModelSource {
             backend: BackendKind::Candle,
             device: "cpu".into(),
             compute_dtype: ComputeDtype::F32,
+            lora: None,
         }
     }
 }
@@ -366,6 +375,7 @@ impl ModelSource {
             backend: BackendKind::Candle,
             device: "cpu".into(),
             compute_dtype: ComputeDtype::F32,
+            lora: None,
         }
     }
 }
@@ -598,6 +608,7 @@ impl TrainConfig {
             device: self.model.device.clone(),
             compute_dtype: self.model.compute_dtype,
             checkpointing: self.activation_checkpointing,
+            lora: self.model.lora.clone(),
         }
     }
 
@@ -634,6 +645,15 @@ impl TrainConfig {
         }
         self.sampling.validate().map_err(|e| bad("sampling", e.to_string()))?;
         crate::model::cuda_ordinal(&self.model.device).map_err(|m| bad("model.device", m))?;
+        if let Some(lora) = &self.model.lora {
+            lora.validate().map_err(|(f, m)| bad(&format!("model.lora.{f}"), m))?;
+            if self.model.backend != BackendKind::Candle {
+                return Err(bad(
+                    "model.lora",
+                    "adapters train on backend = \"candle\" (the torch backend does not yet)",
+                ));
+            }
+        }
         if let Some(r) = &self.model.random {
             if r.shape.is_some() {
                 if r.hidden + r.intermediate + r.layers + r.heads + r.kv_heads != 0 {

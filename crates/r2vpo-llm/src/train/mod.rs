@@ -853,10 +853,21 @@ impl Trainer {
 
     /// Writes the current policy as a Hugging Face folder (weights,
     /// `config.json`, tokenizer files with the chat template), loadable by
-    /// [`crate::backend::candle::load_model`] and by `transformers`.
+    /// [`crate::backend::candle::load_model`] and by `transformers`; a run
+    /// that trains adapters writes them as a PEFT adapter folder
+    /// (`adapter_config.json`, `adapter_model.safetensors`, the tokenizer
+    /// files), which PEFT and vLLM load on the base and `llm merge` folds
+    /// into it.
     pub fn export(&self, dir: &Path) -> TrainResult<()> {
-        let weights = self.backend.export(self.progress.iteration as u64)?;
-        weights.save_hf_dir(self.backend.config(), dir)?;
+        match (self.backend.lora(), self.backend.export_adapter()?) {
+            (Some(lora), Some(adapter)) => {
+                crate::model::lora::save_peft(dir, lora, Some(&self.cfg.model.path), &adapter)?;
+            }
+            _ => {
+                let weights = self.backend.export(self.progress.iteration as u64)?;
+                weights.save_hf_dir(self.backend.config(), dir)?;
+            }
+        }
         self.tok.save_hf_files(dir)?;
         Ok(())
     }

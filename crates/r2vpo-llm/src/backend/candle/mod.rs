@@ -22,6 +22,7 @@ use crate::pool::on_pool;
 pub use device::open_device;
 pub use transformer::{CheckpointedTail, KvCache, PrefixedRows, Transformer};
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{DType, Tensor};
@@ -29,7 +30,7 @@ use candle_core::{DType, Tensor};
 use super::batch::{Inputs, MicroBatch};
 use super::OptimConfig;
 use super::{Backend, Forward, Policy};
-use crate::model::{ModelConfig, Result, TensorSource};
+use crate::model::{LoraConfig, ModelConfig, Result, TensorSource};
 use crate::sample::{Generation, GenerationRequest, SamplingConfig};
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
@@ -70,17 +71,19 @@ impl Policy for Transformer {
     }
 
     fn export(&self, version: u64) -> Result<Weights> {
-        let tensors = self
-            .named_vars()
-            .into_iter()
-            .map(|(n, v)| {
-                let t = v.as_tensor().detach().to_dtype(DType::F32)?.to_device(&candle_core::Device::Cpu)?;
-                // A copy even where the casts were no-ops: the optimizer
-                // writes the live storage in place.
-                Ok((n, t.copy()?))
-            })
-            .collect::<Result<_>>()?;
-        Ok(Weights::new(version, tensors))
+        Ok(Weights::new(version, self.merged_tensors()?))
+    }
+
+    fn lora(&self) -> Option<&LoraConfig> {
+        Transformer::lora(self)
+    }
+
+    fn export_adapter(&self) -> Result<Option<HashMap<String, Tensor>>> {
+        self.lora().is_some().then(|| self.adapter_tensors()).transpose()
+    }
+
+    fn load_adapter(&self, source: &dyn TensorSource) -> Result<()> {
+        self.load_adapters(source)
     }
 
     fn load(&self, weights: &dyn TensorSource) -> Result<()> {
@@ -120,7 +123,7 @@ impl CandleBackend {
     /// checkpointing ([`Transformer::checkpointed_tail`]; no entropy bonus
     /// then).
     pub fn new(model: Transformer, optim: OptimConfig, checkpointing: bool) -> Result<Self> {
-        let opt = AdamW::new(model.named_vars(), optim)?;
+        let opt = AdamW::new(model.trainable_vars(), optim)?;
         let grads = vec![None; opt.vars().len()];
         Ok(CandleBackend { model, opt, grads, pending: None, checkpointing })
     }
@@ -180,6 +183,18 @@ impl Policy for CandleBackend {
 
     fn load(&self, weights: &dyn TensorSource) -> Result<()> {
         self.model.load(weights)
+    }
+
+    fn lora(&self) -> Option<&LoraConfig> {
+        self.model.lora()
+    }
+
+    fn export_adapter(&self) -> Result<Option<HashMap<String, Tensor>>> {
+        Policy::export_adapter(&self.model)
+    }
+
+    fn load_adapter(&self, source: &dyn TensorSource) -> Result<()> {
+        self.model.load_adapters(source)
     }
 }
 
@@ -260,9 +275,9 @@ impl Backend for CandleBackend {
         self.pending = None;
     }
 
-    fn gradients(&self) -> Result<std::collections::HashMap<String, Tensor>> {
+    fn gradients(&self) -> Result<HashMap<String, Tensor>> {
         let cpu = candle_core::Device::Cpu;
-        let mut out = std::collections::HashMap::new();
+        let mut out = HashMap::new();
         for (n, g) in self.opt.names().iter().zip(&self.grads) {
             if let Some(g) = g {
                 out.insert(n.clone(), g.to_dtype(DType::F32)?.to_device(&cpu)?);

@@ -14,6 +14,7 @@ use candle_nn::VarMap;
 
 use super::ops;
 pub use crate::backend::batch::PrefixedRows;
+use crate::model::lora::{check_adapter, merged, peft_name, Factor, LoraConfig, LoraTarget};
 use crate::model::source::{check, NamedTensors, RandomInit, TensorSource};
 use crate::model::{expected_params, ModelConfig, ModelError, Result};
 
@@ -42,6 +43,9 @@ struct Layer {
     gate: Tensor,
     up: Tensor,
     down: Tensor,
+    /// Low-rank adapters `(A, B)` by [`LoraTarget::index`], where the
+    /// model has them ([`Transformer::with_adapters`]).
+    adapters: [Option<(Tensor, Tensor)>; 7],
 }
 
 impl Layer {
@@ -52,6 +56,16 @@ impl Layer {
             .into_iter()
             .chain(opt.into_iter().flatten())
             .collect()
+    }
+
+    /// The layer's weights that learn: its adapters where the model has
+    /// them, else every weight.
+    fn trainable(&self, adapted: bool) -> Vec<&Tensor> {
+        if adapted {
+            self.adapters.iter().flatten().flat_map(|(a, b)| [a, b]).collect()
+        } else {
+            self.tensors()
+        }
     }
 }
 
@@ -67,8 +81,20 @@ struct Params {
 }
 
 impl Params {
-    fn map(&self, f: &impl Fn(&Tensor) -> candle_core::Result<Tensor>) -> candle_core::Result<Params> {
+    /// `f` applied to every weight, `fa` to every adapter factor.
+    fn map(
+        &self,
+        f: &impl Fn(&Tensor) -> candle_core::Result<Tensor>,
+        fa: &impl Fn(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> candle_core::Result<Params> {
         let o = |t: &Option<Tensor>| t.as_ref().map(f).transpose();
+        let ad = |l: &Layer| -> candle_core::Result<[Option<(Tensor, Tensor)>; 7]> {
+            let mut out: [Option<(Tensor, Tensor)>; 7] = Default::default();
+            for (slot, a) in out.iter_mut().zip(&l.adapters) {
+                *slot = a.as_ref().map(|(a, b)| Ok::<_, candle_core::Error>((fa(a)?, fa(b)?))).transpose()?;
+            }
+            Ok(out)
+        };
         Ok(Params {
             embed: f(&self.embed)?,
             layers: self
@@ -91,6 +117,7 @@ impl Params {
                         gate: f(&l.gate)?,
                         up: f(&l.up)?,
                         down: f(&l.down)?,
+                        adapters: ad(l)?,
                     })
                 })
                 .collect::<candle_core::Result<_>>()?,
@@ -346,6 +373,15 @@ pub struct Transformer {
     /// ([`Transformer::set_logits_chunk`]).
     logits_chunk: usize,
     device: Device,
+    /// The adapters, where the model has them: then only they learn.
+    lora: Option<Adapted>,
+}
+
+/// A model's low-rank adapters.
+struct Adapted {
+    config: LoraConfig,
+    /// Their `Var`s under PEFT names, sorted by name.
+    vars: Vec<(String, Var)>,
 }
 
 impl Transformer {
@@ -381,7 +417,116 @@ impl Transformer {
             compute: dtype,
             logits_chunk: DEFAULT_LOGITS_CHUNK,
             device: device.clone(),
+            lora: None,
         })
+    }
+
+    /// The model with low-rank adapters `lora` on its projections, their
+    /// values read from `source` (PEFT names: [`crate::model::lora::AdapterInit`] for a fresh
+    /// start, a PEFT folder, a checkpoint), which is first checked to hold
+    /// exactly them ([`check_adapter`]). From then on only the adapters
+    /// learn: the base weights are frozen (no gradient is computed for
+    /// them, and [`Transformer::trainable_vars`] holds the adapters only).
+    pub fn with_adapters(mut self, lora: &LoraConfig, source: &dyn TensorSource) -> Result<Self> {
+        lora.validate().map_err(|(field, message)| ModelError::Spec { field: format!("lora.{field}"), message })?;
+        if self.lora.is_some() {
+            return Err(candle_core::Error::Msg("the model already has adapters".into()).into());
+        }
+        check_adapter(&self.config, lora, source)?;
+        let mut vars = Vec::new();
+        for layer in 0..self.config.num_hidden_layers {
+            for t in LoraTarget::ALL.into_iter().filter(|&t| lora.adapts(t)) {
+                let m = t.module(layer);
+                let mut pair = Vec::with_capacity(2);
+                for f in [Factor::A, Factor::B] {
+                    let name = peft_name(&m, f);
+                    let v = source.tensor(&name)?.to_device(&self.device)?.to_dtype(self.dtype)?.contiguous()?;
+                    let var = Var::from_tensor(&v)?;
+                    pair.push(var.as_tensor().clone());
+                    vars.push((name, var));
+                }
+                let b = pair.pop().expect("two factors");
+                let a = pair.pop().expect("two factors");
+                self.params.layers[layer].adapters[t.index()] = Some((a, b));
+            }
+        }
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        self.lora = Some(Adapted { config: lora.clone(), vars });
+        Ok(self)
+    }
+
+    /// The adapters' configuration, where the model has them.
+    pub fn lora(&self) -> Option<&LoraConfig> {
+        self.lora.as_ref().map(|a| &a.config)
+    }
+
+    /// The parameters that learn, `(name, var)` sorted by name: the
+    /// adapters (PEFT names) where the model has them, else every weight
+    /// ([`Transformer::named_vars`]).
+    pub fn trainable_vars(&self) -> Vec<(String, Var)> {
+        match &self.lora {
+            Some(a) => a.vars.clone(),
+            None => self.named_vars(),
+        }
+    }
+
+    /// The base weights with the adapters merged in, `W + s·B·A` for every
+    /// adapted projection (computed in f32 on the weights' device), f32 on
+    /// the CPU under Hugging Face names: what the adapted model computes,
+    /// as a plain model.
+    pub fn merged_tensors(&self) -> Result<HashMap<String, Tensor>> {
+        let mut out = HashMap::new();
+        let scale = self.lora.as_ref().map(|a| a.config.scale());
+        let deltas: HashMap<String, (Tensor, Tensor)> = match &self.lora {
+            None => HashMap::new(),
+            Some(_) => {
+                let mut d = HashMap::new();
+                for (li, l) in self.params.layers.iter().enumerate() {
+                    for t in LoraTarget::ALL {
+                        if let Some((a, b)) = &l.adapters[t.index()] {
+                            d.insert(format!("{}.weight", t.module(li)), (a.clone(), b.clone()));
+                        }
+                    }
+                }
+                d
+            }
+        };
+        for (n, v) in self.named_vars() {
+            let mut w = v.as_tensor().detach().to_dtype(DType::F32)?;
+            if let (Some((a, b)), Some(s)) = (deltas.get(&n), scale) {
+                w = merged(&w, &a.detach(), &b.detach(), s)?;
+            }
+            // A copy even where the casts were no-ops: the optimizer
+            // writes the live storage in place.
+            out.insert(n, w.to_device(&Device::Cpu)?.copy()?);
+        }
+        Ok(out)
+    }
+
+    /// The adapters' current values, f32 on the CPU under PEFT names
+    /// (empty without adapters).
+    pub fn adapter_tensors(&self) -> Result<HashMap<String, Tensor>> {
+        let mut out = HashMap::new();
+        for (n, v) in self.lora.iter().flat_map(|a| &a.vars) {
+            out.insert(n.clone(), v.as_tensor().detach().to_dtype(DType::F32)?.to_device(&Device::Cpu)?.copy()?);
+        }
+        Ok(out)
+    }
+
+    /// Sets the adapters from `source` (PEFT names), checked first to hold
+    /// exactly this model's adapters, so an adapter that does not fit
+    /// leaves the model as it was.
+    pub fn load_adapters(&self, source: &dyn TensorSource) -> Result<()> {
+        let a = self.lora.as_ref().ok_or_else(|| ModelError::Spec {
+            field: "lora".into(),
+            message: "this model has no adapters to load into".into(),
+        })?;
+        check_adapter(&self.config, &a.config, source)?;
+        for (n, v) in &a.vars {
+            let live = v.as_tensor();
+            v.set(&source.tensor(n)?.to_dtype(live.dtype())?.to_device(live.device())?)?;
+        }
+        Ok(())
     }
 
     /// [`Transformer::from_source`] over tensors in memory; `path` names
@@ -441,6 +586,7 @@ impl Transformer {
                     gate: get(&p("mlp.gate_proj.weight")),
                     up: get(&p("mlp.up_proj.weight")),
                     down: get(&p("mlp.down_proj.weight")),
+                    adapters: Default::default(),
                 }
             })
             .collect();
@@ -515,12 +661,16 @@ impl Transformer {
     /// so a kept copy would go stale after each step.
     fn weights(&self, train: bool) -> Result<Params> {
         let (to, same) = (self.compute, self.compute == self.dtype);
-        Ok(match (train, same) {
-            (true, true) => self.params.clone(),
-            (true, false) => self.params.map(&|t: &Tensor| t.to_dtype(to))?,
-            (false, true) => self.params.map(&|t: &Tensor| Ok(t.detach()))?,
-            (false, false) => self.params.map(&|t: &Tensor| t.detach().to_dtype(to))?,
-        })
+        // With adapters the base is frozen: detached even for training, so
+        // no backward computes its gradients.
+        let frozen = self.lora.is_some();
+        if train && same && !frozen {
+            return Ok(self.params.clone());
+        }
+        let cast = |t: Tensor| if same { Ok(t) } else { t.to_dtype(to) };
+        let base = |t: &Tensor| cast(if train && !frozen { t.clone() } else { t.detach() });
+        let adapter = |t: &Tensor| cast(if train { t.clone() } else { t.detach() });
+        Ok(self.params.map(&base, &adapter)?)
     }
 
     fn detached(&self) -> Result<Params> {
@@ -862,9 +1012,14 @@ impl Transformer {
         let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
         let g = nh / nkv;
         let h = ops::rms_norm(x, &l.in_norm, cfg.rms_norm_eps)?;
-        let mut qkv = ops::linear_many(&h, &[&l.q, &l.k, &l.v])?.into_iter();
+        let mut qkv = ops::linear_many(&h, &[&l.q, &l.k, &l.v])?.into_iter().zip([
+            LoraTarget::QProj,
+            LoraTarget::KProj,
+            LoraTarget::VProj,
+        ]);
         let mut proj = |bias: &Option<Tensor>, heads: usize| -> Result<Tensor> {
-            let mut y = qkv.next().expect("three projections");
+            let (y, target) = qkv.next().expect("three projections");
+            let mut y = self.adapt(y, &h, l, target)?;
             if let Some(bb) = bias {
                 y = y.broadcast_add(bb)?;
             }
@@ -893,14 +1048,30 @@ impl Transformer {
             None => ops::attention(&q, &k, &v, &c.mask, t)?,
         };
         let attn = attn.reshape((b, nh, t, hd))?.transpose(1, 2)?.contiguous()?.reshape((b * t, nh * hd))?;
-        let mut o = ops::linear(&attn, &l.o)?;
+        let mut o = self.adapt(ops::linear(&attn, &l.o)?, &attn, l, LoraTarget::OProj)?;
         if let Some(ob) = &l.o_b {
             o = o.broadcast_add(ob)?;
         }
         let x = (x + o)?;
         let h2 = ops::rms_norm(&x, &l.post_norm, cfg.rms_norm_eps)?;
         let [gate, up]: [Tensor; 2] = ops::linear_many(&h2, &[&l.gate, &l.up])?.try_into().expect("two projections");
-        Ok((x + ops::linear(&ops::swiglu(&gate, &up)?, &l.down)?)?)
+        let (gate, up) = (self.adapt(gate, &h2, l, LoraTarget::GateProj)?, self.adapt(up, &h2, l, LoraTarget::UpProj)?);
+        let act = ops::swiglu(&gate, &up)?;
+        Ok((x + self.adapt(ops::linear(&act, &l.down)?, &act, l, LoraTarget::DownProj)?)?)
+    }
+
+    /// `y = x·Wᵀ` of projection `target` plus its adapter's low-rank
+    /// update `s·(x·Aᵀ)·Bᵀ` where `l` has one (LoRA's forward, Hu et al.
+    /// 2021, eq. 3: the base product is the unadapted model's, bit for
+    /// bit, and B = 0 adds exact zeros). The factors are applied one after
+    /// the other, never merged, so the rank-r products cost r·(in + out)
+    /// per row against the base's in·out.
+    fn adapt(&self, y: Tensor, x: &Tensor, l: &Layer, target: LoraTarget) -> Result<Tensor> {
+        let (Some((a, b)), Some(ad)) = (&l.adapters[target.index()], &self.lora) else {
+            return Ok(y);
+        };
+        let low = ops::linear(&ops::linear(x, a)?, b)?;
+        Ok((y + low.affine(ad.config.scale(), 0.0)?)?)
     }
 
     /// The forward half of gradient checkpointing (Chen et al. 2016,
@@ -928,7 +1099,12 @@ impl Transformer {
             .params
             .layers
             .iter()
-            .map(|l| l.tensors().into_iter().map(|v| Ok((v.clone(), v.zeros_like()?))).collect::<Result<Vec<_>>>())
+            .map(|l| {
+                l.trainable(self.lora.is_some())
+                    .into_iter()
+                    .map(|v| Ok((v.clone(), v.zeros_like()?)))
+                    .collect::<Result<Vec<_>>>()
+            })
             .collect::<Result<_>>()?;
         let rows = mask_rows(attention_mask, b, w)?;
         let c = self.stack_ctx(input_ids, &rows, None)?;

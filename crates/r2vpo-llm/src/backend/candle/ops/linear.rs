@@ -42,7 +42,11 @@ impl CustomOp2 for Linear {
     }
 
     fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        Ok((Some(matmul(g, w)?), Some(matmul(&g.t()?, x)?)))
+        // A frozen weight (a LoRA base) records nothing: its gradient, the
+        // backward's largest product, is not computed.
+        let dx = if x.track_op() { Some(matmul(g, w)?) } else { None };
+        let dw = if w.track_op() { Some(matmul(&g.t()?, x)?) } else { None };
+        Ok((dx, dw))
     }
 }
 

@@ -51,8 +51,12 @@ impl CustomOp2 for RmsNorm {
         let g = grad.contiguous()?;
         let x = x.contiguous()?;
         let dx = x.apply_op3_no_bwd(w, &g, &RmsNormBwd { eps: self.eps, want_w: false })?;
-        let dw = x.apply_op3_no_bwd(w, &g, &RmsNormBwd { eps: self.eps, want_w: true })?;
-        Ok((Some(dx), Some(dw)))
+        let dw = if w.track_op() {
+            Some(x.apply_op3_no_bwd(w, &g, &RmsNormBwd { eps: self.eps, want_w: true })?)
+        } else {
+            None
+        };
+        Ok((Some(dx), dw))
     }
 }
 
