@@ -112,6 +112,11 @@ pub struct StepBenchArgs {
     /// both sides of their ratio alike.
     #[arg(long, value_name = "WAIT,DONE")]
     pub turns: Option<String>,
+    /// Train rank-r LoRA adapters (α = 2r, on all seven projections: the
+    /// trainer's `[model.lora]`) on the frozen base instead of every
+    /// weight; 0 trains every weight.
+    #[arg(long, default_value_t = 0)]
+    pub lora_rank: usize,
     /// Weight seed.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
@@ -140,6 +145,10 @@ struct StepResult {
     matmul: String,
     /// `candle` or `torch`.
     backend: String,
+    /// The LoRA rank (0: every weight trains).
+    lora_rank: usize,
+    /// Parameters the optimizer updates.
+    trained_parameters: usize,
 }
 
 /// What `--check` measured.
@@ -332,7 +341,11 @@ fn spec(a: &StepBenchArgs) -> Result<BackendSpec> {
         device: a.device.clone(),
         compute_dtype: a.dtype.parse().map_err(|m| anyhow::anyhow!("--dtype {m}"))?,
         checkpointing: a.checkpoint,
-        lora: None,
+        lora: (a.lora_rank > 0).then(|| r2vpo_llm::model::LoraConfig {
+            rank: a.lora_rank,
+            alpha: 2.0 * a.lora_rank as f64,
+            ..Default::default()
+        }),
     })
 }
 
@@ -360,6 +373,9 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
     }
     if a.score && (a.check || a.checkpoint || a.memory) {
         bail!("--score times the no-grad pass alone: it takes no --check, --checkpoint or --memory");
+    }
+    if a.lora_rank > 0 && (a.check || a.sampler || a.score) {
+        bail!("--lora-rank times a LoRA training step: it takes no --check, --sampler or --score");
     }
     if a.turns.is_some() && a.check {
         bail!("--turns takes turns timing steps: it takes no --check");
@@ -432,6 +448,8 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         loss,
         matmul: if torch { "libtorch".into() } else { r2vpo_kernels::dispatch::path() },
         backend: if torch { "torch".into() } else { "candle".into() },
+        lora_rank: a.lora_rank,
+        trained_parameters: spec.lora.as_ref().map_or(parameters, |l| l.num_parameters(&cfg)),
     };
     let what = if a.score {
         "scoring pass (no-grad log-probs of the response tokens; `loss` is their mean)"
@@ -441,8 +459,19 @@ pub fn step(a: &StepBenchArgs) -> Result<()> {
         "training step (forward + R²VPO objective + backward + AdamW, the trainer's)"
     };
     println!(
-        "r2vpo {what} on the {} backend, {} ({} parameters), {} {} (many-row products: {}), {} × ({} + {}) tokens, median of {}",
-        res.backend, res.shape, res.parameters, res.device, res.dtype, res.matmul, res.batch, res.prompt, res.response, n_timed
+        "r2vpo {what} on the {} backend, {} ({} parameters, {} trained{}), {} {} (many-row products: {}), {} × ({} + {}) tokens, median of {}",
+        res.backend,
+        res.shape,
+        res.parameters,
+        res.trained_parameters,
+        if a.lora_rank > 0 { format!(": LoRA r = {}", a.lora_rank) } else { String::new() },
+        res.device,
+        res.dtype,
+        res.matmul,
+        res.batch,
+        res.prompt,
+        res.response,
+        n_timed
     );
     println!("| step s | tokens/s |\n|---|---|\n| {:.3} | {:.1} |", res.step_s, res.tokens_per_s);
     #[derive(Serialize)]

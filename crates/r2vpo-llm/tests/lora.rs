@@ -137,6 +137,57 @@ fn adapter_gradients_match_finite_differences_and_the_base_gets_none() {
     assert_eq!(checked, 18);
 }
 
+/// In f32 on the CPU each adapted projection is one fused op
+/// (`ops::lora_linear`); its log-probs and adapter gradients equal the
+/// composite ops' (a CUDA device's path, and the f64 path checked against
+/// finite differences above) to f32 rounding.
+#[test]
+fn the_fused_lora_projection_matches_the_composite_ops() {
+    let lora = LoraConfig { rank: 4, alpha: 8.0, targets: LoraTarget::ALL.to_vec(), rslora: false, seed: 9 };
+    let init = AdapterInit::new(&cfg(), &lora);
+    let tensors: HashMap<String, Tensor> = init
+        .names()
+        .into_iter()
+        .map(|n| {
+            let t = init.tensor(&n).unwrap();
+            let t = if n.ends_with("lora_B.weight") {
+                let v: Vec<f32> =
+                    (0..t.elem_count()).map(|i| 0.2 * (((i * 31 + n.len()) % 17) as f32 / 17.0 - 0.5)).collect();
+                Tensor::from_vec(v, t.dims(), &Device::Cpu).unwrap()
+            } else {
+                t
+            };
+            (n, t)
+        })
+        .collect();
+    let m = Transformer::new_random_with_std(cfg(), 12, 0.3, DType::F32, &Device::Cpu)
+        .unwrap()
+        .with_adapters(&lora, &NamedTensors::new("adapter", tensors))
+        .unwrap();
+    let (ids, mask, targets) = batch(DType::F32);
+    let pass = || {
+        let lp = m.forward_logprobs(&ids, &mask, &targets).unwrap();
+        let g = (&lp * mask.to_dtype(DType::F32).unwrap()).unwrap().sum_all().unwrap().backward().unwrap();
+        let grads: Vec<Vec<f32>> = m
+            .trainable_vars()
+            .iter()
+            .map(|(n, v)| flat(g.get(v.as_tensor()).unwrap_or_else(|| panic!("{n}"))))
+            .collect();
+        (flat(&lp), grads)
+    };
+    let (lp, grads) = pass();
+    let (lp_c, grads_c) = r2vpo_llm::pool::with_composites(pass);
+    for (a, b) in lp.iter().zip(&lp_c) {
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "log-prob {a} vs {b}");
+    }
+    for ((n, _), (g, gc)) in m.trainable_vars().iter().zip(grads.iter().zip(&grads_c)) {
+        let scale = gc.iter().fold(0f32, |s, x| s.max(x.abs()));
+        assert!(scale > 0.0, "{n}: zero gradient");
+        let diff = g.iter().zip(gc).fold(0f32, |s, (a, b)| s.max((a - b).abs()));
+        assert!(diff <= 1e-4 * scale, "{n}: max diff {diff} against max |g| {scale}");
+    }
+}
+
 /// The merged weights compute what the adapted model computes, whether
 /// merged by the model ([`Transformer::merged_tensors`], what `export`
 /// pushes) or from a PEFT folder on disk ([`lora::MergedSource`], what

@@ -1012,14 +1012,10 @@ impl Transformer {
         let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
         let g = nh / nkv;
         let h = ops::rms_norm(x, &l.in_norm, cfg.rms_norm_eps)?;
-        let mut qkv = ops::linear_many(&h, &[&l.q, &l.k, &l.v])?.into_iter().zip([
-            LoraTarget::QProj,
-            LoraTarget::KProj,
-            LoraTarget::VProj,
-        ]);
+        let qkv = [(&l.q, LoraTarget::QProj), (&l.k, LoraTarget::KProj), (&l.v, LoraTarget::VProj)];
+        let mut qkv = self.projections(&h, l, &qkv)?.into_iter();
         let mut proj = |bias: &Option<Tensor>, heads: usize| -> Result<Tensor> {
-            let (y, target) = qkv.next().expect("three projections");
-            let mut y = self.adapt(y, &h, l, target)?;
+            let mut y = qkv.next().expect("three projections");
             if let Some(bb) = bias {
                 y = y.broadcast_add(bb)?;
             }
@@ -1048,30 +1044,51 @@ impl Transformer {
             None => ops::attention(&q, &k, &v, &c.mask, t)?,
         };
         let attn = attn.reshape((b, nh, t, hd))?.transpose(1, 2)?.contiguous()?.reshape((b * t, nh * hd))?;
-        let mut o = self.adapt(ops::linear(&attn, &l.o)?, &attn, l, LoraTarget::OProj)?;
+        let mut o = self.projections(&attn, l, &[(&l.o, LoraTarget::OProj)])?.remove(0);
         if let Some(ob) = &l.o_b {
             o = o.broadcast_add(ob)?;
         }
         let x = (x + o)?;
         let h2 = ops::rms_norm(&x, &l.post_norm, cfg.rms_norm_eps)?;
-        let [gate, up]: [Tensor; 2] = ops::linear_many(&h2, &[&l.gate, &l.up])?.try_into().expect("two projections");
-        let (gate, up) = (self.adapt(gate, &h2, l, LoraTarget::GateProj)?, self.adapt(up, &h2, l, LoraTarget::UpProj)?);
+        let gu = [(&l.gate, LoraTarget::GateProj), (&l.up, LoraTarget::UpProj)];
+        let [gate, up]: [Tensor; 2] = self.projections(&h2, l, &gu)?.try_into().expect("two projections");
         let act = ops::swiglu(&gate, &up)?;
-        Ok((x + self.adapt(ops::linear(&act, &l.down)?, &act, l, LoraTarget::DownProj)?)?)
+        Ok((x + self.projections(&act, l, &[(&l.down, LoraTarget::DownProj)])?.remove(0))?)
     }
 
-    /// `y = x·Wᵀ` of projection `target` plus its adapter's low-rank
-    /// update `s·(x·Aᵀ)·Bᵀ` where `l` has one (LoRA's forward, Hu et al.
-    /// 2021, eq. 3: the base product is the unadapted model's, bit for
-    /// bit, and B = 0 adds exact zeros). The factors are applied one after
+    /// `x·Wᵀ` for each projection of `ws` that reads `x`, plus its
+    /// adapter's low-rank update `s·(x·Aᵀ)·Bᵀ` where `l` has one (LoRA's
+    /// forward, Hu et al. 2021, eq. 3). The factors are applied one after
     /// the other, never merged, so the rank-r products cost r·(in + out)
-    /// per row against the base's in·out.
-    fn adapt(&self, y: Tensor, x: &Tensor, l: &Layer, target: LoraTarget) -> Result<Tensor> {
-        let (Some((a, b)), Some(ad)) = (&l.adapters[target.index()], &self.lora) else {
-            return Ok(y);
+    /// per row against the base's in·out. Without a graph (sampling,
+    /// scoring) the base products are the unadapted model's, on the same
+    /// kernels, and B = 0 adds exact zeros; with one, each adapted
+    /// projection is one [`ops::lora_linear`], whose graph keeps only its
+    /// output.
+    fn projections(&self, x: &Tensor, l: &Layer, ws: &[(&Tensor, LoraTarget)]) -> Result<Vec<Tensor>> {
+        let adapter = |t: LoraTarget| l.adapters[t.index()].as_ref();
+        let (scale, graph) = match &self.lora {
+            None => (0.0, false),
+            Some(ad) => (ad.config.scale(), ws.iter().filter_map(|&(_, t)| adapter(t)).any(|(a, _)| a.track_op())),
         };
-        let low = ops::linear(&ops::linear(x, a)?, b)?;
-        Ok((y + low.affine(ad.config.scale(), 0.0)?)?)
+        if graph {
+            return ws
+                .iter()
+                .map(|&(w, t)| match adapter(t) {
+                    Some((a, b)) => Ok(ops::lora_linear(x, w, a, b, scale)?),
+                    None => Ok(ops::linear(x, w)?),
+                })
+                .collect();
+        }
+        let base: Vec<&Tensor> = ws.iter().map(|&(w, _)| w).collect();
+        let ys = ops::linear_many(x, &base)?;
+        ys.into_iter()
+            .zip(ws)
+            .map(|(y, &(_, t))| match adapter(t) {
+                Some((a, b)) => Ok((y + ops::linear(&ops::linear(x, a)?.affine(scale, 0.0)?, b)?)?),
+                None => Ok(y),
+            })
+            .collect()
     }
 
     /// The forward half of gradient checkpointing (Chen et al. 2016,

@@ -20,24 +20,7 @@ impl CustomOp2 for Linear {
             (CpuStorage::F32(x), CpuStorage::F32(w)) => (contiguous(x, l1, n)?, contiguous(w, l2, n)?),
             _ => return Err(unsupported(n, s1)),
         };
-        let y = if r2vpo_kernels::dispatch::reference() {
-            let mut y = Vec::with_capacity(m * o);
-            y.resize(m * o, 0.0);
-            // wᵀ as a (k, o) operand: row stride 1, column stride k.
-            r2vpo_kernels::product([m, k, o], (x, (k, 1)), (w, (1, k)), &mut y, o, false);
-            y
-        } else if r2vpo_kernels::small_gemm::takes(m) {
-            r2vpo_kernels::small_gemm::linear(x, m, k, &[(w, o)]).into_iter().next().expect("one weight")
-        } else if r2vpo_kernels::dispatch::on_amx() && m <= r2vpo_kernels::amx::FEW_ROWS {
-            r2vpo_kernels::amx::linear_few(x, m, k, w, o)
-        } else if r2vpo_kernels::dispatch::on_amx() {
-            r2vpo_kernels::amx::linear(x, m, k, w, o).map_err(Error::Msg)?
-        } else if r2vpo_kernels::dispatch::on_avx2() {
-            r2vpo_kernels::avx2::linear(x, m, k, w, o).map_err(Error::Msg)?
-        } else {
-            // wᵀ as gemm's (k, o) right-hand side: row stride 1, column stride k.
-            gemm_uninit([m, k, o], (x, [1, k as isize]), (w, [k as isize, 1]))
-        };
+        let y = linear_fwd(x, m, k, w, o)?;
         Ok((CpuStorage::F32(y), Shape::from((m, o))))
     }
 
@@ -47,6 +30,117 @@ impl CustomOp2 for Linear {
         let dx = if x.track_op() { Some(matmul(g, w)?) } else { None };
         let dw = if w.track_op() { Some(matmul(&g.t()?, x)?) } else { None };
         Ok((dx, dw))
+    }
+}
+
+/// `x (m, k) · w (o, k)ᵀ` on the kernel [`linear`]'s forward picks for
+/// these shapes on this CPU.
+fn linear_fwd(x: &[f32], m: usize, k: usize, w: &[f32], o: usize) -> Result<Vec<f32>> {
+    Ok(if r2vpo_kernels::dispatch::reference() {
+        let mut y = Vec::with_capacity(m * o);
+        y.resize(m * o, 0.0);
+        // wᵀ as a (k, o) operand: row stride 1, column stride k.
+        r2vpo_kernels::product([m, k, o], (x, (k, 1)), (w, (1, k)), &mut y, o, false);
+        y
+    } else if r2vpo_kernels::small_gemm::takes(m) {
+        r2vpo_kernels::small_gemm::linear(x, m, k, &[(w, o)]).into_iter().next().expect("one weight")
+    } else if r2vpo_kernels::dispatch::on_amx() && m <= r2vpo_kernels::amx::FEW_ROWS {
+        r2vpo_kernels::amx::linear_few(x, m, k, w, o)
+    } else if r2vpo_kernels::dispatch::on_amx() {
+        r2vpo_kernels::amx::linear(x, m, k, w, o).map_err(Error::Msg)?
+    } else if r2vpo_kernels::dispatch::on_avx2() {
+        r2vpo_kernels::avx2::linear(x, m, k, w, o).map_err(Error::Msg)?
+    } else {
+        // wᵀ as gemm's (k, o) right-hand side: row stride 1, column stride k.
+        gemm_uninit([m, k, o], (x, [1, k as isize]), (w, [k as isize, 1]))
+    })
+}
+
+/// A LoRA projection in one op, `x·Wᵀ + s·(x·Aᵀ)·Bᵀ` with `W` frozen
+/// (held by the op, never differentiated) and `A`, `B` learning: the
+/// graph keeps its output alone, where `linear` + low-rank product + sum
+/// as separate ops keep three `(rows, out)` tensors per projection
+/// (measured on SmolLM2-135M at 4 × 172 tokens, all seven projections
+/// adapted: the forward's peak resident set 2.96 GiB composed, against
+/// 2.20 GiB for full fine-tuning's graph).
+struct LoraLinear {
+    w: Tensor,
+    scale: f64,
+}
+
+impl CustomOp3 for LoraLinear {
+    fn name(&self) -> &'static str {
+        "r2vpo-lora-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let n = self.name();
+        let ((m, k), (r, ka), (o, rb)) = (l1.shape().dims2()?, l2.shape().dims2()?, l3.shape().dims2()?);
+        let (wo, kw) = self.w.dims2()?;
+        if (ka, kw, rb, wo) != (k, k, r, o) {
+            return Err(Error::Msg(format!(
+                "{n}: x (…, {k}), W ({wo}, {kw}), A ({r}, {ka}), B ({o}, {rb}) do not chain"
+            )));
+        }
+        let (x, a, b) = match (s1, s2, s3) {
+            (CpuStorage::F32(x), CpuStorage::F32(a), CpuStorage::F32(b)) => {
+                (contiguous(x, l1, n)?, contiguous(a, l2, n)?, contiguous(b, l3, n)?)
+            }
+            _ => return Err(unsupported(n, s1)),
+        };
+        let (wg, wl) = self.w.storage_and_layout();
+        let w = f32_data(&wg, wl, n)?;
+        let mut y = linear_fwd(x, m, k, w, o)?;
+        // The scale goes on the (m, r) product, the smallest.
+        let mut u = linear_fwd(x, m, k, a, r)?;
+        let s = self.scale as f32;
+        u.iter_mut().for_each(|v| *v *= s);
+        let low = linear_fwd(&u, m, r, b, o)?;
+        y.iter_mut().zip(&low).for_each(|(y, l)| *y += l);
+        Ok((CpuStorage::F32(y), Shape::from((m, o))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // With u = x·Aᵀ and gB = g·B: dx = g·W + s·gB·A, dA = s·gBᵀ·x,
+        // dB = s·gᵀ·u.
+        let gb = (matmul(g, b)? * self.scale)?;
+        let dx = if x.track_op() { Some((matmul(g, &self.w)? + matmul(&gb, a)?)?) } else { None };
+        let da = if a.track_op() { Some(matmul(&gb.t()?, x)?) } else { None };
+        let db = if b.track_op() {
+            let u = (matmul(x, &a.t()?)? * self.scale)?;
+            Some(matmul(&g.t()?, &u)?)
+        } else {
+            None
+        };
+        Ok((dx, da, db))
+    }
+}
+
+/// `x·wᵀ + s·(x·aᵀ)·bᵀ`, a LoRA projection (Hu et al. 2021, eq. 3) whose
+/// base `w` is frozen: no gradient reaches `w`. On f32 CPU tensors one op
+/// (its graph keeps only the output); elsewhere the composite of
+/// [`linear`]s.
+pub fn lora_linear(x: &Tensor, w: &Tensor, a: &Tensor, b: &Tensor, scale: f64) -> Result<Tensor> {
+    let f32_2d = |t: &Tensor| t.dtype() == DType::F32 && t.rank() == 2 && t.device().is_cpu();
+    if fused_ok(x) && [x, w, a, b].into_iter().all(f32_2d) {
+        x.contiguous()?.apply_op3(&a.contiguous()?, &b.contiguous()?, LoraLinear { w: w.detach().contiguous()?, scale })
+    } else {
+        linear(x, &w.detach())? + linear(&linear(x, a)?.affine(scale, 0.0)?, b)?
     }
 }
 
