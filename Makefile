@@ -10,7 +10,7 @@ export RAYON_NUM_THREADS ?= $(shell nproc 2>/dev/null || echo 2)
 export CARGO_BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BIN := target/release/r2vpo
 
-.PHONY: vendor-check deps deps-torch build build-torch build-gpu venv-hf bench-hf demo test test-conformance bench lint clippy fmt fmt-check clean-deps
+.PHONY: vendor-check deps deps-torch build build-torch build-gpu venv-hf bench-hf demo test test-conformance test-peft bench lint clippy fmt fmt-check clean-deps
 
 deps:
 	@command -v $(PYTHON) >/dev/null || { echo "deps: error: $(PYTHON) not found; install Python 3 with pip" >&2; exit 1; }
@@ -100,6 +100,14 @@ test: deps deps-torch
 test-conformance: deps
 	@bash scripts/conformance/setup.sh
 	$(CARGO) test --workspace --test conformance_llamacpp -- --ignored
+
+# Opt-in: LoRA adapters against Hugging Face PEFT (scripts/peft: a pinned,
+# hash-checked venv of torch + transformers + PEFT, ~5.6 GB with torch's
+# CUDA libraries from PyPI): r2vpo's adapters load in PEFT and PEFT's in
+# r2vpo with the same log-probs.
+test-peft: deps
+	@bash scripts/peft/venv.sh
+	$(CARGO) test -p r2vpo-llm --test lora_peft -- --ignored
 
 bench: build
 	$(BIN) bench core

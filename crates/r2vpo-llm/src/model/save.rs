@@ -20,6 +20,9 @@ pub fn save_hf_tensors(config: &ModelConfig, tensors: &HashMap<String, Tensor>, 
         cfg.architectures = vec![arch.hf_class().to_string()];
         cfg.model_type = arch.model_type().to_string();
     }
+    // transformers defaults a missing head_dim to hidden/heads for Llama
+    // and Qwen2 but to 128 for Qwen3, which is not what this config means.
+    cfg.head_dim = Some(config.head_dim());
     // transformers < 5 reads `torch_dtype`, ≥ 5 reads `dtype`.
     cfg.extra.insert("torch_dtype".into(), Value::String("float32".into()));
     if cfg.extra.contains_key("dtype") {
