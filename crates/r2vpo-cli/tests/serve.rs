@@ -88,6 +88,79 @@ const SAME: f32 = if cfg!(feature = "torch") { 1e-4 } else { 1e-5 };
 
 const PROMPT: [u32; 7] = [1, 9690, 198, 2683, 314, 216, 34];
 
+/// A LoRA adapter pushed as a PEFT folder is folded into the base the
+/// server started with: it then serves the merged model. An adapter that
+/// does not fit (another rank, a target it has no tensors for) is refused
+/// with a 400 naming what is wrong, and the old weights keep serving.
+#[test]
+fn adapter_pushes_serve_the_merged_model_and_bad_adapters_keep_the_old_weights() {
+    use r2vpo_llm::model::lora::{self, AdapterInit, LoraConfig, LoraTarget};
+    use r2vpo_llm::model::TensorSource;
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tiny_dir(&tmp.path().join("base"), 7);
+    let s = Server::start(&["--model", base.to_str().unwrap()]);
+    let url = format!("{}/v1/completions", s.url);
+    let (m7, _) = tiny(7);
+    let lora = LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        targets: vec![LoraTarget::QProj, LoraTarget::VProj, LoraTarget::DownProj],
+        ..LoraConfig::default()
+    };
+    let init = AdapterInit::new(m7.config(), &lora);
+    let tensors: std::collections::HashMap<String, Tensor> = init
+        .names()
+        .into_iter()
+        .map(|n| {
+            let t = init.tensor(&n).unwrap();
+            let t = if n.ends_with("lora_B.weight") { (t.ones_like().unwrap() * 0.3).unwrap() } else { t };
+            (n, t)
+        })
+        .collect();
+    let adapter = tmp.path().join("adapter");
+    lora::save_peft(&adapter, &lora, None, &tensors).unwrap();
+    let merged = {
+        let (cfg, src) = r2vpo_llm::model::source::open(&base).unwrap();
+        let (read, files) = lora::open_peft(&adapter).unwrap();
+        let src = lora::MergedSource::new(&cfg, src, &read, Box::new(files)).unwrap();
+        Transformer::from_source(cfg, &src, candle_core::DType::F32, &Device::Cpu).unwrap()
+    };
+    let (code, v) = post(
+        &format!("{}/update_weights_from_disk", s.url),
+        &json!({"model_path": adapter.to_str().unwrap(), "weight_version": "lora-1"}),
+    );
+    assert_eq!((code, v["weight_version"].as_str()), (200, Some("lora-1")), "{v}");
+    let (_, after) = post(&url, &completion(&PROMPT, 4, 12, 1.0, 5));
+    let cs = choices(&after);
+    assert!(max_gap(&merged, &PROMPT, &cs) < TOL, "the merged model serves");
+    assert!(max_gap(&m7, &PROMPT, &cs) > 1e-2, "and the bare base no longer does");
+
+    let edit = |name: &str, f: &dyn Fn(&mut Value)| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(adapter.join(lora::ADAPTER_WEIGHTS), dir.join(lora::ADAPTER_WEIGHTS)).unwrap();
+        let mut c: Value =
+            serde_json::from_str(&std::fs::read_to_string(adapter.join(lora::ADAPTER_CONFIG)).unwrap()).unwrap();
+        f(&mut c);
+        std::fs::write(dir.join(lora::ADAPTER_CONFIG), c.to_string()).unwrap();
+        dir
+    };
+    let rank = edit("rank", &|c| c["r"] = json!(8));
+    let target = edit("target", &|c| c["target_modules"] = json!(["q_proj", "v_proj", "down_proj", "k_proj"]));
+    let dora = edit("dora", &|c| c["use_dora"] = json!(true));
+    for (dir, why) in [(&rank, "another rank"), (&target, "k_proj.lora_A.weight"), (&dora, "use_dora")] {
+        let (code, v) = post(
+            &format!("{}/update_weights_from_disk", s.url),
+            &json!({"model_path": dir.to_str().unwrap(), "weight_version": "bad"}),
+        );
+        assert_eq!(code, 400, "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(why) && message.contains("still serving weight version lora-1"), "{message}");
+    }
+    let (_, still) = post(&url, &completion(&PROMPT, 4, 12, 1.0, 5));
+    assert_eq!((still["weight_version"].as_str(), choices(&still)), (Some("lora-1"), cs));
+}
+
 #[test]
 fn served_logprobs_equal_the_learners_and_weight_pushes_take_effect() {
     let tmp = tempfile::tempdir().unwrap();

@@ -321,3 +321,86 @@ fn an_actor_process_samples_from_its_own_server() {
     let v = h["weight_version"].as_str().map(|v| v.parse::<u64>().unwrap()).or(h["weight_version"].as_u64());
     assert!(v.is_some_and(|v| v >= 1), "the actor pushed to its server: {h}");
 }
+
+/// With `[model.lora]` and `rollout.push_adapter`, the learner pushes its
+/// adapter as a PEFT folder (kilobytes here, not the model) and `r2vpo
+/// serve` folds it into the base it started with: the server then samples
+/// with the log-probs of that base with that adapter.
+#[test]
+fn lora_learners_push_adapters_that_the_server_folds_into_its_base() {
+    use r2vpo_llm::model::lora;
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_dir(&tmp.path().join("init"), 3);
+    let m = model.to_str().unwrap();
+    let s = Server::start(&["--model", m]);
+    let cfg = write_config(tmp.path(), &[&s.url], 3);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    // The verifier rewards nothing a random model says: the entropy bonus
+    // gives the adapters a gradient.
+    let text = format!("entropy_coef = 0.05\n{text}\n[model.lora]\nrank = 4\nalpha = 8\n");
+    std::fs::write(&cfg, text).unwrap();
+    let out = tmp.path().join("run");
+    let o = train(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--set",
+        "rollout.push_adapter=true",
+    ])
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ms = metrics(&out);
+    assert_eq!(ms.len(), 3);
+    for (i, mline) in ms.iter().enumerate() {
+        assert_eq!(mline["rollout_version"], i as u64, "{mline}");
+    }
+    let pushed: Vec<PathBuf> = std::fs::read_dir(out.join("weights")).unwrap().flatten().map(|e| e.path()).collect();
+    assert_eq!(pushed.len(), 1, "{pushed:?}");
+    let adapter = &pushed[0];
+    let bytes = std::fs::metadata(adapter.join(lora::ADAPTER_WEIGHTS)).unwrap().len();
+    let full = std::fs::metadata(model.join("model.safetensors")).unwrap().len();
+    assert!(!adapter.join("model.safetensors").exists() && bytes * 5 < full, "adapter {bytes} B, model {full} B");
+
+    // What the server samples is the base with the pushed adapter, which
+    // two updates moved away from the base (B ≠ 0).
+    let (cfg_m, base) = r2vpo_llm::model::source::open(&model).unwrap();
+    let (read, files) = lora::open_peft(adapter).unwrap();
+    {
+        use r2vpo_llm::model::TensorSource;
+        let b = files.tensor("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight").unwrap();
+        let moved = b.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(moved > 0.0, "the pushed adapter is the initial one");
+    }
+    let src = lora::MergedSource::new(&cfg_m, base, &read, Box::new(files)).unwrap();
+    let merged = r2vpo_llm::backend::candle::Transformer::from_source(
+        cfg_m.clone(),
+        &src,
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let prompt = [1u32, 9690, 198, 2683, 314, 216, 34];
+    let (code, v) = common::post(
+        &format!("{}/v1/completions", s.url),
+        &serde_json::json!({"prompt": prompt, "max_tokens": 8, "temperature": 1.0, "seed": 4, "n": 2, "logprobs": 0,
+                            "return_token_ids": true}),
+    );
+    assert_eq!(code, 200, "{v}");
+    for c in v["choices"].as_array().unwrap() {
+        let ids: Vec<u32> = serde_json::from_value(c["token_ids"].clone()).unwrap();
+        let served: Vec<f32> = serde_json::from_value(c["logprobs"]["token_logprobs"].clone()).unwrap();
+        let seq: Vec<u32> = prompt.iter().chain(&ids).copied().collect();
+        let t = candle_core::Tensor::new(seq.as_slice(), &candle_core::Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let mask = t.ones_like().unwrap();
+        let n = seq.len();
+        let targets =
+            candle_core::Tensor::cat(&[t.narrow(1, 1, n - 1).unwrap(), t.narrow(1, n - 1, 1).unwrap()], 1).unwrap();
+        let lp = merged.score_logprobs(&t, &mask, &targets).unwrap().to_vec2::<f32>().unwrap().remove(0);
+        for (k, s) in served.iter().enumerate() {
+            let want = lp[prompt.len() - 1 + k];
+            assert!((s - want).abs() < 5e-4, "token {k}: served {s}, base + adapter {want}");
+        }
+    }
+}

@@ -10,7 +10,10 @@
 //! weight version that produced it; [`RolloutSource::sync_weights`] makes
 //! the source sample from the learner's current policy.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+
+use candle_core::Tensor;
 
 use serde::{Deserialize, Serialize};
 
@@ -135,6 +138,15 @@ impl<'a> WeightSnapshot<'a> {
     /// The model's description.
     pub fn config(&self) -> &crate::model::ModelConfig {
         self.policy.config()
+    }
+
+    /// The adapters' configuration and values (PEFT names) where the
+    /// learner trains adapters; `None` otherwise.
+    pub fn adapter(&self) -> crate::model::Result<Option<(&crate::model::LoraConfig, HashMap<String, Tensor>)>> {
+        match (self.policy.lora(), self.policy.export_adapter()?) {
+            (Some(lora), Some(tensors)) => Ok(Some((lora, tensors))),
+            _ => Ok(None),
+        }
     }
 
     /// The weights, exported from the policy on the first call.

@@ -236,8 +236,8 @@ fn merging_equals_the_adapted_model() {
     let dir = tempfile::tempdir().unwrap();
     lora::save_peft(dir.path(), &lora, None, &tensors).unwrap();
     let (read, files) = lora::open_peft(dir.path()).unwrap();
-    let base_src = NamedTensors::new("base", base_w);
-    let src = lora::MergedSource::new(&cfg(), &base_src, &read, &files).unwrap();
+    let base_src = Box::new(NamedTensors::new("base", base_w));
+    let src = lora::MergedSource::new(&cfg(), base_src, &read, Box::new(files)).unwrap();
     let m = Transformer::from_source(cfg(), &src, DType::F32, &Device::Cpu).unwrap();
     close(flat(&m.score_logprobs(&ids, &mask, &targets).unwrap()), "merged from the PEFT folder");
 }
@@ -310,7 +310,7 @@ fn a_lora_run_trains_the_adapter_only_resumes_exactly_and_exports_peft() {
     let (read, files) = lora::open_peft(&out).unwrap();
     assert_eq!((read.rank, read.alpha), (4, 8.0));
     assert!(out.join("tokenizer.json").exists());
-    let merged = lora::MergedSource::new(&mcfg, init.as_ref(), &read, &files).unwrap();
+    let merged = lora::MergedSource::new(&mcfg, init, &read, Box::new(files)).unwrap();
     for (n, w) in policy.tensors.iter() {
         let got = flat(&merged.tensor(n).unwrap());
         for (x, y) in got.iter().zip(flat(w)) {

@@ -527,11 +527,19 @@ impl RolloutSource for HttpRollout {
                 std::fs::remove_dir_all(d).map_err(|e| io(d, e))?;
             }
         }
-        snapshot
-            .weights()
-            .and_then(|w| w.save_hf_dir(snapshot.config(), &tmp))
-            .map_err(|e| RolloutError::Push(e.to_string()))?;
-        tok.save_hf_files(&tmp).map_err(|e| RolloutError::Push(e.to_string()))?;
+        let adapter = if self.cfg.push_adapter { snapshot.adapter() } else { Ok(None) };
+        match adapter.map_err(|e| RolloutError::Push(e.to_string()))? {
+            // `r2vpo serve` folds a PEFT folder into its base.
+            Some((lora, tensors)) => r2vpo_llm::model::lora::save_peft(&tmp, lora, None, &tensors)
+                .map_err(|e| RolloutError::Push(e.to_string()))?,
+            None => {
+                snapshot
+                    .weights()
+                    .and_then(|w| w.save_hf_dir(snapshot.config(), &tmp))
+                    .map_err(|e| RolloutError::Push(e.to_string()))?;
+                tok.save_hf_files(&tmp).map_err(|e| RolloutError::Push(e.to_string()))?;
+            }
+        }
         std::fs::rename(&tmp, &dir).map_err(|e| io(&dir, e))?;
         let dir = std::fs::canonicalize(&dir).map_err(|e| io(&dir, e))?;
         self.current = Some((version, dir.clone()));

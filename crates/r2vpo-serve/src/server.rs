@@ -33,6 +33,7 @@ use r2vpo_llm::backend::open::BackendSpec;
 use r2vpo_llm::backend::{BackendKind, ComputeDtype};
 use r2vpo_llm::chat::{ChatMessage, ChatTemplate};
 use r2vpo_llm::engine::{DecodeModel, Engine, EngineConfig, EngineError, Job, JobOutput, StopWhen, MAX_TOP_LOGPROBS};
+use r2vpo_llm::model::lora;
 use r2vpo_llm::model::source::{self, check};
 use r2vpo_llm::model::{ModelConfig, ModelError, TensorSource};
 use r2vpo_llm::rollout::LogprobsMode;
@@ -537,12 +538,24 @@ async fn update_weights(
         return Err(refuse(format!("`{}` is neither a model folder nor a .gguf file", req.model_path)));
     }
     // Only the headers are read here; the tensors are read one at a time
-    // as the engine sets them, after checking that every one fits.
-    let loaded = tokio::task::spawn_blocking(move || source::open(&path)).await.map_err(|e| ApiError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        message: e.to_string(),
-        param: None,
-    })?;
+    // as the engine sets them, after checking that every one fits. A PEFT
+    // adapter folder is folded into the base this server started with, a
+    // tensor at a time as it is applied: decoding then costs what the base
+    // costs, where separate low-rank products would add r·(in + out) per
+    // row and projection to every step.
+    let base = st.cfg.model.clone();
+    let loaded = tokio::task::spawn_blocking(move || -> r2vpo_llm::model::Result<_> {
+        if path.join(lora::ADAPTER_CONFIG).is_file() {
+            let (lora, files) = lora::open_peft(&path)?;
+            let (config, base) = source::open(&base)?;
+            let merged = lora::MergedSource::new(&config, base, &lora, Box::new(files))?;
+            Ok((config, Box::new(merged) as Box<dyn TensorSource>))
+        } else {
+            source::open(&path)
+        }
+    })
+    .await
+    .map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string(), param: None })?;
     let (config, source) = loaded.map_err(|e| {
         // candle's GGUF reader quotes the first bytes of a file it cannot
         // read ("unknown magic 0x…"): not the client's to see.

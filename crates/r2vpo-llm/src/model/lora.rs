@@ -339,24 +339,24 @@ pub fn merged(w: &Tensor, a: &Tensor, b: &Tensor, scale: f64) -> Result<Tensor> 
 /// base's Hugging Face names: each adapted projection is [`merged`] when
 /// it is read, the rest passes through, so a merged model is written or
 /// loaded one tensor at a time (`llm merge`).
-pub struct MergedSource<'a> {
-    base: &'a dyn TensorSource,
-    adapter: &'a dyn TensorSource,
+pub struct MergedSource {
+    base: Box<dyn TensorSource>,
+    adapter: Box<dyn TensorSource>,
     scale: f64,
     /// Base weight name → (A, B) PEFT names.
     adapted: HashMap<String, (String, String)>,
 }
 
-impl<'a> MergedSource<'a> {
+impl MergedSource {
     /// `base` (of `cfg`'s model) with `adapter` (under `lora`) folded in;
     /// the adapter is first checked to fit ([`check_adapter`]).
     pub fn new(
         cfg: &ModelConfig,
-        base: &'a dyn TensorSource,
+        base: Box<dyn TensorSource>,
         lora: &LoraConfig,
-        adapter: &'a dyn TensorSource,
+        adapter: Box<dyn TensorSource>,
     ) -> Result<Self> {
-        check_adapter(cfg, lora, adapter)?;
+        check_adapter(cfg, lora, adapter.as_ref())?;
         let mut adapted = HashMap::new();
         for layer in 0..cfg.num_hidden_layers {
             for t in LoraTarget::ALL.into_iter().filter(|&t| lora.adapts(t)) {
@@ -368,7 +368,7 @@ impl<'a> MergedSource<'a> {
     }
 }
 
-impl TensorSource for MergedSource<'_> {
+impl TensorSource for MergedSource {
     fn origin(&self) -> PathBuf {
         self.base.origin()
     }
@@ -399,7 +399,7 @@ impl TensorSource for MergedSource<'_> {
 pub fn merge_to_hf(base: &Path, adapter: &Path, out: &Path) -> Result<LoraConfig> {
     let (cfg, base_src) = super::source::open(base)?;
     let (lora, files) = open_peft(adapter)?;
-    let src = MergedSource::new(&cfg, base_src.as_ref(), &lora, &files)?;
+    let src = MergedSource::new(&cfg, base_src, &lora, Box::new(files))?;
     let mut tensors = HashMap::new();
     for (name, _) in super::expected_params(&cfg) {
         tensors.insert(name.clone(), src.tensor(&name)?.to_dtype(candle_core::DType::F32)?);

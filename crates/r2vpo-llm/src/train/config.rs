@@ -190,6 +190,12 @@ pub struct RolloutConfig {
     /// How weights are pushed: `update_weights_from_disk` (SGLang,
     /// `r2vpo serve`), `vllm_reload` or `none`.
     pub weight_push: WeightPush,
+    /// With `[model.lora]`, push the adapter (a PEFT folder: megabytes)
+    /// instead of the merged model; `r2vpo serve` folds it into the base
+    /// it started with, which must be the learner's base. Needs
+    /// `weight_push = "update_weights_from_disk"` and `r2vpo serve` (SGLang
+    /// and vLLM load adapters by other routes: `docs/serving.md`).
+    pub push_adapter: bool,
     /// Folder the pushed weights are written to (default `RUN/weights`);
     /// the servers must be able to read it (same machine or a shared file
     /// system).
@@ -212,6 +218,7 @@ impl Default for RolloutConfig {
             max_in_flight: 4,
             sync_every: 1,
             weight_push: WeightPush::UpdateWeightsFromDisk,
+            push_adapter: false,
             weights_dir: None,
         }
     }
@@ -645,6 +652,17 @@ impl TrainConfig {
         }
         self.sampling.validate().map_err(|e| bad("sampling", e.to_string()))?;
         crate::model::cuda_ordinal(&self.model.device).map_err(|m| bad("model.device", m))?;
+        if self.rollout.push_adapter {
+            if self.model.lora.is_none() {
+                return Err(bad("rollout.push_adapter", "pushes adapters, and [model.lora] trains none"));
+            }
+            if self.rollout.weight_push != WeightPush::UpdateWeightsFromDisk {
+                return Err(bad(
+                    "rollout.push_adapter",
+                    "adapter folders go to `r2vpo serve` by weight_push = \"update_weights_from_disk\"",
+                ));
+            }
+        }
         if let Some(lora) = &self.model.lora {
             lora.validate().map_err(|(f, m)| bad(&format!("model.lora.{f}"), m))?;
             if self.model.backend != BackendKind::Candle {
