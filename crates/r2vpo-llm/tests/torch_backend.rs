@@ -170,6 +170,101 @@ fn log_probs_entropies_and_gradients_match_candle_over_two_steps() {
     }
 }
 
+/// Adapters with B ≠ 0 on a tiny model's projections (`lora.targets`).
+fn adapters(cfg: &ModelConfig, lora: &r2vpo_llm::model::LoraConfig) -> HashMap<String, Tensor> {
+    use r2vpo_llm::model::TensorSource;
+    let init = r2vpo_llm::model::lora::AdapterInit::new(cfg, lora);
+    init.names()
+        .into_iter()
+        .map(|n| {
+            let t = init.tensor(&n).unwrap();
+            let t = if n.ends_with("lora_B.weight") {
+                let v: Vec<f32> = (0..t.elem_count()).map(|i| 0.05 * ((i * 13 % 7) as f32 - 3.0)).collect();
+                Tensor::from_vec(v, t.dims(), &Device::Cpu).unwrap()
+            } else {
+                t
+            };
+            (n, t)
+        })
+        .collect()
+}
+
+/// LoRA on both backends: log-probs, the adapters' gradients (and no
+/// gradient for the frozen base), two AdamW steps, the merged export and
+/// the adapters agree; the torch base holds no f32 master under bf16 and
+/// still matches to bf16 rounding.
+#[test]
+fn lora_adapters_train_alike_on_both_backends() {
+    use r2vpo_llm::model::lora::{LoraConfig, LoraTarget};
+    use r2vpo_llm::model::source::NamedTensors;
+    for (name, cfg) in configs() {
+        let lora = LoraConfig {
+            rank: 4,
+            alpha: 8.0,
+            targets: if name == "qwen2" {
+                vec![LoraTarget::QProj, LoraTarget::VProj]
+            } else {
+                LoraTarget::ALL.to_vec()
+            },
+            rslora: name == "smollm2",
+            seed: 1,
+        };
+        let ad = adapters(&cfg, &lora);
+        let src = NamedTensors::new("adapter", ad.clone());
+        let m = model(&cfg).with_adapters(&lora, &src).unwrap();
+        let mut c = CandleBackend::new(m, optim(), false).unwrap();
+        let opts = TorchOptions { cuda: None, bf16: false, checkpointing: false };
+        let init = RandomInit::new(cfg.clone(), 5, 0.1);
+        let mut t = TorchBackend::with_lora(cfg.clone(), &init, &lora, &src, optim(), opts).unwrap();
+        let mb = micro_batch(cfg.vocab_size as u32);
+        for step in 0..2 {
+            let what = format!("{name} LoRA step {step}");
+            let (fc, ft) = (c.forward(&mb, false).unwrap(), t.forward(&mb, false).unwrap());
+            assert_close(
+                &format!("{what}: log-probs"),
+                &masked(&ft.logp, &mb.mask),
+                &masked(&fc.logp, &mb.mask),
+                BOUND,
+            );
+            let (dlogp, _) = seeds(&mb);
+            c.backward(&dlogp, None).unwrap();
+            t.backward(&dlogp, None).unwrap();
+            let (gc, gt) = (c.gradients().unwrap(), t.gradients().unwrap());
+            assert_eq!(gc.len(), lora.tensors(&cfg).len(), "{what}: the adapters alone have gradients");
+            assert_grads_close(&what, &gt, &gc, BOUND);
+            assert_eq!(c.step(1.0).unwrap(), t.step(1.0).unwrap());
+        }
+        let (ac, at) = (c.export_adapter().unwrap().unwrap(), t.export_adapter().unwrap().unwrap());
+        for (n, x) in &ac {
+            assert_close(&format!("{name}: adapter {n}"), &flat(&at[n]), &flat(x), BOUND);
+        }
+        let (wc, wt) = (c.export(2).unwrap(), t.export(2).unwrap());
+        for (n, x) in wc.tensors.iter() {
+            assert_close(&format!("{name}: merged {n}"), &flat(&wt.tensors[n]), &flat(x), BOUND);
+        }
+        // bf16: the base is held in bf16 only; log-probs stay within bf16
+        // rounding of f32.
+        let opts = TorchOptions { cuda: None, bf16: true, checkpointing: false };
+        let mut b = TorchBackend::with_lora(cfg.clone(), &init, &lora, &src, optim(), opts).unwrap();
+        let mut f = TorchBackend::with_lora(
+            cfg.clone(),
+            &init,
+            &lora,
+            &src,
+            optim(),
+            TorchOptions { cuda: None, bf16: false, checkpointing: false },
+        )
+        .unwrap();
+        let (lb, lf) = (b.forward(&mb, false).unwrap(), f.forward(&mb, false).unwrap());
+        assert_close(
+            &format!("{name}: bf16 LoRA log-probs"),
+            &masked(&lb.logp, &mb.mask),
+            &masked(&lf.logp, &mb.mask),
+            5e-2,
+        );
+    }
+}
+
 #[test]
 fn checkpointed_backward_equals_the_whole_graph() {
     let (_, cfg) = configs().remove(0);

@@ -87,18 +87,22 @@ pub fn open(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource,
         }
         #[cfg(feature = "torch")]
         BackendKind::Torch => {
-            if spec.lora.is_some() {
-                return Err(spec_err(
-                    "lora",
-                    "the torch backend does not train adapters yet; LoRA runs on backend = \"candle\"".into(),
-                ));
-            }
             let opts = torch::TorchOptions {
                 cuda: torch::torch_device(&spec.device).map_err(|m| spec_err("device", m))?,
                 bf16: spec.compute_dtype == ComputeDtype::Bf16,
                 checkpointing: spec.checkpointing,
             };
-            Ok(Opened::Torch(torch::TorchBackend::new(config.clone(), source, optim, opts)?))
+            Ok(Opened::Torch(match &spec.lora {
+                None => torch::TorchBackend::new(config.clone(), source, optim, opts)?,
+                Some(lora) => torch::TorchBackend::with_lora(
+                    config.clone(),
+                    source,
+                    lora,
+                    &AdapterInit::new(config, lora),
+                    optim,
+                    opts,
+                )?,
+            }))
         }
         #[cfg(not(feature = "torch"))]
         BackendKind::Torch => unreachable!("check_built refused it"),

@@ -53,6 +53,7 @@ use super::batch::{Inputs, MicroBatch};
 use super::OptimConfig;
 use super::{Backend, Forward, Policy};
 use crate::model::expected_params;
+use crate::model::lora::{check_adapter, peft_name, Factor, LoraConfig, LoraTarget};
 use crate::model::source::check;
 use crate::model::{ModelConfig, ModelError, Result, TensorSource};
 use crate::sample::{Generation, GenerationRequest, SamplingConfig};
@@ -135,6 +136,9 @@ struct Layout {
     layers: Vec<LayerIdx>,
     norm: usize,
     lm_head: Option<usize>,
+    /// Per layer, each projection's adapter `(A, B)` by
+    /// [`LoraTarget::index`], where the model has them.
+    adapters: Vec<[Option<(usize, usize)>; 7]>,
 }
 
 impl Layout {
@@ -164,11 +168,24 @@ impl Layout {
                 }
             })
             .collect();
+        let adapters = (0..cfg.num_hidden_layers)
+            .map(|li| {
+                let mut a: [Option<(usize, usize)>; 7] = Default::default();
+                for t in LoraTarget::ALL {
+                    let m = t.module(li);
+                    if let (Some(ia), Some(ib)) = (get(&peft_name(&m, Factor::A)), get(&peft_name(&m, Factor::B))) {
+                        a[t.index()] = Some((ia, ib));
+                    }
+                }
+                a
+            })
+            .collect();
         Layout {
             embed: need("model.embed_tokens.weight".into()),
             layers,
             norm: need("model.norm.weight".into()),
             lm_head: get("lm_head.weight"),
+            adapters,
         }
     }
 }
@@ -218,7 +235,13 @@ struct State {
 /// The libtorch learner and its policy.
 pub struct TorchBackend {
     config: ModelConfig,
+    /// Every parameter's name: the model's in [`expected_params`] order,
+    /// then the adapters' (PEFT names) where there are any.
     names: Vec<String>,
+    /// How many of `names` are the model's own.
+    n_base: usize,
+    /// The adapters, where the model trains them (then only they learn).
+    lora: Option<LoraConfig>,
     decay: Vec<bool>,
     layout: Layout,
     inv_freq: Vec<f32>,
@@ -264,6 +287,12 @@ fn torch_err(e: tch::TchError) -> ModelError {
 /// (on the CPU device the parameter itself lives in host memory). Measured
 /// by `a_bf16_folder_reaches_the_torch_backend_without_whole_model_host_copies`.
 fn to_torch(t: &candle_core::Tensor, device: TDevice) -> Result<T> {
+    to_torch_as(t, device, Kind::Float)
+}
+
+/// [`to_torch`] into a tensor of `out` (a LoRA's frozen base in the
+/// compute kind).
+fn to_torch_as(t: &candle_core::Tensor, device: TDevice, out: Kind) -> Result<T> {
     use candle_core::{CpuStorage, Storage};
     let t = t.contiguous()?;
     let dims: Vec<i64> = t.dims().iter().map(|&d| d as i64).collect();
@@ -284,7 +313,7 @@ fn to_torch(t: &candle_core::Tensor, device: TDevice) -> Result<T> {
                 t.to_dtype(candle_core::DType::F32)?.to_device(&candle_core::Device::Cpu)?.flatten_all()?.to_vec1()?;
             return T::f_from_slice(&v)
                 .and_then(|x| x.f_view(dims.as_slice()))
-                .and_then(|x| x.f_to_device_(device, Kind::Float, false, true))
+                .and_then(|x| x.f_to_device_(device, out, false, true))
                 .map_err(torch_err);
         }
     };
@@ -293,10 +322,10 @@ fn to_torch(t: &candle_core::Tensor, device: TDevice) -> Result<T> {
     // function; the view does not outlive it, because `copy = true` makes
     // the result a new tensor even where device and kind already match.
     let view = unsafe { T::f_from_blob(ptr, &dims, &strides, kind, TDevice::Cpu) }.map_err(torch_err)?;
-    let out = view.f_to_device_(device, Kind::Float, false, true).map_err(torch_err);
+    let copied = view.f_to_device_(device, out, false, true).map_err(torch_err);
     drop(view);
     drop(storage);
-    out
+    copied
 }
 
 /// A libtorch tensor's values as a candle f32 tensor on the CPU.
@@ -324,24 +353,65 @@ impl TorchBackend {
     /// allocated at its first step, so a model that only decodes (`r2vpo
     /// serve`) holds the weights alone.
     pub fn new(config: ModelConfig, source: &dyn TensorSource, optim: OptimConfig, opts: TorchOptions) -> Result<Self> {
+        Self::build(config, source, None, optim, opts)
+    }
+
+    /// [`TorchBackend::new`] training low-rank adapters `lora` (values from
+    /// `adapters`, PEFT names: [`crate::model::lora::AdapterInit`] for a
+    /// fresh start) on the frozen base: the base is held in the compute
+    /// kind only (bf16 with `opts.bf16`: no f32 master copy) and gets no
+    /// gradient; the adapters are f32 masters, the only parameters AdamW
+    /// updates.
+    pub fn with_lora(
+        config: ModelConfig,
+        source: &dyn TensorSource,
+        lora: &LoraConfig,
+        adapters: &dyn TensorSource,
+        optim: OptimConfig,
+        opts: TorchOptions,
+    ) -> Result<Self> {
+        lora.validate().map_err(|(field, message)| ModelError::Spec { field: format!("lora.{field}"), message })?;
+        Self::build(config, source, Some((lora, adapters)), optim, opts)
+    }
+
+    fn build(
+        config: ModelConfig,
+        source: &dyn TensorSource,
+        lora: Option<(&LoraConfig, &dyn TensorSource)>,
+        optim: OptimConfig,
+        opts: TorchOptions,
+    ) -> Result<Self> {
         check(&config, source)?;
+        if let Some((l, a)) = lora {
+            check_adapter(&config, l, a)?;
+        }
         let device = match opts.cuda {
             None => TDevice::Cpu,
             Some(n) => TDevice::Cuda(n),
         };
         let kind = if opts.bf16 { Kind::BFloat16 } else { Kind::Float };
-        let expected = expected_params(&config);
+        let mut expected = expected_params(&config);
+        let n_base = expected.len();
+        if let Some((l, _)) = lora {
+            expected.extend(l.tensors(&config));
+        }
         let names: Vec<String> = expected.iter().map(|(n, _)| n.clone()).collect();
         let layout = Layout::new(&config, &names);
         let decay = expected.iter().map(|(_, s)| s.len() >= 2).collect();
         let mut params = Vec::with_capacity(names.len());
-        for n in &names {
-            params.push(to_torch(&source.tensor(n)?, device)?.set_requires_grad(true));
+        for (i, n) in names.iter().enumerate() {
+            params.push(match lora {
+                None => to_torch(&source.tensor(n)?, device)?.set_requires_grad(true),
+                Some(_) if i < n_base => to_torch_as(&source.tensor(n)?, device, kind)?,
+                Some((_, a)) => to_torch(&a.tensor(n)?, device)?.set_requires_grad(true),
+            });
         }
         let inv_freq = config.inv_freq().into_iter().map(|f| f as f32).collect();
         Ok(TorchBackend {
             config,
             names,
+            n_base,
+            lora: lora.map(|(l, _)| l.clone()),
             decay,
             layout,
             inv_freq,
@@ -354,6 +424,22 @@ impl TorchBackend {
             casts: Mutex::new((0, Vec::new())),
             cpu: candle_core::Device::Cpu,
         })
+    }
+
+    /// Whether parameter `i` learns.
+    fn learns(&self, i: usize) -> bool {
+        self.lora.is_none() || i >= self.n_base
+    }
+
+    /// `x·Wᵀ (+ bias)` of projection `target` of layer `li`, plus its
+    /// adapter's `s·(x·Aᵀ)·Bᵀ` where it has one (LoRA, Hu et al. 2021,
+    /// eq. 3; the scale on the rank-r product, the smallest).
+    fn proj(&self, p: &[T], x: &T, w: usize, bias: Option<usize>, li: usize, target: LoraTarget) -> T {
+        let y = x.linear(&p[w], bias.map(|i| &p[i]));
+        match (&self.lora, self.layout.adapters[li][target.index()]) {
+            (Some(l), Some((a, b))) => y + (x.linear(&p[a], None::<&T>) * l.scale()).linear(&p[b], None::<&T>),
+            _ => y,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -459,11 +545,11 @@ impl TorchBackend {
         let l = &self.layout.layers[li];
         let (nh, nkv, hd) = (cfg.num_attention_heads as i64, cfg.kv_heads() as i64, cfg.head_dim() as i64);
         let h = self.rms(x, &p[l.in_norm]);
-        let proj = |w: usize, bias: Option<usize>, heads: i64| {
-            h.linear(&p[w], bias.map(|i| &p[i])).view([c.b, c.t, heads, hd])
+        let proj = |w: usize, bias: Option<usize>, heads: i64, t: LoraTarget| {
+            self.proj(p, &h, w, bias, li, t).view([c.b, c.t, heads, hd])
         };
-        let (mut q, mut k) = (proj(l.q, l.q_b, nh), proj(l.k, l.k_b, nkv));
-        let v = proj(l.v, l.v_b, nkv).transpose(1, 2);
+        let (mut q, mut k) = (proj(l.q, l.q_b, nh, LoraTarget::QProj), proj(l.k, l.k_b, nkv, LoraTarget::KProj));
+        let v = proj(l.v, l.v_b, nkv, LoraTarget::VProj).transpose(1, 2);
         if let (Some(qn), Some(kn)) = (l.q_norm, l.k_norm) {
             q = self.rms(&q, &p[qn]);
             k = self.rms(&k, &p[kn]);
@@ -476,11 +562,11 @@ impl TorchBackend {
         };
         let attn = T::scaled_dot_product_attention(&q, &k, &v, Some(&c.mask), 0.0, false, 1.0, nkv != nh);
         let attn = attn.transpose(1, 2).contiguous().view([c.b * c.t, nh * hd]);
-        let x = x + attn.linear(&p[l.o], l.o_b.map(|i| &p[i]));
+        let x = x + self.proj(p, &attn, l.o, l.o_b, li, LoraTarget::OProj);
         let h2 = self.rms(&x, &p[l.post_norm]);
-        let gate = h2.linear(&p[l.gate], None::<&T>);
-        let up = h2.linear(&p[l.up], None::<&T>);
-        &x + (gate.silu() * up).linear(&p[l.down], None::<&T>)
+        let gate = self.proj(p, &h2, l.gate, None, li, LoraTarget::GateProj);
+        let up = self.proj(p, &h2, l.up, None, li, LoraTarget::UpProj);
+        &x + self.proj(p, &(gate.silu() * up), l.down, None, li, LoraTarget::DownProj)
     }
 
     /// The final norm's rows that predict the last `r` tokens, `(B·r, hidden)`.
@@ -579,22 +665,55 @@ impl TorchBackend {
     }
 
     /// AdamW's moments, allocated at first use.
-    fn ensure_moments(st: &mut State) -> Result<()> {
+    /// AdamW's moments, allocated at first use, for the parameters that
+    /// learn (a frozen base gets empty placeholders).
+    fn ensure_moments(&self, st: &mut State) -> Result<()> {
         if st.m.is_empty() {
-            let zeros = |p: &T| p.f_zeros_like().map_err(torch_err);
-            st.m = st.params.iter().map(zeros).collect::<Result<Vec<_>>>()?;
-            st.v = st.params.iter().map(zeros).collect::<Result<Vec<_>>>()?;
+            let zeros = |(i, p): (usize, &T)| {
+                if self.learns(i) { p.f_zeros_like() } else { T::f_zeros([0], (Kind::Float, self.device)) }
+                    .map_err(torch_err)
+            };
+            st.m = st.params.iter().enumerate().map(zeros).collect::<Result<Vec<_>>>()?;
+            st.v = st.params.iter().enumerate().map(zeros).collect::<Result<Vec<_>>>()?;
         }
         Ok(())
     }
 
+    /// The model's weights as f32 under Hugging Face names; with adapters,
+    /// merged into the base (`W + s·B·A`, in f32 on the device).
     fn export_from(&self, params: &[T], version: u64) -> Result<Weights> {
-        let tensors = self
-            .names
-            .iter()
-            .zip(params)
-            .map(|(n, p)| Ok((n.clone(), to_candle(&p.detach())?)))
-            .collect::<Result<HashMap<_, _>>>()?;
+        let mut merged: HashMap<usize, (usize, usize)> = HashMap::new();
+        for (li, l) in self.layout.layers.iter().enumerate() {
+            for t in LoraTarget::ALL {
+                if let Some(ab) = self.layout.adapters[li][t.index()] {
+                    let w = match t {
+                        LoraTarget::QProj => l.q,
+                        LoraTarget::KProj => l.k,
+                        LoraTarget::VProj => l.v,
+                        LoraTarget::OProj => l.o,
+                        LoraTarget::GateProj => l.gate,
+                        LoraTarget::UpProj => l.up,
+                        LoraTarget::DownProj => l.down,
+                    };
+                    merged.insert(w, ab);
+                }
+            }
+        }
+        let scale = self.lora.as_ref().map_or(0.0, LoraConfig::scale);
+        let tensors = tch::no_grad(|| {
+            self.names[..self.n_base]
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let w = params[i].detach().to_kind(Kind::Float);
+                    let w = match merged.get(&i) {
+                        Some(&(a, b)) => w + params[b].detach().matmul(&params[a].detach()) * scale,
+                        None => w,
+                    };
+                    Ok((n.clone(), to_candle(&w)?))
+                })
+                .collect::<Result<HashMap<_, _>>>()
+        })?;
         Ok(Weights::new(version, tensors))
     }
 }
@@ -649,12 +768,47 @@ impl Policy for TorchBackend {
     fn load(&self, weights: &dyn TensorSource) -> Result<()> {
         let mut st = self.lock();
         guarded("torch load", || {
-            let expected: Vec<(String, Vec<usize>)> = (self.names.iter().zip(&st.params))
+            let expected: Vec<(String, Vec<usize>)> = (self.names[..self.n_base].iter().zip(&st.params))
                 .map(|(n, p)| (n.clone(), p.size().iter().map(|&d| d as usize).collect()))
                 .collect();
             super::check_fits(weights, &expected)?;
-            for (i, n) in self.names.iter().enumerate() {
+            for (i, n) in self.names[..self.n_base].iter().enumerate() {
                 let src = to_torch(&weights.tensor(n)?, self.device)?;
+                tch::no_grad(|| st.params[i].f_copy_(&src)).map_err(torch_err)?;
+            }
+            Ok(())
+        })?;
+        self.changed();
+        Ok(())
+    }
+
+    fn lora(&self) -> Option<&LoraConfig> {
+        self.lora.as_ref()
+    }
+
+    fn export_adapter(&self) -> Result<Option<HashMap<String, candle_core::Tensor>>> {
+        if self.lora.is_none() {
+            return Ok(None);
+        }
+        let st = self.lock();
+        guarded("torch export adapter", || {
+            (self.n_base..self.names.len())
+                .map(|i| Ok((self.names[i].clone(), to_candle(&st.params[i].detach())?)))
+                .collect::<Result<HashMap<_, _>>>()
+                .map(Some)
+        })
+    }
+
+    fn load_adapter(&self, source: &dyn TensorSource) -> Result<()> {
+        let lora = self.lora.as_ref().ok_or_else(|| ModelError::Spec {
+            field: "lora".into(),
+            message: "this model has no adapters to load into".into(),
+        })?;
+        check_adapter(&self.config, lora, source)?;
+        let mut st = self.lock();
+        guarded("torch load adapter", || {
+            for i in self.n_base..self.names.len() {
+                let src = to_torch(&source.tensor(&self.names[i])?, self.device)?;
                 tch::no_grad(|| st.params[i].f_copy_(&src)).map_err(torch_err)?;
             }
             Ok(())
@@ -760,7 +914,7 @@ impl Backend for TorchBackend {
         let lr = {
             let mut st = self.lock();
             let st = &mut *st;
-            Self::ensure_moments(st)?;
+            self.ensure_moments(st)?;
             let o = self.optim;
             let lr = o.lr_at(st.steps);
             st.steps += 1;
@@ -861,10 +1015,10 @@ impl Backend for TorchBackend {
 
     fn save_optimizer(&self, path: &Path) -> Result<()> {
         let mut st = self.lock();
-        Self::ensure_moments(&mut st)?;
+        self.ensure_moments(&mut st)?;
         let mut map = HashMap::new();
         guarded("torch optimizer state", || {
-            for (i, n) in self.names.iter().enumerate() {
+            for (i, n) in self.names.iter().enumerate().filter(|&(i, _)| self.learns(i)) {
                 map.insert(format!("m.{n}"), to_candle(&st.m[i])?);
                 map.insert(format!("v.{n}"), to_candle(&st.v[i])?);
             }
@@ -885,8 +1039,8 @@ impl Backend for TorchBackend {
         let err = |m: String| ModelError::Format { path: path.to_path_buf(), message: m };
         let map = candle_core::safetensors::load(path, &candle_core::Device::Cpu).map_err(|e| err(e.to_string()))?;
         let mut st = self.lock();
-        Self::ensure_moments(&mut st)?;
-        for (i, n) in self.names.iter().enumerate() {
+        self.ensure_moments(&mut st)?;
+        for (i, n) in self.names.iter().enumerate().filter(|&(i, _)| self.learns(i)) {
             for (pre, moments) in [("m", 0), ("v", 1)] {
                 let t = map.get(&format!("{pre}.{n}")).ok_or_else(|| err(format!("missing `{pre}.{n}`")))?;
                 let slot = if moments == 0 { &mut st.m[i] } else { &mut st.v[i] };

@@ -296,7 +296,8 @@ pub struct ModelSource {
     /// `[model.lora]`: train low-rank adapters on the frozen base instead
     /// of every weight ([`crate::model::lora`]). Checkpoints then hold the
     /// adapter in PEFT's layout, `export` writes one, `llm merge` folds it
-    /// into the base. The candle backend trains them.
+    /// into the base. Both backends train them; the torch backend holds
+    /// the frozen base in the compute dtype only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraConfig>,
 }
@@ -665,12 +666,6 @@ impl TrainConfig {
         }
         if let Some(lora) = &self.model.lora {
             lora.validate().map_err(|(f, m)| bad(&format!("model.lora.{f}"), m))?;
-            if self.model.backend != BackendKind::Candle {
-                return Err(bad(
-                    "model.lora",
-                    "adapters train on backend = \"candle\" (the torch backend does not yet)",
-                ));
-            }
         }
         if let Some(r) = &self.model.random {
             if r.shape.is_some() {
