@@ -53,7 +53,8 @@ build-torch: deps deps-torch
 # carry limit; 32 MiB of it candle's prebuilt GGUF/MoE kernels),
 # libmujoco, which it finds beside itself ($$ORIGIN), and the embedded
 # SmolLM2's tokenizer as Hugging Face files (2 MB; the GPU check's
-# random-weight runs use it, the 98 MB GGUF stays here). The binary loads
+# random-weight runs use it, the 98 MB GGUF stays here), and PEFT's
+# pure-Python wheels for the LoRA phase's PyTorch peer. The binary loads
 # the GPU machine's own libtorch (2.11.0+cu130); libtorch_cuda's CUDA
 # libraries are resolved there, not here (--allow-shlib-undefined).
 CUDA_COMPUTE_CAP ?= 90
@@ -69,6 +70,8 @@ build-gpu: build deps-torch
 	strip -o target/gpu/r2vpo-stripped target/gpu/release/r2vpo
 	xz -T2 -6 -c target/gpu/r2vpo-stripped > dist/gpu/r2vpo.xz
 	cp -L .deps/mujoco/lib/libmujoco.so.3.17.0 dist/gpu/
+	$(PYTHON) -m pip download -q --disable-pip-version-check --no-deps --require-hashes \
+	  -r scripts/gpu/peft-wheels.txt -d dist/gpu/wheels
 	$(BIN) llm info --save-tokenizer dist/gpu/tokenizer > /dev/null
 	@ls -l target/gpu/r2vpo-stripped dist/gpu
 

@@ -205,6 +205,26 @@ if has_torch; then
         --reps "$REPS" --out "$OUT/torch-ck-step.json"
 fi
 
+# LoRA on one GPU (#54): rank-16 adapters on a frozen bf16 base of the
+# Qwen3-8B shape, checkpointed, 4 × 4096 tokens (the goal: it fits one
+# 80 GB GPU), r2vpo's torch backend against PyTorch + PEFT (or the same
+# LoRA forward in PyTorch where PEFT does not import there).
+LORA_SHAPE=${LORA_SHAPE:-configs/shapes/qwen3-8b.json} LORA_BATCH=${LORA_BATCH:-4}
+LORA_RESPONSE=${LORA_RESPONSE:-4052} LORA_RANK=${LORA_RANK:-16}
+[ $dry = 1 ] && LORA_SHAPE=configs/shapes/qwen3-tiny.json LORA_BATCH=2 LORA_RESPONSE=48 LORA_RANK=4
+echo "== 2d. LoRA step: $LORA_SHAPE, rank $LORA_RANK, $DEV $dtype, $LORA_BATCH × ($PROMPT + $LORA_RESPONSE) tokens"
+if [ $tbin = 1 ]; then
+    PEAK=1 phase r2vpo-torch-lora-step 300 "$TBIN" bench step --backend torch --shape "$LORA_SHAPE" --device $DEV \
+        --dtype $dtype --checkpoint --lora-rank "$LORA_RANK" --batch "$LORA_BATCH" --prompt "$PROMPT" \
+        --response "$LORA_RESPONSE" --reps "$REPS" --out "$OUT/r2vpo-torch-lora-step.json"
+fi
+if has_torch; then
+    PEAK=1 PEFT_WHEELS=${PEFT_WHEELS:-dist/gpu/wheels} phase torch-lora-step 300 "$TORCH_PY" \
+        scripts/gpu/torch_step.py --shape "$LORA_SHAPE" --device $DEV --dtype $tdtype --checkpoint \
+        --lora-rank "$LORA_RANK" --batch "$LORA_BATCH" --prompt "$PROMPT" --response "$LORA_RESPONSE" \
+        --reps "$REPS" --out "$OUT/torch-lora-step.json"
+fi
+
 # `llm plan`'s prediction for the two torch-backend steps above, against
 # their peak GPU memory in the summary (the plan leaves out the CUDA context
 # and the caching allocator's slack, which nvidia-smi counts).

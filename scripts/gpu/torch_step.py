@@ -53,6 +53,11 @@ def main() -> None:
                     help="take turns with another benchmark through two named pipes (scripts/hf/turns.py): "
                          "after the warm-up one byte to DONE, then before each timed step one byte read from WAIT "
                          "and after it one byte to DONE (as `r2vpo bench step --turns`)")
+    ap.add_argument("--lora-rank", type=int, default=0,
+                    help="train rank-r LoRA adapters (alpha 2r, all seven projections, as `bench step --lora-rank`) "
+                         "on a frozen base held in bf16 (amp) or the compute dtype: Hugging Face PEFT where it "
+                         "imports (PEFT_WHEELS: a folder of its wheels, put on sys.path), else the same LoRA "
+                         "forward written here")
     ap.add_argument("--out", default="runs/bench/torch-step.json")
     a = ap.parse_args()
 
@@ -67,13 +72,19 @@ def main() -> None:
         if a.dtype == "amp" else contextlib.nullcontext
     dev = torch.device(a.device)
     torch.manual_seed(7)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa").to(dev)
+    # With LoRA the frozen base needs no f32 master: bf16 under amp.
+    base_dtype = torch.bfloat16 if a.lora_rank and a.dtype == "amp" else dtype
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=base_dtype, attn_implementation="sdpa").to(dev)
+    lora_impl = None
+    if a.lora_rank:
+        model, lora_impl = add_lora(model, a.lora_rank, torch)
     model.train()
     if a.checkpoint:
         model.config.use_cache = False
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                             fused=dev.type == "cuda")
 
     b, p, r = a.batch, a.prompt, a.response
@@ -98,7 +109,7 @@ def main() -> None:
         per_token = -(rho * adv - lam * ((rho - 1.0) ** 2 - delta))
         loss = (per_token * mask).sum() / mask.sum()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.item()
@@ -159,6 +170,9 @@ def main() -> None:
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "lora_rank": a.lora_rank,
+        "lora": lora_impl,
+        "trained_parameters": sum(p.numel() for p in trained),
     }
     print(f"torch {torch.__version__} + transformers {transformers.__version__}, {a.shape} ({params} parameters), "
           f"{a.device} {a.dtype}, {b} × ({p} + {r}) tokens, median of {len(times)}")
@@ -169,6 +183,51 @@ def main() -> None:
         json.dump(res, f, indent=2)
     os.replace(tmp, a.out)
     print(f"written: {a.out}")
+
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def add_lora(model, r, torch):
+    """Rank-r adapters (alpha 2r) on every projection, base frozen; the
+    adapters are f32. Returns the model and which implementation made them."""
+    wheels = os.environ.get("PEFT_WHEELS")
+    if wheels and os.path.isdir(wheels):
+        sys.path[:0] = [os.path.join(wheels, w) for w in sorted(os.listdir(wheels)) if w.endswith(".whl")]
+    try:
+        import peft
+        cfg = peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=TARGETS, lora_dropout=0.0)
+        model = peft.get_peft_model(model, cfg)
+        for n, p in model.named_parameters():
+            if "lora_" in n:
+                p.data = p.data.float()
+        return model, f"peft {peft.__version__}"
+    except ImportError as e:
+        print(f"torch_step: PEFT does not import ({e}); LoRA written here", file=sys.stderr)
+
+    class Lora(torch.nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+            dev = base.weight.device
+            self.a = torch.nn.Parameter(torch.empty(r, base.in_features, device=dev))
+            self.b = torch.nn.Parameter(torch.zeros(base.out_features, r, device=dev))
+            torch.nn.init.kaiming_uniform_(self.a, a=math.sqrt(5))
+            self.scale = 2.0
+
+        def forward(self, x):
+            low = torch.nn.functional.linear(torch.nn.functional.linear(x, self.a.to(x.dtype)) * self.scale,
+                                             self.b.to(x.dtype))
+            return self.base(x) + low
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for name, module in list(model.named_modules()):
+        for t in TARGETS:
+            child = getattr(module, t, None)
+            if isinstance(child, torch.nn.Linear):
+                setattr(module, t, Lora(child))
+    return model, "written here (PEFT's math)"
 
 
 if __name__ == "__main__":

@@ -242,6 +242,21 @@ fn lora_adapters_train_alike_on_both_backends() {
         for (n, x) in wc.tensors.iter() {
             assert_close(&format!("{name}: merged {n}"), &flat(&wt.tensors[n]), &flat(x), BOUND);
         }
+        // Checkpointed, the same adapter gradients.
+        let ck = TorchOptions { cuda: None, bf16: false, checkpointing: true };
+        let mut k = TorchBackend::with_lora(cfg.clone(), &init, &lora, &src, optim(), ck).unwrap();
+        let mut f0 = TorchBackend::with_lora(cfg.clone(), &init, &lora, &src, optim(), opts).unwrap();
+        let (dlogp, _) = seeds(&mb);
+        for be in [&mut k, &mut f0] {
+            be.forward(&mb, false).unwrap();
+            be.backward(&dlogp, None).unwrap();
+        }
+        assert_grads_close(
+            &format!("{name}: checkpointed LoRA"),
+            &k.gradients().unwrap(),
+            &f0.gradients().unwrap(),
+            1e-6,
+        );
         // bf16: the base is held in bf16 only; log-probs stay within bf16
         // rounding of f32.
         let opts = TorchOptions { cuda: None, bf16: true, checkpointing: false };

@@ -889,8 +889,11 @@ impl Backend for TorchBackend {
                     (y * &g).sum(Kind::Float).backward();
                     g = x.grad();
                 }
-                let x0 = self.embed(&p, &pend.ids);
-                (x0 * &g).sum(Kind::Float).backward();
+                // A frozen embedding (a LoRA base) has nothing to learn.
+                if self.learns(self.layout.embed) {
+                    let x0 = self.embed(&p, &pend.ids);
+                    (x0 * &g).sum(Kind::Float).backward();
+                }
             }
             Ok(())
         })
