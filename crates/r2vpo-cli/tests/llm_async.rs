@@ -630,3 +630,49 @@ fn learn_with_actor_processes_survives_a_killed_actor_and_equals_the_synchronous
         .collect();
     assert_eq!(batches, (0..ITERATIONS as u64).collect::<Vec<_>>());
 }
+
+/// With `[model.lora]` the learner hands its actors adapters, not the
+/// model: actor threads (the in-process board) and an `llm actor` process
+/// (the shared folder announced in Redis, whose announcement carries the
+/// adapters' configuration) apply them to their own base. With
+/// `max_staleness = 0` both runs write exactly the synchronous LoRA run's
+/// metrics, so every actor sampled from exactly the learner's policy.
+#[test]
+fn lora_actors_receive_adapters_and_match_the_synchronous_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path());
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("{text}[model.lora]\nrank = 4\nalpha = 8\n")).unwrap();
+    // The entropy bonus moves the adapters whatever the reward.
+    let sets = ["--set", "entropy_coef=0.05", "--set", "optim.lr=0.02"];
+    let sync = tmp.path().join("sync");
+    ok(&mut train(&cfg, &sync, &sets));
+    let want = metrics(&sync);
+    assert_eq!(want.len(), ITERATIONS);
+    assert!(want.iter().all(|m| m["grad_norm"].as_f64().unwrap() > 0.0), "{want:?}");
+
+    let mem = tmp.path().join("memory");
+    ok(train(&cfg, &mem, &sets).arg("--async"));
+    assert_eq!(metrics(&mem), want, "LoRA async (actor threads) differs from llm train");
+
+    let redis = Redis::start_anywhere(tmp.path());
+    let run = tmp.path().join("processes");
+    let (mut learner, mut a0, _reaper) = learner_and_actor(tmp.path(), &cfg, &run, &redis.url(), &sets);
+    let status = exits_within(&mut learner, Duration::from_secs(300), "the learner");
+    assert!(status.success(), "{}", read(&tmp.path().join("learner.log")));
+    exits_within(&mut a0, Duration::from_secs(60), "the actor");
+    assert_eq!(metrics(&run), want, "LoRA llm learn + llm actor differs from llm train");
+    // The weight folder holds adapters: kilobytes, not the model.
+    let weights = run.join("actor-weights");
+    let newest = std::fs::read_dir(&weights).unwrap().flatten().map(|e| e.path()).max().unwrap();
+    let st = safetensors_names(&newest.join("weights.safetensors"));
+    assert!(!st.is_empty() && st.iter().all(|n| n.contains(".lora_")), "{st:?}");
+}
+
+/// The tensor names in a safetensors file's header.
+fn safetensors_names(path: &Path) -> Vec<String> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header.as_object().unwrap().keys().filter(|k| *k != "__metadata__").cloned().collect()
+}

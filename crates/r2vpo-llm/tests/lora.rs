@@ -356,3 +356,29 @@ fn bad_lora_settings_name_the_field() {
         }
     }
 }
+
+/// Adapter weights meet a policy without adapters, or with others: a clear
+/// refusal, and the policy computes what it did.
+#[test]
+fn adapter_weights_for_another_policy_are_refused() {
+    use r2vpo_llm::backend::Policy;
+    use r2vpo_llm::weights::Weights;
+    let lora = LoraConfig { rank: 4, ..LoraConfig::default() };
+    let init = AdapterInit::new(&cfg(), &lora);
+    let tensors: HashMap<String, Tensor> =
+        init.names().into_iter().map(|n| (n.clone(), init.tensor(&n).unwrap())).collect();
+    let w = Weights::of_adapter(3, lora.clone(), tensors);
+    let plain = Transformer::new_random(cfg(), 1, DType::F32, &Device::Cpu).unwrap();
+    let (ids, mask, targets) = batch(DType::F32);
+    let before = flat(&plain.score_logprobs(&ids, &mask, &targets).unwrap());
+    let e = w.apply(&plain).unwrap_err().to_string();
+    assert!(e.contains("weight version 3 holds adapters of rank 4"), "{e}");
+    let other = LoraConfig { rank: 8, ..LoraConfig::default() };
+    let m = Transformer::new_random(cfg(), 1, DType::F32, &Device::Cpu)
+        .unwrap()
+        .with_adapters(&other, &AdapterInit::new(&cfg(), &other))
+        .unwrap();
+    assert!(w.apply(&m).is_err());
+    assert_eq!(flat(&plain.score_logprobs(&ids, &mask, &targets).unwrap()), before);
+    assert!(Policy::lora(&m).is_some());
+}

@@ -606,10 +606,14 @@ struct Announcement {
     version: u64,
     consumed: u64,
     path: String,
+    /// Set when the file holds adapters of this configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    adapter: Option<r2vpo_llm::model::LoraConfig>,
 }
 
 /// The weight channel of actor processes (`llm learn` / `llm actor`): the
-/// learner writes each version's tensors to
+/// learner writes each version's tensors (its adapters, when it trains
+/// them: the announcement then carries their configuration) to
 /// `<dir>/v<version>/weights.safetensors` (a temporary folder renamed into
 /// place, so a reader never sees half a file) and then announces `{version,
 /// consumed, path}` at `<key>:weights`; actors poll the announcement and
@@ -690,7 +694,8 @@ impl WeightChannel for SharedWeights {
         }
         std::fs::rename(&tmp, &folder).map_err(Self::io(&folder))?;
         let path = folder.join("weights.safetensors").display().to_string();
-        let text = serde_json::to_string(&Announcement { version, consumed, path }).expect("serialises");
+        let adapter = weights.adapter.clone();
+        let text = serde_json::to_string(&Announcement { version, consumed, path, adapter }).expect("serialises");
         self.patiently("announcing weights", || {
             self.call(|c, key| c.set::<_, _, ()>(format!("{key}:weights"), &text))
         })?;
@@ -743,7 +748,8 @@ impl WeightChannel for SharedWeights {
                     }
                     // The file can be pruned between the read and the load
                     // when the learner moves on; the next poll sees a newer one.
-                    if let Ok(w) = Weights::load_safetensors(Path::new(&a.path), a.version) {
+                    if let Ok(mut w) = Weights::load_safetensors(Path::new(&a.path), a.version) {
+                        w.adapter = a.adapter;
                         return Ok(Fetched::New(w));
                     }
                 }

@@ -23,9 +23,7 @@ pub struct BackendSpec {
     /// Per-layer gradient checkpointing in the learner.
     pub checkpointing: bool,
     /// Low-rank adapters on a frozen base instead of training every
-    /// weight (the learner's; a policy opened for inference only,
-    /// [`open_policy`], is the plain model, since what the learner exports
-    /// is its merged weights).
+    /// weight (a learner's, and its actors', which receive adapters).
     pub lora: Option<LoraConfig>,
 }
 
@@ -112,8 +110,7 @@ pub fn open(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource,
 /// [`open`] for inference only (sampling, scoring: an actor's policy, the
 /// KL reference).
 pub fn open_policy(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource) -> Result<Box<dyn Policy>> {
-    let plain = BackendSpec { lora: None, ..spec.clone() };
-    Ok(match open(&plain, config, source, OptimConfig::default())? {
+    Ok(match open(spec, config, source, OptimConfig::default())? {
         Opened::Candle(m) => Box::new(m),
         #[cfg(feature = "torch")]
         Opened::Torch(t) => Box::new(t),

@@ -193,7 +193,7 @@ fn actor_loop(
     let owner = format!("{name}-{}-{}", std::process::id(), derived_owner_nonce());
     let lease = Duration::from_secs_f64(cfg.queue.lease_s);
     let (config, source, _) = load_policy(&cfg.model)?;
-    let policy = super::new_policy(cfg, &config, source.as_ref())?;
+    let policy = super::new_actor_policy(cfg, &config, source.as_ref())?;
     let mut have: Option<u64> = None;
     let mut positions = Positions::new();
     let mut warn = |w: String| eprintln!("warning: {w}");
@@ -214,7 +214,7 @@ fn actor_loop(
             match weights.fetch(b.saturating_sub(cfg.actors.max_staleness), have, poll)? {
                 Fetched::Current(v) => break v,
                 Fetched::New(w) => {
-                    policy.load(&w)?;
+                    w.apply(policy.as_ref())?;
                     break w.version;
                 }
                 Fetched::Closed => break 'batches,
@@ -332,7 +332,8 @@ impl Trainer {
         // This process's actor threads are the run's only actors: leases
         // left by an earlier (killed) process are dead.
         queue.expire_leases().map_err(|e| TrainError::Queue(e.to_string()))?;
-        let board = Board::new(self.progress.queue.consumed(), self.backend.export(self.progress.iteration as u64)?);
+        let first = Weights::for_actors(self.backend.as_ref(), self.progress.iteration as u64)?;
+        let board = Board::new(self.progress.queue.consumed(), first);
         let actors: Vec<Actor> = (0..self.cfg.actors.count)
             .map(|i| {
                 let mut a = self.actor.fork()?;
@@ -385,7 +386,7 @@ impl Trainer {
         on_event: &mut dyn FnMut(Event),
     ) -> TrainResult<Outcome> {
         let mut queue = self.open_learner_queue(open, on_event)?;
-        let first = self.backend.export(self.progress.iteration as u64)?;
+        let first = Weights::for_actors(self.backend.as_ref(), self.progress.iteration as u64)?;
         let out = match weights.publish(&first, self.progress.queue.consumed()) {
             Ok(()) => self.learn_loop(queue.as_mut(), weights, None, stop, on_event),
             Err(e) => self.settle(Err(e.into()), stop, on_event),
@@ -583,7 +584,7 @@ impl Trainer {
             self.progress.queue = pos;
             if self.progress.iteration < self.cfg.iterations {
                 // After the last iteration the actors are closed, not fed.
-                let w = self.backend.export(self.progress.iteration as u64)?;
+                let w = Weights::for_actors(self.backend.as_ref(), self.progress.iteration as u64)?;
                 weights.publish(&w, self.progress.queue.consumed())?;
             }
             if let Some(out) = self.after_iteration(&m, stop, on_event)? {

@@ -264,9 +264,22 @@ pub fn load_policy(src: &ModelSource) -> TrainResult<(ModelConfig, Box<dyn Tenso
     Ok((config, weights, tok))
 }
 
-/// A policy on the backend `cfg` names, for sampling and scoring only (an
-/// actor's, the KL reference).
+/// The base model on the backend `cfg` names, for scoring only (the KL
+/// reference: with `[model.lora]`, the base without adapters).
 fn new_policy(cfg: &TrainConfig, config: &ModelConfig, weights: &dyn TensorSource) -> TrainResult<Box<dyn Policy>> {
+    let spec = crate::backend::open::BackendSpec { lora: None, ..cfg.backend_spec() };
+    crate::backend::open::open_policy(&spec, config, weights).map_err(|e| spec_error(e, "model."))
+}
+
+/// An actor's policy on the backend `cfg` names: with `[model.lora]` it
+/// carries adapters (at B = 0, the base, until the learner's first
+/// arrive), so the learner sends adapters, not the model
+/// ([`crate::weights::Weights::for_actors`]).
+pub(crate) fn new_actor_policy(
+    cfg: &TrainConfig,
+    config: &ModelConfig,
+    weights: &dyn TensorSource,
+) -> TrainResult<Box<dyn Policy>> {
     crate::backend::open::open_policy(&cfg.backend_spec(), config, weights).map_err(|e| spec_error(e, "model."))
 }
 
