@@ -73,8 +73,11 @@ impl Weights {
 
     /// Writes the tensors as one safetensors file.
     pub fn save_safetensors(&self, path: &Path) -> crate::model::Result<()> {
-        candle_core::safetensors::save(self.tensors.as_ref(), path)
-            .map_err(|e| ModelError::Format { path: path.to_path_buf(), message: format!("writing safetensors: {e}") })
+        candle_core::safetensors::save(self.tensors.as_ref(), path).map_err(|e| ModelError::Format {
+            path: path.to_path_buf(),
+            message: format!("writing safetensors: {e}"),
+        })?;
+        crate::model::save::readable(path)
     }
 
     /// Reads a safetensors file written by [`Weights::save_safetensors`]

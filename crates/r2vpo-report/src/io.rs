@@ -77,6 +77,28 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
     result.map_err(io_err(path))
 }
 
+/// Gives `path` the permissions a file created by this process gets
+/// (`0o666` less the umask). Writers that go through a private temporary
+/// file (the `safetensors` crate's `NamedTempFile`, mode `0o600`) would
+/// otherwise leave weight files that a server or actor running as another
+/// user cannot read from a shared folder. The umask is read from
+/// `/proc/self/status` (Linux ≥ 4.7), else taken as `0o022`.
+pub fn permissions_as_created(path: &Path) -> Result<(), ReportError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let umask = fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines().find_map(|l| l.strip_prefix("Umask:")).and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            })
+            .unwrap_or(0o022);
+        fs::set_permissions(path, fs::Permissions::from_mode(0o666 & !umask)).map_err(io_err(path))?;
+    }
+    let _ = path;
+    Ok(())
+}
+
 /// [`atomic_write`] for text.
 pub fn atomic_write_string(path: &Path, text: &str) -> Result<(), ReportError> {
     atomic_write(path, text.as_bytes())

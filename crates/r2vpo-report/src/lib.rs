@@ -17,6 +17,9 @@ mod lock;
 pub mod plot;
 mod tensorboard;
 
-pub use io::{atomic_write, atomic_write_json, atomic_write_string, CsvWriter, JsonlWriter, ReportError, RunDir};
+pub use io::{
+    atomic_write, atomic_write_json, atomic_write_string, permissions_as_created, CsvWriter, JsonlWriter, ReportError,
+    RunDir,
+};
 pub use lock::{RunLock, LOCK_FILE};
 pub use tensorboard::{read_scalars, truncate_events_after, TensorBoardWriter};

@@ -457,6 +457,7 @@ pub fn save_peft(dir: &Path, lora: &LoraConfig, base: Option<&str>, tensors: &Ha
     let tmp = dir.join(format!(".{ADAPTER_WEIGHTS}.tmp"));
     candle_core::safetensors::save(tensors, &tmp)
         .map_err(|e| ModelError::Format { path: w.clone(), message: format!("writing safetensors: {e}") })?;
+    super::save::readable(&tmp)?;
     std::fs::rename(&tmp, &w).map_err(io(&w))
 }
 
@@ -572,6 +573,16 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(dir.path().join(ADAPTER_CONFIG)).unwrap()).unwrap();
         assert_eq!(v["lora_alpha"], json!(8));
         assert_eq!(v["target_modules"], json!(["down_proj", "q_proj"]));
+        // Readable as any file this process creates (safetensors' own
+        // writer leaves 0o600): a server running as another user reads it.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let probe = dir.path().join("probe");
+            std::fs::write(&probe, b"").unwrap();
+            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode(&dir.path().join(ADAPTER_WEIGHTS)), mode(&probe));
+        }
     }
 
     /// A starts uniform on ±1/√in (PEFT's default), B at zero.

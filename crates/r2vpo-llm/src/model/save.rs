@@ -34,5 +34,13 @@ pub fn save_hf_tensors(config: &ModelConfig, tensors: &HashMap<String, Tensor>, 
 
     let st = dir.join("model.safetensors");
     candle_core::safetensors::save(tensors, &st)
-        .map_err(|e| ModelError::Format { path: st.clone(), message: format!("writing safetensors: {e}") })
+        .map_err(|e| ModelError::Format { path: st.clone(), message: format!("writing safetensors: {e}") })?;
+    readable(&st)
+}
+
+/// [`r2vpo_report::permissions_as_created`] for a weights file just
+/// written: servers and actors may run as another user.
+pub(crate) fn readable(path: &Path) -> Result<()> {
+    r2vpo_report::permissions_as_created(path)
+        .map_err(|e| ModelError::Format { path: path.to_path_buf(), message: e.to_string() })
 }
