@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use candle_core::Tensor;
 
-use crate::backend::Policy;
 use crate::model::{LoraConfig, ModelConfig, ModelError};
 
 /// A policy's weights at one version: an immutable snapshot (the learner
@@ -26,7 +25,7 @@ pub struct Weights {
     /// Set when the tensors are low-rank adapters of this configuration
     /// (PEFT names), to apply on the base the receiver started from: what
     /// a learner that trains adapters hands its actors, megabytes instead
-    /// of the model ([`Weights::apply`]).
+    /// of the model ([`crate::backend::Policy::apply_weights`]).
     pub adapter: Option<LoraConfig>,
 }
 
@@ -39,36 +38,6 @@ impl Weights {
     /// Adapters of configuration `lora` (PEFT names) as version `version`.
     pub fn of_adapter(version: u64, lora: LoraConfig, tensors: HashMap<String, Tensor>) -> Self {
         Weights { version, tensors: Arc::new(tensors), adapter: Some(lora) }
-    }
-
-    /// What a learner hands its actors at version `version`: its adapters
-    /// where it trains adapters, else its weights.
-    pub fn for_actors(policy: &dyn Policy, version: u64) -> crate::model::Result<Self> {
-        match (policy.lora(), policy.export_adapter()?) {
-            (Some(lora), Some(tensors)) => Ok(Weights::of_adapter(version, lora.clone(), tensors)),
-            _ => policy.export(version),
-        }
-    }
-
-    /// Makes `policy` compute these weights: [`Policy::load_adapter`] for
-    /// adapters (the policy must carry adapters of the same
-    /// configuration), else [`Policy::load`].
-    pub fn apply(&self, policy: &dyn Policy) -> crate::model::Result<()> {
-        match &self.adapter {
-            Some(lora) => {
-                if policy.lora() != Some(lora) {
-                    return Err(ModelError::Spec {
-                        field: "lora".into(),
-                        message: format!(
-                            "weight version {} holds adapters of rank {}, alpha {}, targets {:?}; this policy's are {:?}",
-                            self.version, lora.rank, lora.alpha, lora.targets, policy.lora()
-                        ),
-                    });
-                }
-                policy.load_adapter(self)
-            }
-            None => policy.load(self),
-        }
     }
 
     /// Writes the tensors as one safetensors file.

@@ -11,11 +11,11 @@ use r2vpo_llm::backend::candle::{KvCache, Transformer};
 use r2vpo_llm::model::lora::{self, AdapterInit, LoraConfig, LoraTarget};
 use r2vpo_llm::model::source::NamedTensors;
 use r2vpo_llm::model::{Architecture, ModelConfig, TensorSource};
-use r2vpo_llm::train::{checkpoint, IterMetrics, Outcome, TrainConfig, TrainError, Trainer};
+use r2vpo_llm::train::{checkpoint, Outcome, TrainConfig, TrainError, Trainer};
 
 mod common;
 
-use common::train::EvenTokens;
+use common::train::{comparable, read_metrics, run, EvenTokens};
 
 fn cfg() -> ModelConfig {
     // Qwen2 has q/k/v biases: the adapters must sit beside them.
@@ -144,22 +144,7 @@ fn adapter_gradients_match_finite_differences_and_the_base_gets_none() {
 #[test]
 fn the_fused_lora_projection_matches_the_composite_ops() {
     let lora = LoraConfig { rank: 4, alpha: 8.0, targets: LoraTarget::ALL.to_vec(), rslora: false, seed: 9 };
-    let init = AdapterInit::new(&cfg(), &lora);
-    let tensors: HashMap<String, Tensor> = init
-        .names()
-        .into_iter()
-        .map(|n| {
-            let t = init.tensor(&n).unwrap();
-            let t = if n.ends_with("lora_B.weight") {
-                let v: Vec<f32> =
-                    (0..t.elem_count()).map(|i| 0.2 * (((i * 31 + n.len()) % 17) as f32 / 17.0 - 0.5)).collect();
-                Tensor::from_vec(v, t.dims(), &Device::Cpu).unwrap()
-            } else {
-                t
-            };
-            (n, t)
-        })
-        .collect();
+    let tensors = common::adapters_with_b(&cfg(), &lora, 0.2);
     let m = Transformer::new_random_with_std(cfg(), 12, 0.3, DType::F32, &Device::Cpu)
         .unwrap()
         .with_adapters(&lora, &NamedTensors::new("adapter", tensors))
@@ -202,16 +187,7 @@ fn merging_equals_the_adapted_model() {
         rslora: true,
         seed: 2,
     };
-    let init = AdapterInit::new(&cfg(), &lora);
-    let tensors: HashMap<String, Tensor> = init
-        .names()
-        .into_iter()
-        .map(|n| {
-            let t = init.tensor(&n).unwrap();
-            let t = if n.ends_with("lora_B.weight") { (t.ones_like().unwrap() * 0.05).unwrap() } else { t };
-            (n, t)
-        })
-        .collect();
+    let tensors = common::adapters_with_b(&cfg(), &lora, 0.1);
     let base = Transformer::new_random_with_std(cfg(), 4, 0.3, DType::F32, &Device::Cpu).unwrap();
     let base_w = base.merged_tensors().unwrap();
     let adapted = Transformer::new_random_with_std(cfg(), 4, 0.3, DType::F32, &Device::Cpu)
@@ -249,24 +225,6 @@ fn tiny_lora(iterations: usize) -> TrainConfig {
     // zero and its updates are scaled by α/r).
     c.optim.lr = 2e-2;
     c
-}
-
-fn run(cfg: TrainConfig, dir: &std::path::Path) -> Vec<IterMetrics> {
-    let mut t = Trainer::with_reward(cfg, dir, Box::new(EvenTokens)).unwrap();
-    assert_eq!(t.run(&AtomicBool::new(false), &mut |_| {}).unwrap(), Outcome::Finished);
-    read_metrics(dir)
-}
-
-fn read_metrics(dir: &std::path::Path) -> Vec<IterMetrics> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn comparable(m: &[IterMetrics]) -> Vec<IterMetrics> {
-    m.iter().map(|x| IterMetrics { timing: Default::default(), ..x.clone() }).collect()
 }
 
 /// A LoRA run trains, checkpoints its adapter alone in PEFT's layout,
@@ -371,14 +329,14 @@ fn adapter_weights_for_another_policy_are_refused() {
     let plain = Transformer::new_random(cfg(), 1, DType::F32, &Device::Cpu).unwrap();
     let (ids, mask, targets) = batch(DType::F32);
     let before = flat(&plain.score_logprobs(&ids, &mask, &targets).unwrap());
-    let e = w.apply(&plain).unwrap_err().to_string();
+    let e = plain.apply_weights(&w).unwrap_err().to_string();
     assert!(e.contains("weight version 3 holds adapters of rank 4"), "{e}");
     let other = LoraConfig { rank: 8, ..LoraConfig::default() };
     let m = Transformer::new_random(cfg(), 1, DType::F32, &Device::Cpu)
         .unwrap()
         .with_adapters(&other, &AdapterInit::new(&cfg(), &other))
         .unwrap();
-    assert!(w.apply(&m).is_err());
+    assert!(m.apply_weights(&w).is_err());
     assert_eq!(flat(&plain.score_logprobs(&ids, &mask, &targets).unwrap()), before);
     assert!(Policy::lora(&m).is_some());
 }

@@ -5,16 +5,17 @@
 //! loaded by r2vpo and gives PEFT's log-probs. Ignored in `make test`:
 //! the venv is ~5.6 GB of torch with its CUDA libraries.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use candle_core::{DType, Device, Tensor};
 use r2vpo_llm::backend::candle::{load_model, Transformer};
 use r2vpo_llm::backend::Policy;
-use r2vpo_llm::model::lora::{self, AdapterInit, LoraConfig, LoraTarget};
+use r2vpo_llm::model::lora::{self, LoraConfig, LoraTarget};
 use r2vpo_llm::model::source::NamedTensors;
-use r2vpo_llm::model::{Architecture, ModelConfig, TensorSource};
+use r2vpo_llm::model::{Architecture, ModelConfig};
+
+mod common;
 
 const IDS: [[u32; 8]; 2] = [[3, 17, 42, 9, 61, 5, 28, 33], [50, 2, 2, 19, 44, 7, 63, 12]];
 
@@ -70,23 +71,9 @@ fn r2vpo_adapters_load_in_peft_with_the_same_log_probs() {
         let tmp = tempfile::tempdir().unwrap();
         let b = base(&tmp.path().join("base"), arch, tied);
         let lora = LoraConfig { rank: 4, alpha: 16.0, targets: LoraTarget::ALL.to_vec(), rslora, seed: 3 };
-        let init = AdapterInit::new(&load_model(&b, DType::F32, &Device::Cpu).unwrap().config().clone(), &lora);
+        let cfg = load_model(&b, DType::F32, &Device::Cpu).unwrap().config().clone();
         // B random too, so every factor reaches the output.
-        let tensors: HashMap<String, Tensor> = init
-            .names()
-            .into_iter()
-            .map(|n| {
-                let t = init.tensor(&n).unwrap();
-                let t = if n.ends_with("lora_B.weight") {
-                    let v: Vec<f32> =
-                        (0..t.elem_count()).map(|i| 0.3 * (((i * 7 + n.len()) % 13) as f32 / 13.0 - 0.5)).collect();
-                    Tensor::from_vec(v, t.dims(), &Device::Cpu).unwrap()
-                } else {
-                    t
-                };
-                (n, t)
-            })
-            .collect();
+        let tensors = common::adapters_with_b(&cfg, &lora, 0.3);
         let m = load_model(&b, DType::F32, &Device::Cpu)
             .unwrap()
             .with_adapters(&lora, &NamedTensors::new("adapter", tensors.clone()))

@@ -170,25 +170,6 @@ fn log_probs_entropies_and_gradients_match_candle_over_two_steps() {
     }
 }
 
-/// Adapters with B ≠ 0 on a tiny model's projections (`lora.targets`).
-fn adapters(cfg: &ModelConfig, lora: &r2vpo_llm::model::LoraConfig) -> HashMap<String, Tensor> {
-    use r2vpo_llm::model::TensorSource;
-    let init = r2vpo_llm::model::lora::AdapterInit::new(cfg, lora);
-    init.names()
-        .into_iter()
-        .map(|n| {
-            let t = init.tensor(&n).unwrap();
-            let t = if n.ends_with("lora_B.weight") {
-                let v: Vec<f32> = (0..t.elem_count()).map(|i| 0.05 * ((i * 13 % 7) as f32 - 3.0)).collect();
-                Tensor::from_vec(v, t.dims(), &Device::Cpu).unwrap()
-            } else {
-                t
-            };
-            (n, t)
-        })
-        .collect()
-}
-
 /// LoRA on both backends: log-probs, the adapters' gradients (and no
 /// gradient for the frozen base), two AdamW steps, the merged export and
 /// the adapters agree; the torch base holds no f32 master under bf16 and
@@ -209,7 +190,7 @@ fn lora_adapters_train_alike_on_both_backends() {
             rslora: name == "smollm2",
             seed: 1,
         };
-        let ad = adapters(&cfg, &lora);
+        let ad = common::adapters_with_b(&cfg, &lora, 0.3);
         let src = NamedTensors::new("adapter", ad.clone());
         let m = model(&cfg).with_adapters(&lora, &src).unwrap();
         let mut c = CandleBackend::new(m, optim(), false).unwrap();

@@ -2,38 +2,18 @@
 //! tokenizer and chat template, random weights): learning on a synthetic
 //! reward, bit-exact resume, NaN handling, every algorithm preset.
 
-use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use r2vpo_llm::train::{checkpoint, IterMetrics, Outcome, TrainConfig, TrainError, Trainer};
+use r2vpo_llm::train::{checkpoint, Outcome, TrainConfig, TrainError, Trainer};
 
 mod common;
 
-use common::train::{with_algo, EvenTokens};
+use common::train::{comparable, read_metrics, run, with_algo, EvenTokens};
 
 /// The shared tiny run, checkpointed and with histograms every two
 /// iterations.
 fn tiny(iterations: usize) -> TrainConfig {
     TrainConfig { checkpoint_every: 2, histogram_every: 2, ..common::train::tiny(iterations) }
-}
-
-fn run(cfg: TrainConfig, dir: &Path) -> Vec<IterMetrics> {
-    let mut t = Trainer::with_reward(cfg, dir, Box::new(EvenTokens)).unwrap();
-    assert_eq!(t.run(&AtomicBool::new(false), &mut |_| {}).unwrap(), Outcome::Finished);
-    read_metrics(dir)
-}
-
-fn read_metrics(dir: &Path) -> Vec<IterMetrics> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-/// Metrics without the wall-clock fields.
-fn comparable(m: &[IterMetrics]) -> Vec<IterMetrics> {
-    m.iter().map(|x| IterMetrics { timing: Default::default(), ..x.clone() }).collect()
 }
 
 #[test]

@@ -193,6 +193,40 @@ pub trait Policy: Send + Sync {
         let _ = source;
         Err(ModelError::Spec { field: "lora".into(), message: "this model has no adapters to load into".into() })
     }
+
+    /// What a learner hands its actors at version `version`: its adapters
+    /// where it trains adapters ([`Weights::of_adapter`]), else its weights.
+    fn export_for_actors(&self, version: u64) -> Result<Weights> {
+        match (self.lora(), self.export_adapter()?) {
+            (Some(lora), Some(tensors)) => Ok(Weights::of_adapter(version, lora.clone(), tensors)),
+            _ => self.export(version),
+        }
+    }
+
+    /// Makes this policy compute `w`: [`Policy::load_adapter`] for adapters
+    /// (this policy must carry adapters of the same configuration), else
+    /// [`Policy::load`].
+    fn apply_weights(&self, w: &Weights) -> Result<()> {
+        match &w.adapter {
+            Some(lora) => {
+                if self.lora() != Some(lora) {
+                    return Err(ModelError::Spec {
+                        field: "lora".into(),
+                        message: format!(
+                            "weight version {} holds adapters of rank {}, alpha {}, targets {:?}; this policy's are {:?}",
+                            w.version,
+                            lora.rank,
+                            lora.alpha,
+                            lora.targets,
+                            self.lora()
+                        ),
+                    });
+                }
+                self.load_adapter(w)
+            }
+            None => self.load(w),
+        }
+    }
 }
 
 /// The check [`Policy::load`] makes before applying anything: `source`

@@ -214,7 +214,7 @@ fn actor_loop(
             match weights.fetch(b.saturating_sub(cfg.actors.max_staleness), have, poll)? {
                 Fetched::Current(v) => break v,
                 Fetched::New(w) => {
-                    w.apply(policy.as_ref())?;
+                    policy.apply_weights(&w)?;
                     break w.version;
                 }
                 Fetched::Closed => break 'batches,
@@ -332,7 +332,7 @@ impl Trainer {
         // This process's actor threads are the run's only actors: leases
         // left by an earlier (killed) process are dead.
         queue.expire_leases().map_err(|e| TrainError::Queue(e.to_string()))?;
-        let first = Weights::for_actors(self.backend.as_ref(), self.progress.iteration as u64)?;
+        let first = self.backend.export_for_actors(self.progress.iteration as u64)?;
         let board = Board::new(self.progress.queue.consumed(), first);
         let actors: Vec<Actor> = (0..self.cfg.actors.count)
             .map(|i| {
@@ -386,7 +386,7 @@ impl Trainer {
         on_event: &mut dyn FnMut(Event),
     ) -> TrainResult<Outcome> {
         let mut queue = self.open_learner_queue(open, on_event)?;
-        let first = Weights::for_actors(self.backend.as_ref(), self.progress.iteration as u64)?;
+        let first = self.backend.export_for_actors(self.progress.iteration as u64)?;
         let out = match weights.publish(&first, self.progress.queue.consumed()) {
             Ok(()) => self.learn_loop(queue.as_mut(), weights, None, stop, on_event),
             Err(e) => self.settle(Err(e.into()), stop, on_event),
@@ -584,7 +584,7 @@ impl Trainer {
             self.progress.queue = pos;
             if self.progress.iteration < self.cfg.iterations {
                 // After the last iteration the actors are closed, not fed.
-                let w = Weights::for_actors(self.backend.as_ref(), self.progress.iteration as u64)?;
+                let w = self.backend.export_for_actors(self.progress.iteration as u64)?;
                 weights.publish(&w, self.progress.queue.consumed())?;
             }
             if let Some(out) = self.after_iteration(&m, stop, on_event)? {

@@ -274,7 +274,7 @@ fn new_policy(cfg: &TrainConfig, config: &ModelConfig, weights: &dyn TensorSourc
 /// An actor's policy on the backend `cfg` names: with `[model.lora]` it
 /// carries adapters (at B = 0, the base, until the learner's first
 /// arrive), so the learner sends adapters, not the model
-/// ([`crate::weights::Weights::for_actors`]).
+/// ([`crate::backend::Policy::export_for_actors`]).
 pub(crate) fn new_actor_policy(
     cfg: &TrainConfig,
     config: &ModelConfig,

@@ -52,3 +52,29 @@ pub fn rescored(m: &Transformer, reqs: &[GenerationRequest], gens: &[Generation]
         })
         .collect()
 }
+
+/// The initial adapters of `lora` on `cfg`'s model (A as PEFT draws it)
+/// with B set to a fixed pattern of amplitude `b` instead of zero, so that
+/// every factor reaches the output.
+pub fn adapters_with_b(
+    cfg: &ModelConfig,
+    lora: &r2vpo_llm::model::LoraConfig,
+    b: f32,
+) -> std::collections::HashMap<String, Tensor> {
+    use r2vpo_llm::model::TensorSource;
+    let init = r2vpo_llm::model::lora::AdapterInit::new(cfg, lora);
+    init.names()
+        .into_iter()
+        .map(|n| {
+            let t = init.tensor(&n).unwrap();
+            let t = if n.ends_with("lora_B.weight") {
+                let v: Vec<f32> =
+                    (0..t.elem_count()).map(|i| b * (((i * 31 + n.len()) % 17) as f32 / 17.0 - 0.5)).collect();
+                Tensor::from_vec(v, t.dims(), &Device::Cpu).unwrap()
+            } else {
+                t
+            };
+            (n, t)
+        })
+        .collect()
+}

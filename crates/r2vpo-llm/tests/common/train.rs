@@ -55,3 +55,27 @@ pub fn with_algo(mut cfg: TrainConfig, algo: &str) -> TrainConfig {
     cfg.mode = a.mode;
     cfg
 }
+
+/// Runs `cfg` to its end in `dir` on the [`EvenTokens`] reward and returns
+/// its metrics.
+pub fn run(cfg: TrainConfig, dir: &std::path::Path) -> Vec<r2vpo_llm::train::IterMetrics> {
+    use r2vpo_llm::train::{Outcome, Trainer};
+    let mut t = Trainer::with_reward(cfg, dir, Box::new(EvenTokens)).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    assert_eq!(t.run(&stop, &mut |_| {}).unwrap(), Outcome::Finished);
+    read_metrics(dir)
+}
+
+/// A run's `metrics.jsonl`.
+pub fn read_metrics(dir: &std::path::Path) -> Vec<r2vpo_llm::train::IterMetrics> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Metrics without the wall-clock fields.
+pub fn comparable(m: &[r2vpo_llm::train::IterMetrics]) -> Vec<r2vpo_llm::train::IterMetrics> {
+    m.iter().map(|x| r2vpo_llm::train::IterMetrics { timing: Default::default(), ..x.clone() }).collect()
+}
