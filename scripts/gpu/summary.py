@@ -131,6 +131,22 @@ def main() -> None:
                    "|---|---|---|---|"]
         ratio = f"{measured / 1024 / planned:.2f}×" if measured and planned else "–"
         md.append(f"| {title} | {planned:.2f} | {measured / 1024 if measured else float('nan'):.2f} | {ratio} |")
+    ours_l, theirs_l = load(d / "r2vpo-torch-lora-step.json"), load(d / "torch-lora-step.json")
+    if ours_l or theirs_l:
+        head = ours_l or theirs_l
+        md += ["", f"## LoRA step, rank {head['lora_rank']}: {head['shape']}, {head['batch']} × "
+                   f"({head['prompt']} + {head['response']}) tokens, checkpointed\n",
+               "| stack | step s | tokens/s | trained parameters | peak GPU MiB |", "|---|---|---|---|---|"]
+        for name, r, phase in [("r2vpo on the torch backend, frozen base in the compute dtype", ours_l,
+                                "r2vpo-torch-lora-step"),
+                               (f"PyTorch + transformers, LoRA by {theirs_l['lora'] if theirs_l else ''}", theirs_l,
+                                "torch-lora-step")]:
+            if r:
+                mib = peak(d / f"{phase}-peak-mib")
+                md.append(f"| {name} | {r['step_s']:.3f} | {r['tokens_per_s']:.1f} | {r['trained_parameters']:,} | "
+                          f"{mib or '–'} |")
+        if ours_l and theirs_l:
+            md.append(f"\nr2vpo / PyTorch: tokens/s {ours_l['tokens_per_s'] / theirs_l['tokens_per_s']:.2f}×")
     loading = load(d / "serve-load.json")
     if loading:
         log = (d / "serve-load.log").read_text() if (d / "serve-load.log").exists() else ""
