@@ -40,7 +40,7 @@ deps-torch:
 # (`[model] backend = "torch"`, `bench step --backend torch`), in its own
 # target folder: target/torch/release/r2vpo.
 build-torch: deps deps-torch
-	$(TORCH_CPU) RUSTFLAGS="-C link-arg=-Wl,-rpath,$(TORCH_LD)" \
+	$(TORCH_CPU) RUSTFLAGS="-C link-arg=-Wl,--disable-new-dtags,-rpath,$(TORCH_LD)" \
 	  $(CARGO) build --release -p r2vpo-cli --features torch --target-dir target/torch
 	@echo "built: target/torch/release/r2vpo"
 
