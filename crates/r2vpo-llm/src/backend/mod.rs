@@ -209,7 +209,7 @@ pub trait Policy: Send + Sync {
     fn apply_weights(&self, w: &Weights) -> Result<()> {
         match &w.adapter {
             Some(lora) => {
-                if self.lora() != Some(lora) {
+                if !self.lora().is_some_and(|own| own.same_adapters(lora)) {
                     return Err(ModelError::Spec {
                         field: "lora".into(),
                         message: format!(

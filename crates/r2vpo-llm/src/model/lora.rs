@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -138,6 +138,22 @@ pub struct LoraConfig {
 impl Default for LoraConfig {
     fn default() -> Self {
         LoraConfig { rank: 8, alpha: 16.0, targets: LoraTarget::ALL.to_vec(), rslora: false, seed: 0 }
+    }
+}
+
+impl LoraConfig {
+    /// Whether adapters made under `other` fit a model made under `self`
+    /// and mean the same update: equal rank, α and scaling rule, and the
+    /// same targets in any order. The seed is not compared: it only drew
+    /// the initial A, and PEFT's files do not record it.
+    pub fn same_adapters(&self, other: &LoraConfig) -> bool {
+        let sorted = |t: &[LoraTarget]| {
+            let mut v = t.to_vec();
+            v.sort();
+            v
+        };
+        (self.rank, self.alpha, self.rslora) == (other.rank, other.alpha, other.rslora)
+            && sorted(&self.targets) == sorted(&other.targets)
     }
 }
 
@@ -272,20 +288,12 @@ impl TensorSource for AdapterInit {
             tensor: name.into(),
             message: "missing".into(),
         })?;
-        let n = shape.iter().product::<usize>() as u64;
-        let value = |g: u64| {
+        super::source::drawn_tensor(shape, *first, self.f64, |g| {
             if *bound == 0.0 {
-                return 0.0;
+                0.0
+            } else {
+                bound * (2.0 * super::source::uniform_draw(self.seed, g) - 1.0)
             }
-            let z = r2vpo::seed::splitmix64(self.seed.wrapping_add(g.wrapping_mul(super::source::GOLDEN)));
-            let u = (z >> 11) as f64 / (1u64 << 53) as f64;
-            bound * (2.0 * u - 1.0)
-        };
-        Ok(if self.f64 {
-            Tensor::from_vec((*first..first + n).map(value).collect::<Vec<f64>>(), shape.as_slice(), &Device::Cpu)?
-        } else {
-            let data: Vec<f32> = (*first..first + n).map(|g| value(g) as f32).collect();
-            Tensor::from_vec(data, shape.as_slice(), &Device::Cpu)?
         })
     }
 }
@@ -542,6 +550,7 @@ pub fn parse_peft_config(path: &Path, text: &str) -> Result<LoraConfig> {
 mod tests {
     use super::*;
     use crate::model::config::Architecture;
+    use candle_core::Device;
 
     fn cfg() -> ModelConfig {
         ModelConfig::tiny(Architecture::Llama, 40, 16, 24, 2, 4, 2, true)
@@ -582,6 +591,23 @@ mod tests {
             std::fs::write(&probe, b"").unwrap();
             let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode(&dir.path().join(ADAPTER_WEIGHTS)), mode(&probe));
+        }
+    }
+
+    /// Adapters match across target order and seed, and differ on rank,
+    /// α, scaling rule or target set.
+    #[test]
+    fn same_adapters_compares_what_the_update_means() {
+        let a = LoraConfig { targets: vec![LoraTarget::QProj, LoraTarget::DownProj], ..Default::default() };
+        let reordered = LoraConfig { targets: vec![LoraTarget::DownProj, LoraTarget::QProj], seed: 9, ..a.clone() };
+        assert!(a.same_adapters(&reordered));
+        for other in [
+            LoraConfig { rank: 4, ..a.clone() },
+            LoraConfig { alpha: 8.0, ..a.clone() },
+            LoraConfig { rslora: true, ..a.clone() },
+            LoraConfig { targets: vec![LoraTarget::QProj], ..a.clone() },
+        ] {
+            assert!(!a.same_adapters(&other), "{other:?}");
         }
     }
 

@@ -439,8 +439,26 @@ impl RandomInit {
     }
 }
 
-/// SplitMix64's state increment.
-pub(crate) const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+/// Draw `g` of the stream seeded `seed`, uniform on [0, 1) with 53 bits:
+/// `splitmix64(seed + g·φ)` (φ SplitMix64's golden-ratio increment), so
+/// any draw is made without the ones before it.
+pub(crate) fn uniform_draw(seed: u64, g: u64) -> f64 {
+    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+    let z = r2vpo::seed::splitmix64(seed.wrapping_add(g.wrapping_mul(GOLDEN)));
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The tensor of `shape` whose elements are `value(g)` for the draws
+/// `first..`, computed in f64 and, unless `f64`, rounded once to f32 (as
+/// casting the f64 tensor would), so an f32 model never holds an f64 copy.
+pub(crate) fn drawn_tensor(shape: &[usize], first: u64, f64: bool, value: impl Fn(u64) -> f64) -> Result<Tensor> {
+    let n = shape.iter().product::<usize>() as u64;
+    Ok(if f64 {
+        Tensor::from_vec((first..first + n).map(value).collect::<Vec<f64>>(), shape, &Device::Cpu)?
+    } else {
+        Tensor::from_vec((first..first + n).map(|g| value(g) as f32).collect::<Vec<f32>>(), shape, &Device::Cpu)?
+    })
+}
 
 impl TensorSource for RandomInit {
     fn origin(&self) -> PathBuf {
@@ -461,28 +479,15 @@ impl TensorSource for RandomInit {
             tensor: name.into(),
             message: "missing".into(),
         })?;
-        let n = shape.iter().product::<usize>() as u64;
-        let draw = |g: u64| {
-            let z = r2vpo::seed::splitmix64(self.seed.wrapping_add(g.wrapping_mul(GOLDEN)));
-            (z >> 11) as f64 / (1u64 << 53) as f64
-        };
         let norm = name.ends_with("norm.weight");
         let a = self.std * 3f64.sqrt();
-        let value = |g: u64| {
-            let u = draw(g);
+        drawn_tensor(shape, first, self.f64, |g| {
+            let u = uniform_draw(self.seed, g);
             if norm {
                 1.0 + 0.1 * (u - 0.5)
             } else {
                 a * (2.0 * u - 1.0)
             }
-        };
-        // Computed in f64 and rounded once to f32 (as casting the f64
-        // tensor would), so an f32 model never holds an f64 copy.
-        Ok(if self.f64 {
-            Tensor::from_vec((first..first + n).map(value).collect::<Vec<f64>>(), shape.as_slice(), &Device::Cpu)?
-        } else {
-            let data: Vec<f32> = (first..first + n).map(|g| value(g) as f32).collect();
-            Tensor::from_vec(data, shape.as_slice(), &Device::Cpu)?
         })
     }
 }
@@ -536,7 +541,7 @@ mod tests {
             assert_eq!(got.len(), shape.iter().product::<usize>());
             for v in got {
                 let u = (r2vpo::seed::splitmix64(state) >> 11) as f64 / (1u64 << 53) as f64;
-                state = state.wrapping_add(GOLDEN);
+                state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
                 let want = if name.ends_with("norm.weight") {
                     1.0 + 0.1 * (u - 0.5)
                 } else {

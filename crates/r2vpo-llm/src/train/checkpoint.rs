@@ -198,9 +198,7 @@ impl Trainer {
             Some(lora) => {
                 let (saved, files) =
                     crate::model::lora::open_peft(&adapter).map_err(|e| ckpt_err(&adapter, e.to_string()))?;
-                if (saved.rank, saved.alpha, saved.rslora) != (lora.rank, lora.alpha, lora.rslora)
-                    || sorted(&saved.targets) != sorted(&lora.targets)
-                {
+                if !saved.same_adapters(lora) {
                     return Err(ckpt_err(
                         &adapter,
                         format!(
@@ -238,11 +236,4 @@ impl Trainer {
         }
         Ok(t)
     }
-}
-
-/// `targets` in a canonical order, for comparing two adapters' targets.
-fn sorted(targets: &[crate::model::LoraTarget]) -> Vec<crate::model::LoraTarget> {
-    let mut v = targets.to_vec();
-    v.sort();
-    v
 }
