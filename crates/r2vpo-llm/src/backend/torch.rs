@@ -130,6 +130,21 @@ struct LayerIdx {
     down: usize,
 }
 
+impl LayerIdx {
+    /// The index of the projection weight `target` adapts.
+    fn weight(&self, target: LoraTarget) -> usize {
+        match target {
+            LoraTarget::QProj => self.q,
+            LoraTarget::KProj => self.k,
+            LoraTarget::VProj => self.v,
+            LoraTarget::OProj => self.o,
+            LoraTarget::GateProj => self.gate,
+            LoraTarget::UpProj => self.up,
+            LoraTarget::DownProj => self.down,
+        }
+    }
+}
+
 /// Where each parameter sits in the list (in [`expected_params`] order).
 struct Layout {
     embed: usize,
@@ -686,16 +701,7 @@ impl TorchBackend {
         for (li, l) in self.layout.layers.iter().enumerate() {
             for t in LoraTarget::ALL {
                 if let Some(ab) = self.layout.adapters[li][t.index()] {
-                    let w = match t {
-                        LoraTarget::QProj => l.q,
-                        LoraTarget::KProj => l.k,
-                        LoraTarget::VProj => l.v,
-                        LoraTarget::OProj => l.o,
-                        LoraTarget::GateProj => l.gate,
-                        LoraTarget::UpProj => l.up,
-                        LoraTarget::DownProj => l.down,
-                    };
-                    merged.insert(w, ab);
+                    merged.insert(l.weight(t), ab);
                 }
             }
         }
