@@ -476,29 +476,22 @@ impl Transformer {
     /// as a plain model.
     pub fn merged_tensors(&self) -> Result<HashMap<String, Tensor>> {
         let mut out = HashMap::new();
-        let scale = self.lora.as_ref().map(|a| a.config.scale());
-        let deltas: HashMap<String, (Tensor, Tensor)> = match &self.lora {
-            None => HashMap::new(),
-            Some(_) => {
-                let mut d = HashMap::new();
-                for (li, l) in self.params.layers.iter().enumerate() {
-                    for t in LoraTarget::ALL {
-                        if let Some((a, b)) = &l.adapters[t.index()] {
-                            d.insert(format!("{}.weight", t.module(li)), (a.clone(), b.clone()));
-                        }
-                    }
-                }
-                d
-            }
-        };
         for (n, v) in self.named_vars() {
-            let mut w = v.as_tensor().detach().to_dtype(DType::F32)?;
-            if let (Some((a, b)), Some(s)) = (deltas.get(&n), scale) {
-                w = merged(&w, &a.detach(), &b.detach(), s)?;
-            }
             // A copy even where the casts were no-ops: the optimizer
             // writes the live storage in place.
-            out.insert(n, w.to_device(&Device::Cpu)?.copy()?);
+            out.insert(n, v.as_tensor().detach().to_dtype(DType::F32)?.to_device(&Device::Cpu)?.copy()?);
+        }
+        if let Some(lora) = &self.lora {
+            let scale = lora.config.scale();
+            for (li, l) in self.params.layers.iter().enumerate() {
+                for t in LoraTarget::ALL {
+                    if let Some((a, b)) = &l.adapters[t.index()] {
+                        let w = out.get_mut(&format!("{}.weight", t.module(li))).expect("an adapted projection");
+                        let (a, b) = (a.detach().to_device(&Device::Cpu)?, b.detach().to_device(&Device::Cpu)?);
+                        *w = merged(w, &a, &b, scale)?;
+                    }
+                }
+            }
         }
         Ok(out)
     }
