@@ -5,6 +5,11 @@ Run by `make deps`; `make build-gpu` runs it with `--manifest deps-gpu.toml`. Id
 place is skipped without touching the network. Every wheel is checked against
 its pinned sha256 before anything is extracted; a mismatch deletes the download
 and fails. Nothing else in r2vpo downloads anything.
+
+Besides PyPI wheels (`[[wheel]]`), a manifest may list Debian packages
+(`[[deb]]`), fetched with `apt-get download` at the pinned version (apt
+checks the archive's signature; the pinned sha256 is checked here too) and
+unpacked with `dpkg-deb`, never installed: the system is left as it was.
 """
 from __future__ import annotations
 
@@ -84,31 +89,79 @@ def download(w: dict) -> Path:
     return target
 
 
-def extract(w: dict, wheel: Path) -> None:
+def download_deb(d: dict) -> Path:
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    target = WHEELS / d["file"]
+    if target.exists() and sha256(target) == d["sha256"]:
+        return target
+    if shutil.which("apt-get") is None:
+        die(f"{d['name']} comes from Debian's archive and apt-get is not available")
+    spec = f"{d['name']}={d['version']}"
+    print(f"deps: downloading {spec} from the Debian archive ...", flush=True)
+    with tempfile.TemporaryDirectory(dir=WHEELS) as tmp:
+        def fetch() -> subprocess.CompletedProcess:
+            return subprocess.run(["apt-get", "download", spec], cwd=tmp, capture_output=True, text=True)
+        r = fetch()
+        if r.returncode != 0:
+            # A fresh machine's package lists may be empty or stale.
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True)
+            r = fetch()
+        if r.returncode != 0:
+            tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-6:])
+            die(f"could not download {spec} (is the network to the Debian archive up?):\n{tail}")
+        got = Path(tmp) / d["file"]
+        if not got.exists():
+            die(f"apt fetched {os.listdir(tmp)} for {spec}, expected {d['file']}; the pin is out of date")
+        digest = sha256(got)
+        if digest != d["sha256"]:
+            die(f"checksum mismatch for {d['file']}: got {digest}, the manifest pins {d['sha256']}")
+        os.replace(got, target)
+    return target
+
+
+def members_of(w: dict, archive: Path):
+    """(name, open-for-reading, mode) of each member `w` extracts from a
+    wheel (zip) or a Debian package (unpacked by dpkg-deb first)."""
+    if archive.suffix == ".deb":
+        unpacked = Path(tempfile.mkdtemp(dir=WHEELS))
+        r = subprocess.run(["dpkg-deb", "-x", str(archive), str(unpacked)], capture_output=True, text=True)
+        if r.returncode != 0:
+            die(f"dpkg-deb could not unpack {archive.name}: {r.stderr.strip()}")
+        try:
+            for f in sorted(p for p in unpacked.rglob("*") if p.is_file() and not p.is_symlink()):
+                name = str(f.relative_to(unpacked))
+                if any(fnmatch.fnmatch(name, pat) for pat in w["extract"]):
+                    yield name, f.open("rb"), f.stat().st_mode & 0o777
+        finally:
+            shutil.rmtree(unpacked)
+        return
+    with zipfile.ZipFile(archive) as zf:
+        for m in zf.infolist():
+            if not m.is_dir() and any(fnmatch.fnmatch(m.filename, pat) for pat in w["extract"]):
+                yield m.filename, zf.open(m), (m.external_attr >> 16) & 0o777
+
+
+def extract(w: dict, archive: Path) -> None:
     dest = DEPS / w["dest"]
     dest.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
-    with zipfile.ZipFile(wheel) as zf:
-        members = [m for m in zf.infolist() if not m.is_dir()
-                   and any(fnmatch.fnmatch(m.filename, pat) for pat in w["extract"])]
-        if not members:
-            die(f"{wheel.name}: no member matches {w['extract']}")
-        for m in members:
-            if w.get("flatten"):
-                rel = Path(m.filename).name
-            else:
-                rel = m.filename.removeprefix(w.get("strip_prefix", ""))
-            out = dest / rel
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(out.name + ".tmp")
-            with zf.open(m) as src, tmp.open("wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            # Keep the wheel's executable bits (nvcc, ptxas, cicc).
-            mode = (m.external_attr >> 16) & 0o777
-            if mode & 0o111:
-                tmp.chmod(mode | 0o700)
-            os.replace(tmp, out)
-            written.append(str(out.relative_to(DEPS)))
+    for name, src, mode in members_of(w, archive):
+        if w.get("flatten"):
+            rel = Path(name).name
+        else:
+            rel = name.removeprefix(w.get("strip_prefix", ""))
+        out = dest / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        with src, tmp.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        # Keep the archive's executable bits (nvcc, ptxas, cicc).
+        if mode & 0o111:
+            tmp.chmod(mode | 0o700)
+        os.replace(tmp, out)
+        written.append(str(out.relative_to(DEPS)))
+    if not written:
+        die(f"{archive.name}: no member matches {w['extract']}")
     for link, target in w.get("symlinks", {}).items():
         p = dest / link
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -131,10 +184,14 @@ def main() -> None:
         die("usage: deps.py [--manifest FILE]")
     cfg = tomllib.loads(manifest.read_text())
     DEPS.mkdir(exist_ok=True)
-    for w in cfg["wheel"]:
+    for w in cfg.get("wheel", []):
         if expected_outputs(w):
             continue
         extract(w, download(w))
+    for d in cfg.get("deb", []):
+        if expected_outputs(d):
+            continue
+        extract(d, download_deb(d))
     print(f"deps: all pinned artefacts of {manifest.name} present and verified (.deps/)")
 
 
