@@ -1,6 +1,9 @@
 //! With the `torch` feature, compiles the torch backend's fused-AdamW
-//! shim (`src/backend/fused_adamw.cpp`) against libtorch's headers, found
-//! as torch-sys finds them (`LIBTORCH`, or `LIBTORCH_INCLUDE`).
+//! shim (`src/backend/fused_adamw.cpp`) and the distributed learner's c10d
+//! shim (`src/dist/c10d.cpp`) against libtorch's headers, found as
+//! torch-sys finds them (`LIBTORCH`, or `LIBTORCH_INCLUDE`); the c10d shim
+//! also needs Gloo's headers (`GLOO_INCLUDE`, by default `gloo/include`
+//! beside `LIBTORCH`: deps-torch.toml puts them in `.deps/gloo`).
 
 fn main() {
     if std::env::var_os("CARGO_FEATURE_TORCH").is_some() {
@@ -10,7 +13,8 @@ fn main() {
 
 fn torch_shim() {
     println!("cargo:rerun-if-changed=src/backend/fused_adamw.cpp");
-    for v in ["LIBTORCH", "LIBTORCH_INCLUDE", "LIBTORCH_CXX11_ABI"] {
+    println!("cargo:rerun-if-changed=src/dist/c10d.cpp");
+    for v in ["LIBTORCH", "LIBTORCH_INCLUDE", "LIBTORCH_CXX11_ABI", "GLOO_INCLUDE"] {
         println!("cargo:rerun-if-env-changed={v}");
     }
     let root = std::env::var("LIBTORCH_INCLUDE")
@@ -28,4 +32,30 @@ fn torch_shim() {
         .warnings(false)
         .opt_level(2)
         .compile("r2vpo_fused_adamw");
+
+    let gloo = std::env::var("GLOO_INCLUDE").map(std::path::PathBuf::from).unwrap_or_else(|_| {
+        std::path::Path::new(&std::env::var("LIBTORCH").unwrap_or(root.clone())).join("../gloo/include")
+    });
+    if !gloo.join("gloo/context.h").exists() {
+        panic!(
+            "the torch feature needs Gloo's headers in {} (`python3 scripts/deps.py --manifest deps-torch.toml` \
+             fetches them into .deps/gloo; or set GLOO_INCLUDE)",
+            gloo.display()
+        );
+    }
+    // The compile definitions libtorch_cpu's CMake target exports
+    // (Caffe2Targets.cmake), without which c10d's headers hide Gloo.
+    cc::Build::new()
+        .cpp(true)
+        .file("src/dist/c10d.cpp")
+        .include(&inc)
+        .include(inc.join("torch/csrc/api/include"))
+        .include(&gloo)
+        .define("USE_DISTRIBUTED", None)
+        .define("USE_C10D_GLOO", None)
+        .flag("-std=c++17")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+        .warnings(false)
+        .opt_level(2)
+        .compile("r2vpo_c10d");
 }

@@ -79,6 +79,21 @@ pub fn train(a: &TrainArgs) -> Result<()> {
 
 /// `r2vpo llm train` or `r2vpo llm learn`.
 pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
+    // Started by torchrun, srun or `r2vpo launch` with several ranks, each
+    // would train the whole job alone into the same folder: refuse before
+    // anything is written.
+    if let Some(l) = r2vpo_llm::dist::Launch::from_env()? {
+        if l.world_size > 1 {
+            bail!(
+                "started as rank {} of {} ({:?} launch), but the learner trains in one process: data-parallel \
+                 training across ranks is not built yet (docs/distributed.md); start one `llm {}` process",
+                l.rank,
+                l.world_size,
+                l.launcher,
+                if role == Role::Learn { "learn" } else { "train" }
+            );
+        }
+    }
     let mut sets = a.run.cfg.sets.clone();
     if a.asynchronous || role == Role::Learn {
         sets.insert(0, "actors.async=true".into());

@@ -35,6 +35,7 @@ mod args;
 mod config;
 mod control_cmd;
 mod control_stats;
+mod dist_cmd;
 mod llm_eval;
 mod llm_plan;
 mod llm_plot;
@@ -84,6 +85,21 @@ enum Command {
     /// Show the default or resolved config of a command.
     #[command(subcommand)]
     Config(ConfigCmd),
+    /// Start the ranks of a distributed job on this machine with torchrun's
+    /// variables (for machines without PyTorch's Python; `torchrun
+    /// --no-python r2vpo …` works as well).
+    Launch(dist_cmd::LaunchArgs),
+    /// Distributed jobs: check that ranks are wired up.
+    #[command(subcommand)]
+    Dist(DistCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum DistCmd {
+    /// Join the job this process was launched into, check that every rank
+    /// runs the same binary and arguments, check and time the collectives
+    /// (Gloo); rank 0 prints the table.
+    Check(dist_cmd::CheckArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -290,6 +306,8 @@ fn run(cli: Cli) -> Result<()> {
         },
         Command::Serve(a) => serve::serve(&a),
         Command::Config(ConfigCmd::Show(a)) => config_show(&a),
+        Command::Launch(a) => dist_cmd::launch(&a),
+        Command::Dist(DistCmd::Check(a)) => dist_cmd::check(&a),
     }
 }
 

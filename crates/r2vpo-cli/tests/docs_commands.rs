@@ -106,6 +106,13 @@ fn commands(text: &str) -> Vec<String> {
             }
             if part.starts_with("r2vpo ") {
                 out.push(part.to_string());
+            } else if part.starts_with("torchrun ") || part.starts_with("srun ") {
+                // A launcher's command: the r2vpo command it starts
+                // (`torchrun … --no-python r2vpo …`, `srun …/r2vpo …`).
+                let words: Vec<&str> = part.split_whitespace().collect();
+                if let Some(i) = words.iter().position(|w| *w == "r2vpo" || w.ends_with("/r2vpo")) {
+                    out.push(format!("r2vpo {}", words[i + 1..].join(" ")));
+                }
             }
         }
     }
@@ -155,6 +162,20 @@ fn every_documented_command_parses_and_resolves() {
             checked += 1;
             let mut words = shell_words(&line);
             words.remove(0); // `r2vpo`
+                             // `r2vpo launch … -- <command>`: the launch's own flags are
+                             // checked here, the command it starts as a command of its own.
+            if let Some(i) = words.iter().position(|w| w == "--") {
+                let inner = words.split_off(i);
+                let with_help: Vec<String> =
+                    inner[1..].iter().cloned().chain(std::iter::once("--help".to_string())).collect();
+                let out = run(&with_help);
+                if !out.status.success() {
+                    failures.push(format!(
+                        "{name}: `{line}`\n    the command after `--` does not parse: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ));
+                }
+            }
             let fail = |why: String| format!("{name}: `{line}`\n    {why}");
 
             let mut with_help = words.clone();
@@ -212,4 +233,12 @@ fn shell_words_follow_the_quoting_the_docs_use() {
         shell_words(r#"a --set 'k=["x", "y"]' --set q="\"r\"" b"#),
         ["a", "--set", r#"k=["x", "y"]"#, "--set", r#"q="r""#, "b"]
     );
+}
+
+/// The r2vpo command a launcher starts is taken from its line.
+#[test]
+fn launcher_lines_yield_their_r2vpo_command() {
+    let md = "```\ntorchrun --standalone --nproc-per-node 8 --no-python r2vpo dist check\n\
+              srun target/torch/release/r2vpo dist check --iters 3\nsrun hostname\n```\n";
+    assert_eq!(commands(md), vec!["r2vpo dist check", "r2vpo dist check --iters 3"]);
 }

@@ -14,6 +14,7 @@ pub mod backend;
 pub mod chat;
 pub mod data;
 pub mod decode;
+pub mod dist;
 pub mod engine;
 pub mod eval;
 pub mod experience;

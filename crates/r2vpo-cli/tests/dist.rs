@@ -1,0 +1,172 @@
+//! Distributed jobs through the binary, as real processes on loopback:
+//! `r2vpo launch` (hosting torchrun's agent store), ranks started by hand
+//! with torchrun's variables (rank 0 hosting the store), and the failures
+//! a user meets — ranks that disagree, bad variables, an unreachable store,
+//! a rank that dies or hangs — each ending every rank with a named error
+//! within the timeout.
+#![cfg(feature = "torch")]
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn r2vpo() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_r2vpo"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+}
+
+/// Rank `rank` of `world` with torchrun's variables, rank 0 hosting the
+/// store on `port`.
+fn rank(rank: usize, world: usize, port: u16, args: &[&str]) -> Child {
+    r2vpo()
+        .args(["dist", "check"])
+        .args(args)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("LOCAL_WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `c` up to `limit`, killing it past that (the test then fails).
+fn finish(c: Child, limit: Duration) -> (Output, Duration) {
+    let t0 = Instant::now();
+    let pid = c.id() as i32;
+    let watchdog = std::thread::spawn(move || {
+        while t0.elapsed() < limit {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // SAFETY: kill(2); at worst the pid has already been reaped.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    });
+    let out = c.wait_with_output().unwrap();
+    let took = t0.elapsed();
+    drop(watchdog);
+    assert!(took < limit, "still running after {limit:?}: {}", text(&out));
+    (out, took)
+}
+
+/// `r2vpo launch` starts three ranks that rendezvous through the store it
+/// hosts (torchrun's agent store), agree, and get every collective right.
+#[test]
+fn launch_runs_three_ranks_that_check_their_collectives() {
+    let c = r2vpo()
+        .args(["launch", "--nproc-per-node", "3", "--master-port", "0", "--", "dist", "check", "--numel", "3000"])
+        .args(["--iters", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (out, _) = finish(c, Duration::from_secs(120));
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("dist check: 3 ranks (3 per node, Torchrun)") && log.contains("| reduce-scatter |"), "{log}");
+}
+
+/// Ranks started by hand (rank 0 hosts the store) form a job too; ranks
+/// whose arguments differ are refused on every rank, naming the one that
+/// differs.
+#[test]
+fn hand_started_ranks_join_and_disagreeing_ranks_are_refused() {
+    let port = free_port();
+    let ranks: Vec<_> = (0..2).map(|r| rank(r, 2, port, &["--numel", "100", "--iters", "1"])).collect();
+    for c in ranks {
+        let (out, _) = finish(c, Duration::from_secs(120));
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let port = free_port();
+    let ranks = [rank(0, 2, port, &["--iters", "1"]), rank(1, 2, port, &["--iters", "2"])];
+    for c in ranks {
+        let (out, _) = finish(c, Duration::from_secs(120));
+        let log = text(&out);
+        assert!(!out.status.success(), "{log}");
+        assert!(log.contains("the ranks run different argument lists") && log.contains("rank 1 has"), "{log}");
+    }
+}
+
+/// Inconsistent variables and an unreachable store are named, the latter
+/// after the timeout rather than never.
+#[test]
+fn bad_variables_and_an_unreachable_store_are_named() {
+    let (out, _) = finish(rank(2, 2, free_port(), &[]), Duration::from_secs(60));
+    assert!(!out.status.success() && text(&out).contains("RANK 2 is not below WORLD_SIZE 2"), "{}", text(&out));
+    // Rank 1 of a job whose rank 0 never comes: nothing listens there.
+    let port = free_port();
+    let (out, took) = finish(rank(1, 2, port, &["--timeout-secs", "3"]), Duration::from_secs(60));
+    let log = text(&out);
+    assert!(!out.status.success(), "{log}");
+    assert!(log.contains(&format!("reaching the rendezvous store at 127.0.0.1:{port}")), "{log}");
+    assert!(took >= Duration::from_secs(3), "{took:?}");
+}
+
+/// `llm train` started as one of several ranks refuses before writing
+/// anything: the learner is one process, and two ranks would each train
+/// the whole job into one folder.
+#[test]
+fn llm_train_under_a_launcher_refuses_instead_of_training_twice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let o = r2vpo()
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .args(["llm", "train", "--config", "configs/llm/smollm2-arith.toml", "--out", out.to_str().unwrap()])
+        .env("RANK", "1")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", free_port().to_string())
+        .output()
+        .unwrap();
+    assert!(!o.status.success() && text(&o).contains("started as rank 1 of 2"), "{}", text(&o));
+    assert!(!out.exists());
+}
+
+/// A rank that dies in the middle of the job ends the other with an error
+/// naming the collective, well within the timeout; one that hangs
+/// (stopped) ends it once the timeout passes; `launch` reports the rank
+/// that failed and stops the others.
+#[test]
+fn a_dead_or_hung_rank_ends_every_rank() {
+    let args = ["--numel", "4096", "--iters", "100000000", "--timeout-secs", "5"];
+    for signal in [libc::SIGKILL, libc::SIGSTOP] {
+        let port = free_port();
+        let r0 = rank(0, 2, port, &args);
+        let r1 = rank(1, 2, port, &args);
+        std::thread::sleep(Duration::from_secs(3));
+        // SAFETY: kill(2) on a child of this test.
+        unsafe { libc::kill(r1.id() as i32, signal) };
+        let (out, took) = finish(r0, Duration::from_secs(60));
+        let log = text(&out);
+        assert!(!out.status.success(), "signal {signal}: {log}");
+        assert!(log.contains("on rank 0 of 2"), "signal {signal}: {log}");
+        assert!(took < Duration::from_secs(40), "signal {signal}: {took:?}");
+        // SAFETY: as above; the stopped one must go too.
+        unsafe { libc::kill(r1.id() as i32, libc::SIGKILL) };
+        let _ = r1.wait_with_output();
+    }
+    let c = r2vpo()
+        .args(["launch", "--nproc-per-node", "2", "--master-port", "0", "--grace-secs", "5", "--", "dist", "check"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let children = std::fs::read_to_string(format!("/proc/{}/task/{}/children", c.id(), c.id())).unwrap();
+    let victim: i32 = children.split_whitespace().nth(1).expect("two ranks").parse().unwrap();
+    // SAFETY: kill(2) on a rank `launch` started.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let (out, _) = finish(c, Duration::from_secs(60));
+    let log = text(&out);
+    assert!(!out.status.success(), "{log}");
+    assert!(log.contains("exited with signal: 9") && log.contains("failed"), "{log}");
+}

@@ -1,0 +1,163 @@
+// torch.distributed's C++ layer (c10d) for the distributed learner: a
+// TCPStore rendezvous (hosted by rank 0, or by torchrun's agent) and Gloo
+// process groups over it, called from Rust (src/dist/c10d.rs).
+//
+// Everything here is what libtorch exports; nothing is a collective of our
+// own. Gloo objects are only held through the shared_ptr/intrusive_ptr
+// libtorch hands out, so the Gloo headers (Debian's libgloo-dev, not the
+// commit libtorch was built with) only have to declare, never lay out, a
+// Gloo type: see docs/decisions.md, "c10d from Rust".
+//
+// Every function returns 0 (or a handle), or 1 (or null) with the C++
+// exception's message in `err`; no exception crosses into Rust.
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct StoreHandle {
+    c10::intrusive_ptr<c10d::Store> store;
+    int port;
+};
+
+struct GroupHandle {
+    c10::intrusive_ptr<c10d::Backend> backend;
+    std::chrono::milliseconds timeout;
+};
+
+void fail(char *err, int err_len, const char *what) {
+    std::strncpy(err, what, err_len - 1);
+    err[err_len - 1] = 0;
+}
+
+template <class F>
+int guarded(char *err, int err_len, F f) {
+    try {
+        f();
+        return 0;
+    } catch (const std::exception &e) {
+        fail(err, err_len, e.what());
+        return 1;
+    } catch (...) {
+        fail(err, err_len, "unknown C++ exception");
+        return 1;
+    }
+}
+
+}  // namespace
+
+// A TCPStore at host:port: its server when `is_server`, else a client.
+// With `world` > 0 it counts itself among `world` workers, and a server
+// waits until that many have counted themselves in (rank 0's store); with
+// 0 it neither counts nor waits (torchrun's agent's store). `port` 0 lets a server
+// pick a free port (r2vpo_c10d_store_port). Keys go under `prefix` when it
+// is not empty (torchrun's "/worker/attempt_N").
+extern "C" void *r2vpo_c10d_store(const char *host, int port, int is_server, int world, long long timeout_ms,
+                                  const char *prefix, char *err, int err_len) {
+    StoreHandle *h = nullptr;
+    guarded(err, err_len, [&] {
+        c10d::TCPStoreOptions o;
+        o.port = static_cast<uint16_t>(port);
+        o.isServer = is_server != 0;
+        if (world > 0) o.numWorkers = world;
+        o.waitWorkers = world > 0;
+        o.timeout = std::chrono::milliseconds(timeout_ms);
+        o.multiTenant = is_server != 0;
+        auto tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), o);
+        int bound = tcp->getPort();
+        c10::intrusive_ptr<c10d::Store> s = tcp;
+        if (prefix && *prefix) s = c10::make_intrusive<c10d::PrefixStore>(std::string(prefix), s);
+        h = new StoreHandle{s, bound};
+    });
+    return h;
+}
+
+extern "C" int r2vpo_c10d_store_port(void *store) { return static_cast<StoreHandle *>(store)->port; }
+
+extern "C" void r2vpo_c10d_store_drop(void *store) { delete static_cast<StoreHandle *>(store); }
+
+extern "C" int r2vpo_c10d_store_set(void *store, const char *key, const unsigned char *data, size_t len, char *err,
+                                    int err_len) {
+    return guarded(err, err_len, [&] {
+        std::vector<uint8_t> v(data, data + len);
+        static_cast<StoreHandle *>(store)->store->set(std::string(key), v);
+    });
+}
+
+// The value at `key`, waiting for it up to the store's timeout; written to
+// a malloc'd buffer the caller frees with r2vpo_c10d_free.
+extern "C" int r2vpo_c10d_store_get(void *store, const char *key, unsigned char **out, size_t *out_len, char *err,
+                                    int err_len) {
+    return guarded(err, err_len, [&] {
+        auto v = static_cast<StoreHandle *>(store)->store->get(std::string(key));
+        *out_len = v.size();
+        *out = static_cast<unsigned char *>(std::malloc(v.empty() ? 1 : v.size()));
+        if (!v.empty()) std::memcpy(*out, v.data(), v.size());
+    });
+}
+
+extern "C" void r2vpo_c10d_free(void *p) { std::free(p); }
+
+// A Gloo process group of `world` ranks over `store` (under the key prefix
+// `name`, so several groups share one store), with collectives that fail
+// after `timeout_ms` instead of hanging.
+extern "C" void *r2vpo_c10d_gloo(void *store, const char *name, int rank, int world, long long timeout_ms,
+                                 char *err, int err_len) {
+    GroupHandle *h = nullptr;
+    guarded(err, err_len, [&] {
+        auto timeout = std::chrono::milliseconds(timeout_ms);
+        auto opts = c10d::ProcessGroupGloo::Options::create_default(timeout);
+        auto s = c10::make_intrusive<c10d::PrefixStore>(std::string(name), static_cast<StoreHandle *>(store)->store);
+        auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(s, rank, world, opts);
+        h = new GroupHandle{pg, timeout};
+    });
+    return h;
+}
+
+extern "C" void r2vpo_c10d_group_drop(void *group) { delete static_cast<GroupHandle *>(group); }
+
+// One collective on tch tensor handles (`torch::Tensor *`), waited for:
+// 0 all-reduce (sum) of `a` in place; 1 broadcast of `a` from `root`;
+// 2 all-gather of `b` into `a` (a = world × b); 3 reduce-scatter (sum) of
+// `b` into `a` (b = world × a); 4 barrier.
+extern "C" int r2vpo_c10d_collective(void *group, int op, at::Tensor *a, at::Tensor *b, int root, char *err,
+                                     int err_len) {
+    return guarded(err, err_len, [&] {
+        auto *g = static_cast<GroupHandle *>(group);
+        c10::intrusive_ptr<c10d::Work> work;
+        switch (op) {
+            case 0: {
+                std::vector<at::Tensor> t{*a};
+                work = g->backend->allreduce(t, c10d::AllreduceOptions{});
+                break;
+            }
+            case 1: {
+                std::vector<at::Tensor> t{*a};
+                c10d::BroadcastOptions o;
+                o.rootRank = root;
+                work = g->backend->broadcast(t, o);
+                break;
+            }
+            case 2:
+                work = g->backend->_allgather_base(*a, *b, c10d::AllgatherOptions{});
+                break;
+            case 3:
+                work = g->backend->_reduce_scatter_base(*a, *b, c10d::ReduceScatterOptions{});
+                break;
+            case 4:
+                work = g->backend->barrier(c10d::BarrierOptions{});
+                break;
+            default:
+                throw std::invalid_argument("unknown collective " + std::to_string(op));
+        }
+        work->wait(g->timeout);
+    });
+}

@@ -1,0 +1,444 @@
+//! torch.distributed's process groups from Rust: a TCPStore rendezvous and
+//! Gloo collectives on libtorch tensors, through the C++ shim
+//! `src/dist/c10d.cpp` (libtorch exports c10d; tch-rs binds none of it).
+//!
+//! Collectives are libtorch's own (Gloo on CPU tensors): nothing here sends
+//! a byte itself. Every call is bounded by the group's timeout, so a rank
+//! that died or hangs ends the others with an error instead of a hang.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::time::Duration;
+
+use tch::Tensor;
+
+use super::{Launch, Rendezvous};
+
+unsafe extern "C" {
+    fn r2vpo_c10d_store(
+        host: *const c_char,
+        port: c_int,
+        is_server: c_int,
+        world: c_int,
+        timeout_ms: i64,
+        prefix: *const c_char,
+        err: *mut c_char,
+        err_len: c_int,
+    ) -> *mut c_void;
+    fn r2vpo_c10d_store_port(store: *mut c_void) -> c_int;
+    fn r2vpo_c10d_store_drop(store: *mut c_void);
+    fn r2vpo_c10d_store_set(
+        store: *mut c_void,
+        key: *const c_char,
+        data: *const u8,
+        len: usize,
+        err: *mut c_char,
+        err_len: c_int,
+    ) -> c_int;
+    fn r2vpo_c10d_store_get(
+        store: *mut c_void,
+        key: *const c_char,
+        out: *mut *mut u8,
+        out_len: *mut usize,
+        err: *mut c_char,
+        err_len: c_int,
+    ) -> c_int;
+    fn r2vpo_c10d_free(p: *mut c_void);
+    fn r2vpo_c10d_gloo(
+        store: *mut c_void,
+        name: *const c_char,
+        rank: c_int,
+        world: c_int,
+        timeout_ms: i64,
+        err: *mut c_char,
+        err_len: c_int,
+    ) -> *mut c_void;
+    fn r2vpo_c10d_group_drop(group: *mut c_void);
+    fn r2vpo_c10d_collective(
+        group: *mut c_void,
+        op: c_int,
+        a: *mut c_void,
+        b: *mut c_void,
+        root: c_int,
+        err: *mut c_char,
+        err_len: c_int,
+    ) -> c_int;
+}
+
+/// A failed rendezvous or collective: what was attempted, and libtorch's
+/// message.
+#[derive(Debug, Clone)]
+pub struct DistError(pub String);
+
+impl std::fmt::Display for DistError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DistError {}
+
+/// `Result` of this module.
+pub type Result<T> = std::result::Result<T, DistError>;
+
+const ERR_LEN: usize = 2048;
+
+/// Runs `f` with an error buffer; `Err` names `what` with the shim's
+/// message when `failed` says the call failed.
+fn call<T>(what: &str, f: impl FnOnce(*mut c_char, c_int) -> T, failed: impl Fn(&T) -> bool) -> Result<T> {
+    let mut err = vec![0 as c_char; ERR_LEN];
+    let out = f(err.as_mut_ptr(), ERR_LEN as c_int);
+    if failed(&out) {
+        // SAFETY: the shim wrote a NUL-terminated message into the buffer.
+        let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy();
+        // libtorch appends a C++ backtrace to some messages: the first
+        // lines say what happened.
+        let msg: Vec<&str> = msg.lines().take_while(|l| !l.starts_with("Exception raised from")).collect();
+        return Err(DistError(format!("{what}: {}", msg.join(" ").trim())));
+    }
+    Ok(out)
+}
+
+fn cstring(s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| DistError(format!("{s:?} holds a NUL byte")))
+}
+
+/// A c10d TCPStore: the key-value store ranks rendezvous through.
+pub struct Store {
+    handle: *mut c_void,
+    port: u16,
+}
+
+// SAFETY: c10d's TCPStore is safe to call from any thread (its client
+// serialises requests on its socket under a lock).
+unsafe impl Send for Store {}
+unsafe impl Sync for Store {}
+
+impl Store {
+    /// A TCPStore server on `host:port` (port 0: a free one, see
+    /// [`Store::port`]). With `wait_for` workers it returns once that many
+    /// clients (itself included) have connected, as rank 0's does; with
+    /// `None` it serves whoever comes, as torchrun's agent's does.
+    pub fn serve(host: &str, port: u16, wait_for: Option<usize>, timeout: Duration) -> Result<Store> {
+        Self::open(host, port, true, wait_for.unwrap_or(0), timeout, "")
+    }
+
+    /// A client of the TCPStore at `host:port`, its keys under `prefix`
+    /// (empty: none); waits up to `timeout` for the server. A client of a
+    /// job of `world` ranks counts itself in, which a server waiting for
+    /// that many workers waits for (as torch.distributed's clients do);
+    /// `None` does not.
+    pub fn connect(host: &str, port: u16, prefix: &str, world: Option<usize>, timeout: Duration) -> Result<Store> {
+        Self::open(host, port, false, world.unwrap_or(0), timeout, prefix)
+    }
+
+    fn open(host: &str, port: u16, server: bool, world: usize, timeout: Duration, prefix: &str) -> Result<Store> {
+        let (h, p) = (cstring(host)?, cstring(prefix)?);
+        let what = if server {
+            format!("hosting the rendezvous store on {host}:{port}")
+        } else {
+            format!("reaching the rendezvous store at {host}:{port} (MASTER_ADDR:MASTER_PORT)")
+        };
+        let handle = call(
+            &what,
+            // SAFETY: the strings outlive the call; the shim catches
+            // every C++ exception.
+            |e, n| unsafe {
+                r2vpo_c10d_store(
+                    h.as_ptr(),
+                    port as c_int,
+                    server as c_int,
+                    world as c_int,
+                    timeout.as_millis() as i64,
+                    p.as_ptr(),
+                    e,
+                    n,
+                )
+            },
+            |h| h.is_null(),
+        )?;
+        // SAFETY: a live handle.
+        let port = unsafe { r2vpo_c10d_store_port(handle) } as u16;
+        Ok(Store { handle, port })
+    }
+
+    /// The port the store's server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Sets `key` to `value`.
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        let k = cstring(key)?;
+        // SAFETY: live handle, key and value for the call's length.
+        call(
+            &format!("setting {key:?} in the rendezvous store"),
+            |e, n| unsafe { r2vpo_c10d_store_set(self.handle, k.as_ptr(), value.as_ptr(), value.len(), e, n) },
+            |rc| *rc != 0,
+        )?;
+        Ok(())
+    }
+
+    /// The value of `key`, waiting for another rank to set it up to the
+    /// store's timeout.
+    pub fn get(&self, key: &str) -> Result<Vec<u8>> {
+        let k = cstring(key)?;
+        let (mut out, mut len) = (std::ptr::null_mut::<u8>(), 0usize);
+        // SAFETY: live handle and key; the shim fills `out` with a
+        // malloc'd buffer of `len` bytes on success.
+        call(
+            &format!("waiting for {key:?} in the rendezvous store"),
+            |e, n| unsafe { r2vpo_c10d_store_get(self.handle, k.as_ptr(), &mut out, &mut len, e, n) },
+            |rc| *rc != 0,
+        )?;
+        // SAFETY: `out` holds `len` bytes from malloc, freed right after.
+        let v = unsafe { std::slice::from_raw_parts(out, len) }.to_vec();
+        unsafe { r2vpo_c10d_free(out.cast()) };
+        Ok(v)
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // SAFETY: the handle is live and dropped once.
+        unsafe { r2vpo_c10d_store_drop(self.handle) }
+    }
+}
+
+/// A process group: `world` ranks running the same collectives in the
+/// same order, on Gloo (CPU tensors).
+pub struct ProcessGroup {
+    handle: *mut c_void,
+    rank: usize,
+    world: usize,
+    // Dropped after the group, which holds a reference of its own.
+    store: Store,
+}
+
+// SAFETY: c10d backends are called from one thread at a time here
+// (`&mut self` on every collective); moving one between threads is safe.
+unsafe impl Send for ProcessGroup {}
+
+/// The collectives of `r2vpo_c10d_collective`.
+#[derive(Clone, Copy)]
+enum Op {
+    AllReduce = 0,
+    Broadcast = 1,
+    AllGather = 2,
+    ReduceScatter = 3,
+    Barrier = 4,
+}
+
+impl ProcessGroup {
+    /// Joins the job `launch` describes: connects to (rank 0: hosts) the
+    /// rendezvous store and makes a Gloo group of every rank over it.
+    /// Every wait — for the store, for the other ranks, for each
+    /// collective — ends after `timeout` with an error.
+    pub fn join(launch: &Launch, timeout: Duration) -> Result<ProcessGroup> {
+        let store = match &launch.rendezvous {
+            Rendezvous::AgentStore { prefix } => {
+                Store::connect(&launch.master_addr, launch.master_port, prefix, Some(launch.world_size), timeout)?
+            }
+            Rendezvous::RankZeroHosts if launch.rank == 0 => {
+                Store::serve(&launch.master_addr, launch.master_port, Some(launch.world_size), timeout)?
+            }
+            Rendezvous::RankZeroHosts => {
+                Store::connect(&launch.master_addr, launch.master_port, "", Some(launch.world_size), timeout)?
+            }
+        };
+        Self::over(store, "r2vpo/", launch.rank, launch.world_size, timeout)
+    }
+
+    /// A Gloo group of `world` ranks over `store`, its keys under `name`.
+    pub fn over(store: Store, name: &str, rank: usize, world: usize, timeout: Duration) -> Result<ProcessGroup> {
+        let n = cstring(name)?;
+        let handle = call(
+            &format!("making the Gloo process group (rank {rank} of {world})"),
+            // SAFETY: live store handle and name; exceptions are caught.
+            |e, l| unsafe {
+                r2vpo_c10d_gloo(
+                    store.handle,
+                    n.as_ptr(),
+                    rank as c_int,
+                    world as c_int,
+                    timeout.as_millis() as i64,
+                    e,
+                    l,
+                )
+            },
+            |h| h.is_null(),
+        )?;
+        Ok(ProcessGroup { handle, rank, world, store })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// The rendezvous store the group was made over.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn collective(
+        &mut self,
+        op: Op,
+        name: &str,
+        a: Option<&mut Tensor>,
+        b: Option<&mut Tensor>,
+        root: usize,
+    ) -> Result<()> {
+        let ptr = |t: Option<&mut Tensor>| t.map_or(std::ptr::null_mut(), |t| t.as_mut_ptr().cast::<c_void>());
+        let (pa, pb) = (ptr(a), ptr(b));
+        let (rank, world) = (self.rank, self.world);
+        call(
+            &format!("{name} on rank {rank} of {world}"),
+            // SAFETY: live group and tensor handles for the call, which
+            // waits for the collective to finish.
+            |e, n| unsafe { r2vpo_c10d_collective(self.handle, op as c_int, pa, pb, root as c_int, e, n) },
+            |rc| *rc != 0,
+        )?;
+        Ok(())
+    }
+
+    /// Sums `t` over the ranks, in place on every rank.
+    pub fn all_reduce_sum(&mut self, t: &mut Tensor) -> Result<()> {
+        self.collective(Op::AllReduce, "all-reduce", Some(t), None, 0)
+    }
+
+    /// Every rank's `t` becomes `root`'s.
+    pub fn broadcast(&mut self, t: &mut Tensor, root: usize) -> Result<()> {
+        self.collective(Op::Broadcast, "broadcast", Some(t), None, root)
+    }
+
+    /// `out` (world × `input`'s elements) becomes every rank's `input` in
+    /// rank order.
+    pub fn all_gather(&mut self, out: &mut Tensor, input: &mut Tensor) -> Result<()> {
+        self.collective(Op::AllGather, "all-gather", Some(out), Some(input), 0)
+    }
+
+    /// `out` becomes this rank's slice of the sum over ranks of `input`
+    /// (world × `out`'s elements; rank r gets slice r).
+    pub fn reduce_scatter_sum(&mut self, out: &mut Tensor, input: &mut Tensor) -> Result<()> {
+        self.collective(Op::ReduceScatter, "reduce-scatter", Some(out), Some(input), 0)
+    }
+
+    /// Returns once every rank has reached it.
+    pub fn barrier(&mut self) -> Result<()> {
+        self.collective(Op::Barrier, "barrier", None, None, 0)
+    }
+
+    /// Checks that every rank runs with the same `value` of `what` (a hash
+    /// of the binary, of the config): every rank publishes its own and
+    /// reads all the others', so all of them fail alike, each naming the
+    /// ranks that differ from rank 0.
+    pub fn agree(&self, what: &str, value: &str) -> Result<()> {
+        let key = |r: usize| format!("r2vpo/agree/{what}/{r}");
+        self.store.set(&key(self.rank), value.as_bytes())?;
+        let all = (0..self.world)
+            .map(|r| self.store.get(&key(r)).map(|v| String::from_utf8_lossy(&v).into_owned()))
+            .collect::<Result<Vec<_>>>()?;
+        let differ: Vec<String> =
+            all.iter().enumerate().filter(|(_, v)| **v != all[0]).map(|(r, v)| format!("rank {r} has {v}")).collect();
+        if differ.is_empty() {
+            Ok(())
+        } else {
+            Err(DistError(format!(
+                "the ranks run different {what}s: rank 0 has {}, {}; start every rank with the same binary and \
+                 arguments",
+                all[0],
+                differ.join(", ")
+            )))
+        }
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        // SAFETY: the handle is live and dropped once.
+        unsafe { r2vpo_c10d_group_drop(self.handle) }
+    }
+}
+
+/// One collective's measurement in [`ProcessGroup::self_check`].
+#[derive(Clone, Debug)]
+pub struct Timing {
+    /// The collective.
+    pub name: &'static str,
+    /// Bytes of each rank's full buffer (f32).
+    pub bytes: usize,
+    /// Mean seconds per call.
+    pub seconds: f64,
+    /// Bytes each rank moves per call over `seconds` by the nccl-tests
+    /// convention ("bus bandwidth": 2(n−1)/n of the buffer for an
+    /// all-reduce, (n−1)/n for all-gather and reduce-scatter), bytes/s.
+    pub bus_bytes_per_s: f64,
+}
+
+impl ProcessGroup {
+    /// Checks the collectives the learner uses on this job's ranks and
+    /// times them: all-reduce, broadcast, all-gather and reduce-scatter of
+    /// `numel` f32 values, whose results (small integers, exact in f32)
+    /// are compared with the values worked out in closed form, then
+    /// `iters` timed calls of each. An `Err` names the collective, the
+    /// rank and the first wrong element.
+    pub fn self_check(&mut self, numel: usize, iters: usize) -> Result<Vec<Timing>> {
+        let (rank, world) = (self.rank, self.world);
+        let (r, n) = (rank as f64, world as f64);
+        let opts = (tch::Kind::Float, tch::Device::Cpu);
+        let per = numel.div_ceil(self.world).max(1);
+        let numel = per * self.world;
+        let expect = |what: &str, t: &Tensor, want: &dyn Fn(usize) -> f64| -> Result<()> {
+            let v = Vec::<f32>::try_from(t.flatten(0, -1)).map_err(|e| DistError(e.to_string()))?;
+            match v.iter().enumerate().find(|&(i, &x)| x as f64 != want(i)) {
+                None => Ok(()),
+                Some((i, &x)) => Err(DistError(format!(
+                    "{what} gave {x} at element {i} on rank {rank} of {world}, where {} is right",
+                    want(i)
+                ))),
+            }
+        };
+        // Values stay below 2^24, exact in f32: element i of rank r's
+        // buffer is (i mod 1024) + r.
+        let base = || Tensor::arange(numel as i64, opts).remainder(1024.0);
+        let mut t = base() + r;
+        self.all_reduce_sum(&mut t)?;
+        expect("all-reduce", &t, &|i| n * (i % 1024) as f64 + n * (n - 1.0) / 2.0)?;
+        let mut t = base() + r;
+        let root = self.world - 1;
+        self.broadcast(&mut t, root)?;
+        expect("broadcast", &t, &|i| (i % 1024) as f64 + root as f64)?;
+        let mut mine = Tensor::arange(per as i64, opts).remainder(1024.0) + r;
+        let mut all = Tensor::zeros([numel as i64], opts);
+        self.all_gather(&mut all, &mut mine)?;
+        expect("all-gather", &all, &|i| ((i % per) % 1024) as f64 + (i / per) as f64)?;
+        let mut input = base() + r;
+        let mut shard = Tensor::zeros([per as i64], opts);
+        self.reduce_scatter_sum(&mut shard, &mut input)?;
+        expect("reduce-scatter", &shard, &|i| n * ((rank * per + i) % 1024) as f64 + n * (n - 1.0) / 2.0)?;
+        self.barrier()?;
+
+        let bytes = numel * 4;
+        let mut out = Vec::new();
+        let frac = (n - 1.0) / n;
+        for (name, factor) in [("all-reduce", 2.0 * frac), ("all-gather", frac), ("reduce-scatter", frac)] {
+            self.barrier()?;
+            let t0 = std::time::Instant::now();
+            for _ in 0..iters {
+                match name {
+                    "all-reduce" => self.all_reduce_sum(&mut input)?,
+                    "all-gather" => self.all_gather(&mut all, &mut mine)?,
+                    _ => self.reduce_scatter_sum(&mut shard, &mut input)?,
+                }
+            }
+            let seconds = t0.elapsed().as_secs_f64() / iters.max(1) as f64;
+            out.push(Timing { name, bytes, seconds, bus_bytes_per_s: factor * bytes as f64 / seconds });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,256 @@
+//! The learner across processes: where this process sits in a distributed
+//! job ([`Launch`], read from the variables torchrun, `srun` and
+//! `r2vpo launch` set) and, with the `torch` feature, torch.distributed's
+//! process groups ([`c10d`]).
+//!
+//! The launch conventions are PyTorch's, so a job starts as users start
+//! one: `torchrun --standalone --nproc-per-node 8 --no-python r2vpo …`,
+//! `srun r2vpo …` (with `MASTER_ADDR`/`MASTER_PORT` exported), or
+//! `r2vpo launch --nproc-per-node 8 -- …` where PyTorch's Python is absent.
+
+#[cfg(feature = "torch")]
+pub mod c10d;
+
+use std::collections::HashMap;
+use std::fmt;
+
+/// A launch variable that is missing, unparsable or inconsistent, named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchError(pub String);
+
+impl fmt::Display for LaunchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LaunchError {}
+
+/// Who started the processes (which variables were read).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    /// torchrun (`TORCHELASTIC_RUN_ID` set), or `r2vpo launch`, which sets
+    /// the same variables.
+    Torchrun,
+    /// Slurm's `srun` (`SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_NTASKS`).
+    Slurm,
+    /// `RANK`/`WORLD_SIZE` set by hand or by another launcher.
+    Env,
+}
+
+/// Where to find the rendezvous store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rendezvous {
+    /// Rank 0 hosts a TCPStore at `MASTER_ADDR:MASTER_PORT`, the others
+    /// connect to it (`init_process_group`'s `env://`).
+    RankZeroHosts,
+    /// The launcher's agent already hosts one there
+    /// (`TORCHELASTIC_USE_AGENT_STORE=True`): every rank connects as a
+    /// client and keys go under this prefix, torchrun's
+    /// `/worker/attempt_{TORCHELASTIC_RESTART_COUNT}`.
+    AgentStore {
+        /// The key prefix.
+        prefix: String,
+    },
+}
+
+/// This process's place in a distributed job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// Global rank, `0..world_size`.
+    pub rank: usize,
+    /// Number of processes in the job.
+    pub world_size: usize,
+    /// Rank on this machine: the CUDA device this rank uses.
+    pub local_rank: usize,
+    /// Processes on this machine.
+    pub local_world_size: usize,
+    /// The rendezvous store's host.
+    pub master_addr: String,
+    /// The rendezvous store's port.
+    pub master_port: u16,
+    /// Who hosts the store.
+    pub rendezvous: Rendezvous,
+    /// Which variables this was read from.
+    pub launcher: Launcher,
+}
+
+impl Launch {
+    /// Reads this process's environment: `None` when no launcher set it
+    /// (neither `RANK`/`WORLD_SIZE` nor Slurm's task variables), a
+    /// single-process run.
+    pub fn from_env() -> Result<Option<Launch>, LaunchError> {
+        Self::from_vars(&std::env::vars().collect())
+    }
+
+    /// [`Launch::from_env`] on the given variables.
+    pub fn from_vars(vars: &HashMap<String, String>) -> Result<Option<Launch>, LaunchError> {
+        let get = |k: &str| vars.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
+        let num = |k: &str| -> Result<Option<usize>, LaunchError> {
+            get(k)
+                .map(|v| {
+                    v.parse::<usize>().map_err(|_| LaunchError(format!("{k}={v:?} is not a non-negative integer")))
+                })
+                .transpose()
+        };
+        let need = |k: &str, launcher: &str| -> Result<usize, LaunchError> {
+            num(k)?.ok_or_else(|| LaunchError(format!("{launcher} sets {k}, and it is missing")))
+        };
+        let (rank, world_size, local_rank, local_world_size, launcher) = if get("RANK").is_some()
+            || get("WORLD_SIZE").is_some()
+        {
+            let launcher = if get("TORCHELASTIC_RUN_ID").is_some() { Launcher::Torchrun } else { Launcher::Env };
+            let rank = need("RANK", "a distributed launch (WORLD_SIZE is set)")?;
+            let world = need("WORLD_SIZE", "a distributed launch (RANK is set)")?;
+            let local_rank = num("LOCAL_RANK")?.unwrap_or(rank);
+            let local_world = num("LOCAL_WORLD_SIZE")?.unwrap_or(world);
+            (rank, world, local_rank, local_world, launcher)
+        } else if get("SLURM_PROCID").is_some() {
+            let rank = need("SLURM_PROCID", "srun")?;
+            let world = need("SLURM_NTASKS", "srun")?;
+            let local_rank = need("SLURM_LOCALID", "srun")?;
+            // SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node;
+            // the step's per-node task count is in SLURM_STEP_TASKS_PER_NODE
+            // ("8" or "8(x2)").
+            let local_world = match get("SLURM_NTASKS_PER_NODE").or(get("SLURM_STEP_TASKS_PER_NODE")) {
+                Some(v) => {
+                    let head = v.split(['(', ',']).next().unwrap_or(v);
+                    head.parse().map_err(|_| LaunchError(format!("SLURM_STEP_TASKS_PER_NODE={v:?} is not a count")))?
+                }
+                None => 1,
+            };
+            (rank, world, local_rank, local_world, Launcher::Slurm)
+        } else {
+            return Ok(None);
+        };
+        if world_size == 0 {
+            return Err(LaunchError("WORLD_SIZE is 0: a job has at least one process".into()));
+        }
+        if rank >= world_size {
+            return Err(LaunchError(format!(
+                "RANK {rank} is not below WORLD_SIZE {world_size}: ranks run from 0 to WORLD_SIZE − 1"
+            )));
+        }
+        if local_world_size == 0 || local_rank >= local_world_size {
+            return Err(LaunchError(format!(
+                "LOCAL_RANK {local_rank} is not below LOCAL_WORLD_SIZE {local_world_size}"
+            )));
+        }
+        let master_addr = match get("MASTER_ADDR") {
+            Some(a) => a.to_string(),
+            None if world_size == 1 => "127.0.0.1".into(),
+            None => {
+                let hint = if launcher == Launcher::Slurm {
+                    " (in the batch script: export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | \
+                     head -n 1))"
+                } else {
+                    ""
+                };
+                return Err(LaunchError(format!("MASTER_ADDR is not set: the rendezvous store's host{hint}")));
+            }
+        };
+        let master_port = match get("MASTER_PORT") {
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| LaunchError(format!("MASTER_PORT={p:?} is not a port (1–65535)")))?,
+            None if world_size == 1 => 29500,
+            None => {
+                let hint =
+                    if launcher == Launcher::Slurm { " (export MASTER_PORT=29500 in the batch script)" } else { "" };
+                return Err(LaunchError(format!("MASTER_PORT is not set: the rendezvous store's port{hint}")));
+            }
+        };
+        let rendezvous = if get("TORCHELASTIC_USE_AGENT_STORE") == Some("True") {
+            let attempt = need("TORCHELASTIC_RESTART_COUNT", "torchrun (TORCHELASTIC_USE_AGENT_STORE is True)")?;
+            Rendezvous::AgentStore { prefix: format!("/worker/attempt_{attempt}") }
+        } else {
+            Rendezvous::RankZeroHosts
+        };
+        Ok(Some(Launch {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            master_addr,
+            master_port,
+            rendezvous,
+            launcher,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    /// What torchrun sets for the third of four workers, with its agent
+    /// store, is read as torchrun means it.
+    #[test]
+    fn torchrun_variables_with_the_agent_store() {
+        let l = Launch::from_vars(&vars(&[
+            ("RANK", "2"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "2"),
+            ("LOCAL_WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29511"),
+            ("TORCHELASTIC_RUN_ID", "none"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+            ("TORCHELASTIC_RESTART_COUNT", "1"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((l.rank, l.world_size, l.local_rank, l.local_world_size), (2, 4, 2, 4));
+        assert_eq!(l.rendezvous, Rendezvous::AgentStore { prefix: "/worker/attempt_1".into() });
+        assert_eq!((l.master_addr.as_str(), l.master_port, l.launcher), ("127.0.0.1", 29511, Launcher::Torchrun));
+    }
+
+    /// srun's variables, with the address exported by the batch script.
+    #[test]
+    fn slurm_variables() {
+        let l = Launch::from_vars(&vars(&[
+            ("SLURM_PROCID", "9"),
+            ("SLURM_NTASKS", "16"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_STEP_TASKS_PER_NODE", "8(x2)"),
+            ("MASTER_ADDR", "node017"),
+            ("MASTER_PORT", "29500"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((l.rank, l.world_size, l.local_rank, l.local_world_size), (9, 16, 1, 8));
+        assert_eq!((l.rendezvous, l.launcher), (Rendezvous::RankZeroHosts, Launcher::Slurm));
+        let e = Launch::from_vars(&vars(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_LOCALID", "0")]))
+            .unwrap_err()
+            .0;
+        assert!(e.contains("MASTER_ADDR") && e.contains("scontrol show hostnames"), "{e}");
+    }
+
+    /// No launcher: a single process. Inconsistent or malformed variables
+    /// are named.
+    #[test]
+    fn absent_and_bad_variables() {
+        assert_eq!(Launch::from_vars(&vars(&[])).unwrap(), None);
+        let err = |kv: &[(&str, &str)]| Launch::from_vars(&vars(kv)).unwrap_err().0;
+        let base = [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")];
+        let with = |extra: &[(&'static str, &'static str)]| [&base[..], extra].concat();
+        assert!(err(&with(&[("RANK", "3"), ("WORLD_SIZE", "3")])).contains("RANK 3 is not below WORLD_SIZE 3"));
+        assert!(err(&with(&[("RANK", "0")])).contains("WORLD_SIZE"));
+        assert!(err(&with(&[("RANK", "x"), ("WORLD_SIZE", "2")])).contains("RANK=\"x\""));
+        assert!(err(&with(&[("RANK", "0"), ("WORLD_SIZE", "0")])).contains("WORLD_SIZE is 0"));
+        assert!(err(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "0")])
+            .contains("MASTER_PORT=\"0\""));
+        assert!(err(&[("RANK", "0"), ("WORLD_SIZE", "2")]).contains("MASTER_ADDR is not set"));
+        assert!(err(&with(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("TORCHELASTIC_USE_AGENT_STORE", "True")]))
+            .contains("TORCHELASTIC_RESTART_COUNT"));
+        // One process needs no store address.
+        let one = Launch::from_vars(&vars(&[("RANK", "0"), ("WORLD_SIZE", "1")])).unwrap().unwrap();
+        assert_eq!((one.master_addr.as_str(), one.master_port), ("127.0.0.1", 29500));
+    }
+}
