@@ -52,9 +52,11 @@ pub struct PlanArgs {
     /// rows in candle's full graph.
     #[arg(long)]
     pub lm_head_chunk: Option<usize>,
-    /// LoRA rank on every attention and MLP projection (0: full fine-tuning).
-    #[arg(long, default_value_t = 0)]
-    pub lora_rank: usize,
+    /// LoRA rank (0: full fine-tuning), on the projections the config's
+    /// `[model.lora]` targets, else on all seven. Default: the config's
+    /// `[model.lora]`, else full fine-tuning.
+    #[arg(long)]
+    pub lora_rank: Option<usize>,
     /// Compute dtype, `bf16` or `f32` (default: the config's
     /// `model.compute_dtype`, else bf16).
     #[arg(long)]
@@ -110,6 +112,12 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         bail!("--micro-batch and --world-size must be at least 1");
     }
     let seq_len = a.prompt + response;
+    let configured = cfg.as_ref().and_then(|c| c.model.lora.clone());
+    let lora = match a.lora_rank {
+        Some(0) => None,
+        Some(rank) => Some(r2vpo_llm::model::LoraConfig { rank, ..configured.unwrap_or_default() }),
+        None => configured,
+    };
     let input = PlanInput {
         world_size: a.world_size,
         zero_stage: a.zero,
@@ -123,7 +131,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
             None if checkpointing || !materialised_attention => Some(((16usize << 20) / model.vocab_size).max(1)),
             None => None,
         },
-        lora_rank: (a.lora_rank > 0).then_some(a.lora_rank),
+        lora: lora.clone(),
         bf16,
         materialised_attention,
     };
@@ -146,7 +154,10 @@ pub fn run(a: &PlanArgs) -> Result<()> {
             (false, false) => "full graph, fused attention",
             (false, true) => "full graph, attention probabilities kept",
         },
-        if a.lora_rank > 0 { format!(", LoRA r = {}", a.lora_rank) } else { String::new() },
+        match &lora {
+            Some(l) => format!(", LoRA r = {} on {} of 7 projections", l.rank, l.targets.len()),
+            None => String::new(),
+        },
     );
     println!("| per rank | GiB |\n|---|---|");
     for r in &p.rows {

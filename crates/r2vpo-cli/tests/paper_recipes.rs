@@ -85,6 +85,19 @@ fn every_recipe_resolves_with_the_papers_values_and_runs_one_iteration() {
         assert!(ok, "{name}: {err}");
         let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
         assert_eq!(metrics.lines().count(), 1, "{name}: {metrics}");
+
+        // The LoRA variant (docs/paper-runs.md: three overrides) of one
+        // model's ON and OFF recipes trains its adapters only.
+        if name.contains("1.7b") {
+            let lora_out = tmp.path().join(format!("{name}-lora"));
+            let mut args = args.clone();
+            *args.iter_mut().find(|a| **a == out.to_str().unwrap()).unwrap() = lora_out.to_str().unwrap();
+            args.extend(["--set", "model.lora.rank=32", "--set", "model.lora.alpha=64", "--set", "optim.lr=1e-5"]);
+            args.retain(|a| *a != "--no-export");
+            let (ok, _, err) = r2vpo(&args);
+            assert!(ok, "{name} with LoRA: {err}");
+            assert!(lora_out.join("model/adapter_config.json").is_file(), "{name}: no PEFT export");
+        }
     }
 }
 
@@ -129,6 +142,22 @@ fn llm_plan_reads_a_recipe_and_says_what_fits() {
     ]);
     assert!(ok, "{err}");
     assert!(out.contains("8.191B parameters") && out.contains("ZeRO-2"), "{out}");
+    // The recipe's LoRA variant: the adapters are what trains, on one rank.
+    let (ok, lora, err) = r2vpo(&[
+        "llm",
+        "plan",
+        "--config",
+        "configs/llm/paper/qwen3-8b-fast-r2vpo-on.toml",
+        "--shape",
+        "configs/shapes/qwen3-8b.json",
+        "--set",
+        "model.lora.rank=32",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        lora.contains("(0.087B trainable)") && lora.contains("LoRA r = 32 on 7 of 7") && lora.contains("fits"),
+        "{lora}"
+    );
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = v["plan"]["rows"].as_array().unwrap();
     let bytes = |what: &str| {

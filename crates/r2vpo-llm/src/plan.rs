@@ -30,7 +30,7 @@
 
 use serde::Serialize;
 
-use crate::model::ModelConfig;
+use crate::model::{LoraConfig, ModelConfig};
 
 /// What to plan for.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,9 +50,9 @@ pub struct PlanInput {
     pub checkpointing: bool,
     /// Rows per LM-head chunk; `None` scores all response rows at once.
     pub lm_head_chunk: Option<usize>,
-    /// LoRA rank on every attention and MLP projection; `None`: full
-    /// fine-tuning.
-    pub lora_rank: Option<usize>,
+    /// The adapters trained under LoRA (their rank and targets count);
+    /// `None`: full fine-tuning.
+    pub lora: Option<LoraConfig>,
     /// bf16 compute (f32 master weights) instead of f32.
     pub bf16: bool,
     /// Attention keeps its `S × S` probabilities per head (the candle
@@ -102,7 +102,9 @@ pub fn parameters(cfg: &ModelConfig) -> u64 {
 }
 
 /// LoRA parameters of rank `r` on every attention (q, k, v, o) and MLP
-/// (gate, up, down) projection.
+/// (gate, up, down) projection, `r·(in + out)` each, in closed form (the
+/// plan's tests check [`LoraConfig::num_parameters`], which counts the
+/// model's adapter tensors, against it).
 pub fn lora_parameters(cfg: &ModelConfig, r: usize) -> u64 {
     let (h, i) = (cfg.hidden_size as u64, cfg.intermediate_size as u64);
     let (q, kv) = ((cfg.num_attention_heads * cfg.head_dim()) as u64, (cfg.kv_heads() * cfg.head_dim()) as u64);
@@ -124,7 +126,7 @@ pub fn plan(cfg: &ModelConfig, input: &PlanInput) -> Plan {
     let z = input.zero_stage;
     let compute = if input.bf16 { 2 } else { 4 };
     let mut rows = Vec::new();
-    let trainable = match input.lora_rank {
+    let trainable = match &input.lora {
         None => {
             rows.push(PlanRow { what: "weights (compute dtype)", bytes: share(compute * p, z >= 3) });
             if input.bf16 {
@@ -134,8 +136,8 @@ pub fn plan(cfg: &ModelConfig, input: &PlanInput) -> Plan {
             rows.push(PlanRow { what: "AdamW moments (f32 m, v)", bytes: share(8 * p, z >= 1) });
             p
         }
-        Some(r) => {
-            let a = lora_parameters(cfg, r);
+        Some(lora) => {
+            let a = lora.num_parameters(cfg) as u64;
             rows.push(PlanRow { what: "base weights, frozen (compute dtype)", bytes: share(compute * p, z >= 3) });
             rows.push(PlanRow { what: "adapters (f32 master, compute copy)", bytes: (4 + compute) * a });
             rows.push(PlanRow { what: "adapter gradients (f32)", bytes: 4 * a });
@@ -194,7 +196,7 @@ mod tests {
                 seq_len: 0,
                 checkpointing: true,
                 lm_head_chunk: None,
-                lora_rank: None,
+                lora: None,
                 bf16: true,
                 materialised_attention: false,
             };
@@ -204,5 +206,43 @@ mod tests {
         assert!((state(8, 1) - (6.0 + 12.0 / 8.0)).abs() < 1e-3);
         assert!((state(8, 2) - (2.0 + 16.0 / 8.0)).abs() < 1e-3);
         assert!((state(8, 3) - 18.0 / 8.0).abs() < 1e-3);
+    }
+
+    /// LoRA's trainable count is the adapters' tensors (every projection
+    /// in closed form, fewer with fewer targets), and its model state is
+    /// the frozen base in bf16 plus 18 bytes per adapter parameter.
+    #[test]
+    fn lora_counts_its_targets_and_freezes_the_base() {
+        use crate::model::LoraTarget;
+        let cfg = shape("qwen3-8b.json");
+        let all = LoraConfig { rank: 16, ..LoraConfig::default() };
+        assert_eq!(all.num_parameters(&cfg) as u64, lora_parameters(&cfg, 16));
+        let attn = LoraConfig {
+            targets: vec![LoraTarget::QProj, LoraTarget::KProj, LoraTarget::VProj, LoraTarget::OProj],
+            ..all.clone()
+        };
+        let (h, q, kv) = (4096u64, 32 * 128u64, 8 * 128u64);
+        assert_eq!(attn.num_parameters(&cfg) as u64, 16 * 36 * ((h + q) + 2 * (h + kv) + (q + h)));
+        let state = |lora: &LoraConfig| {
+            let input = PlanInput {
+                world_size: 1,
+                zero_stage: 0,
+                micro_batch_tokens: 0,
+                response_tokens: 0,
+                seq_len: 0,
+                checkpointing: true,
+                lm_head_chunk: None,
+                lora: Some(lora.clone()),
+                bf16: true,
+                materialised_attention: false,
+            };
+            let p = plan(&cfg, &input);
+            (p.trainable, p.total)
+        };
+        for lora in [&all, &attn] {
+            let (trainable, total) = state(lora);
+            assert_eq!(trainable, lora.num_parameters(&cfg) as u64);
+            assert_eq!(total, 2 * parameters(&cfg) + 18 * trainable);
+        }
     }
 }
