@@ -79,18 +79,16 @@ pub fn train(a: &TrainArgs) -> Result<()> {
 
 /// `r2vpo llm train` or `r2vpo llm learn`.
 pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
-    // Started by torchrun, srun or `r2vpo launch` with several ranks, each
-    // would train the whole job alone into the same folder: refuse before
-    // anything is written.
-    if let Some(l) = r2vpo_llm::dist::Launch::from_env()? {
-        if l.world_size > 1 {
+    // Started by torchrun, srun or `r2vpo launch` with several ranks: a
+    // data-parallel job (docs/distributed.md).
+    let launch = r2vpo_llm::dist::Launch::from_env()?.filter(|l| l.world_size > 1);
+    if let Some(l) = &launch {
+        if role == Role::Learn || a.asynchronous {
             bail!(
-                "started as rank {} of {} ({:?} launch), but the learner trains in one process: data-parallel \
-                 training across ranks is not built yet (docs/distributed.md); start one `llm {}` process",
+                "started as rank {} of {}: the asynchronous learner does not train data-parallel yet; run `llm \
+                 train` without --async under the launcher, or one process",
                 l.rank,
-                l.world_size,
-                l.launcher,
-                if role == Role::Learn { "learn" } else { "train" }
+                l.world_size
             );
         }
     }
@@ -132,6 +130,18 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
             }
             (cfg, dir, false)
         }
+    };
+    // Every rank of a data-parallel job joins here; rank 0 goes on as a
+    // run of its own, the others follow it.
+    let group = match &launch {
+        Some(l) => {
+            let group = join_job(l, &cfg)?;
+            if l.rank != 0 {
+                return follow(cfg, &dir, resume, group);
+            }
+            Some(group)
+        }
+        None => None,
     };
     let http_actors = cfg.rollout.backend == RolloutBackend::Http && cfg.actors.asynchronous && role == Role::Train;
     if http_actors && cfg.rollout.urls.len() < cfg.actors.count {
@@ -177,6 +187,9 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
             return Err(e);
         }
     };
+    if let Some(g) = group {
+        trainer.set_group(g)?;
+    }
     let rollout_weights = cfg.rollout.weights_dir.as_ref().map_or_else(|| dir.join("weights"), PathBuf::from);
     if cfg.rollout.backend == RolloutBackend::Http && !cfg.actors.asynchronous {
         let source = r2vpo_serve::HttpRollout::new(&cfg.rollout, &rollout_weights)?;
@@ -287,6 +300,77 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     }
     println!("run folder: {}", dir.display());
     Ok(())
+}
+
+/// Seconds any collective of a data-parallel job may wait (for a rank that
+/// evaluates, checkpoints or samples meanwhile, or one that hangs) before
+/// every rank stops with an error: `R2VPO_DIST_TIMEOUT`, else 30 minutes.
+fn dist_timeout() -> Result<Duration> {
+    match std::env::var("R2VPO_DIST_TIMEOUT") {
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|&s| s > 0)
+            .map(Duration::from_secs)
+            .ok_or_else(|| anyhow::anyhow!("R2VPO_DIST_TIMEOUT={v:?} is not a number of seconds")),
+        Err(_) => Ok(Duration::from_secs(1800)),
+    }
+}
+
+/// Joins the data-parallel job `launch` describes, after checking that
+/// every rank runs the same binary and the same resolved config.
+#[cfg(feature = "torch")]
+fn join_job(launch: &r2vpo_llm::dist::Launch, cfg: &TrainConfig) -> Result<Box<dyn r2vpo_llm::dist::Group>> {
+    if cfg.model.backend != r2vpo_llm::train::BackendKind::Torch {
+        bail!(
+            "started as rank {} of {}: data-parallel training runs on the torch backend; set model.backend = \
+             \"torch\"",
+            launch.rank,
+            launch.world_size
+        );
+    }
+    let pg = r2vpo_llm::dist::c10d::ProcessGroup::join(launch, dist_timeout()?)?;
+    pg.agree("binary", &crate::dist_cmd::binary_hash()?)?;
+    let text = config::to_toml(cfg)?;
+    use sha2::Digest;
+    pg.agree("config", &format!("{:x}", sha2::Sha256::digest(text.as_bytes()))[..16])?;
+    Ok(Box::new(pg))
+}
+
+#[cfg(not(feature = "torch"))]
+fn join_job(launch: &r2vpo_llm::dist::Launch, _: &TrainConfig) -> Result<Box<dyn r2vpo_llm::dist::Group>> {
+    let _ = dist_timeout;
+    bail!(
+        "started as rank {} of {}, but this r2vpo was built without the torch backend, on which data-parallel \
+         training runs: build it with `make build-torch` (or `make build-gpu`)",
+        launch.rank,
+        launch.world_size
+    )
+}
+
+/// A rank other than 0 of a data-parallel job: the same trainer, fed rank
+/// 0's rollouts, writing nothing into the run folder (its own logs go to a
+/// temporary folder, removed at the end); rank 0 reports, evaluates,
+/// checkpoints and exports.
+fn follow(cfg: TrainConfig, dir: &Path, resume: bool, group: Box<dyn r2vpo_llm::dist::Group>) -> Result<()> {
+    let scratch = std::env::temp_dir().join(format!("r2vpo-rank{}-{}", group.rank(), std::process::id()));
+    let started = if resume { Trainer::resume_follower(cfg, dir, &scratch) } else { Trainer::new(cfg, &scratch) };
+    let rank = group.rank();
+    let outcome = started.and_then(|mut t| {
+        t.set_group(group)?;
+        let stop =
+            Stop::install().map_err(|e| r2vpo_llm::train::TrainError::Io { path: scratch.clone(), source: e })?;
+        t.run(stop.flag(), &mut |_| {}).map(|o| (o, stop))
+    });
+    let _ = std::fs::remove_dir_all(&scratch);
+    match outcome.with_context(|| format!("rank {rank}"))? {
+        (Outcome::Stopped, stop) => {
+            let signal = stop.requested().unwrap_or(StopSignal::Interrupt);
+            std::process::exit(i32::from(signal.exit_code()));
+        }
+        (Outcome::Finished, _) => Ok(()),
+    }
 }
 
 /// The progress line's summary of an iteration.

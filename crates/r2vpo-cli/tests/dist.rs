@@ -110,11 +110,11 @@ fn bad_variables_and_an_unreachable_store_are_named() {
     assert!(took >= Duration::from_secs(3), "{took:?}");
 }
 
-/// `llm train` started as one of several ranks refuses before writing
-/// anything: the learner is one process, and two ranks would each train
-/// the whole job into one folder.
+/// `llm train` on the candle backend, started as one of several ranks,
+/// refuses before joining or writing anything: data-parallel training runs
+/// on the torch backend (`tests/llm_dist.rs` trains on it).
 #[test]
-fn llm_train_under_a_launcher_refuses_instead_of_training_twice() {
+fn llm_train_under_a_launcher_needs_the_torch_backend() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("run");
     let o = r2vpo()
@@ -126,7 +126,8 @@ fn llm_train_under_a_launcher_refuses_instead_of_training_twice() {
         .env("MASTER_PORT", free_port().to_string())
         .output()
         .unwrap();
-    assert!(!o.status.success() && text(&o).contains("started as rank 1 of 2"), "{}", text(&o));
+    let log = text(&o);
+    assert!(!o.status.success() && log.contains("started as rank 1 of 2") && log.contains("torch backend"), "{log}");
     assert!(!out.exists());
 }
 

@@ -298,6 +298,25 @@ pub trait Backend: Policy {
     /// to the accumulated gradients.
     fn backward(&mut self, dlogp: &Tensor, dentropy: Option<&Tensor>) -> Result<()>;
 
+    /// Sums the accumulated gradients over the ranks of a data-parallel
+    /// job, so every rank steps with the whole batch's gradient (each rank
+    /// accumulated its share of the micro-batches, with the loss already
+    /// normalised by the whole batch's counts). A backend that cannot
+    /// refuses a group of more than one rank.
+    fn sync_grads(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
+        if group.world() > 1 {
+            return Err(ModelError::Spec {
+                field: "model.backend".into(),
+                message: format!(
+                    "{} does not train data-parallel; a job of {} ranks needs backend = \"torch\"",
+                    self.describe(),
+                    group.world()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// The L2 norm of the accumulated gradients, in f64 (`NaN`/`inf`
     /// propagate, so the caller can refuse the step).
     fn grad_norm(&self) -> Result<f64>;

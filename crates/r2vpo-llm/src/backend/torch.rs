@@ -61,6 +61,14 @@ use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
 
 unsafe extern "C" {
+    /// `src/dist/c10d.cpp`: sets a parameter's accumulated gradient.
+    fn r2vpo_c10d_set_grad(
+        param: *mut std::ffi::c_void,
+        grad: *mut std::ffi::c_void,
+        err: *mut std::ffi::c_char,
+        err_len: std::ffi::c_int,
+    ) -> std::ffi::c_int;
+
     /// `src/backend/fused_adamw.cpp`: `at::_fused_adamw_` over `n`
     /// parameters (tch handles); 0, or 1 with the message in `err`.
     fn r2vpo_fused_adamw(
@@ -900,6 +908,69 @@ impl Backend for TorchBackend {
                     let x0 = self.embed(&p, &pend.ids);
                     (x0 * &g).sum(Kind::Float).backward();
                 }
+            }
+            Ok(())
+        })
+    }
+
+    fn sync_grads(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
+        if group.world() == 1 {
+            return Ok(());
+        }
+        // Buckets of at most this many f32 values are summed at a time:
+        // one collective per bucket instead of one per tensor, without a
+        // second copy of every gradient at once.
+        const BUCKET: i64 = 32 << 20;
+        let mut st = self.lock();
+        let device = self.device;
+        let dist = |e: crate::dist::DistError| ModelError::Torch(format!("summing gradients over the ranks: {e}"));
+        tch::no_grad(|| -> Result<()> {
+            let trainable: Vec<usize> = (0..st.params.len()).filter(|&i| st.params[i].requires_grad()).collect();
+            // A rank that ran no backward this step holds no gradient: it
+            // adds zeros.
+            for &i in &trainable {
+                if !st.params[i].grad().defined() {
+                    let mut zeros = st.params[i].zeros_like();
+                    let mut err = [0 as std::ffi::c_char; 512];
+                    let p = st.params[i].as_mut_ptr().cast::<std::ffi::c_void>();
+                    // SAFETY: live tch handles for the call; the shim
+                    // catches every C++ exception.
+                    let rc = unsafe {
+                        r2vpo_c10d_set_grad(
+                            p,
+                            zeros.as_mut_ptr().cast(),
+                            err.as_mut_ptr(),
+                            err.len() as std::ffi::c_int,
+                        )
+                    };
+                    if rc != 0 {
+                        // SAFETY: the shim wrote a NUL-terminated message.
+                        let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) };
+                        return Err(ModelError::Torch(format!("zero gradient: {}", msg.to_string_lossy())));
+                    }
+                }
+            }
+            let mut start = 0;
+            while start < trainable.len() {
+                let mut end = start;
+                let mut n = 0i64;
+                while end < trainable.len() && (end == start || n + st.params[trainable[end]].numel() as i64 <= BUCKET)
+                {
+                    n += st.params[trainable[end]].numel() as i64;
+                    end += 1;
+                }
+                let grads: Vec<T> = trainable[start..end].iter().map(|&i| st.params[i].grad()).collect();
+                let flat: Vec<T> = grads.iter().map(|g| g.to_kind(Kind::Float).reshape([-1])).collect();
+                let mut bucket = T::cat(&flat, 0).to_device(device);
+                group.sum_tensor(&mut bucket).map_err(dist)?;
+                let mut off = 0;
+                for g in &grads {
+                    let k = g.numel() as i64;
+                    let mut g = g.shallow_clone();
+                    g.copy_(&bucket.narrow(0, off, k).view_as(&g));
+                    off += k;
+                }
+                start = end;
             }
             Ok(())
         })

@@ -161,3 +161,9 @@ extern "C" int r2vpo_c10d_collective(void *group, int op, at::Tensor *a, at::Ten
         work->wait(g->timeout);
     });
 }
+
+// Sets `param`'s accumulated gradient to `grad` (a rank that ran no
+// backward this step holds none, yet takes part in the gradient sum).
+extern "C" int r2vpo_c10d_set_grad(at::Tensor *param, at::Tensor *grad, char *err, int err_len) {
+    return guarded(err, err_len, [&] { param->mutable_grad() = *grad; });
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tch::Tensor;
 
-use super::{Launch, Rendezvous};
+use super::{Group, Launch, Rendezvous};
 
 unsafe extern "C" {
     fn r2vpo_c10d_store(
@@ -64,18 +64,7 @@ unsafe extern "C" {
     ) -> c_int;
 }
 
-/// A failed rendezvous or collective: what was attempted, and libtorch's
-/// message.
-#[derive(Debug, Clone)]
-pub struct DistError(pub String);
-
-impl std::fmt::Display for DistError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for DistError {}
+pub use super::DistError;
 
 /// `Result` of this module.
 pub type Result<T> = std::result::Result<T, DistError>;
@@ -440,5 +429,58 @@ impl ProcessGroup {
             out.push(Timing { name, bytes, seconds, bus_bytes_per_s: factor * bytes as f64 / seconds });
         }
         Ok(out)
+    }
+}
+
+impl Group for ProcessGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn sum_f64(&mut self, values: &mut [f64]) -> Result<()> {
+        let mut t = Tensor::from_slice(values);
+        self.all_reduce_sum(&mut t)?;
+        let summed = Vec::<f64>::try_from(&t).map_err(|e| DistError(e.to_string()))?;
+        values.copy_from_slice(&summed);
+        Ok(())
+    }
+
+    fn all_gather_bytes(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let mut len = Tensor::from_slice(&[mine.len() as i64]);
+        let mut lens = Tensor::zeros([self.world as i64], (tch::Kind::Int64, tch::Device::Cpu));
+        self.all_gather(&mut lens, &mut len)?;
+        let lens = Vec::<i64>::try_from(&lens).map_err(|e| DistError(e.to_string()))?;
+        // Every rank's bytes padded to the longest, gathered in one call.
+        let max = lens.iter().copied().max().unwrap_or(0).max(1) as usize;
+        let mut padded = mine.to_vec();
+        padded.resize(max, 0);
+        let mut input = Tensor::from_slice(&padded);
+        let mut all = Tensor::zeros([(max * self.world) as i64], (tch::Kind::Uint8, tch::Device::Cpu));
+        self.all_gather(&mut all, &mut input)?;
+        let all = Vec::<u8>::try_from(&all).map_err(|e| DistError(e.to_string()))?;
+        Ok(lens.iter().enumerate().map(|(r, &n)| all[r * max..r * max + n as usize].to_vec()).collect())
+    }
+
+    fn broadcast_bytes(&mut self, root: usize, bytes: Vec<u8>) -> Result<Vec<u8>> {
+        let mut len = Tensor::from_slice(&[bytes.len() as i64]);
+        self.broadcast(&mut len, root)?;
+        let n = len.int64_value(&[0]) as usize;
+        let mut buf = if self.rank == root {
+            Tensor::from_slice(&bytes)
+        } else {
+            Tensor::zeros([n as i64], (tch::Kind::Uint8, tch::Device::Cpu))
+        };
+        if n > 0 {
+            self.broadcast(&mut buf, root)?;
+        }
+        Vec::<u8>::try_from(&buf).map_err(|e| DistError(e.to_string()))
+    }
+
+    fn sum_tensor(&mut self, t: &mut Tensor) -> Result<()> {
+        self.all_reduce_sum(t)
     }
 }

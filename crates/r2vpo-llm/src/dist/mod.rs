@@ -14,6 +14,47 @@ pub mod c10d;
 use std::collections::HashMap;
 use std::fmt;
 
+/// A failed rendezvous or collective: what was attempted, and the engine's
+/// message.
+#[derive(Debug, Clone)]
+pub struct DistError(pub String);
+
+impl fmt::Display for DistError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DistError {}
+
+/// The ranks of a data-parallel job as the trainer sees them: collectives
+/// on host values and byte strings, and (with the `torch` feature) on
+/// libtorch tensors for the backend's gradients. Every rank calls the same
+/// collectives in the same order; each returns once all ranks have, or
+/// fails after the group's timeout. The one implementation is
+/// [`c10d::ProcessGroup`].
+pub trait Group: Send {
+    /// This process's rank.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks.
+    fn world(&self) -> usize;
+
+    /// Sums `values` element-wise over the ranks, in place on every rank
+    /// (in f64).
+    fn sum_f64(&mut self, values: &mut [f64]) -> Result<(), DistError>;
+
+    /// Every rank's `mine`, in rank order, on every rank.
+    fn all_gather_bytes(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, DistError>;
+
+    /// `root`'s `bytes` on every rank (the others' are ignored).
+    fn broadcast_bytes(&mut self, root: usize, bytes: Vec<u8>) -> Result<Vec<u8>, DistError>;
+
+    /// Sums `t` over the ranks, in place on every rank.
+    #[cfg(feature = "torch")]
+    fn sum_tensor(&mut self, t: &mut tch::Tensor) -> Result<(), DistError>;
+}
+
 /// A launch variable that is missing, unparsable or inconsistent, named.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchError(pub String);

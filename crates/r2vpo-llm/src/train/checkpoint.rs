@@ -144,6 +144,24 @@ impl Trainer {
 
     /// [`Trainer::resume`] with a custom reward function.
     pub fn resume_with_reward(cfg: TrainConfig, run_dir: &Path, reward_fn: Box<dyn RewardFn>) -> TrainResult<Self> {
+        Self::resume_from(cfg, run_dir, run_dir, reward_fn)
+    }
+
+    /// A rank other than 0 of a data-parallel job resuming the run in
+    /// `run_dir`: it reads the run's latest checkpoint, as rank 0 does, and
+    /// writes its own logs into `logs_dir`, leaving the run folder to rank 0.
+    pub fn resume_follower(cfg: TrainConfig, run_dir: &Path, logs_dir: &Path) -> TrainResult<Self> {
+        std::fs::create_dir_all(logs_dir).map_err(io(logs_dir))?;
+        let reward = Box::new(VerifierReward(cfg.verify.clone()));
+        Self::resume_from(cfg, run_dir, logs_dir, reward)
+    }
+
+    fn resume_from(
+        cfg: TrainConfig,
+        run_dir: &Path,
+        logs_dir: &Path,
+        reward_fn: Box<dyn RewardFn>,
+    ) -> TrainResult<Self> {
         cfg.validate()?;
         let dir = latest(run_dir)?.ok_or_else(|| {
             ckpt_err(
@@ -171,7 +189,7 @@ impl Trainer {
             // What a killed run wrote after its checkpoint goes; so does a
             // torn line (a crash or power loss mid-write), which would make
             // the log unreadable once the resumed run appends to it.
-            let path = run_dir.join(file);
+            let path = logs_dir.join(file);
             let kept = r2vpo_report::jsonl::keep_complete_lines(&path, *lines)?;
             if let Some(torn) = kept.torn {
                 eprintln!(
@@ -185,12 +203,12 @@ impl Trainer {
             *lines = kept.lines;
         }
         // Events are not counted by the checkpoint; a torn last one goes.
-        r2vpo_report::jsonl::retain_records(&run_dir.join("events.jsonl"), |_| true)?;
+        r2vpo_report::jsonl::retain_records(&logs_dir.join("events.jsonl"), |_| true)?;
         // TensorBoard steps are iterations (evaluations at the iteration they
         // follow): keep up to the checkpoint's, so the replayed iterations
         // are not drawn twice.
-        r2vpo_report::truncate_events_after(run_dir, iteration as i64)?;
-        let mut t = Self::build(cfg, run_dir, reward_fn, progress)?;
+        r2vpo_report::truncate_events_after(logs_dir, iteration as i64)?;
+        let mut t = Self::build(cfg, logs_dir, reward_fn, progress)?;
         // Read one tensor at a time into the learner: a whole f32 copy of
         // the model never sits in host memory beside it.
         let adapter = dir.join("adapter");

@@ -97,6 +97,12 @@ pub enum TrainError {
     /// The experience queue refused a call, or an actor thread failed.
     #[error("asynchronous training: {0}")]
     Queue(String),
+    /// A collective of a data-parallel job failed (a rank died or hung).
+    #[error("data-parallel job: {0}")]
+    Dist(#[from] crate::dist::DistError),
+    /// Data-parallel state that could not be exchanged.
+    #[error("data-parallel job: {0}")]
+    Exchange(String),
     /// Held-out evaluation failure.
     #[error(transparent)]
     Eval(#[from] crate::eval::EvalError),
@@ -322,6 +328,9 @@ pub struct Trainer {
     hists: JsonlWriter,
     events: JsonlWriter,
     tb: Option<TensorBoardWriter>,
+    /// The ranks of a data-parallel job ([`Trainer::set_group`]); `None`
+    /// trains alone.
+    group: Option<Box<dyn crate::dist::Group>>,
 }
 
 impl Trainer {
@@ -406,7 +415,43 @@ impl Trainer {
             replay,
             progress,
             run_dir: run_dir.to_path_buf(),
+            group: None,
         })
+    }
+
+    /// Makes this trainer one rank of a data-parallel job (docs/distributed.md).
+    /// Rank 0 samples each iteration's rollouts and sends them to every
+    /// rank; every rank then runs the same update plan (shuffles, replay
+    /// draws) on the same batch, the forward and backward of its share of
+    /// each step's micro-batches, and steps with the gradients summed over
+    /// the ranks. The loss is normalised by the whole step's counts
+    /// (`GlobalBatch` over every micro-batch) and the ratio statistics that
+    /// move λ are gathered from every rank in micro-batch order, so λ is the
+    /// same on every rank and a step equals the one-process step on the
+    /// same batch up to the order of floating-point sums. Only rank 0
+    /// evaluates and writes checkpoints; the others' run folder receives
+    /// only their own logs. Every rank must start from the same weights
+    /// (the same model files, or the same checkpoint).
+    pub fn set_group(&mut self, group: Box<dyn crate::dist::Group>) -> TrainResult<()> {
+        if group.world() > 1 && self.cfg.actors.asynchronous {
+            return Err(TrainError::Config {
+                field: "actors.async".into(),
+                message: "the asynchronous learner does not train data-parallel yet; run it in one process".into(),
+            });
+        }
+        self.group = Some(group);
+        Ok(())
+    }
+
+    /// Whether this process writes the run's checkpoints and evaluations:
+    /// rank 0 of a data-parallel job, or a trainer alone.
+    pub fn is_writer(&self) -> bool {
+        self.group.as_ref().is_none_or(|g| g.rank() == 0)
+    }
+
+    /// The ranks of this job other than a lone trainer's.
+    fn dp(&mut self) -> Option<&mut Box<dyn crate::dist::Group>> {
+        self.group.as_mut().filter(|g| g.world() > 1)
     }
 
     /// The resolved config.
@@ -478,7 +523,9 @@ impl Trainer {
     /// checkpointing every `checkpoint_every` iterations and at the end.
     pub fn run(&mut self, stop: &AtomicBool, on_event: &mut dyn FnMut(Event)) -> TrainResult<Outcome> {
         if self.cfg.eval_at_start && !self.progress.evaluated_start {
-            self.evaluate(on_event)?;
+            if self.is_writer() {
+                self.evaluate(on_event)?;
+            }
             self.progress.evaluated_start = true;
         }
         while self.progress.iteration < self.cfg.iterations {
@@ -486,7 +533,9 @@ impl Trainer {
                 Ok(m) => m,
                 Err(TrainError::Rollout(e)) => {
                     // No server left: keep what was learned, so `--resume`
-                    // continues once a server is back.
+                    // continues once a server is back. (Only rank 0 of a
+                    // data-parallel job samples; the others then fail at
+                    // their next collective.)
                     self.actor.log_rollout_faults(self.progress.iteration as u64);
                     self.write_actor_events()?;
                     let p = self.save_checkpoint()?;
@@ -513,15 +562,23 @@ impl Trainer {
         on_event(Event::Iteration(m));
         let it = self.progress.iteration;
         let last = it == self.cfg.iterations;
-        if self.cfg.eval_every > 0 && it.is_multiple_of(self.cfg.eval_every) && !last {
+        let writer = self.is_writer();
+        if self.cfg.eval_every > 0 && it.is_multiple_of(self.cfg.eval_every) && !last && writer {
             self.evaluate(on_event)?;
         }
-        if last && self.cfg.eval_at_end {
+        if last && self.cfg.eval_at_end && writer {
             self.evaluate(on_event)?;
         }
         let due = self.cfg.checkpoint_every > 0 && it.is_multiple_of(self.cfg.checkpoint_every);
-        let stopping = stop.load(Ordering::SeqCst);
-        if due || last || stopping {
+        let mut stopping = stop.load(Ordering::SeqCst);
+        if let Some(g) = self.dp() {
+            // A signal reaches the ranks at different moments: they stop
+            // together, after the same iteration, if any rank was asked to.
+            let mut asked = [f64::from(u8::from(stopping))];
+            g.sum_f64(&mut asked)?;
+            stopping = asked[0] > 0.0;
+        }
+        if (due || last || stopping) && writer {
             let p = self.save_checkpoint()?;
             on_event(Event::Checkpoint(&p));
         }
@@ -556,9 +613,22 @@ impl Trainer {
         let iter = self.progress.iteration;
         let t_start = Instant::now();
         on_event(Event::Phase { iter, name: "rollout" });
+        if self.dp().is_some_and(|g| g.rank() != 0) {
+            // Rank 0 samples; the batch arrives from it.
+            let g = self.dp().expect("a data-parallel job");
+            let bytes = g.broadcast_bytes(0, Vec::new())?;
+            let (entries, rollout_s): (Vec<GroupEntry>, f64) =
+                bincode::deserialize(&bytes).map_err(|e| TrainError::Exchange(format!("rank 0's rollouts: {e}")))?;
+            return self.learn(&entries, rollout_s, t_start, None, on_event);
+        }
         let produced = self.actor.produce(self.backend.as_ref(), iter as u64, &mut self.progress.data, iter as u64);
         self.write_actor_events()?;
         let produced = produced?;
+        if let Some(g) = self.dp() {
+            let bytes = bincode::serialize(&(&produced.entries, produced.rollout_s))
+                .map_err(|e| TrainError::Exchange(format!("encoding the rollouts: {e}")))?;
+            g.broadcast_bytes(0, bytes)?;
+        }
         self.learn(&produced.entries, produced.rollout_s, t_start, None, on_event)
     }
 
@@ -782,7 +852,15 @@ impl Trainer {
         let mut ref_kl = 0.0f64;
         let mut tokens = 0usize;
         let entropy_coef = self.cfg.entropy_coef;
-        for (part, t) in parts.iter().zip(&packed) {
+        // In a data-parallel job each rank takes every world-th micro-batch
+        // (the normaliser `global` above covers them all); what the step
+        // reports and what moves λ is gathered below.
+        let (rank, world) = self.dp().map_or((0, 1), |g| (g.rank(), g.world()));
+        let mut shares: Vec<Share> = Vec::new();
+        for (k, (part, t)) in parts.iter().zip(&packed).enumerate() {
+            if k % world != rank {
+                continue;
+            }
             // Forward on the backend, then the loss on the log-probs as
             // leaves: the objective, the KL to the reference and the
             // entropy bonus when on.
@@ -815,16 +893,42 @@ impl Trainer {
             )?;
             ref_kl += kl;
             loss_total += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let mut rows = Vec::new();
             if hist.enabled() {
                 let ratio = (&fwd.logp - &t.old_logp)?.exp()?;
                 let r: Vec<Vec<f32>> = ratio.to_vec2()?;
                 let mk: Vec<Vec<f32>> = t.mask.to_vec2()?;
                 for ((row, mrow), (_, age)) in r.iter().zip(&mk).zip(part.iter()) {
-                    hist.add(*age, row.iter().zip(mrow).filter(|(_, &mm)| mm > 0.0).map(|(&x, _)| f64::from(x)));
+                    rows.push((
+                        *age,
+                        row.iter().zip(mrow).filter(|(_, &mm)| mm > 0.0).map(|(&x, _)| f64::from(x)).collect(),
+                    ));
                 }
             }
             tokens += t.mask.sum_all()?.to_scalar::<f32>()? as usize;
-            stats.push(out_stats);
+            shares.push(Share { part: k, stats: out_stats, rows });
+        }
+        if let Some(g) = self.group.as_mut().filter(|g| g.world() > 1) {
+            self.backend.sync_grads(g.as_mut())?;
+            let mut sums = [loss_total, ref_kl, tokens as f64];
+            g.sum_f64(&mut sums)?;
+            (loss_total, ref_kl, tokens) = (sums[0], sums[1], sums[2] as usize);
+            let mine = bincode::serialize(&shares)
+                .map_err(|e| TrainError::Exchange(format!("encoding the step's statistics: {e}")))?;
+            shares = Vec::new();
+            for (r, bytes) in g.all_gather_bytes(&mine)?.iter().enumerate() {
+                let theirs: Vec<Share> = bincode::deserialize(bytes)
+                    .map_err(|e| TrainError::Exchange(format!("rank {r}'s step statistics: {e}")))?;
+                shares.extend(theirs);
+            }
+            shares.sort_by_key(|s| s.part);
+        }
+        // In micro-batch order, as one process sees them.
+        for s in shares {
+            for (age, row) in s.rows {
+                hist.add(age, row.into_iter());
+            }
+            stats.push(s.stats);
         }
         let norm = self.backend.grad_norm()?;
         if !loss_total.is_finite() || !norm.is_finite() {
@@ -930,6 +1034,17 @@ impl From<PromptError> for TrainError {
 }
 
 /// Fisher–Yates shuffle of the whole slice.
+/// One micro-batch's part of a step, as a data-parallel rank sends it to
+/// the others: its ratio statistics and (when histograms are on) each
+/// row's age and unmasked ratios.
+#[derive(Serialize, Deserialize)]
+struct Share {
+    /// The micro-batch's index in the step.
+    part: usize,
+    stats: RatioStats,
+    rows: Vec<(u64, Vec<f64>)>,
+}
+
 fn shuffle<T>(v: &mut [T], rng: &mut ChaCha8Rng) {
     for i in 0..v.len() {
         let j = rng.random_range(i..v.len());

@@ -1,0 +1,198 @@
+//! Data-parallel `llm train` (torch backend on libtorch's CPU kernels, real
+//! ranks over Gloo on loopback) against the one-process run on the same
+//! global batch: per-iteration metrics (loss, gradient norm, E[(ρ−1)²], λ,
+//! ratio statistics) and the weights after the last step agree within a
+//! stated tolerance, for each loss aggregation mode, for R²VPO-OFF with
+//! replay, and across a resume on another number of ranks.
+//!
+//! Tolerance: a rank sums its share of the micro-batches' gradients and
+//! the ranks' sums are added, where one process adds them one after the
+//! other; the two differ by the rounding of f32 sums (≈ 1e-7 relative).
+//! AdamW divides each gradient element by its running RMS, so on elements
+//! whose gradient is near zero that rounding can flip an update's sign: a
+//! weight may then differ by up to about 2·lr per step, 8e-5 over the four
+//! steps at lr 1e-5 here (measured: at most 3e-6), and the figures of later
+//! steps by a few 1e-5 relative (measured: at most 2.5e-5, on λ). The test
+//! allows 1e-5 on weights and 1e-4 relative on figures; an error in the
+//! reduction (a rank's share of the gradient left out, a rank-local
+//! instead of the global normaliser, λ moved by one rank's statistics)
+//! changes the gradient norm or λ by percents.
+#![cfg(feature = "torch")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn sets(extra: &[&str]) -> Vec<String> {
+    let gguf = root().join(".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let mut s: Vec<String> = vec![
+        format!("model.tokenizer={}", gguf.display()),
+        "model.backend=torch".into(),
+        "model.device=cpu".into(),
+        "model.compute_dtype=f32".into(),
+        "model.random.shape=configs/shapes/qwen3-tiny.json".into(),
+        "iterations=2".into(),
+        "prompts_per_iter=4".into(),
+        "rollout_batch=16".into(),
+        // Two optimizer steps per iteration (ρ ≠ 1 on the second), each
+        // of four micro-batches: ranks hold 2/2 or 2/1/1 of them.
+        "minibatch_size=16".into(),
+        "micro_batch_size=4".into(),
+        "sampling.max_new_tokens=8".into(),
+        "checkpoint_every=1".into(),
+        "histogram_every=1".into(),
+        "eval_at_end=false".into(),
+        "optim.lr=1e-5".into(),
+        // λ moves every step (a tiny δ, a large η), so a λ that one rank moved
+        // alone would show.
+        "dual.mode=adaptive".into(),
+        "dual.eta=1000".into(),
+        "dual.delta=1e-9".into(),
+    ];
+    s.extend(extra.iter().map(|x| x.to_string()));
+    s
+}
+
+/// Runs `llm train` into `out`, alone (`ranks` 1) or under `r2vpo launch`.
+fn train(out: &Path, ranks: usize, extra: &[&str], resume: bool) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
+    cmd.current_dir(root()).args(["--threads", "1"]);
+    if ranks > 1 {
+        cmd.args(["launch", "--nproc-per-node", &ranks.to_string(), "--master-port", "0", "--"]);
+    }
+    cmd.args(["llm", "train", "--quiet", "--no-export"]);
+    if resume {
+        cmd.args(["--resume", out.to_str().unwrap()]);
+    } else {
+        cmd.args(["--config", "configs/llm/gpu-smoke.toml", "--out", out.to_str().unwrap()]);
+    }
+    for s in sets(extra) {
+        cmd.args(["--set", &s]);
+    }
+    let o = cmd.output().unwrap();
+    assert!(
+        o.status.success(),
+        "{ranks} rank(s) {extra:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+const FIGURES: [&str; 7] = ["loss", "grad_norm", "sq_dev", "lambda", "ratio_mean", "ratio_max", "reward_mean"];
+
+fn metrics(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn weights(run: &Path) -> Vec<f32> {
+    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+    let file = run.join("checkpoints").join(latest.trim()).join("model.safetensors");
+    let t = candle_core::safetensors::load(&file, &candle_core::Device::Cpu).unwrap();
+    let mut names: Vec<&String> = t.keys().collect();
+    names.sort();
+    names.iter().flat_map(|n| t[*n].flatten_all().unwrap().to_vec1::<f32>().unwrap()).collect()
+}
+
+fn assert_same(one: &Path, many: &Path, what: &str) {
+    let (a, b) = (metrics(one), metrics(many));
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (x, y) in a.iter().zip(&b) {
+        for k in FIGURES {
+            let (p, q) = (x[k].as_f64().unwrap(), y[k].as_f64().unwrap());
+            assert!((p - q).abs() <= 1e-4 * p.abs().max(q.abs()).max(1e-3), "{what}: {k} {p} vs {q}\n{x}\n{y}");
+        }
+        assert!(x["lambda"].as_f64().unwrap() > 0.0, "{what}: λ never moved: {x}");
+    }
+    let hist = |r: &Path| std::fs::read_to_string(r.join("ratio_hist.jsonl")).unwrap().lines().count();
+    assert_eq!(hist(one), hist(many), "{what}: histogram lines");
+    let (w1, w2) = (weights(one), weights(many));
+    assert_eq!(w1.len(), w2.len());
+    let worst = w1.iter().zip(&w2).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+    assert!(worst < 1e-5, "{what}: weights differ by {worst}");
+}
+
+/// Two and three ranks give the one-process run, in every aggregation
+/// mode; rank 0 alone writes the run folder.
+#[test]
+fn ranks_train_what_one_process_trains_in_every_aggregation_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (agg, ranks) in
+        [("token-mean", 3), ("seq-mean-token-mean", 2), ("seq-mean-token-sum", 2), ("seq-mean-token-sum-norm", 2)]
+    {
+        let set = format!("objective.aggregation={agg}");
+        let one = tmp.path().join(format!("{agg}-1"));
+        let many = tmp.path().join(format!("{agg}-{ranks}"));
+        train(&one, 1, &[&set], false);
+        train(&many, ranks, &[&set], false);
+        assert_same(&one, &many, &format!("{agg}, {ranks} ranks"));
+    }
+}
+
+/// R²VPO-OFF's replay draws are the same on every rank, so its steps are
+/// the one-process steps too; and a run of 2 ranks resumes on 3.
+#[test]
+fn replay_and_a_resume_on_another_number_of_ranks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let off = ["mode=off", "replay.capacity_iters=2", "replay.utd=1.5", "replay.minibatch_size=16"];
+    let one = tmp.path().join("off-1");
+    let many = tmp.path().join("off-2");
+    train(&one, 1, &off, false);
+    train(&many, 2, &off, false);
+    assert_same(&one, &many, "R²VPO-OFF, 2 ranks");
+
+    let whole = tmp.path().join("whole");
+    train(&whole, 1, &["iterations=3"], false);
+    let split = tmp.path().join("split");
+    train(&split, 2, &["iterations=2"], false);
+    train(&split, 3, &["iterations=3"], true);
+    assert_same(&whole, &split, "2 ranks, then resumed on 3");
+}
+
+/// A rank killed in the middle of a run ends the job with an error naming
+/// it; the newest checkpoint is intact, and the run resumes from it (here
+/// in one process) to the end.
+#[test]
+fn a_killed_rank_ends_the_job_and_the_run_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
+    cmd.current_dir(root()).args(["--threads", "1", "launch", "--nproc-per-node", "2", "--master-port", "0"]);
+    cmd.args(["--grace-secs", "10", "--", "llm", "train", "--quiet", "--no-export", "--config"]);
+    cmd.args(["configs/llm/gpu-smoke.toml", "--out", run.to_str().unwrap()]);
+    for s in sets(&["iterations=40"]) {
+        cmd.args(["--set", &s]);
+    }
+    let mut launch = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let t0 = std::time::Instant::now();
+    while !run.join("checkpoints/latest").exists() {
+        assert!(t0.elapsed().as_secs() < 120, "no checkpoint after 120 s");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let children = std::fs::read_to_string(format!("/proc/{}/task/{}/children", launch.id(), launch.id())).unwrap();
+    let follower: i32 = children.split_whitespace().nth(1).expect("two ranks").parse().unwrap();
+    // SAFETY: kill(2) on rank 1, which `launch` started.
+    unsafe { libc::kill(follower, libc::SIGKILL) };
+    let t_kill = std::time::Instant::now();
+    let status = launch.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(launch.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    // Rank 1's death, or rank 0's error at its next collective (whichever
+    // `launch` sees first) names the failure.
+    assert!(err.contains("rank 1 exited with signal: 9") || err.contains("rank 0 exited with exit status"), "{err}");
+    assert!(t_kill.elapsed().as_secs() < 60, "{:?}", t_kill.elapsed());
+    // Resumed alone, with fewer iterations to go.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
+    cmd.current_dir(root()).args(["--threads", "1", "llm", "train", "--quiet", "--no-export", "--resume"]);
+    cmd.args([run.to_str().unwrap(), "--set", "iterations=8"]);
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(metrics(&run).len(), 8);
+}
