@@ -302,22 +302,6 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     Ok(())
 }
 
-/// Seconds any collective of a data-parallel job may wait (for a rank that
-/// evaluates, checkpoints or samples meanwhile, or one that hangs) before
-/// every rank stops with an error: `R2VPO_DIST_TIMEOUT`, else 30 minutes.
-fn dist_timeout() -> Result<Duration> {
-    match std::env::var("R2VPO_DIST_TIMEOUT") {
-        Ok(v) => v
-            .trim()
-            .parse::<u64>()
-            .ok()
-            .filter(|&s| s > 0)
-            .map(Duration::from_secs)
-            .ok_or_else(|| anyhow::anyhow!("R2VPO_DIST_TIMEOUT={v:?} is not a number of seconds")),
-        Err(_) => Ok(Duration::from_secs(1800)),
-    }
-}
-
 /// Joins the data-parallel job `launch` describes, after checking that
 /// every rank runs the same binary and the same resolved config.
 #[cfg(feature = "torch")]
@@ -330,7 +314,7 @@ fn join_job(launch: &r2vpo_llm::dist::Launch, cfg: &TrainConfig) -> Result<Box<d
             launch.world_size
         );
     }
-    let pg = r2vpo_llm::dist::c10d::ProcessGroup::join(launch, dist_timeout()?)?;
+    let pg = r2vpo_llm::dist::c10d::ProcessGroup::join(launch, Duration::from_secs_f64(cfg.dist.timeout_s))?;
     pg.agree("binary", &crate::dist_cmd::binary_hash()?)?;
     let text = config::to_toml(cfg)?;
     use sha2::Digest;
@@ -340,7 +324,6 @@ fn join_job(launch: &r2vpo_llm::dist::Launch, cfg: &TrainConfig) -> Result<Box<d
 
 #[cfg(not(feature = "torch"))]
 fn join_job(launch: &r2vpo_llm::dist::Launch, _: &TrainConfig) -> Result<Box<dyn r2vpo_llm::dist::Group>> {
-    let _ = dist_timeout;
     bail!(
         "started as rank {} of {}, but this r2vpo was built without the torch backend, on which data-parallel \
          training runs: build it with `make build-torch` (or `make build-gpu`)",

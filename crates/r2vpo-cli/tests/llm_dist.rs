@@ -93,7 +93,9 @@ fn metrics(run: &Path) -> Vec<serde_json::Value> {
 
 fn weights(run: &Path) -> Vec<f32> {
     let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
-    let file = run.join("checkpoints").join(latest.trim()).join("model.safetensors");
+    let dir = run.join("checkpoints").join(latest.trim());
+    let adapter = dir.join("adapter/adapter_model.safetensors");
+    let file = if adapter.exists() { adapter } else { dir.join("model.safetensors") };
     let t = candle_core::safetensors::load(&file, &candle_core::Device::Cpu).unwrap();
     let mut names: Vec<&String> = t.keys().collect();
     names.sort();
@@ -119,7 +121,8 @@ fn assert_same(one: &Path, many: &Path, what: &str) {
 }
 
 /// Two and three ranks give the one-process run, in every aggregation
-/// mode; rank 0 alone writes the run folder.
+/// mode, with the optimizer state sharded (ZeRO-1, the default) or not,
+/// and with LoRA adapters.
 #[test]
 fn ranks_train_what_one_process_trains_in_every_aggregation_mode() {
     let tmp = tempfile::tempdir().unwrap();
@@ -132,7 +135,46 @@ fn ranks_train_what_one_process_trains_in_every_aggregation_mode() {
         train(&one, 1, &[&set], false);
         train(&many, ranks, &[&set], false);
         assert_same(&one, &many, &format!("{agg}, {ranks} ranks"));
+        if agg == "token-mean" {
+            // ZeRO-1 (the default): the ranks' moments add up to the
+            // model's; unsharded (every rank keeps every moment), the same run.
+            let shard = sharding(&many);
+            let per = per_rank(&shard);
+            assert_eq!((per.len(), per.iter().sum::<u64>()), (3, shard["moment_values_total"].as_u64().unwrap()));
+            let replicated = tmp.path().join("token-mean-3-zero0");
+            train(&replicated, 3, &[&set, "dist.zero_stage=0"], false);
+            assert_same(&one, &replicated, "token-mean, 3 ranks, ZeRO-0");
+            assert!(!std::fs::read_to_string(replicated.join("events.jsonl")).unwrap().contains("optimizer_sharded"));
+        }
     }
+    // With LoRA the trained tensors are many small adapters (the tiny
+    // model's embedding, at the tokenizer's 49,152 rows, would otherwise
+    // hold 95 % of the moments in one tensor): each of 3 ranks keeps a
+    // third of the moments, to within one adapter.
+    let lora = ["model.lora.rank=4", "model.lora.alpha=8"];
+    let one = tmp.path().join("lora-1");
+    let many = tmp.path().join("lora-3");
+    train(&one, 1, &lora, false);
+    train(&many, 3, &lora, false);
+    assert_same(&one, &many, "LoRA, 3 ranks");
+    let shard = sharding(&many);
+    let (per, total) = (per_rank(&shard), shard["moment_values_total"].as_u64().unwrap());
+    let adapter = 2 * 4 * (256 + 128); // the largest adapter's A and B (down_proj), m and v
+    assert!(per.iter().all(|&p| p.abs_diff(total / 3) <= adapter as u64), "{shard}");
+}
+
+fn per_rank(shard: &serde_json::Value) -> Vec<u64> {
+    shard["moment_values_per_rank"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect()
+}
+
+/// The `optimizer_sharded` event rank 0 wrote.
+fn sharding(run: &Path) -> serde_json::Value {
+    std::fs::read_to_string(run.join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["event"] == "optimizer_sharded")
+        .expect("an optimizer_sharded event")
 }
 
 /// R²VPO-OFF's replay draws are the same on every rank, so its steps are

@@ -317,6 +317,35 @@ pub trait Backend: Policy {
         Ok(())
     }
 
+    /// Keeps AdamW's moments only for this rank's share of the parameters
+    /// (ZeRO stage 1 over `world` ranks): [`Backend::step`] then steps
+    /// only those, and [`Backend::sync_params`] sends them to the others.
+    /// Moments already held for other ranks' parameters are dropped.
+    /// Returns how many moment values this rank keeps, and how many all
+    /// ranks keep together.
+    fn shard_optimizer(&mut self, rank: usize, world: usize) -> Result<(usize, usize)> {
+        let _ = rank;
+        Err(ModelError::Spec {
+            field: "dist.zero_stage".into(),
+            message: format!("{} cannot shard its optimizer state over {world} ranks", self.describe()),
+        })
+    }
+
+    /// After a sharded step, every rank's parameters become their owners'
+    /// (a no-op unsharded).
+    fn sync_params(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
+        let _ = group;
+        Ok(())
+    }
+
+    /// Before rank 0 writes a checkpoint of a sharded optimizer: every rank
+    /// sends its moments, so rank 0's next [`Backend::save_optimizer`]
+    /// writes all of them (a no-op unsharded).
+    fn gather_optimizer(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
+        let _ = group;
+        Ok(())
+    }
+
     /// The L2 norm of the accumulated gradients, in f64 (`NaN`/`inf`
     /// propagate, so the caller can refuse the step).
     fn grad_norm(&self) -> Result<f64>;

@@ -247,6 +247,9 @@ struct Pending {
 
 /// Everything mutable, behind the backend's mutex.
 struct State {
+    /// Rank 0's copy of every rank's moments, from
+    /// [`Backend::gather_optimizer`] until the next checkpoint writes them.
+    gathered: Option<Vec<(T, T)>>,
     /// f32 master weights, requiring gradients, in [`expected_params`] order.
     params: Vec<T>,
     m: Vec<T>,
@@ -280,6 +283,15 @@ pub struct TorchBackend {
     /// cast once per change, not once per decode step).
     casts: Mutex<(u64, Vec<T>)>,
     cpu: candle_core::Device,
+    /// The optimizer state's split over data-parallel ranks (ZeRO-1), when
+    /// sharded.
+    shard: Option<Shard>,
+}
+
+/// Which rank keeps (and steps) each parameter's moments.
+struct Shard {
+    rank: usize,
+    owner: Vec<usize>,
 }
 
 /// Runs `f`, turning a libtorch exception (tch panics on the C++ error of
@@ -442,16 +454,22 @@ impl TorchBackend {
             kind,
             opts,
             optim,
-            state: Mutex::new(State { params, m: Vec::new(), v: Vec::new(), steps: 0, pending: None }),
+            state: Mutex::new(State { gathered: None, params, m: Vec::new(), v: Vec::new(), steps: 0, pending: None }),
             generation: AtomicU64::new(1),
             casts: Mutex::new((0, Vec::new())),
             cpu: candle_core::Device::Cpu,
+            shard: None,
         })
     }
 
     /// Whether parameter `i` learns.
     fn learns(&self, i: usize) -> bool {
         self.lora.is_none() || i >= self.n_base
+    }
+
+    /// Whether this rank keeps parameter `i`'s moments and steps it.
+    fn steps_here(&self, i: usize) -> bool {
+        self.learns(i) && self.shard.as_ref().is_none_or(|s| s.owner[i] == s.rank)
     }
 
     /// `x·Wᵀ (+ bias)` of projection `target` of layer `li`, plus its
@@ -693,7 +711,7 @@ impl TorchBackend {
     fn ensure_moments(&self, st: &mut State) -> Result<()> {
         if st.m.is_empty() {
             let zeros = |(i, p): (usize, &T)| {
-                if self.learns(i) { p.f_zeros_like() } else { T::f_zeros([0], (Kind::Float, self.device)) }
+                if self.steps_here(i) { p.f_zeros_like() } else { T::f_zeros([0], (Kind::Float, self.device)) }
                     .map_err(torch_err)
             };
             st.m = st.params.iter().enumerate().map(zeros).collect::<Result<Vec<_>>>()?;
@@ -913,6 +931,91 @@ impl Backend for TorchBackend {
         })
     }
 
+    fn shard_optimizer(&mut self, rank: usize, world: usize) -> Result<(usize, usize)> {
+        let st = self.lock();
+        // Each parameter to the rank holding the fewest values so far, in
+        // order: balanced to within one tensor, the same on every rank.
+        let mut load = vec![0usize; world.max(1)];
+        let mut owner = vec![0usize; st.params.len()];
+        for (i, p) in st.params.iter().enumerate() {
+            if self.learns(i) {
+                let r = (0..load.len()).min_by_key(|&r| (load[r], r)).unwrap_or(0);
+                owner[i] = r;
+                load[r] += 2 * p.numel();
+            }
+        }
+        let total = load.iter().sum();
+        let mine = load.get(rank).copied().unwrap_or(0);
+        drop(st);
+        self.shard = (world > 1).then_some(Shard { rank, owner });
+        // Moments loaded for every parameter (a resumed run) keep only
+        // this rank's.
+        let mut st = self.lock();
+        if !st.m.is_empty() {
+            for i in 0..st.params.len() {
+                if !self.steps_here(i) {
+                    st.m[i] = T::zeros([0], (Kind::Float, self.device));
+                    st.v[i] = T::zeros([0], (Kind::Float, self.device));
+                }
+            }
+        }
+        Ok((mine, total))
+    }
+
+    fn sync_params(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
+        let Some(shard) = &self.shard else { return Ok(()) };
+        let owner = shard.owner.clone();
+        let mut st = self.lock();
+        let learns: Vec<usize> = (0..st.params.len()).filter(|&i| self.learns(i)).collect();
+        tch::no_grad(|| -> Result<()> {
+            for i in learns {
+                let mut p = st.params[i].detach();
+                group
+                    .broadcast_tensor(&mut p, owner[i])
+                    .map_err(|e| ModelError::Torch(format!("sending {} from its rank: {e}", self.names[i])))?;
+            }
+            Ok(())
+        })?;
+        st.pending = None;
+        drop(st);
+        self.changed();
+        Ok(())
+    }
+
+    fn gather_optimizer(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
+        let Some(shard) = &self.shard else { return Ok(()) };
+        let (owner, rank) = (shard.owner.clone(), shard.rank);
+        let mut st = self.lock();
+        self.ensure_moments(&mut st)?;
+        let mut gathered: Vec<(T, T)> = Vec::with_capacity(st.params.len());
+        tch::no_grad(|| -> Result<()> {
+            for (i, &from) in owner.iter().enumerate() {
+                if !self.learns(i) {
+                    gathered
+                        .push((T::zeros([0], (Kind::Float, self.device)), T::zeros([0], (Kind::Float, self.device))));
+                    continue;
+                }
+                let mut pair = Vec::with_capacity(2);
+                for own in [&st.m[i], &st.v[i]] {
+                    // One tensor at a time: only rank 0 keeps what it receives.
+                    let mut t = if from == rank { own.shallow_clone() } else { st.params[i].zeros_like() };
+                    group
+                        .broadcast_tensor(&mut t, from)
+                        .map_err(|e| ModelError::Torch(format!("gathering {}'s moments: {e}", self.names[i])))?;
+                    pair.push(if rank == 0 { t } else { T::zeros([0], (Kind::Float, self.device)) });
+                }
+                let v = pair.pop().expect("two moments");
+                let m = pair.pop().expect("two moments");
+                gathered.push((m, v));
+            }
+            Ok(())
+        })?;
+        if rank == 0 {
+            st.gathered = Some(gathered);
+        }
+        Ok(())
+    }
+
     fn sync_grads(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
         if group.world() == 1 {
             return Ok(());
@@ -1012,7 +1115,7 @@ impl Backend for TorchBackend {
                     // Two parameter groups: matrices decay, vectors do not.
                     for decay in [true, false] {
                         let idx: Vec<usize> = (0..st.params.len())
-                            .filter(|&i| self.decay[i] == decay && st.params[i].grad().defined())
+                            .filter(|&i| self.decay[i] == decay && self.steps_here(i) && st.params[i].grad().defined())
                             .collect();
                         if idx.is_empty() {
                             continue;
@@ -1097,10 +1200,23 @@ impl Backend for TorchBackend {
         let mut st = self.lock();
         self.ensure_moments(&mut st)?;
         let mut map = HashMap::new();
+        let gathered = st.gathered.take();
+        if self.shard.is_some() && gathered.is_none() {
+            return Err(ModelError::Spec {
+                field: "dist.zero_stage".into(),
+                message: "the optimizer state is sharded over the ranks: a checkpoint needs every rank's moments \
+                          (Backend::gather_optimizer first)"
+                    .into(),
+            });
+        }
         guarded("torch optimizer state", || {
             for (i, n) in self.names.iter().enumerate().filter(|&(i, _)| self.learns(i)) {
-                map.insert(format!("m.{n}"), to_candle(&st.m[i])?);
-                map.insert(format!("v.{n}"), to_candle(&st.v[i])?);
+                let (m, v) = match &gathered {
+                    Some(g) => (&g[i].0, &g[i].1),
+                    None => (&st.m[i], &st.v[i]),
+                };
+                map.insert(format!("m.{n}"), to_candle(m)?);
+                map.insert(format!("v.{n}"), to_candle(v)?);
             }
             Ok(())
         })?;
@@ -1120,7 +1236,7 @@ impl Backend for TorchBackend {
         let map = candle_core::safetensors::load(path, &candle_core::Device::Cpu).map_err(|e| err(e.to_string()))?;
         let mut st = self.lock();
         self.ensure_moments(&mut st)?;
-        for (i, n) in self.names.iter().enumerate().filter(|&(i, _)| self.learns(i)) {
+        for (i, n) in self.names.iter().enumerate().filter(|&(i, _)| self.steps_here(i)) {
             for (pre, moments) in [("m", 0), ("v", 1)] {
                 let t = map.get(&format!("{pre}.{n}")).ok_or_else(|| err(format!("missing `{pre}.{n}`")))?;
                 let slot = if moments == 0 { &mut st.m[i] } else { &mut st.v[i] };

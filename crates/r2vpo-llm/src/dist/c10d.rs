@@ -483,4 +483,8 @@ impl Group for ProcessGroup {
     fn sum_tensor(&mut self, t: &mut Tensor) -> Result<()> {
         self.all_reduce_sum(t)
     }
+
+    fn broadcast_tensor(&mut self, t: &mut Tensor, root: usize) -> Result<()> {
+        self.broadcast(t, root)
+    }
 }

@@ -53,6 +53,10 @@ pub trait Group: Send {
     /// Sums `t` over the ranks, in place on every rank.
     #[cfg(feature = "torch")]
     fn sum_tensor(&mut self, t: &mut tch::Tensor) -> Result<(), DistError>;
+
+    /// Every rank's `t` becomes `root`'s, in place.
+    #[cfg(feature = "torch")]
+    fn broadcast_tensor(&mut self, t: &mut tch::Tensor, root: usize) -> Result<(), DistError>;
 }
 
 /// A launch variable that is missing, unparsable or inconsistent, named.

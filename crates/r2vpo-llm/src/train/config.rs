@@ -405,6 +405,27 @@ impl Default for RefKlConfig {
     }
 }
 
+/// `[dist]`: how a data-parallel job (docs/distributed.md) trains; read
+/// only when the run is launched as several ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DistConfig {
+    /// Seconds any collective may wait (for rank 0 evaluating,
+    /// checkpointing or sampling meanwhile, or for a rank that hangs)
+    /// before every rank stops with an error.
+    pub timeout_s: f64,
+    /// 0: every rank keeps all of AdamW's moments; 1: each rank keeps the
+    /// moments of its share of the parameters, steps them, and sends them
+    /// to the others (ZeRO stage 1; the arithmetic is the same).
+    pub zero_stage: u8,
+}
+
+impl Default for DistConfig {
+    fn default() -> Self {
+        DistConfig { timeout_s: 1800.0, zero_stage: 1 }
+    }
+}
+
 /// Everything one `r2vpo llm train` run needs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -498,6 +519,8 @@ pub struct TrainConfig {
     pub optim: OptimConfig,
     /// KL to the initial policy.
     pub ref_kl: RefKlConfig,
+    /// Data-parallel training, when launched as several ranks.
+    pub dist: DistConfig,
     /// Entropy bonus weight (loss −= coef · mean token entropy; 0 = off).
     pub entropy_coef: f64,
     /// Checkpoint every this many iterations (0 = only at the end / on
@@ -566,6 +589,7 @@ impl Default for TrainConfig {
             filter_zero_variance: false,
             optim: OptimConfig::default(),
             ref_kl: RefKlConfig::default(),
+            dist: DistConfig::default(),
             entropy_coef: 0.0,
             checkpoint_every: 5,
             keep_checkpoints: 1,
@@ -625,6 +649,15 @@ impl TrainConfig {
     /// compute backend it names).
     pub fn validate(&self) -> TrainResult<()> {
         self.validate_values()?;
+        if !(self.dist.timeout_s.is_finite() && self.dist.timeout_s > 0.0) {
+            return Err(bad("dist.timeout_s", format!("must be > 0 seconds, got {}", self.dist.timeout_s)));
+        }
+        if self.dist.zero_stage > 1 {
+            return Err(bad(
+                "dist.zero_stage",
+                format!("must be 0 or 1 (stage {} is not built)", self.dist.zero_stage),
+            ));
+        }
         self.model.backend.check_built().map_err(|e| crate::train::spec_error(e, "model."))
     }
 

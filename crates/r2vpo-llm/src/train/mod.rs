@@ -50,8 +50,8 @@ use r2vpo_verify::{verify, VerifyConfig};
 pub use crate::experience::Sample;
 pub use actor::{Actor, Produced};
 pub use config::{
-    ActorsConfig, BackendKind, BehaviourLogprobs, ComputeDtype, Mode, ModelSource, OptimConfig, QueueBackend,
-    QueueConfig, RandomModel, RefKlConfig, RolloutBackend, RolloutConfig, TrainConfig, WeightPush,
+    ActorsConfig, BackendKind, BehaviourLogprobs, ComputeDtype, DistConfig, Mode, ModelSource, OptimConfig,
+    QueueBackend, QueueConfig, RandomModel, RefKlConfig, RolloutBackend, RolloutConfig, TrainConfig, WeightPush,
 };
 pub use metrics::{IterMetrics, QueueMetrics, RatioHistogram, Timing};
 
@@ -439,6 +439,24 @@ impl Trainer {
                 message: "the asynchronous learner does not train data-parallel yet; run it in one process".into(),
             });
         }
+        let mut group = group;
+        if group.world() > 1 && self.cfg.dist.zero_stage == 1 {
+            let (mine, total) = self.backend.shard_optimizer(group.rank(), group.world())?;
+            // What each rank keeps, on the record (rank 0's events).
+            let held: Vec<u64> = group
+                .all_gather_bytes(&(mine as u64).to_le_bytes())?
+                .iter()
+                .map(|b| u64::from_le_bytes(b.as_slice().try_into().unwrap_or([0; 8])))
+                .collect();
+            if group.rank() == 0 {
+                self.events.write(&serde_json::json!({
+                    "event": "optimizer_sharded",
+                    "zero_stage": 1,
+                    "moment_values_per_rank": held,
+                    "moment_values_total": total,
+                }))?;
+            }
+        }
         self.group = Some(group);
         Ok(())
     }
@@ -577,6 +595,11 @@ impl Trainer {
             let mut asked = [f64::from(u8::from(stopping))];
             g.sum_f64(&mut asked)?;
             stopping = asked[0] > 0.0;
+        }
+        if due || last || stopping {
+            if let Some(g) = self.group.as_mut().filter(|g| g.world() > 1) {
+                self.backend.gather_optimizer(g.as_mut())?;
+            }
         }
         if (due || last || stopping) && writer {
             let p = self.save_checkpoint()?;
@@ -961,6 +984,9 @@ impl Trainer {
         }
         self.progress.bad_steps = 0;
         let lr = self.backend.step(self.cfg.optim.clip_scale(norm))?;
+        if let Some(g) = self.group.as_mut().filter(|g| g.world() > 1) {
+            self.backend.sync_params(g.as_mut())?;
+        }
         self.progress.steps += 1;
         let merged = self.learner.after_step(&stats)?;
         let mean_age = items.iter().map(|(_, a)| *a as f64).sum::<f64>() / items.len() as f64;
