@@ -211,6 +211,8 @@ pub fn check(a: &CheckArgs) -> Result<()> {
     pg.agree("binary", &binary_hash()?)?;
     let args: Vec<String> = std::env::args().skip(1).collect();
     pg.agree("argument list", &format!("{args:?}"))?;
+    pg.barrier()?;
+    eprintln!("rank {} of {}: joined; checking and timing the collectives", pg.rank(), pg.world());
     let timings = pg.self_check(a.numel, a.iters)?;
     pg.barrier()?;
     if pg.rank() == 0 {

@@ -141,8 +141,12 @@ fn a_dead_or_hung_rank_ends_every_rank() {
     for signal in [libc::SIGKILL, libc::SIGSTOP] {
         let port = free_port();
         let r0 = rank(0, 2, port, &args);
-        let r1 = rank(1, 2, port, &args);
-        std::thread::sleep(Duration::from_secs(3));
+        let mut r1 = rank(1, 2, port, &args);
+        // Once rank 1 is past the rendezvous (a loaded machine may take
+        // seconds to start it), it dies or hangs inside the collectives.
+        let stderr = r1.stderr.take().unwrap();
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+        assert!(lines.any(|l| l.is_ok_and(|l| l.contains("joined; checking and timing"))), "rank 1 never joined");
         // SAFETY: kill(2) on a child of this test.
         unsafe { libc::kill(r1.id() as i32, signal) };
         let (out, took) = finish(r0, Duration::from_secs(60));
