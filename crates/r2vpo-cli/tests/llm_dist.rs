@@ -112,6 +112,9 @@ fn assert_same(one: &Path, many: &Path, what: &str) {
         }
         assert!(x["lambda"].as_f64().unwrap() > 0.0, "{what}: λ never moved: {x}");
     }
+    // Each rank's peak memory, on rank 0's record.
+    let rss = b.last().unwrap()["rank_peak_rss_mib"].as_array().cloned().unwrap_or_default();
+    assert!(rss.len() > 1 && rss.iter().all(|v| v.as_f64().unwrap() > 10.0), "{what}: {rss:?}");
     let hist = |r: &Path| std::fs::read_to_string(r.join("ratio_hist.jsonl")).unwrap().lines().count();
     assert_eq!(hist(one), hist(many), "{what}: histogram lines");
     let (w1, w2) = (weights(one), weights(many));

@@ -226,6 +226,14 @@ impl Launch {
     }
 }
 
+/// This process's peak resident memory so far in MiB (Linux's `VmHWM`),
+/// `None` where /proc does not say.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.split_whitespace().next()?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -117,6 +117,10 @@ pub struct IterMetrics {
     /// Asynchronous runs only: the queue's side of the iteration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueMetrics>,
+    /// Data-parallel runs only: each rank's peak resident memory so far
+    /// (MiB, Linux's `VmHWM`), in rank order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_peak_rss_mib: Option<Vec<f64>>,
     /// Wall-clock measurements.
     pub timing: Timing,
 }

@@ -826,6 +826,12 @@ impl Trainer {
             train_tokens_per_s: acc.tokens as f64 / train_s.max(1e-9),
             iteration_s,
         };
+        if let Some(g) = self.dp() {
+            let mine = crate::dist::peak_rss_mib().unwrap_or(f64::NAN);
+            let all = g.all_gather_bytes(&mine.to_le_bytes())?;
+            m.rank_peak_rss_mib =
+                Some(all.iter().map(|b| f64::from_le_bytes(b.as_slice().try_into().unwrap_or([0; 8]))).collect());
+        }
         for h in hist.finish(iter) {
             self.hists.write(&h)?;
             self.progress.hist_lines += 1;
