@@ -74,6 +74,22 @@ fn launch_runs_three_ranks_that_check_their_collectives() {
     assert!(log.contains("dist check: 3 ranks (3 per node, Torchrun)") && log.contains("| reduce-scatter |"), "{log}");
 }
 
+/// Buffers longer than 2^24 elements (where f32 stops counting exactly)
+/// are checked element for element too: the check's own expected values
+/// once went wrong there.
+#[test]
+fn collectives_past_two_to_the_24_elements() {
+    let c = r2vpo()
+        .args(["launch", "--nproc-per-node", "2", "--master-port", "0", "--", "dist", "check"])
+        .args(["--numel", &((1usize << 24) + 2048).to_string(), "--iters", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (out, _) = finish(c, Duration::from_secs(180));
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 /// Ranks started by hand (rank 0 hosts the store) form a job too; ranks
 /// whose arguments differ are refused on every rank, naming the one that
 /// differs.

@@ -394,7 +394,11 @@ impl ProcessGroup {
         };
         // Values stay below 2^24, exact in f32: element i of rank r's
         // buffer is (i mod 1024) + r.
-        let base = || Tensor::arange(numel as i64, opts).remainder(1024.0);
+        // Counted in integers: f32 counts stop being exact past 2^24.
+        let pattern = |n: usize| {
+            Tensor::arange(n as i64, (tch::Kind::Int64, tch::Device::Cpu)).remainder(1024).to_kind(tch::Kind::Float)
+        };
+        let base = || pattern(numel);
         let mut t = base() + r;
         self.all_reduce_sum(&mut t)?;
         expect("all-reduce", &t, &|i| n * (i % 1024) as f64 + n * (n - 1.0) / 2.0)?;
@@ -402,7 +406,7 @@ impl ProcessGroup {
         let root = self.world - 1;
         self.broadcast(&mut t, root)?;
         expect("broadcast", &t, &|i| (i % 1024) as f64 + root as f64)?;
-        let mut mine = Tensor::arange(per as i64, opts).remainder(1024.0) + r;
+        let mut mine = pattern(per) + r;
         let mut all = Tensor::zeros([numel as i64], opts);
         self.all_gather(&mut all, &mut mine)?;
         expect("all-gather", &all, &|i| ((i % per) % 1024) as f64 + (i / per) as f64)?;
