@@ -107,11 +107,28 @@ pub fn launch(a: &LaunchArgs) -> Result<()> {
     let world = a.nnodes * a.nproc_per_node;
     let exe = std::env::current_exe().context("locating the running binary")?;
     let run_id = format!("r2vpo-{}-{port}", std::process::id());
+    // As torchrun does (it sets OMP_NUM_THREADS=1): N ranks that each
+    // take every core would fight over them. Unless a count was chosen,
+    // each rank gets its share of this machine's cores.
+    let threads = if *crate::THREADS_CHOSEN.get().unwrap_or(&false) {
+        std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| "1".into())
+    } else {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let share = (cores / a.nproc_per_node).max(1);
+        eprintln!(
+            "r2vpo launch: {share} thread(s) per rank ({cores} cores over {} ranks; --threads N before `launch` \
+             chooses)",
+            a.nproc_per_node
+        );
+        share.to_string()
+    };
     let mut children: Vec<(usize, Child)> = Vec::new();
     for local in 0..a.nproc_per_node {
         let rank = a.node_rank * a.nproc_per_node + local;
         let child = Command::new(&exe)
             .args(&a.command)
+            .env("RAYON_NUM_THREADS", &threads)
+            .env("OMP_NUM_THREADS", &threads)
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", world.to_string())
             .env("LOCAL_RANK", local.to_string())

@@ -256,15 +256,27 @@ struct ConfigShowArgs {
     cfg: args::ConfigArgs,
 }
 
+/// Whether the thread count was chosen (`--threads`, `RAYON_NUM_THREADS`)
+/// rather than defaulted to every core: `r2vpo launch` splits the cores
+/// over its ranks only when it was not.
+pub(crate) static THREADS_CHOSEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
 fn set_threads(threads: Option<usize>) {
     // candle's CPU backend re-reads /proc/cpuinfo on every matmul unless
     // RAYON_NUM_THREADS is set (shared/notes/candle-llm-training.md §6.3), so
     // always set it, before any thread pool starts.
-    let n = threads
-        .or_else(|| std::env::var("RAYON_NUM_THREADS").ok().and_then(|v| v.parse().ok()))
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let chosen = threads.or_else(|| std::env::var("RAYON_NUM_THREADS").ok().and_then(|v| v.parse().ok()));
+    let _ = THREADS_CHOSEN.set(chosen.is_some());
+    let n = chosen.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     // SAFETY: called first thing in `main`, before any other thread exists.
     unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
+    // libtorch's intra-op pool (the torch backend on the CPU) reads
+    // OMP_NUM_THREADS when it first starts: the same count, unless the
+    // variable was set for libtorch alone.
+    if threads.is_some() || std::env::var_os("OMP_NUM_THREADS").is_none() {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("OMP_NUM_THREADS", n.to_string()) };
+    }
     let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
 }
 

@@ -72,6 +72,9 @@ fn launch_runs_three_ranks_that_check_their_collectives() {
     let log = text(&out);
     assert!(out.status.success(), "{log}");
     assert!(log.contains("dist check: 3 ranks (3 per node, Torchrun)") && log.contains("| reduce-scatter |"), "{log}");
+    // Unless a count is chosen, the ranks split the cores (as torchrun's
+    // OMP_NUM_THREADS=1 keeps N ranks from fighting over them).
+    assert!(log.contains("thread(s) per rank"), "{log}");
 }
 
 /// Buffers longer than 2^24 elements (where f32 stops counting exactly)
