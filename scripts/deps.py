@@ -56,67 +56,63 @@ def expected_outputs(w: dict) -> bool:
     return True
 
 
-def download(w: dict) -> Path:
+def fetch_pinned(w: dict, what: str, where: str, fetch) -> Path:
+    """The archive `w` pins, from the cache in `.deps/wheels` when its
+    sha256 matches, else fetched by `fetch(tmpdir)` (a CompletedProcess)
+    from `where` and checked before it enters the cache."""
     WHEELS.mkdir(parents=True, exist_ok=True)
     target = WHEELS / w["file"]
     if target.exists() and sha256(target) == w["sha256"]:
         return target
+    print(f"deps: downloading {what} from {where} ...", flush=True)
+    with tempfile.TemporaryDirectory(dir=WHEELS) as tmp:
+        r = fetch(tmp)
+        if r.returncode != 0:
+            tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-6:])
+            die(f"could not download {what} (is the network to {where} up?):\n{tail}")
+        got = Path(tmp) / w["file"]
+        if not got.exists():
+            die(f"{where} gave {os.listdir(tmp)} for {what}, expected {w['file']}; the pin is out of date")
+        digest = sha256(got)
+        if digest != w["sha256"]:
+            die(f"checksum mismatch for {w['file']}: got {digest}, the manifest pins {w['sha256']}")
+        os.replace(got, target)
+    return target
+
+
+def download(w: dict) -> Path:
     if shutil.which(sys.executable) is None:
         die("python3 not found")
-    probe = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        die(f"pip is not available for {sys.executable} ({probe.stderr.strip()}); install it, e.g. `apt-get install python3-pip`")
-    spec = f"{w['name']}=={w['version']}"
-    print(f"deps: downloading {spec} from PyPI ...", flush=True)
-    with tempfile.TemporaryDirectory(dir=WHEELS) as tmp:
+
+    def fetch(tmp: str) -> subprocess.CompletedProcess:
+        probe = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            die(f"pip is not available for {sys.executable} ({probe.stderr.strip()}); install it, e.g. `apt-get install python3-pip`")
         cmd = [
             sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
             "--only-binary=:all:", "--python-version", "3.11",
             *[a for p in w.get("platforms", ["manylinux_2_28_x86_64"]) for a in ("--platform", p)],
-            "-d", tmp, spec,
+            "-d", tmp, f"{w['name']}=={w['version']}",
         ]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-6:])
-            die(f"could not download {spec} (is the network to PyPI up?):\n{tail}")
-        got = Path(tmp) / w["file"]
-        if not got.exists():
-            die(f"pip fetched {os.listdir(tmp)} for {spec}, expected {w['file']}; the pin in deps.toml is out of date")
-        digest = sha256(got)
-        if digest != w["sha256"]:
-            die(f"checksum mismatch for {w['file']}: got {digest}, deps.toml pins {w['sha256']}")
-        os.replace(got, target)
-    return target
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+    return fetch_pinned(w, f"{w['name']}=={w['version']}", "PyPI", fetch)
 
 
 def download_deb(d: dict) -> Path:
-    WHEELS.mkdir(parents=True, exist_ok=True)
-    target = WHEELS / d["file"]
-    if target.exists() and sha256(target) == d["sha256"]:
-        return target
-    if shutil.which("apt-get") is None:
-        die(f"{d['name']} comes from Debian's archive and apt-get is not available")
     spec = f"{d['name']}={d['version']}"
-    print(f"deps: downloading {spec} from the Debian archive ...", flush=True)
-    with tempfile.TemporaryDirectory(dir=WHEELS) as tmp:
-        def fetch() -> subprocess.CompletedProcess:
-            return subprocess.run(["apt-get", "download", spec], cwd=tmp, capture_output=True, text=True)
-        r = fetch()
+
+    def fetch(tmp: str) -> subprocess.CompletedProcess:
+        if shutil.which("apt-get") is None:
+            die(f"{d['name']} comes from Debian's archive and apt-get is not available")
+        r = subprocess.run(["apt-get", "download", spec], cwd=tmp, capture_output=True, text=True)
         if r.returncode != 0:
             # A fresh machine's package lists may be empty or stale.
             subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True)
-            r = fetch()
-        if r.returncode != 0:
-            tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-6:])
-            die(f"could not download {spec} (is the network to the Debian archive up?):\n{tail}")
-        got = Path(tmp) / d["file"]
-        if not got.exists():
-            die(f"apt fetched {os.listdir(tmp)} for {spec}, expected {d['file']}; the pin is out of date")
-        digest = sha256(got)
-        if digest != d["sha256"]:
-            die(f"checksum mismatch for {d['file']}: got {digest}, the manifest pins {d['sha256']}")
-        os.replace(got, target)
-    return target
+            r = subprocess.run(["apt-get", "download", spec], cwd=tmp, capture_output=True, text=True)
+        return r
+
+    return fetch_pinned(d, spec, "the Debian archive", fetch)
 
 
 def members_of(w: dict, archive: Path):
