@@ -64,6 +64,8 @@ fn launch_runs_three_ranks_that_check_their_collectives() {
     let c = r2vpo()
         .args(["launch", "--nproc-per-node", "3", "--master-port", "0", "--", "dist", "check", "--numel", "3000"])
         .args(["--iters", "2"])
+        // No thread count chosen (the Makefile exports one).
+        .env_remove("RAYON_NUM_THREADS")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
