@@ -468,8 +468,8 @@ impl Trainer {
     }
 
     /// The ranks of this job other than a lone trainer's.
-    fn dp(&mut self) -> Option<&mut Box<dyn crate::dist::Group>> {
-        self.group.as_mut().filter(|g| g.world() > 1)
+    fn dp(&mut self) -> Option<&mut dyn crate::dist::Group> {
+        data_parallel(&mut self.group)
     }
 
     /// The resolved config.
@@ -597,8 +597,8 @@ impl Trainer {
             stopping = asked[0] > 0.0;
         }
         if due || last || stopping {
-            if let Some(g) = self.group.as_mut().filter(|g| g.world() > 1) {
-                self.backend.gather_optimizer(g.as_mut())?;
+            if let Some(g) = data_parallel(&mut self.group) {
+                self.backend.gather_optimizer(g)?;
             }
         }
         if (due || last || stopping) && writer {
@@ -636,9 +636,8 @@ impl Trainer {
         let iter = self.progress.iteration;
         let t_start = Instant::now();
         on_event(Event::Phase { iter, name: "rollout" });
-        if self.dp().is_some_and(|g| g.rank() != 0) {
+        if let Some(g) = self.dp().filter(|g| g.rank() != 0) {
             // Rank 0 samples; the batch arrives from it.
-            let g = self.dp().expect("a data-parallel job");
             let bytes = g.broadcast_bytes(0, Vec::new())?;
             let (entries, rollout_s): (Vec<GroupEntry>, f64) =
                 bincode::deserialize(&bytes).map_err(|e| TrainError::Exchange(format!("rank 0's rollouts: {e}")))?;
@@ -937,8 +936,8 @@ impl Trainer {
             tokens += t.mask.sum_all()?.to_scalar::<f32>()? as usize;
             shares.push(Share { part: k, stats: out_stats, rows });
         }
-        if let Some(g) = self.group.as_mut().filter(|g| g.world() > 1) {
-            self.backend.sync_grads(g.as_mut())?;
+        if let Some(g) = data_parallel(&mut self.group) {
+            self.backend.sync_grads(g)?;
             let mut sums = [loss_total, ref_kl, tokens as f64];
             g.sum_f64(&mut sums)?;
             (loss_total, ref_kl, tokens) = (sums[0], sums[1], sums[2] as usize);
@@ -990,8 +989,8 @@ impl Trainer {
         }
         self.progress.bad_steps = 0;
         let lr = self.backend.step(self.cfg.optim.clip_scale(norm))?;
-        if let Some(g) = self.group.as_mut().filter(|g| g.world() > 1) {
-            self.backend.sync_params(g.as_mut())?;
+        if let Some(g) = data_parallel(&mut self.group) {
+            self.backend.sync_params(g)?;
         }
         self.progress.steps += 1;
         let merged = self.learner.after_step(&stats)?;
@@ -1065,7 +1064,6 @@ impl From<PromptError> for TrainError {
     }
 }
 
-/// Fisher–Yates shuffle of the whole slice.
 /// One micro-batch's part of a step, as a data-parallel rank sends it to
 /// the others: its ratio statistics and (when histograms are on) each
 /// row's age and unmasked ratios.
@@ -1077,6 +1075,16 @@ struct Share {
     rows: Vec<(u64, Vec<f64>)>,
 }
 
+/// The job's group when it has ranks other than this one: a borrow of the
+/// field alone, so the backend can be borrowed beside it.
+fn data_parallel(group: &mut Option<Box<dyn crate::dist::Group>>) -> Option<&mut dyn crate::dist::Group> {
+    match group {
+        Some(g) if g.world() > 1 => Some(g.as_mut()),
+        _ => None,
+    }
+}
+
+/// Fisher–Yates shuffle of the whole slice.
 fn shuffle<T>(v: &mut [T], rng: &mut ChaCha8Rng) {
     for i in 0..v.len() {
         let j = rng.random_range(i..v.len());
