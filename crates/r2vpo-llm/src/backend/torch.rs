@@ -966,13 +966,30 @@ impl Backend for TorchBackend {
         let Some(shard) = &self.shard else { return Ok(()) };
         let owner = shard.owner.clone();
         let mut st = self.lock();
-        let learns: Vec<usize> = (0..st.params.len()).filter(|&i| self.learns(i)).collect();
+        let device = self.device;
         tch::no_grad(|| -> Result<()> {
-            for i in learns {
-                let mut p = st.params[i].detach();
-                group
-                    .broadcast_tensor(&mut p, owner[i])
-                    .map_err(|e| ModelError::Torch(format!("sending {} from its rank: {e}", self.names[i])))?;
+            // Each owner's parameters of one kind go out in buckets, one
+            // collective per bucket as in `sync_grads`.
+            let mut runs: std::collections::BTreeMap<(usize, String), Vec<usize>> = Default::default();
+            for i in (0..st.params.len()).filter(|&i| self.learns(i)) {
+                runs.entry((owner[i], format!("{:?}", st.params[i].kind()))).or_default().push(i);
+            }
+            for ((from, _), ids) in runs {
+                for b in crate::dist::buckets(ids.iter().map(|&i| st.params[i].numel() as i64)) {
+                    let ps: Vec<T> = ids[b].iter().map(|&i| st.params[i].detach()).collect();
+                    let flat: Vec<T> = ps.iter().map(|p| p.reshape([-1])).collect();
+                    let mut bucket = T::cat(&flat, 0).to_device(device);
+                    group.broadcast_tensor(&mut bucket, from).map_err(|e| {
+                        ModelError::Torch(format!("sending rank {from}'s parameters to the others: {e}"))
+                    })?;
+                    let mut off = 0;
+                    for p in &ps {
+                        let k = p.numel() as i64;
+                        let mut p = p.shallow_clone();
+                        p.copy_(&bucket.narrow(0, off, k).view_as(&p));
+                        off += k;
+                    }
+                }
             }
             Ok(())
         })?;
@@ -1020,10 +1037,6 @@ impl Backend for TorchBackend {
         if group.world() == 1 {
             return Ok(());
         }
-        // Buckets of at most this many f32 values are summed at a time:
-        // one collective per bucket instead of one per tensor, without a
-        // second copy of every gradient at once.
-        const BUCKET: i64 = 32 << 20;
         let mut st = self.lock();
         let device = self.device;
         let dist = |e: crate::dist::DistError| ModelError::Torch(format!("summing gradients over the ranks: {e}"));
@@ -1053,16 +1066,8 @@ impl Backend for TorchBackend {
                     }
                 }
             }
-            let mut start = 0;
-            while start < trainable.len() {
-                let mut end = start;
-                let mut n = 0i64;
-                while end < trainable.len() && (end == start || n + st.params[trainable[end]].numel() as i64 <= BUCKET)
-                {
-                    n += st.params[trainable[end]].numel() as i64;
-                    end += 1;
-                }
-                let grads: Vec<T> = trainable[start..end].iter().map(|&i| st.params[i].grad()).collect();
+            for b in crate::dist::buckets(trainable.iter().map(|&i| st.params[i].numel() as i64)) {
+                let grads: Vec<T> = trainable[b].iter().map(|&i| st.params[i].grad()).collect();
                 let flat: Vec<T> = grads.iter().map(|g| g.to_kind(Kind::Float).reshape([-1])).collect();
                 let mut bucket = T::cat(&flat, 0).to_device(device);
                 group.sum_tensor(&mut bucket).map_err(dist)?;
@@ -1073,7 +1078,6 @@ impl Backend for TorchBackend {
                     g.copy_(&bucket.narrow(0, off, k).view_as(&g));
                     off += k;
                 }
-                start = end;
             }
             Ok(())
         })

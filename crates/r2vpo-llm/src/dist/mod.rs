@@ -234,6 +234,29 @@ pub fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// Consecutive runs of tensors, by their sizes, holding at most 32 Mi
+/// values each (a run of one where a tensor alone is larger): the units a
+/// data-parallel collective sends, one collective per bucket instead of
+/// one per tensor, without a second copy of every tensor at once.
+#[cfg_attr(not(feature = "torch"), allow(dead_code))]
+pub(crate) fn buckets(sizes: impl IntoIterator<Item = i64>) -> Vec<std::ops::Range<usize>> {
+    const BUCKET: i64 = 32 << 20;
+    let mut out = Vec::new();
+    let (mut start, mut n, mut len) = (0, 0i64, 0);
+    for (i, k) in sizes.into_iter().enumerate() {
+        if i > start && n + k > BUCKET {
+            out.push(start..i);
+            (start, n) = (i, 0);
+        }
+        n += k;
+        len = i + 1;
+    }
+    if len > start {
+        out.push(start..len);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,5 +328,16 @@ mod tests {
         // One process needs no store address.
         let one = Launch::from_vars(&vars(&[("RANK", "0"), ("WORLD_SIZE", "1")])).unwrap().unwrap();
         assert_eq!((one.master_addr.as_str(), one.master_port), ("127.0.0.1", 29500));
+    }
+
+    #[test]
+    fn buckets_cover_every_tensor_in_order_within_the_limit() {
+        const B: i64 = 32 << 20;
+        assert_eq!(buckets([]), Vec::<std::ops::Range<usize>>::new());
+        assert_eq!(buckets([1, 2, 3]), vec![0..3]);
+        // A tensor larger than a bucket travels alone.
+        assert_eq!(buckets([1, B + 1, 1]), vec![0..1, 1..2, 2..3]);
+        assert_eq!(buckets([B / 2, B / 2, 1]), vec![0..2, 2..3]);
+        assert_eq!(buckets([B, 0]), vec![0..2]);
     }
 }
