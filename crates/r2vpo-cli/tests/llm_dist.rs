@@ -19,21 +19,16 @@
 //! changes the gradient norm or λ by percents.
 #![cfg(feature = "torch")]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+
+use common::root;
 
 fn sets(extra: &[&str]) -> Vec<String> {
-    let gguf = root().join(".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let mut s: Vec<String> = vec![
-        format!("model.tokenizer={}", gguf.display()),
-        "model.backend=torch".into(),
-        "model.device=cpu".into(),
-        "model.compute_dtype=f32".into(),
-        "model.random.shape=configs/shapes/qwen3-tiny.json".into(),
+    let mut s = common::tiny_torch_run();
+    s.extend([
         "iterations=2".into(),
         "prompts_per_iter=4".into(),
         "rollout_batch=16".into(),
@@ -41,8 +36,6 @@ fn sets(extra: &[&str]) -> Vec<String> {
         // of four micro-batches: ranks hold 2/2 or 2/1/1 of them.
         "minibatch_size=16".into(),
         "micro_batch_size=4".into(),
-        "sampling.max_new_tokens=8".into(),
-        "checkpoint_every=1".into(),
         "histogram_every=1".into(),
         "eval_at_end=false".into(),
         "optim.lr=1e-5".into(),
@@ -51,7 +44,7 @@ fn sets(extra: &[&str]) -> Vec<String> {
         "dual.mode=adaptive".into(),
         "dual.eta=1000".into(),
         "dual.delta=1e-9".into(),
-    ];
+    ]);
     s.extend(extra.iter().map(|x| x.to_string()));
     s
 }

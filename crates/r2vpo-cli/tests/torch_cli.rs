@@ -4,12 +4,11 @@
 //! step, and one `llm train` with `model.backend = "torch"`.
 #![cfg(feature = "torch")]
 
-use std::path::PathBuf;
 use std::process::Command;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+
+use common::root;
 
 fn r2vpo(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_r2vpo")).current_dir(root()).args(args).output().unwrap();
@@ -65,21 +64,11 @@ fn the_torch_sampler_is_checked_and_timed() {
 fn llm_train_runs_on_the_torch_backend() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
-    let gguf = root().join(".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let sets = [
-        format!("model.tokenizer={}", gguf.display()),
-        "model.backend=torch".into(),
-        "model.device=cpu".into(),
-        "model.compute_dtype=f32".into(),
-        "model.random.shape=configs/shapes/qwen3-tiny.json".into(),
-        "iterations=2".into(),
-        "prompts_per_iter=2".into(),
-        "rollout_batch=16".into(),
-        "minibatch_size=8".into(),
-        "micro_batch_size=8".into(),
-        "sampling.max_new_tokens=8".into(),
-        "checkpoint_every=1".into(),
-    ];
+    let mut sets = common::tiny_torch_run();
+    sets.extend(
+        ["iterations=2", "prompts_per_iter=2", "rollout_batch=16", "minibatch_size=8", "micro_batch_size=8"]
+            .map(String::from),
+    );
     let mut args = vec!["--threads", "2", "llm", "train", "--config", "configs/llm/gpu-smoke.toml", "--no-export"];
     args.extend(["--out", run.to_str().unwrap()]);
     for s in &sets {

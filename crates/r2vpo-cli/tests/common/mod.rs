@@ -23,6 +23,22 @@ pub fn gguf() -> PathBuf {
     p
 }
 
+/// `--set` overrides that turn `configs/llm/gpu-smoke.toml` into a run of
+/// the tiny random Qwen3 shape on the torch backend, on CPU in f32 with the
+/// embedded tokenizer, sampling at most 8 tokens and checkpointing every
+/// iteration; a test adds its batch shape.
+pub fn tiny_torch_run() -> Vec<String> {
+    vec![
+        format!("model.tokenizer={}", gguf().display()),
+        "model.backend=torch".into(),
+        "model.device=cpu".into(),
+        "model.compute_dtype=f32".into(),
+        "model.random.shape=configs/shapes/qwen3-tiny.json".into(),
+        "sampling.max_new_tokens=8".into(),
+        "checkpoint_every=1".into(),
+    ]
+}
+
 /// The tiny random model `ModelSource::tiny_random` builds (hidden 32, 2
 /// layers, std 0.5, Llama layout, tied embeddings) on the embedded
 /// tokenizer, so a server and a learner agree on every weight.
