@@ -1,7 +1,8 @@
 //! Data-parallel `llm train` (torch backend on libtorch's CPU kernels, real
-//! ranks over Gloo on loopback) against the one-process run on the same
-//! global batch: per-iteration metrics (loss, gradient norm, E[(ρ−1)²], λ,
-//! ratio statistics) and the weights after the last step agree within a
+//! ranks over Gloo on loopback, each sampling its share of the batch)
+//! against the one-process run on the same global batch: the samples,
+//! per-iteration metrics (loss, gradient norm, E[(ρ−1)²], λ, ratio
+//! statistics) and the weights after the last step agree within a
 //! stated tolerance, for each loss aggregation mode, for R²VPO-OFF with
 //! replay, and across a resume on another number of ranks.
 //!
@@ -31,7 +32,9 @@ fn sets(extra: &[&str]) -> Vec<String> {
     s.extend([
         "iterations=2".into(),
         "prompts_per_iter=4".into(),
-        "rollout_batch=16".into(),
+        // One group (8 samples) per sampler call: the batch's four calls
+        // are dealt to the ranks 2/2 or 2/1/1.
+        "rollout_batch=8".into(),
         // Two optimizer steps per iteration (ρ ≠ 1 on the second), each
         // of four micro-batches: ranks hold 2/2 or 2/1/1 of them.
         "minibatch_size=16".into(),
@@ -74,7 +77,10 @@ fn train(out: &Path, ranks: usize, extra: &[&str], resume: bool) {
     );
 }
 
-const FIGURES: [&str; 7] = ["loss", "grad_norm", "sq_dev", "lambda", "ratio_mean", "ratio_max", "reward_mean"];
+/// What must agree; the last three depend only on the samples, so they
+/// show that ranks sampling their shares drew the one-process batch.
+const FIGURES: [&str; 9] =
+    ["loss", "grad_norm", "sq_dev", "lambda", "ratio_mean", "ratio_max", "reward_mean", "response_len_mean", "entropy"];
 
 fn metrics(run: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
@@ -108,6 +114,14 @@ fn assert_same(one: &Path, many: &Path, what: &str) {
     // Each rank's peak memory, on rank 0's record.
     let rss = b.last().unwrap()["rank_peak_rss_mib"].as_array().cloned().unwrap_or_default();
     assert!(rss.len() > 1 && rss.iter().all(|v| v.as_f64().unwrap() > 10.0), "{what}: {rss:?}");
+    // Each rank sampled its calls' groups (a resumed run's ranks may
+    // change from one iteration to the next).
+    for x in &b {
+        let n = x["rank_peak_rss_mib"].as_array().unwrap().len();
+        let got: Vec<u64> = x["rank_rollout_groups"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        let dealt: Vec<u64> = (0..n).map(|r| (0..4).filter(|c| c % n == r).count() as u64).collect();
+        assert_eq!(got, dealt, "{what}: groups sampled per rank");
+    }
     let hist = |r: &Path| std::fs::read_to_string(r.join("ratio_hist.jsonl")).unwrap().lines().count();
     assert_eq!(hist(one), hist(many), "{what}: histogram lines");
     let (w1, w2) = (weights(one), weights(many));

@@ -192,6 +192,12 @@ pub trait RolloutSource: Send {
     }
 }
 
+/// How many whole groups of `group_size` sequences the in-process sampler
+/// decodes in one call of at most `batch` sequences (at least one group).
+pub fn local_groups_per_call(batch: usize, group_size: usize) -> usize {
+    (batch / group_size.max(1)).max(1)
+}
+
 /// In-process sampling with the learner's own model: always current, so a
 /// sync only records the version. Groups are decoded `batch` sequences at a
 /// time without splitting a group, so a group's identical prompts share one
@@ -229,7 +235,7 @@ impl RolloutSource for LocalRollout {
             .flat_map(|g| g.seeds.iter().map(|&seed| GenerationRequest { prompt_ids: g.prompt_ids.clone(), seed }))
             .collect();
         let per = groups.first().map_or(1, |g| g.n().max(1));
-        let chunk = (self.batch / per).max(1) * per;
+        let chunk = local_groups_per_call(self.batch, per) * per;
         let mut gens = Vec::with_capacity(reqs.len());
         for part in reqs.chunks(chunk) {
             gens.extend(policy.generate(tok, part, sampling)?);

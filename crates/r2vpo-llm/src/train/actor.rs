@@ -42,11 +42,37 @@ enum PromptSlot {
     Skipped,
 }
 
+/// Which part of a batch one rank of a data-parallel job samples: the
+/// in-process sampler's calls over the batch (`rollout_batch` sequences of
+/// whole groups each) are dealt round-robin, call `c` to rank `c mod world`,
+/// so every call holds the groups, seeds and shapes it holds in one process
+/// and decodes the same tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchShare {
+    /// This rank.
+    pub rank: usize,
+    /// The number of ranks.
+    pub world: usize,
+}
+
+impl BatchShare {
+    /// The whole batch (one process).
+    pub const WHOLE: BatchShare = BatchShare { rank: 0, world: 1 };
+
+    /// Whether sampler call `call` of the batch is this rank's.
+    pub fn takes(&self, call: usize) -> bool {
+        call % self.world.max(1) == self.rank
+    }
+}
+
 /// What one call of [`Actor::produce`] made.
 #[derive(Clone, Debug)]
 pub struct Produced {
-    /// One entry per problem, in data order.
+    /// One entry per problem of this share, in data order.
     pub entries: Vec<GroupEntry>,
+    /// Each entry's position in the batch (`0..prompts_per_iter` for the
+    /// whole batch).
+    pub positions: Vec<usize>,
     /// Seconds spent drawing problems and sampling (the `rollout_s` timing).
     pub rollout_s: f64,
 }
@@ -274,16 +300,17 @@ impl Actor {
         }
     }
 
-    /// Samples G responses for each of `problems` from the rollout source,
-    /// first pushing `policy` as weight version `version` when a sync is due
-    /// (every version in-process; every `rollout.sync_every` for servers).
-    /// Sample `j` of the batch is seeded `request_seed(batch seed, j)`.
-    /// Returns each response with its problem and weight version.
+    /// Samples G responses for each of `problems` (position in the batch,
+    /// problem) from the rollout source, first pushing `policy` as weight
+    /// version `version` when a sync is due (every version in-process;
+    /// every `rollout.sync_every` for servers). Sample `j` of the batch is
+    /// seeded `request_seed(batch seed, j)`. Returns each response with its
+    /// problem and weight version.
     fn rollout(
         &mut self,
         policy: &dyn Policy,
         batch: u64,
-        problems: &[usize],
+        problems: &[(usize, usize)],
         version: u64,
     ) -> TrainResult<Vec<(usize, Generation, u64)>> {
         let every = match self.cfg.rollout.backend {
@@ -297,13 +324,13 @@ impl Actor {
         let g = self.cfg.group_size;
         let base = derived_seed(self.cfg.seed, STREAM_ROLLOUT, batch);
         let mut groups = Vec::with_capacity(problems.len());
-        for (k, &p) in problems.iter().enumerate() {
+        for &(k, p) in problems {
             let seeds = (0..g).map(|i| request_seed(base, (k * g + i) as u64)).collect();
             groups.push(GroupRequest { prompt_ids: self.prompt_ids(p, batch)?, seeds });
         }
         let rollouts = self.source.generate(policy, &self.tok, &groups, &self.cfg.sampling)?;
         let mut out = Vec::with_capacity(problems.len() * g);
-        for (&p, r) in problems.iter().zip(rollouts) {
+        for (&(_, p), r) in problems.iter().zip(rollouts) {
             out.extend(r.generations.into_iter().map(|gen| (p, gen, r.weight_version)));
         }
         Ok(out)
@@ -344,19 +371,28 @@ impl Actor {
 
     /// Batch `batch`: its problems (the ones after `data`, which advances),
     /// G responses each from `policy` at weight version `version`, their
-    /// rewards and group-relative advantages. A failed rollout leaves `data`
-    /// where it was, so the batch can be drawn again.
+    /// rewards and group-relative advantages — for the groups of `share`
+    /// only (every rank draws the whole batch's problems, so `data`
+    /// advances alike on every rank). A failed rollout leaves `data` where
+    /// it was, so the batch can be drawn again.
     pub fn produce(
         &mut self,
         policy: &dyn Policy,
         batch: u64,
         data: &mut DataPosition,
         version: u64,
+        share: BatchShare,
     ) -> TrainResult<Produced> {
         let t_start = Instant::now();
         let g = self.cfg.group_size;
         let data_before = *data;
-        let problems = self.next_problems(data, self.cfg.prompts_per_iter, batch, false)?;
+        let per_call = crate::rollout::local_groups_per_call(self.cfg.rollout_batch, g);
+        let problems: Vec<(usize, usize)> = self
+            .next_problems(data, self.cfg.prompts_per_iter, batch, false)?
+            .into_iter()
+            .enumerate()
+            .filter(|(k, _)| share.takes(k / per_call))
+            .collect();
         let gens = match self.rollout(policy, batch, &problems, version) {
             Ok(g) => g,
             Err(e) => {
@@ -369,7 +405,7 @@ impl Actor {
 
         let mut entries = Vec::with_capacity(problems.len());
         for (k, group) in gens.chunks(g).enumerate() {
-            let p = problems[k];
+            let p = problems[k].1;
             let mut e = GroupEntry {
                 schema: ENTRY_SCHEMA,
                 iteration: batch,
@@ -401,6 +437,6 @@ impl Actor {
             e.advantages = group_relative(&e.rewards, g, &self.cfg.group_norm)?;
             entries.push(e);
         }
-        Ok(Produced { entries, rollout_s })
+        Ok(Produced { entries, positions: problems.iter().map(|&(k, _)| k).collect(), rollout_s })
     }
 }

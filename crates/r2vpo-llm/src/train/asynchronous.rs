@@ -40,7 +40,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::metrics::QueueMetrics;
-use super::{load_policy, Actor, DataPosition, Event, Outcome, TrainConfig, TrainError, TrainResult, Trainer};
+use super::{
+    load_policy, Actor, BatchShare, DataPosition, Event, Outcome, TrainConfig, TrainError, TrainResult, Trainer,
+};
 use crate::queue::{retry_unavailable, sleep_unless, EntryLimits, ExperienceQueue, GroupEntry, QueueError};
 use crate::rollout::RolloutSource;
 use crate::weights::{Fetched, WeightChannel, Weights, WeightsError};
@@ -242,7 +244,7 @@ fn actor_loop(
         };
         have = Some(version);
         let mut pos = positions.start_of(&mut actor, b, cfg.prompts_per_iter)?;
-        let produced = actor.produce(policy.as_ref(), b, &mut pos, version);
+        let produced = actor.produce(policy.as_ref(), b, &mut pos, version, BatchShare::WHOLE);
         on_events(actor.take_events());
         let produced = produced?;
         let Some(slot) = retrying(name, &mut warn, &mut alive, || queue.publish_batch(b, &owner, &produced.entries))?

@@ -121,6 +121,10 @@ pub struct IterMetrics {
     /// (MiB, Linux's `VmHWM`), in rank order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_peak_rss_mib: Option<Vec<f64>>,
+    /// Data-parallel runs that sample in-process only: how many of the
+    /// iteration's prompt groups each rank sampled, in rank order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_rollout_groups: Option<Vec<usize>>,
     /// Wall-clock measurements.
     pub timing: Timing,
 }

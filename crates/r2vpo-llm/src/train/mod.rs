@@ -48,7 +48,7 @@ use crate::tokenizer::Tokenizer;
 use r2vpo_verify::{verify, VerifyConfig};
 
 pub use crate::experience::Sample;
-pub use actor::{Actor, Produced};
+pub use actor::{Actor, BatchShare, Produced};
 pub use config::{
     ActorsConfig, BackendKind, BehaviourLogprobs, ComputeDtype, DistConfig, Mode, ModelSource, OptimConfig,
     QueueBackend, QueueConfig, RandomModel, RefKlConfig, RolloutBackend, RolloutConfig, TrainConfig, WeightPush,
@@ -331,6 +331,9 @@ pub struct Trainer {
     /// The ranks of a data-parallel job ([`Trainer::set_group`]); `None`
     /// trains alone.
     group: Option<Box<dyn crate::dist::Group>>,
+    /// How many groups each rank sampled for the iteration under way (a
+    /// data-parallel job sampling in-process), for its metrics.
+    rank_groups: Option<Vec<usize>>,
 }
 
 impl Trainer {
@@ -416,13 +419,15 @@ impl Trainer {
             progress,
             run_dir: run_dir.to_path_buf(),
             group: None,
+            rank_groups: None,
         })
     }
 
     /// Makes this trainer one rank of a data-parallel job (docs/distributed.md).
-    /// Rank 0 samples each iteration's rollouts and sends them to every
-    /// rank; every rank then runs the same update plan (shuffles, replay
-    /// draws) on the same batch, the forward and backward of its share of
+    /// Each rank samples its [`BatchShare`] of every iteration's rollouts
+    /// and the ranks exchange them (with rollout servers, rank 0 asks for
+    /// the whole batch and sends it); every rank then runs the same update
+    /// plan (shuffles, replay draws) on the same batch, the forward and backward of its share of
     /// each step's micro-batches, and steps with the gradients summed over
     /// the ranks. The loss is normalised by the whole step's counts
     /// (`GlobalBatch` over every micro-batch) and the ratio statistics that
@@ -456,6 +461,10 @@ impl Trainer {
                     "moment_values_total": total,
                 }))?;
             }
+        }
+        if group.rank() != 0 {
+            // Every rank meets the same over-long prompts; rank 0 says so.
+            self.actor.set_warning_handler(|_| {});
         }
         self.group = Some(group);
         Ok(())
@@ -631,25 +640,52 @@ impl Trainer {
 
     /// One synchronous iteration: batch `iteration` drawn and sampled from
     /// the current policy ([`Actor::produce`]), then learned from
-    /// ([`Trainer::learn`]).
+    /// ([`Trainer::learn`]). In a data-parallel job that samples
+    /// in-process, each rank samples its [`BatchShare`] and the ranks
+    /// exchange their groups; with rollout servers, rank 0 asks them for the
+    /// whole batch (the servers are where sampling scales out) and sends it
+    /// to the other ranks.
     fn iteration(&mut self, on_event: &mut dyn FnMut(Event)) -> TrainResult<IterMetrics> {
         let iter = self.progress.iteration;
         let t_start = Instant::now();
         on_event(Event::Phase { iter, name: "rollout" });
-        if let Some(g) = self.dp().filter(|g| g.rank() != 0) {
-            // Rank 0 samples; the batch arrives from it.
+        let spread = self.cfg.rollout.backend == RolloutBackend::Local;
+        if let Some(g) = self.dp().filter(|g| g.rank() != 0 && !spread) {
             let bytes = g.broadcast_bytes(0, Vec::new())?;
             let (entries, rollout_s): (Vec<GroupEntry>, f64) =
                 bincode::deserialize(&bytes).map_err(|e| TrainError::Exchange(format!("rank 0's rollouts: {e}")))?;
             return self.learn(&entries, rollout_s, t_start, None, on_event);
         }
-        let produced = self.actor.produce(self.backend.as_ref(), iter as u64, &mut self.progress.data, iter as u64);
+        let share = match self.dp() {
+            Some(g) if spread => BatchShare { rank: g.rank(), world: g.world() },
+            _ => BatchShare::WHOLE,
+        };
+        let produced =
+            self.actor.produce(self.backend.as_ref(), iter as u64, &mut self.progress.data, iter as u64, share);
         self.write_actor_events()?;
-        let produced = produced?;
-        if let Some(g) = self.dp() {
-            let bytes = bincode::serialize(&(&produced.entries, produced.rollout_s))
-                .map_err(|e| TrainError::Exchange(format!("encoding the rollouts: {e}")))?;
-            g.broadcast_bytes(0, bytes)?;
+        let mut produced = produced?;
+        if let Some(g) = data_parallel(&mut self.group) {
+            if spread {
+                let mine = bincode::serialize(&(&produced.positions, &produced.entries))
+                    .map_err(|e| TrainError::Exchange(format!("encoding this rank's rollouts: {e}")))?;
+                let mut all: Vec<(usize, GroupEntry)> = Vec::new();
+                let mut counts = Vec::with_capacity(g.world());
+                for (r, bytes) in g.all_gather_bytes(&mine)?.iter().enumerate() {
+                    let (at, entries): (Vec<usize>, Vec<GroupEntry>) = bincode::deserialize(bytes)
+                        .map_err(|e| TrainError::Exchange(format!("rank {r}'s rollouts: {e}")))?;
+                    counts.push(entries.len());
+                    all.extend(at.into_iter().zip(entries));
+                }
+                all.sort_by_key(|(k, _)| *k);
+                produced.entries = all.into_iter().map(|(_, e)| e).collect();
+                // The batch is whole when the slowest rank's share arrived.
+                produced.rollout_s = t_start.elapsed().as_secs_f64();
+                self.rank_groups = Some(counts);
+            } else {
+                let bytes = bincode::serialize(&(&produced.entries, produced.rollout_s))
+                    .map_err(|e| TrainError::Exchange(format!("encoding the rollouts: {e}")))?;
+                g.broadcast_bytes(0, bytes)?;
+            }
         }
         self.learn(&produced.entries, produced.rollout_s, t_start, None, on_event)
     }
@@ -825,6 +861,7 @@ impl Trainer {
             train_tokens_per_s: acc.tokens as f64 / train_s.max(1e-9),
             iteration_s,
         };
+        m.rank_rollout_groups = self.rank_groups.take();
         if let Some(g) = self.dp() {
             let mine = crate::dist::peak_rss_mib().unwrap_or(f64::NAN);
             let all = g.all_gather_bytes(&mine.to_le_bytes())?;
