@@ -151,6 +151,9 @@ fn ranks_train_what_one_process_trains_in_every_aggregation_mode() {
             let shard = sharding(&many);
             let per = per_rank(&shard);
             assert_eq!((per.len(), per.iter().sum::<u64>()), (3, shard["moment_values_total"].as_u64().unwrap()));
+            // In f32 the masters are the compute weights: every rank holds all.
+            let all = shard["master_values_total"].as_u64().unwrap();
+            assert_eq!(per_rank_of(&shard, "master_values_per_rank"), vec![all; 3], "{shard}");
             let replicated = tmp.path().join("token-mean-3-zero0");
             train(&replicated, 3, &[&set, "dist.zero_stage=0"], false);
             assert_same(&one, &replicated, "token-mean, 3 ranks, ZeRO-0");
@@ -173,8 +176,44 @@ fn ranks_train_what_one_process_trains_in_every_aggregation_mode() {
     assert!(per.iter().all(|&p| p.abs_diff(total / 3) <= adapter as u64), "{shard}");
 }
 
+/// With bf16 compute the f32 master weights are sharded too (Megatron's
+/// distributed optimizer): each rank holds the others' parameters in bf16
+/// only, adds their bf16 gradients into f32 after every backward pass, and
+/// receives them in bf16 after each step; rank 0 gathers the masters
+/// before a checkpoint. The run is the one-process bf16 run, and the ranks'
+/// masters add up to the model's.
+#[test]
+fn sharded_master_weights_train_what_one_process_trains() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bf16 = ["model.compute_dtype=bf16"];
+    let one = tmp.path().join("bf16-1");
+    let many = tmp.path().join("bf16-3");
+    train(&one, 1, &bf16, false);
+    train(&many, 3, &bf16, false);
+    assert_same(&one, &many, "bf16, 3 ranks, sharded masters");
+    let shard = sharding(&many);
+    let masters = per_rank_of(&shard, "master_values_per_rank");
+    let total = shard["master_values_total"].as_u64().unwrap();
+    assert_eq!(masters.iter().sum::<u64>(), total, "{shard}");
+    // The embedding (49,152 × 64) is most of the tiny model, so one rank
+    // holds it and the others the rest: every rank holds less than all.
+    assert!(masters.iter().all(|&m| m > 0 && m < total), "{shard}");
+    // The checkpoint holds every master (rank 0 gathered them), so a run
+    // of 2 ranks resumes on 3 as the one-process run goes on.
+    let whole = tmp.path().join("bf16-whole");
+    train(&whole, 1, &["model.compute_dtype=bf16", "iterations=3"], false);
+    let split = tmp.path().join("bf16-split");
+    train(&split, 2, &["model.compute_dtype=bf16", "iterations=2"], false);
+    train(&split, 3, &["model.compute_dtype=bf16", "iterations=3"], true);
+    assert_same(&whole, &split, "bf16, 2 ranks, then resumed on 3");
+}
+
+fn per_rank_of(shard: &serde_json::Value, key: &str) -> Vec<u64> {
+    shard[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect()
+}
+
 fn per_rank(shard: &serde_json::Value) -> Vec<u64> {
-    shard["moment_values_per_rank"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect()
+    per_rank_of(shard, "moment_values_per_rank")
 }
 
 /// The `optimizer_sharded` event rank 0 wrote.

@@ -283,6 +283,21 @@ where
     be.backward(dlogp, ent.as_ref().and_then(|e| gs.get(e.as_tensor())))?;
     Ok((fwd, value, extra))
 }
+/// What one rank of a data-parallel job keeps of the optimizer state after
+/// [`Backend::shard_optimizer`], in values (elements), with what all ranks
+/// keep together.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardSizes {
+    /// AdamW moment values this rank keeps.
+    pub moments: usize,
+    /// AdamW moment values all ranks keep together.
+    pub moments_total: usize,
+    /// f32 master values this rank keeps (every trained value when the
+    /// compute kind is f32, the masters then being the compute weights).
+    pub masters: usize,
+    /// f32 master values all ranks keep together.
+    pub masters_total: usize,
+}
 
 /// The learning half of a backend: one micro-batch in flight at a time
 /// ([`Backend::forward`], then [`Backend::backward`]), gradients summed
@@ -317,13 +332,15 @@ pub trait Backend: Policy {
         Ok(())
     }
 
-    /// Keeps AdamW's moments only for this rank's share of the parameters
-    /// (ZeRO stage 1 over `world` ranks): [`Backend::step`] then steps
-    /// only those, and [`Backend::sync_params`] sends them to the others.
-    /// Moments already held for other ranks' parameters are dropped.
-    /// Returns how many moment values this rank keeps, and how many all
-    /// ranks keep together.
-    fn shard_optimizer(&mut self, rank: usize, world: usize) -> Result<(usize, usize)> {
+    /// Keeps the optimizer state only for this rank's share of the
+    /// parameters (ZeRO stage 1 over `world` ranks): AdamW's moments and,
+    /// where the model computes in a narrower kind than its f32 masters
+    /// (bf16), the masters themselves, the other ranks' parameters being
+    /// held in the compute kind only. [`Backend::step`] then steps only
+    /// this rank's parameters, and [`Backend::sync_params`] sends them to
+    /// the others. State already held for other ranks' parameters is
+    /// dropped.
+    fn shard_optimizer(&mut self, rank: usize, world: usize) -> Result<ShardSizes> {
         let _ = rank;
         Err(ModelError::Spec {
             field: "dist.zero_stage".into(),
@@ -339,8 +356,10 @@ pub trait Backend: Policy {
     }
 
     /// Before rank 0 writes a checkpoint of a sharded optimizer: every rank
-    /// sends its moments, so rank 0's next [`Backend::save_optimizer`]
-    /// writes all of them (a no-op unsharded).
+    /// sends its moments, and its f32 masters where they are sharded, so
+    /// rank 0's next [`Backend::save_optimizer`] writes every moment and
+    /// its exports (until the weights next change) carry every master
+    /// (a no-op unsharded).
     fn gather_optimizer(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
         let _ = group;
         Ok(())

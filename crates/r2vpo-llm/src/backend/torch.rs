@@ -250,8 +250,18 @@ struct State {
     /// Rank 0's copy of every rank's moments, from
     /// [`Backend::gather_optimizer`] until the next checkpoint writes them.
     gathered: Option<Vec<(T, T)>>,
-    /// f32 master weights, requiring gradients, in [`expected_params`] order.
+    /// The parameters, requiring gradients where they learn, in
+    /// [`expected_params`] order: the f32 master weights, except another
+    /// rank's parameters when the masters are sharded (held in the compute
+    /// kind, [`Shard::masters`]).
     params: Vec<T>,
+    /// The f32 gradients of the parameters held in the compute kind: each
+    /// backward pass's gradient of the compute-kind weight is added here,
+    /// so they sum in f32 as a master's gradient does.
+    grads: Vec<Option<T>>,
+    /// Rank 0's copies of other ranks' f32 masters, from
+    /// [`Backend::gather_optimizer`] until the weights next change.
+    masters: HashMap<usize, T>,
     m: Vec<T>,
     v: Vec<T>,
     steps: u64,
@@ -288,10 +298,36 @@ pub struct TorchBackend {
     shard: Option<Shard>,
 }
 
-/// Which rank keeps (and steps) each parameter's moments.
+/// Which rank keeps (and steps) each parameter's optimizer state.
 struct Shard {
     rank: usize,
     owner: Vec<usize>,
+    /// Whether the f32 masters are sharded too (a compute kind narrower
+    /// than f32): then a rank holds other ranks' parameters only in the
+    /// compute kind, as Megatron's distributed optimizer does.
+    masters: bool,
+}
+
+/// Sets `param`'s gradient to `grad` (an undefined tensor clears it):
+/// tch-rs has no setter, so the distributed shim's does it.
+fn set_grad(param: &mut T, grad: &mut T) -> Result<()> {
+    let mut err = [0 as std::ffi::c_char; 512];
+    // SAFETY: live tch handles for the call; the shim catches every C++
+    // exception.
+    let rc = unsafe {
+        r2vpo_c10d_set_grad(
+            param.as_mut_ptr().cast::<std::ffi::c_void>(),
+            grad.as_mut_ptr().cast(),
+            err.as_mut_ptr(),
+            err.len() as std::ffi::c_int,
+        )
+    };
+    if rc != 0 {
+        // SAFETY: the shim wrote a NUL-terminated message.
+        let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) };
+        return Err(ModelError::Torch(format!("setting a gradient: {}", msg.to_string_lossy())));
+    }
+    Ok(())
 }
 
 /// Runs `f`, turning a libtorch exception (tch panics on the C++ error of
@@ -454,7 +490,16 @@ impl TorchBackend {
             kind,
             opts,
             optim,
-            state: Mutex::new(State { gathered: None, params, m: Vec::new(), v: Vec::new(), steps: 0, pending: None }),
+            state: Mutex::new(State {
+                gathered: None,
+                grads: (0..params.len()).map(|_| None).collect(),
+                masters: HashMap::new(),
+                params,
+                m: Vec::new(),
+                v: Vec::new(),
+                steps: 0,
+                pending: None,
+            }),
             generation: AtomicU64::new(1),
             casts: Mutex::new((0, Vec::new())),
             cpu: candle_core::Device::Cpu,
@@ -470,6 +515,53 @@ impl TorchBackend {
     /// Whether this rank keeps parameter `i`'s moments and steps it.
     fn steps_here(&self, i: usize) -> bool {
         self.learns(i) && self.shard.as_ref().is_none_or(|s| s.owner[i] == s.rank)
+    }
+
+    /// Whether parameter `i` learns but its f32 master is another rank's
+    /// (this rank holds it in the compute kind).
+    fn remote(&self, i: usize) -> bool {
+        self.learns(i) && self.shard.as_ref().is_some_and(|s| s.masters && s.owner[i] != s.rank)
+    }
+
+    /// Parameter `i`'s accumulated f32 gradient (undefined before any).
+    fn grad_of(&self, st: &State, i: usize) -> T {
+        if self.remote(i) {
+            st.grads[i].as_ref().map_or_else(T::new, T::shallow_clone)
+        } else {
+            st.params[i].grad()
+        }
+    }
+
+    /// After a backward pass: each compute-kind parameter's gradient is
+    /// added, in f32, to its f32 gradient, and dropped (what autograd does
+    /// for a master through its cast, the cast's gradient taken to f32 and
+    /// added to the master's).
+    fn harvest(&self, st: &mut State) -> Result<()> {
+        for i in 0..st.params.len() {
+            if !self.remote(i) {
+                continue;
+            }
+            let g = st.params[i].grad();
+            if !g.defined() {
+                continue;
+            }
+            let g = g.to_kind(Kind::Float);
+            match &mut st.grads[i] {
+                Some(acc) => {
+                    let _ = acc.f_add_(&g).map_err(torch_err)?;
+                }
+                None => st.grads[i] = Some(g),
+            }
+            set_grad(&mut st.params[i], &mut T::new())?;
+        }
+        Ok(())
+    }
+
+    /// The f32 masters where this process has them (its own, and rank 0's
+    /// gathered copies of the others'), else the weights it holds: what
+    /// exports and checkpoints write.
+    fn held_masters(&self, st: &State) -> Vec<T> {
+        (0..st.params.len()).map(|i| st.masters.get(&i).unwrap_or(&st.params[i]).shallow_clone()).collect()
     }
 
     /// `x·Wᵀ (+ bias)` of projection `target` of layer `li`, plus its
@@ -705,7 +797,6 @@ impl TorchBackend {
         casts.1.iter().map(T::shallow_clone).collect()
     }
 
-    /// AdamW's moments, allocated at first use.
     /// AdamW's moments, allocated at first use, for the parameters that
     /// learn (a frozen base gets empty placeholders).
     fn ensure_moments(&self, st: &mut State) -> Result<()> {
@@ -794,7 +885,7 @@ impl Policy for TorchBackend {
 
     fn export(&self, version: u64) -> Result<Weights> {
         let st = self.lock();
-        guarded("torch export", || self.export_from(&st.params, version))
+        guarded("torch export", || self.export_from(&self.held_masters(&st), version))
     }
 
     fn load(&self, weights: &dyn TensorSource) -> Result<()> {
@@ -810,6 +901,7 @@ impl Policy for TorchBackend {
             }
             Ok(())
         })?;
+        st.masters.clear();
         self.changed();
         Ok(())
     }
@@ -823,9 +915,10 @@ impl Policy for TorchBackend {
             return Ok(None);
         }
         let st = self.lock();
+        let held = self.held_masters(&st);
         guarded("torch export adapter", || {
             (self.n_base..self.names.len())
-                .map(|i| Ok((self.names[i].clone(), to_candle(&st.params[i].detach())?)))
+                .map(|i| Ok((self.names[i].clone(), to_candle(&held[i].detach().to_kind(Kind::Float))?)))
                 .collect::<Result<HashMap<_, _>>>()
                 .map(Some)
         })
@@ -845,6 +938,7 @@ impl Policy for TorchBackend {
             }
             Ok(())
         })?;
+        st.masters.clear();
         self.changed();
         Ok(())
     }
@@ -903,35 +997,40 @@ impl Backend for TorchBackend {
                     seed += (ent * ge.narrow(0, s, n)).sum(Kind::Float);
                 }
                 seed.backward();
+                self.harvest(&mut st)?;
             }
             let g_hs = hs_leaf.grad();
             if pend.inputs.is_empty() {
                 // Back through the stack's own graph.
                 (&pend.hs * &g_hs).sum(Kind::Float).backward();
+                self.harvest(&mut st)?;
             } else {
                 // Checkpointed: the final norm, then one layer at a time.
                 let mut inputs = pend.inputs;
                 let top = inputs.pop().expect("the last layer's output").set_requires_grad(true);
                 let hs = self.tail_rows(&p, &top, &pend.ctx, pend.r);
                 (hs * &g_hs).sum(Kind::Float).backward();
+                self.harvest(&mut st)?;
                 let mut g = top.grad();
                 for li in (0..inputs.len()).rev() {
                     let x = inputs[li].detach().set_requires_grad(true);
                     let y = self.layer(&p, li, &x, &pend.ctx);
                     (y * &g).sum(Kind::Float).backward();
+                    self.harvest(&mut st)?;
                     g = x.grad();
                 }
                 // A frozen embedding (a LoRA base) has nothing to learn.
                 if self.learns(self.layout.embed) {
                     let x0 = self.embed(&p, &pend.ids);
                     (x0 * &g).sum(Kind::Float).backward();
+                    self.harvest(&mut st)?;
                 }
             }
             Ok(())
         })
     }
 
-    fn shard_optimizer(&mut self, rank: usize, world: usize) -> Result<(usize, usize)> {
+    fn shard_optimizer(&mut self, rank: usize, world: usize) -> Result<super::ShardSizes> {
         let st = self.lock();
         // Each parameter to the rank holding the fewest values so far, in
         // order: balanced to within one tensor, the same on every rank.
@@ -941,47 +1040,71 @@ impl Backend for TorchBackend {
             if self.learns(i) {
                 let r = (0..load.len()).min_by_key(|&r| (load[r], r)).unwrap_or(0);
                 owner[i] = r;
-                load[r] += 2 * p.numel();
+                load[r] += p.numel();
             }
         }
-        let total = load.iter().sum();
+        let total: usize = load.iter().sum();
         let mine = load.get(rank).copied().unwrap_or(0);
+        let masters = world > 1 && self.kind != Kind::Float;
         drop(st);
-        self.shard = (world > 1).then_some(Shard { rank, owner });
-        // Moments loaded for every parameter (a resumed run) keep only
-        // this rank's.
+        self.shard = (world > 1).then_some(Shard { rank, owner, masters });
         let mut st = self.lock();
-        if !st.m.is_empty() {
-            for i in 0..st.params.len() {
-                if !self.steps_here(i) {
-                    st.m[i] = T::zeros([0], (Kind::Float, self.device));
-                    st.v[i] = T::zeros([0], (Kind::Float, self.device));
+        guarded("torch optimizer shards", || {
+            tch::no_grad(|| {
+                for i in 0..st.params.len() {
+                    if !self.steps_here(i) && self.learns(i) {
+                        // Moments loaded for every parameter (a resumed run)
+                        // keep only this rank's.
+                        if !st.m.is_empty() {
+                            st.m[i] = T::zeros([0], (Kind::Float, self.device));
+                            st.v[i] = T::zeros([0], (Kind::Float, self.device));
+                        }
+                        if self.remote(i) {
+                            // Another rank's master: held in the compute kind.
+                            st.params[i] = st.params[i].detach().to_kind(self.kind).set_requires_grad(true);
+                        }
+                    }
                 }
-            }
-        }
-        Ok((mine, total))
+            });
+            Ok(())
+        })?;
+        drop(st);
+        self.changed();
+        Ok(super::ShardSizes {
+            moments: 2 * mine,
+            moments_total: 2 * total,
+            masters: if masters { mine } else { total },
+            masters_total: total,
+        })
     }
 
     fn sync_params(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
         let Some(shard) = &self.shard else { return Ok(()) };
-        let owner = shard.owner.clone();
+        let (owner, rank, masters) = (shard.owner.clone(), shard.rank, shard.masters);
         let mut st = self.lock();
-        let device = self.device;
+        let (device, kind) = (self.device, self.kind);
         tch::no_grad(|| -> Result<()> {
-            // Each owner's parameters of one kind go out in buckets, one
-            // collective per bucket as in `sync_grads`.
-            let mut runs: std::collections::BTreeMap<(usize, String), Vec<usize>> = Default::default();
+            // Each owner's parameters go out in buckets, one collective per
+            // bucket as in `sync_grads`: the f32 masters, or with sharded
+            // masters their casts to the compute kind (what the others hold).
+            let mut runs: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
             for i in (0..st.params.len()).filter(|&i| self.learns(i)) {
-                runs.entry((owner[i], format!("{:?}", st.params[i].kind()))).or_default().push(i);
+                runs.entry(owner[i]).or_default().push(i);
             }
-            for ((from, _), ids) in runs {
+            for (from, ids) in runs {
                 for b in crate::dist::buckets(ids.iter().map(|&i| st.params[i].numel() as i64)) {
-                    let ps: Vec<T> = ids[b].iter().map(|&i| st.params[i].detach()).collect();
+                    let ps: Vec<T> = ids[b]
+                        .iter()
+                        .map(|&i| if masters { st.params[i].detach().to_kind(kind) } else { st.params[i].detach() })
+                        .collect();
                     let flat: Vec<T> = ps.iter().map(|p| p.reshape([-1])).collect();
                     let mut bucket = T::cat(&flat, 0).to_device(device);
                     group.broadcast_tensor(&mut bucket, from).map_err(|e| {
                         ModelError::Torch(format!("sending rank {from}'s parameters to the others: {e}"))
                     })?;
+                    if from == rank {
+                        continue;
+                    }
                     let mut off = 0;
                     for p in &ps {
                         let k = p.numel() as i64;
@@ -1001,34 +1124,46 @@ impl Backend for TorchBackend {
 
     fn gather_optimizer(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
         let Some(shard) = &self.shard else { return Ok(()) };
-        let (owner, rank) = (shard.owner.clone(), shard.rank);
+        let (owner, rank, masters) = (shard.owner.clone(), shard.rank, shard.masters);
         let mut st = self.lock();
         self.ensure_moments(&mut st)?;
         let mut gathered: Vec<(T, T)> = Vec::with_capacity(st.params.len());
+        let mut copies: HashMap<usize, T> = HashMap::new();
+        let empty = || T::zeros([0], (Kind::Float, self.device));
         tch::no_grad(|| -> Result<()> {
             for (i, &from) in owner.iter().enumerate() {
                 if !self.learns(i) {
-                    gathered
-                        .push((T::zeros([0], (Kind::Float, self.device)), T::zeros([0], (Kind::Float, self.device))));
+                    gathered.push((empty(), empty()));
                     continue;
                 }
-                let mut pair = Vec::with_capacity(2);
-                for own in [&st.m[i], &st.v[i]] {
-                    // One tensor at a time: only rank 0 keeps what it receives.
-                    let mut t = if from == rank { own.shallow_clone() } else { st.params[i].zeros_like() };
+                // One tensor at a time: only rank 0 keeps what it receives.
+                let shape = st.params[i].size();
+                let mut send = |own: Option<&T>, what: &str| -> Result<T> {
+                    let mut t = match own {
+                        Some(own) if from == rank => own.shallow_clone(),
+                        _ => T::zeros(shape.as_slice(), (Kind::Float, self.device)),
+                    };
                     group
                         .broadcast_tensor(&mut t, from)
-                        .map_err(|e| ModelError::Torch(format!("gathering {}'s moments: {e}", self.names[i])))?;
-                    pair.push(if rank == 0 { t } else { T::zeros([0], (Kind::Float, self.device)) });
-                }
-                let v = pair.pop().expect("two moments");
-                let m = pair.pop().expect("two moments");
+                        .map_err(|e| ModelError::Torch(format!("gathering {}'s {what}: {e}", self.names[i])))?;
+                    Ok(if rank == 0 { t } else { empty() })
+                };
+                let m = send(Some(&st.m[i]), "first moment")?;
+                let v = send(Some(&st.v[i]), "second moment")?;
                 gathered.push((m, v));
+                if masters && from != 0 {
+                    let master = if from == rank { Some(st.params[i].detach()) } else { None };
+                    let t = send(master.as_ref(), "master weight")?;
+                    if rank == 0 {
+                        copies.insert(i, t);
+                    }
+                }
             }
             Ok(())
         })?;
         if rank == 0 {
             st.gathered = Some(gathered);
+            st.masters = copies;
         }
         Ok(())
     }
@@ -1045,29 +1180,17 @@ impl Backend for TorchBackend {
             // A rank that ran no backward this step holds no gradient: it
             // adds zeros.
             for &i in &trainable {
-                if !st.params[i].grad().defined() {
-                    let mut zeros = st.params[i].zeros_like();
-                    let mut err = [0 as std::ffi::c_char; 512];
-                    let p = st.params[i].as_mut_ptr().cast::<std::ffi::c_void>();
-                    // SAFETY: live tch handles for the call; the shim
-                    // catches every C++ exception.
-                    let rc = unsafe {
-                        r2vpo_c10d_set_grad(
-                            p,
-                            zeros.as_mut_ptr().cast(),
-                            err.as_mut_ptr(),
-                            err.len() as std::ffi::c_int,
-                        )
-                    };
-                    if rc != 0 {
-                        // SAFETY: the shim wrote a NUL-terminated message.
-                        let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) };
-                        return Err(ModelError::Torch(format!("zero gradient: {}", msg.to_string_lossy())));
+                if self.remote(i) {
+                    if st.grads[i].is_none() {
+                        st.grads[i] = Some(T::zeros(st.params[i].size(), (Kind::Float, device)));
                     }
+                } else if !st.params[i].grad().defined() {
+                    let mut zeros = st.params[i].zeros_like();
+                    set_grad(&mut st.params[i], &mut zeros)?;
                 }
             }
             for b in crate::dist::buckets(trainable.iter().map(|&i| st.params[i].numel() as i64)) {
-                let grads: Vec<T> = trainable[b].iter().map(|&i| st.params[i].grad()).collect();
+                let grads: Vec<T> = trainable[b].iter().map(|&i| self.grad_of(&st, i)).collect();
                 let flat: Vec<T> = grads.iter().map(|g| g.to_kind(Kind::Float).reshape([-1])).collect();
                 let mut bucket = T::cat(&flat, 0).to_device(device);
                 group.sum_tensor(&mut bucket).map_err(dist)?;
@@ -1087,8 +1210,8 @@ impl Backend for TorchBackend {
         let st = self.lock();
         guarded("torch grad_norm", || {
             let mut sq = 0.0f64;
-            for p in &st.params {
-                let g = p.grad();
+            for i in 0..st.params.len() {
+                let g = self.grad_of(&st, i);
                 if g.defined() {
                     sq += g.pow_tensor_scalar(2).sum(Kind::Float).to_kind(Kind::Double).double_value(&[]);
                 }
@@ -1167,6 +1290,7 @@ impl Backend for TorchBackend {
                     Ok(())
                 })
             })?;
+            st.masters.clear();
             lr
         };
         self.zero_grad();
@@ -1179,6 +1303,7 @@ impl Backend for TorchBackend {
         for p in st.params.iter_mut() {
             p.zero_grad();
         }
+        st.grads.iter_mut().for_each(|g| *g = None);
         st.pending = None;
     }
 
@@ -1186,8 +1311,8 @@ impl Backend for TorchBackend {
         let st = self.lock();
         guarded("torch gradients", || {
             let mut out = HashMap::new();
-            for (n, p) in self.names.iter().zip(&st.params) {
-                let g = p.grad();
+            for (i, n) in self.names.iter().enumerate() {
+                let g = self.grad_of(&st, i);
                 if g.defined() {
                     out.insert(n.clone(), to_candle(&g)?);
                 }

@@ -414,9 +414,11 @@ pub struct DistConfig {
     /// checkpointing or sampling meanwhile, or for a rank that hangs)
     /// before every rank stops with an error.
     pub timeout_s: f64,
-    /// 0: every rank keeps all of AdamW's moments; 1: each rank keeps the
-    /// moments of its share of the parameters, steps them, and sends them
-    /// to the others (ZeRO stage 1; the arithmetic is the same).
+    /// 0: every rank keeps all the optimizer state; 1: each rank keeps the
+    /// state of its share of the parameters (AdamW's moments, and with
+    /// bf16 compute the f32 master weights), steps them, and sends them to
+    /// the others (ZeRO stage 1, as Megatron's distributed optimizer; the
+    /// arithmetic is the same).
     pub zero_stage: u8,
 }
 

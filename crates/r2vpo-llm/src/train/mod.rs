@@ -446,19 +446,27 @@ impl Trainer {
         }
         let mut group = group;
         if group.world() > 1 && self.cfg.dist.zero_stage == 1 {
-            let (mine, total) = self.backend.shard_optimizer(group.rank(), group.world())?;
+            let sizes = self.backend.shard_optimizer(group.rank(), group.world())?;
             // What each rank keeps, on the record (rank 0's events).
-            let held: Vec<u64> = group
-                .all_gather_bytes(&(mine as u64).to_le_bytes())?
+            let mine = [sizes.moments as u64, sizes.masters as u64].map(u64::to_le_bytes).concat();
+            let held: Vec<[u64; 2]> = group
+                .all_gather_bytes(&mine)?
                 .iter()
-                .map(|b| u64::from_le_bytes(b.as_slice().try_into().unwrap_or([0; 8])))
+                .map(|b| {
+                    let word = |k: usize| {
+                        u64::from_le_bytes(b.get(8 * k..8 * k + 8).and_then(|w| w.try_into().ok()).unwrap_or([0; 8]))
+                    };
+                    [word(0), word(1)]
+                })
                 .collect();
             if group.rank() == 0 {
                 self.events.write(&serde_json::json!({
                     "event": "optimizer_sharded",
                     "zero_stage": 1,
-                    "moment_values_per_rank": held,
-                    "moment_values_total": total,
+                    "moment_values_per_rank": held.iter().map(|h| h[0]).collect::<Vec<_>>(),
+                    "moment_values_total": sizes.moments_total,
+                    "master_values_per_rank": held.iter().map(|h| h[1]).collect::<Vec<_>>(),
+                    "master_values_total": sizes.masters_total,
                 }))?;
             }
         }
