@@ -270,14 +270,19 @@ fn set_threads(threads: Option<usize>) {
     let n = chosen.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     // SAFETY: called first thing in `main`, before any other thread exists.
     unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
-    // libtorch's intra-op pool (the torch backend on the CPU) reads
-    // OMP_NUM_THREADS when it first starts: the same count, unless the
-    // variable was set for libtorch alone.
+    // libtorch's intra-op pool (the torch backend on the CPU): the same
+    // count, unless OMP_NUM_THREADS was set for libtorch alone; the
+    // variable reaches child processes (`launch`'s ranks), and this
+    // process's pool is set below.
     if threads.is_some() || std::env::var_os("OMP_NUM_THREADS").is_none() {
         // SAFETY: as above.
         unsafe { std::env::set_var("OMP_NUM_THREADS", n.to_string()) };
     }
     let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+    #[cfg(feature = "torch")]
+    r2vpo_llm::backend::torch::set_threads(
+        std::env::var("OMP_NUM_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(n),
+    );
 }
 
 fn run(cli: Cli) -> Result<()> {

@@ -122,6 +122,12 @@ fn assert_same(one: &Path, many: &Path, what: &str) {
         let dealt: Vec<u64> = (0..n).map(|r| (0..4).filter(|c| c % n == r).count() as u64).collect();
         assert_eq!(got, dealt, "{what}: groups sampled per rank");
     }
+    // `--threads 1` reached libtorch in the single process and in each rank.
+    for run in [one, many] {
+        let started = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
+        let line = started.lines().find(|l| l.contains("run_started")).expect("a run_started event");
+        assert!(line.contains("cpu (1 threads)"), "{what}: {line}");
+    }
     let hist = |r: &Path| std::fs::read_to_string(r.join("ratio_hist.jsonl")).unwrap().lines().count();
     assert_eq!(hist(one), hist(many), "{what}: histogram lines");
     let (w1, w2) = (weights(one), weights(many));

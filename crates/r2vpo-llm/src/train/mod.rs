@@ -557,6 +557,12 @@ impl Trainer {
     /// Runs iterations until `cfg.iterations` or until `stop` is raised,
     /// checkpointing every `checkpoint_every` iterations and at the end.
     pub fn run(&mut self, stop: &AtomicBool, on_event: &mut dyn FnMut(Event)) -> TrainResult<Outcome> {
+        self.events.write(&serde_json::json!({
+            "event": "run_started",
+            "iteration": self.progress.iteration,
+            "learner": self.backend.describe(),
+            "ranks": self.group.as_ref().map_or(1, |g| g.world()),
+        }))?;
         if self.cfg.eval_at_start && !self.progress.evaluated_start {
             if self.is_writer() {
                 self.evaluate(on_event)?;
