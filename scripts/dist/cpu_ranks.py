@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """Data-parallel `llm train` on the CPU with 1, 2 and 3 ranks on the same
-global batch: step time, each rank's peak resident memory and each rank's
-share of AdamW's moments (ZeRO-1), as a Markdown table with ratios against
-the one-rank run measured in the same invocation.
+global batch: rollout and update time, each rank's peak resident memory and
+each rank's share of the optimizer state (ZeRO-1: AdamW's moments, and with
+`--dtype bf16` the f32 master weights), as a Markdown table with ratios
+against the one-rank run measured in the same invocation.
 
-    python3 scripts/dist/cpu_ranks.py --bin target/torch/release/r2vpo --out results/bench/dist-cpu-<date>
+    python3 scripts/dist/cpu_ranks.py --bin target/torch/release/r2vpo --dtype bf16 --out results/bench/dist-cpu-<date>
 
 Each configuration runs `--reps` times (interleaved, so drift in the
 machine's speed reaches every configuration alike); the table shows the
 median of the per-iteration train time (rank 0's `timing.train_s`: the
 update of one global batch, which every rank waits for) and the
 peak resident memory of every rank (`rank_peak_rss_mib`, the largest over
-the reps). On a machine with fewer cores than ranks × threads the ranks
+the reps); rollout time is rank 0's `timing.rollout_s` (each rank samples
+its share, then the ranks exchange them). On a machine with fewer cores than ranks × threads the ranks
 share cores: the step time then says what the collectives cost, not what
 more devices gain.
 """
@@ -54,6 +56,8 @@ def run(bin_: Path, ranks: int, threads: int, sets: list[str], out: Path) -> dic
         "rank_peak_rss_mib": last.get("rank_peak_rss_mib") or [usage.ru_maxrss / 1024.0],
         "moments_per_rank": shard["moment_values_per_rank"] if shard else None,
         "moments_total": shard["moment_values_total"] if shard else None,
+        "masters_per_rank": shard.get("master_values_per_rank") if shard else None,
+        "rollout_s": [m["timing"]["rollout_s"] for m in lines],
         "loss": [m["loss"] for m in lines],
         "lambda": [m["lambda"] for m in lines],
     }
@@ -66,10 +70,13 @@ def main() -> None:
     ap.add_argument("--ranks", default="1,2,3")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="tensor threads per rank")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32", help="model.compute_dtype")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a further `llm train --set` override, after the script's own")
     args = ap.parse_args()
     sets = [
         "model.backend=torch",
-        "model.compute_dtype=f32",
+        f"model.compute_dtype={args.dtype}",
         "iterations=1",
         "prompts_per_iter=4",
         "group_size=4",
@@ -83,6 +90,7 @@ def main() -> None:
         "checkpoint_every=0",
         "histogram_every=0",
     ]
+    sets += args.set
     ranks = [int(r) for r in args.ranks.split(",")]
     results: dict[int, list[dict]] = {r: [] for r in ranks}
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,21 +101,26 @@ def main() -> None:
     rows = []
     for r in ranks:
         t = statistics.median(x for res in results[r] for x in res["train_s"])
+        roll = statistics.median(x for res in results[r] for x in res["rollout_s"])
         rss = [max(res["rank_peak_rss_mib"][k] for res in results[r]) for k in range(r)]
         moments = results[r][0]["moments_per_rank"]
-        rows.append({"ranks": r, "train_s": t, "ratio": t / base, "rank_peak_rss_mib": rss, "moments_per_rank": moments,
+        rows.append({"ranks": r, "rollout_s": roll, "train_s": t, "ratio": t / base,
+                     "masters_per_rank": results[r][0]["masters_per_rank"], "rank_peak_rss_mib": rss, "moments_per_rank": moments,
                      "moments_total": results[r][0]["moments_total"], "loss": results[r][0]["loss"],
                      "lambda": results[r][0]["lambda"]})
-    print(f"SmolLM2-135M, torch backend on the CPU, f32, one update of 16 sequences × (prompt + 32) tokens, "
+    print(f"SmolLM2-135M, torch backend on the CPU, {args.dtype}, one update of 16 sequences × (prompt + 32) tokens, "
           f"micro-batches of 2, {args.threads} thread(s) per rank, {os.cpu_count()} cores, median of {args.reps}")
-    print("| ranks | update (s) | × 1 rank | peak RSS per rank (MiB) | AdamW moment values per rank |")
-    print("|---:|---:|---:|---|---|")
+    print("| ranks | rollout (s) | update (s) | × 1 rank | peak RSS per rank (MiB) | AdamW moment values per rank "
+          "| f32 master values per rank |")
+    print("|---:|---:|---:|---:|---|---|---|")
     for row in rows:
         rss = ", ".join(f"{x:.0f}" for x in row["rank_peak_rss_mib"])
         mom = ", ".join(f"{m / 1e6:.1f} M" for m in row["moments_per_rank"]) if row["moments_per_rank"] else "all (one rank)"
-        print(f"| {row['ranks']} | {row['train_s']:.2f} | {row['ratio']:.2f} | {rss} | {mom} |")
+        mas = ", ".join(f"{m / 1e6:.1f} M" for m in row["masters_per_rank"]) if row["masters_per_rank"] else "all (one rank)"
+        print(f"| {row['ranks']} | {row['rollout_s']:.2f} | {row['train_s']:.2f} | {row['ratio']:.2f} | {rss} | {mom} "
+              f"| {mas} |")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ranks.json").write_text(json.dumps({"sets": sets, "threads": args.threads, "reps": args.reps,
+    (args.out / "ranks.json").write_text(json.dumps({"sets": sets, "threads": args.threads, "reps": args.reps, "dtype": args.dtype,
                                                      "rows": rows}, indent=1) + "\n")
 
 
