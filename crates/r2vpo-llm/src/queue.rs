@@ -557,6 +557,14 @@ impl ExperienceQueue for MemoryQueue {
     fn restore_batches(&mut self, next: u64, pending: &[u64]) -> Result<(), QueueError> {
         let mut q = self.lock();
         q.next_batch = q.next_batch.max(next);
+        if q.entries.is_empty() {
+            // A queue that lost its entries (a new process): each published
+            // batch took one slot, so every slot the learner has read is
+            // below `next`; slots from there on sort after its read
+            // position (from slot 0 they sorted before it and were never
+            // read), as the Redis queue's restore does.
+            q.next_slot = q.next_slot.max(next);
+        }
         for &b in pending {
             if !q.leases.contains_key(&b) && !q.pending.contains(&b) {
                 q.pending.push(b);

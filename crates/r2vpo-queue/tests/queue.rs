@@ -113,6 +113,10 @@ fn lease_contract(fresh: &mut dyn FnMut() -> Box<dyn ExperienceQueue>) {
     r.restore_batches(10, &[3, 5]).unwrap();
     let claims: Vec<u64> = (0..3).map(|_| r.claim_batch("c", long).unwrap()).collect();
     assert_eq!(claims, vec![3, 5, 10]);
+    // Its slots sort after every slot the learner read before (each of the
+    // 10 batches took at most one): from slot 0 they were never read.
+    let slot = r.publish_batch(3, "c", &[entry(3, 0)]).unwrap().unwrap();
+    assert!(slot >= 10, "slot {slot}");
 }
 
 #[test]
