@@ -82,16 +82,6 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     // Started by torchrun, srun or `r2vpo launch` with several ranks: a
     // data-parallel job (docs/distributed.md).
     let launch = r2vpo_llm::dist::Launch::from_env()?.filter(|l| l.world_size > 1);
-    if let Some(l) = &launch {
-        if role == Role::Learn || a.asynchronous {
-            bail!(
-                "started as rank {} of {}: the asynchronous learner does not train data-parallel yet; run `llm \
-                 train` without --async under the launcher, or one process",
-                l.rank,
-                l.world_size
-            );
-        }
-    }
     let mut sets = a.run.cfg.sets.clone();
     if a.asynchronous || role == Role::Learn {
         sets.insert(0, "actors.async=true".into());
@@ -333,7 +323,8 @@ fn join_job(launch: &r2vpo_llm::dist::Launch, _: &TrainConfig) -> Result<Box<dyn
 }
 
 /// A rank other than 0 of a data-parallel job: the same trainer, fed rank
-/// 0's rollouts, writing nothing into the run folder (its own logs go to a
+/// 0's rollouts (or its share of them, or with `--async`/`llm learn` the
+/// groups rank 0 takes from its queue), writing nothing into the run folder (its own logs go to a
 /// temporary folder, removed at the end); rank 0 reports, evaluates,
 /// checkpoints and exports.
 fn follow(cfg: TrainConfig, dir: &Path, resume: bool, group: Box<dyn r2vpo_llm::dist::Group>) -> Result<()> {
@@ -344,7 +335,14 @@ fn follow(cfg: TrainConfig, dir: &Path, resume: bool, group: Box<dyn r2vpo_llm::
         t.set_group(group)?;
         let stop =
             Stop::install().map_err(|e| r2vpo_llm::train::TrainError::Io { path: scratch.clone(), source: e })?;
-        t.run(stop.flag(), &mut |_| {}).map(|o| (o, stop))
+        let out = if t.config().actors.asynchronous {
+            // Rank 0 holds the queue and the actors; this rank learns from
+            // what it takes.
+            t.follow_learner(stop.flag(), &mut |_| {})
+        } else {
+            t.run(stop.flag(), &mut |_| {})
+        };
+        out.map(|o| (o, stop))
     });
     let _ = std::fs::remove_dir_all(&scratch);
     match outcome.with_context(|| format!("rank {rank}"))? {

@@ -116,7 +116,7 @@ fn assert_same(one: &Path, many: &Path, what: &str) {
     assert!(rss.len() > 1 && rss.iter().all(|v| v.as_f64().unwrap() > 10.0), "{what}: {rss:?}");
     // Each rank sampled its calls' groups (a resumed run's ranks may
     // change from one iteration to the next).
-    for x in &b {
+    for x in b.iter().filter(|x| x["queue"].is_null()) {
         let n = x["rank_peak_rss_mib"].as_array().unwrap().len();
         let got: Vec<u64> = x["rank_rollout_groups"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
         let dealt: Vec<u64> = (0..n).map(|r| (0..4).filter(|c| c % n == r).count() as u64).collect();
@@ -250,6 +250,60 @@ fn replay_and_a_resume_on_another_number_of_ranks() {
     train(&split, 2, &["iterations=2"], false);
     train(&split, 3, &["iterations=3"], true);
     assert_same(&whole, &split, "2 ranks, then resumed on 3");
+}
+
+/// The asynchronous learner across ranks: rank 0 holds the queue and its
+/// actor thread, takes each iteration's groups and sends them to rank 1.
+/// With `actors.max_staleness = 0` every batch is sampled with the weights
+/// of the iteration that learns from it, so the job trains what one
+/// synchronous process trains.
+#[test]
+fn the_asynchronous_learner_trains_across_ranks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let one = tmp.path().join("sync-1");
+    let many = tmp.path().join("async-2");
+    train(&one, 1, &[], false);
+    train(&many, 2, &["actors.async=true", "actors.max_staleness=0"], false);
+    assert_same(&one, &many, "asynchronous learner, 2 ranks");
+    for x in metrics(&many) {
+        assert_eq!((x["queue"]["groups"].as_u64(), x["queue"]["stale_dropped"].as_u64()), (Some(4), Some(0)), "{x}");
+        assert!(x["rank_rollout_groups"].is_null(), "{x}");
+    }
+}
+
+/// SIGINT to `r2vpo launch` stops an asynchronous job of 2 ranks with a
+/// checkpoint (whether rank 0 was waiting on its queue, when it tells rank
+/// 1 to give its optimizer shares, or learning, when the ranks agree to
+/// stop after the iteration), and the run resumes on 2 ranks to its end.
+#[test]
+fn an_interrupted_asynchronous_job_stops_with_a_checkpoint_and_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
+    cmd.current_dir(root()).args(["--threads", "1", "launch", "--nproc-per-node", "2", "--master-port", "0"]);
+    cmd.args(["--", "llm", "train", "--quiet", "--no-export", "--config", "configs/llm/gpu-smoke.toml"]);
+    cmd.args(["--out", run.to_str().unwrap()]);
+    for s in sets(&["iterations=40", "actors.async=true"]) {
+        cmd.args(["--set", &s]);
+    }
+    let mut launch = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let t0 = std::time::Instant::now();
+    while !run.join("checkpoints/latest").exists() {
+        assert!(t0.elapsed().as_secs() < 120, "no checkpoint after 120 s");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // SAFETY: kill(2) on the launcher this test started.
+    unsafe { libc::kill(launch.id() as i32, libc::SIGINT) };
+    let t_stop = std::time::Instant::now();
+    let status = launch.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(launch.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(t_stop.elapsed().as_secs() < 60, "{:?}", t_stop.elapsed());
+    assert!(!status.success() && err.contains("--resume"), "{status:?}\n{err}");
+    let done = metrics(&run).len();
+    assert!(done < 40, "the job ran to its end before the signal: {err}");
+    train(&run, 2, &["iterations=40", "actors.async=true"], true);
+    assert_eq!(metrics(&run).len(), 40);
 }
 
 /// A rank killed in the middle of a run ends the job with an error naming

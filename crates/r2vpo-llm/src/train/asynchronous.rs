@@ -26,6 +26,12 @@
 //! weights travel through a [`WeightChannel`] (a shared folder announced in
 //! Redis, `r2vpo_queue::SharedWeights`).
 //!
+//! In a data-parallel job (docs/distributed.md) rank 0 alone holds the
+//! queue, the actors and the weight channel: each iteration it sends the
+//! groups it took ([`Lead`]) to the other ranks, which learn from them as
+//! it does ([`Trainer::follow_learner`]), so the staleness bound holds per
+//! global step and the job trains what one learner trains.
+//!
 //! Where an actor's samples come from: in-process by default, or from
 //! rollout servers (`rollout.backend = "http"`): each actor then owns its
 //! servers (actor thread `i` of `actors.count` takes every `count`-th URL
@@ -43,7 +49,9 @@ use super::metrics::QueueMetrics;
 use super::{
     load_policy, Actor, BatchShare, DataPosition, Event, Outcome, TrainConfig, TrainError, TrainResult, Trainer,
 };
-use crate::queue::{retry_unavailable, sleep_unless, EntryLimits, ExperienceQueue, GroupEntry, QueueError};
+use crate::queue::{
+    retry_unavailable, sleep_unless, EntryLimits, ExperienceQueue, GroupEntry, QueueError, QueuePosition,
+};
 use crate::rollout::RolloutSource;
 use crate::weights::{Fetched, WeightChannel, Weights, WeightsError};
 
@@ -316,7 +324,78 @@ fn derived_owner_nonce() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
 }
 
+/// What rank 0 of a data-parallel asynchronous learner sends the other
+/// ranks before each iteration.
+#[derive(serde::Serialize, serde::Deserialize)]
+enum Lead {
+    /// The groups taken from the queue for the next iteration, with the
+    /// queue's side of it and the queue position after them.
+    Batch { taken: Vec<GroupEntry>, queue: QueueMetrics, position: QueuePosition },
+    /// Rank 0 ends the run before the next iteration (a stop, or a fault
+    /// of its queue or weight channel: `fault`), with a checkpoint into
+    /// which every rank gives its share of the optimizer state.
+    End { fault: Option<String> },
+}
+
 impl Trainer {
+    /// A rank other than 0 of a data-parallel asynchronous learner (`llm
+    /// train --async` or `llm learn` under a launcher): learns from the
+    /// groups rank 0 takes from its queue, iteration by iteration, until
+    /// the run ends or rank 0 ends it.
+    pub fn follow_learner(&mut self, stop: &AtomicBool, on_event: &mut dyn FnMut(Event)) -> TrainResult<Outcome> {
+        self.log_start()?;
+        while self.progress.iteration < self.cfg.iterations {
+            let Some(g) = super::data_parallel(&mut self.group) else {
+                return Err(TrainError::Config {
+                    field: "dist".into(),
+                    message: "a follower needs the job's other ranks".into(),
+                });
+            };
+            let bytes = g.broadcast_bytes(0, Vec::new())?;
+            let lead: Lead =
+                bincode::deserialize(&bytes).map_err(|e| TrainError::Exchange(format!("rank 0's queue batch: {e}")))?;
+            match lead {
+                Lead::Batch { taken, queue, position } => {
+                    let t_start = Instant::now();
+                    let m = self.learn(&taken, queue.wait_s, t_start, Some(queue), on_event)?;
+                    self.progress.queue = position;
+                    if let Some(out) = self.after_iteration(&m, stop, on_event)? {
+                        return Ok(out);
+                    }
+                }
+                Lead::End { fault } => {
+                    self.backend.gather_optimizer(g)?;
+                    return match fault {
+                        None => Ok(Outcome::Stopped),
+                        Some(f) => Err(TrainError::Queue(format!("rank 0 ended the run: {f}"))),
+                    };
+                }
+            }
+        }
+        Ok(Outcome::Finished)
+    }
+
+    /// Rank 0 of a data-parallel asynchronous learner: sends `lead` to the
+    /// other ranks (nothing alone).
+    fn lead(&mut self, lead: &Lead) -> TrainResult<()> {
+        if let Some(g) = super::data_parallel(&mut self.group) {
+            let bytes = bincode::serialize(lead).map_err(|e| TrainError::Exchange(format!("encoding a lead: {e}")))?;
+            g.broadcast_bytes(0, bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the run before the next iteration with a checkpoint: the other
+    /// ranks (told by [`Trainer::lead`]) give their shares of the optimizer
+    /// state first.
+    fn end_with_checkpoint(&mut self, fault: Option<String>) -> TrainResult<std::path::PathBuf> {
+        self.lead(&Lead::End { fault })?;
+        if let Some(g) = super::data_parallel(&mut self.group) {
+            self.backend.gather_optimizer(g)?;
+        }
+        self.save_checkpoint()
+    }
+
     /// Runs the remaining iterations asynchronously: `actors.count` actor
     /// threads produce batches into the queue `open` gives, while this
     /// thread learns from them (see the module docs). Actor `i` samples
@@ -399,13 +478,15 @@ impl Trainer {
         out
     }
 
-    /// The start-of-run evaluation, then the learner's queue handle with
-    /// its batch counter restored from the checkpoint.
+    /// The `run_started` line and the start-of-run evaluation, then the
+    /// learner's queue handle with its batch counter restored from the
+    /// checkpoint.
     fn open_learner_queue(
         &mut self,
         open: &QueueOpener,
         on_event: &mut dyn FnMut(Event),
     ) -> TrainResult<Box<dyn ExperienceQueue>> {
+        self.log_start()?;
         if self.cfg.eval_at_start && !self.progress.evaluated_start {
             self.evaluate(on_event)?;
             self.progress.evaluated_start = true;
@@ -451,7 +532,8 @@ impl Trainer {
         }
         // Every queue and channel call sits between iterations, so the
         // progress here is a whole iteration's (the one before the wait).
-        match self.save_checkpoint() {
+        let why = out.as_ref().err().map(ToString::to_string);
+        match self.end_with_checkpoint(why) {
             Ok(p) => on_event(Event::Checkpoint(&p)),
             Err(e) => {
                 let fault = out.err().map_or_else(String::new, |f| f.to_string());
@@ -506,7 +588,7 @@ impl Trainer {
                 if stop.load(Ordering::SeqCst) {
                     // Nothing of this iteration was learned: the checkpoint
                     // keeps the position from before it.
-                    let p = self.save_checkpoint()?;
+                    let p = self.end_with_checkpoint(None)?;
                     on_event(Event::Checkpoint(&p));
                     return Ok(Outcome::Stopped);
                 }
@@ -582,6 +664,7 @@ impl Trainer {
                 retrying("learner", &mut warn, &mut alive, || queue.trim_before(newest + 1 - keep))?;
             }
             qm.held = retrying("learner", &mut warn, &mut alive, || queue.len())?.unwrap_or(0);
+            self.lead(&Lead::Batch { taken: taken.clone(), queue: qm.clone(), position: pos.clone() })?;
             let m = self.learn(&taken, qm.wait_s, t_start, Some(qm), on_event)?;
             self.progress.queue = pos;
             if self.progress.iteration < self.cfg.iterations {

@@ -438,12 +438,6 @@ impl Trainer {
     /// only their own logs. Every rank must start from the same weights
     /// (the same model files, or the same checkpoint).
     pub fn set_group(&mut self, group: Box<dyn crate::dist::Group>) -> TrainResult<()> {
-        if group.world() > 1 && self.cfg.actors.asynchronous {
-            return Err(TrainError::Config {
-                field: "actors.async".into(),
-                message: "the asynchronous learner does not train data-parallel yet; run it in one process".into(),
-            });
-        }
         let mut group = group;
         if group.world() > 1 && self.cfg.dist.zero_stage == 1 {
             let sizes = self.backend.shard_optimizer(group.rank(), group.world())?;
@@ -475,6 +469,18 @@ impl Trainer {
             self.actor.set_warning_handler(|_| {});
         }
         self.group = Some(group);
+        Ok(())
+    }
+
+    /// The `run_started` line of events.jsonl: where the run starts (or
+    /// resumes) and on what learner, with how many ranks.
+    fn log_start(&mut self) -> TrainResult<()> {
+        self.events.write(&serde_json::json!({
+            "event": "run_started",
+            "iteration": self.progress.iteration,
+            "learner": self.backend.describe(),
+            "ranks": self.group.as_ref().map_or(1, |g| g.world()),
+        }))?;
         Ok(())
     }
 
@@ -557,12 +563,7 @@ impl Trainer {
     /// Runs iterations until `cfg.iterations` or until `stop` is raised,
     /// checkpointing every `checkpoint_every` iterations and at the end.
     pub fn run(&mut self, stop: &AtomicBool, on_event: &mut dyn FnMut(Event)) -> TrainResult<Outcome> {
-        self.events.write(&serde_json::json!({
-            "event": "run_started",
-            "iteration": self.progress.iteration,
-            "learner": self.backend.describe(),
-            "ranks": self.group.as_ref().map_or(1, |g| g.world()),
-        }))?;
+        self.log_start()?;
         if self.cfg.eval_at_start && !self.progress.evaluated_start {
             if self.is_writer() {
                 self.evaluate(on_event)?;
@@ -1128,7 +1129,7 @@ struct Share {
 
 /// The job's group when it has ranks other than this one: a borrow of the
 /// field alone, so the backend can be borrowed beside it.
-fn data_parallel(group: &mut Option<Box<dyn crate::dist::Group>>) -> Option<&mut dyn crate::dist::Group> {
+pub(super) fn data_parallel(group: &mut Option<Box<dyn crate::dist::Group>>) -> Option<&mut dyn crate::dist::Group> {
     match group {
         Some(g) if g.world() > 1 => Some(g.as_mut()),
         _ => None,
