@@ -164,6 +164,12 @@ fn ranks_train_what_one_process_trains_in_every_aggregation_mode() {
             train(&replicated, 3, &[&set, "dist.zero_stage=0"], false);
             assert_same(&one, &replicated, "token-mean, 3 ranks, ZeRO-0");
             assert!(!std::fs::read_to_string(replicated.join("events.jsonl")).unwrap().contains("optimizer_sharded"));
+            // ZeRO-2: the gradients summed into their owners after every
+            // round of micro-batches (4 micro-batches: rounds of 3 and 1).
+            let zero2 = tmp.path().join("token-mean-3-zero2");
+            train(&zero2, 3, &[&set, "dist.zero_stage=2"], false);
+            assert_same(&one, &zero2, "token-mean, 3 ranks, ZeRO-2");
+            assert_eq!(sharding(&zero2)["zero_stage"], 2);
         }
     }
     // With LoRA the trained tensors are many small adapters (the tiny
@@ -212,6 +218,11 @@ fn sharded_master_weights_train_what_one_process_trains() {
     train(&split, 2, &["model.compute_dtype=bf16", "iterations=2"], false);
     train(&split, 3, &["model.compute_dtype=bf16", "iterations=3"], true);
     assert_same(&whole, &split, "bf16, 2 ranks, then resumed on 3");
+    // ZeRO-2 with sharded masters: the gradients of other ranks' bf16
+    // parameters go to their owners every round.
+    let zero2 = tmp.path().join("bf16-3-zero2");
+    train(&zero2, 3, &["model.compute_dtype=bf16", "dist.zero_stage=2"], false);
+    assert_same(&one, &zero2, "bf16, 3 ranks, ZeRO-2");
 }
 
 fn per_rank_of(shard: &serde_json::Value, key: &str) -> Vec<u64> {

@@ -58,10 +58,16 @@ fn collectives_give_the_exact_results_on_every_rank() {
         let mut input = Tensor::arange(6, (Kind::Float, tch::Device::Cpu)) * (r as f64 + 1.0);
         let mut shard = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
         pg.reduce_scatter_sum(&mut shard, &mut input).unwrap();
+        // Rank r contributes [r, 2r]; rank 1 receives [0+1+2, 0+2+4].
+        let mut reduced = Tensor::from_slice(&[r, 2.0 * r]);
+        pg.reduce_sum(&mut reduced, 1).unwrap();
         pg.barrier().unwrap();
-        (pg.rank(), values(&sum), values(&b), values(&gathered), values(&shard))
+        (pg.rank(), values(&sum), values(&b), values(&gathered), values(&shard), values(&reduced))
     });
-    for (rank, sum, b, gathered, shard) in got {
+    for (rank, sum, b, gathered, shard, reduced) in got {
+        if rank == 1 {
+            assert_eq!(reduced, vec![3.0, 6.0]);
+        }
         assert_eq!(sum, vec![3.0, 6.0, 9.0, 12.0, 15.0, 18.0], "rank {rank}");
         assert_eq!(b, vec![30.0; 4], "rank {rank}");
         assert_eq!(gathered, vec![0.0, 0.0, 1.0, 1.0, 2.0, 2.0], "rank {rank}");

@@ -332,6 +332,18 @@ pub trait Backend: Policy {
         Ok(())
     }
 
+    /// ZeRO stage 2, at the end of each round of micro-batches (one per
+    /// rank): sums every rank's gradients into the rank that steps each
+    /// parameter and drops them on the others, so between rounds a rank
+    /// holds only its share of the gradients. Takes the place of
+    /// [`Backend::sync_grads`]; needs [`Backend::shard_optimizer`] first.
+    fn reduce_grads(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
+        Err(ModelError::Spec {
+            field: "dist.zero_stage".into(),
+            message: format!("{} cannot shard its gradients over {} ranks", self.describe(), group.world()),
+        })
+    }
+
     /// Keeps the optimizer state only for this rank's share of the
     /// parameters (ZeRO stage 1 over `world` ranks): AdamW's moments and,
     /// where the model computes in a narrower kind than its f32 masters

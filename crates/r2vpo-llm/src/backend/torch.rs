@@ -1178,6 +1178,65 @@ impl Backend for TorchBackend {
         Ok(())
     }
 
+    fn reduce_grads(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
+        let Some(shard) = &self.shard else {
+            return Err(ModelError::Spec {
+                field: "dist.zero_stage".into(),
+                message: "gradients are sharded over the optimizer's shards: shard_optimizer first".into(),
+            });
+        };
+        let (owner, rank) = (shard.owner.clone(), shard.rank);
+        let mut st = self.lock();
+        let device = self.device;
+        tch::no_grad(|| -> Result<()> {
+            let mut runs: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+            for i in (0..st.params.len()).filter(|&i| self.learns(i)) {
+                runs.entry(owner[i]).or_default().push(i);
+            }
+            for (to, ids) in runs {
+                for b in crate::dist::buckets(ids.iter().map(|&i| st.params[i].numel() as i64)) {
+                    let ids = &ids[b];
+                    let grads: Vec<T> = ids.iter().map(|&i| self.grad_of(&st, i)).collect();
+                    // A rank that ran no backward in this round adds zeros.
+                    let flat: Vec<T> = ids
+                        .iter()
+                        .zip(&grads)
+                        .map(|(&i, g)| {
+                            if g.defined() {
+                                g.to_kind(Kind::Float).reshape([-1])
+                            } else {
+                                T::zeros([st.params[i].numel() as i64], (Kind::Float, device))
+                            }
+                        })
+                        .collect();
+                    let mut bucket = T::cat(&flat, 0).to_device(device);
+                    group.reduce_tensor(&mut bucket, to).map_err(|e| {
+                        ModelError::Torch(format!("summing gradients into rank {to}, their owner: {e}"))
+                    })?;
+                    let mut off = 0;
+                    for (&i, g) in ids.iter().zip(&grads) {
+                        let k = st.params[i].numel() as i64;
+                        if to == rank {
+                            let sum = bucket.narrow(0, off, k).view_as(&st.params[i]);
+                            if g.defined() {
+                                g.shallow_clone().copy_(&sum);
+                            } else {
+                                let mut sum = sum.to_kind(st.params[i].kind());
+                                set_grad(&mut st.params[i], &mut sum)?;
+                            }
+                        } else if self.remote(i) {
+                            st.grads[i] = None;
+                        } else {
+                            set_grad(&mut st.params[i], &mut T::new())?;
+                        }
+                        off += k;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
     fn sync_grads(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
         if group.world() == 1 {
             return Ok(());

@@ -127,7 +127,8 @@ extern "C" void r2vpo_c10d_group_drop(void *group) { delete static_cast<GroupHan
 // One collective on tch tensor handles (`torch::Tensor *`), waited for:
 // 0 all-reduce (sum) of `a` in place; 1 broadcast of `a` from `root`;
 // 2 all-gather of `b` into `a` (a = world × b); 3 reduce-scatter (sum) of
-// `b` into `a` (b = world × a); 4 barrier.
+// `b` into `a` (b = world × a); 4 barrier; 5 reduce (sum) of `a` into
+// `root`'s `a` (the others' `a` is left undefined by c10d).
 extern "C" int r2vpo_c10d_collective(void *group, int op, at::Tensor *a, at::Tensor *b, int root, char *err,
                                      int err_len) {
     return guarded(err, err_len, [&] {
@@ -155,6 +156,13 @@ extern "C" int r2vpo_c10d_collective(void *group, int op, at::Tensor *a, at::Ten
             case 4:
                 work = g->backend->barrier(c10d::BarrierOptions{});
                 break;
+            case 5: {
+                std::vector<at::Tensor> t{*a};
+                c10d::ReduceOptions o;
+                o.rootRank = root;
+                work = g->backend->reduce(t, o);
+                break;
+            }
             default:
                 throw std::invalid_argument("unknown collective " + std::to_string(op));
         }

@@ -215,6 +215,7 @@ enum Op {
     AllGather = 2,
     ReduceScatter = 3,
     Barrier = 4,
+    Reduce = 5,
 }
 
 impl ProcessGroup {
@@ -315,6 +316,12 @@ impl ProcessGroup {
     /// (world × `out`'s elements; rank r gets slice r).
     pub fn reduce_scatter_sum(&mut self, out: &mut Tensor, input: &mut Tensor) -> Result<()> {
         self.collective(Op::ReduceScatter, "reduce-scatter", Some(out), Some(input), 0)
+    }
+
+    /// `root`'s `t` becomes the sum over ranks of `t`; the others' `t`
+    /// is left with unspecified values.
+    pub fn reduce_sum(&mut self, t: &mut Tensor, root: usize) -> Result<()> {
+        self.collective(Op::Reduce, "reduce", Some(t), None, root)
     }
 
     /// Returns once every rank has reached it.
@@ -490,5 +497,9 @@ impl Group for ProcessGroup {
 
     fn broadcast_tensor(&mut self, t: &mut Tensor, root: usize) -> Result<()> {
         self.broadcast(t, root)
+    }
+
+    fn reduce_tensor(&mut self, t: &mut Tensor, root: usize) -> Result<()> {
+        self.reduce_sum(t, root)
     }
 }

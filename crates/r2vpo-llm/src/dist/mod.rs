@@ -57,6 +57,11 @@ pub trait Group: Send {
     /// Every rank's `t` becomes `root`'s, in place.
     #[cfg(feature = "torch")]
     fn broadcast_tensor(&mut self, t: &mut tch::Tensor, root: usize) -> Result<(), DistError>;
+
+    /// `root`'s `t` becomes the sum over the ranks of `t`, in place; the
+    /// others' `t` is left with unspecified values.
+    #[cfg(feature = "torch")]
+    fn reduce_tensor(&mut self, t: &mut tch::Tensor, root: usize) -> Result<(), DistError>;
 }
 
 /// A launch variable that is missing, unparsable or inconsistent, named.

@@ -418,7 +418,9 @@ pub struct DistConfig {
     /// state of its share of the parameters (AdamW's moments, and with
     /// bf16 compute the f32 master weights), steps them, and sends them to
     /// the others (ZeRO stage 1, as Megatron's distributed optimizer; the
-    /// arithmetic is the same).
+    /// arithmetic is the same); 2: the gradients too, summed into their
+    /// owners after every round of micro-batches (one per rank) and
+    /// dropped elsewhere (ZeRO stage 2).
     pub zero_stage: u8,
 }
 
@@ -654,10 +656,10 @@ impl TrainConfig {
         if !(self.dist.timeout_s.is_finite() && self.dist.timeout_s > 0.0) {
             return Err(bad("dist.timeout_s", format!("must be > 0 seconds, got {}", self.dist.timeout_s)));
         }
-        if self.dist.zero_stage > 1 {
+        if self.dist.zero_stage > 2 {
             return Err(bad(
                 "dist.zero_stage",
-                format!("must be 0 or 1 (stage {} is not built)", self.dist.zero_stage),
+                format!("must be 0, 1 or 2 (stage {} is not built)", self.dist.zero_stage),
             ));
         }
         self.model.backend.check_built().map_err(|e| crate::train::spec_error(e, "model."))

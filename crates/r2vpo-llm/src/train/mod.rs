@@ -439,7 +439,7 @@ impl Trainer {
     /// (the same model files, or the same checkpoint).
     pub fn set_group(&mut self, group: Box<dyn crate::dist::Group>) -> TrainResult<()> {
         let mut group = group;
-        if group.world() > 1 && self.cfg.dist.zero_stage == 1 {
+        if group.world() > 1 && self.cfg.dist.zero_stage >= 1 {
             let sizes = self.backend.shard_optimizer(group.rank(), group.world())?;
             // What each rank keeps, on the record (rank 0's events).
             let mine = [sizes.moments as u64, sizes.masters as u64].map(u64::to_le_bytes).concat();
@@ -456,7 +456,7 @@ impl Trainer {
             if group.rank() == 0 {
                 self.events.write(&serde_json::json!({
                     "event": "optimizer_sharded",
-                    "zero_stage": 1,
+                    "zero_stage": self.cfg.dist.zero_stage,
                     "moment_values_per_rank": held.iter().map(|h| h[0]).collect::<Vec<_>>(),
                     "moment_values_total": sizes.moments_total,
                     "master_values_per_rank": held.iter().map(|h| h[1]).collect::<Vec<_>>(),
@@ -936,9 +936,16 @@ impl Trainer {
         // (the normaliser `global` above covers them all); what the step
         // reports and what moves λ is gathered below.
         let (rank, world) = self.dp().map_or((0, 1), |g| (g.rank(), g.world()));
+        // ZeRO-2: after each round of `world` micro-batches (one per rank)
+        // the gradients go to their owners instead of once at the end.
+        let zero2 = world > 1 && self.cfg.dist.zero_stage == 2;
+        let ends_round = |k: usize| zero2 && (k % world == world - 1 || k + 1 == parts.len());
         let mut shares: Vec<Share> = Vec::new();
         for (k, (part, t)) in parts.iter().zip(&packed).enumerate() {
             if k % world != rank {
+                if ends_round(k) {
+                    self.reduce_round()?;
+                }
                 continue;
             }
             // Forward on the backend, then the loss on the log-probs as
@@ -987,9 +994,14 @@ impl Trainer {
             }
             tokens += t.mask.sum_all()?.to_scalar::<f32>()? as usize;
             shares.push(Share { part: k, stats: out_stats, rows });
+            if ends_round(k) {
+                self.reduce_round()?;
+            }
         }
         if let Some(g) = data_parallel(&mut self.group) {
-            self.backend.sync_grads(g)?;
+            if !zero2 {
+                self.backend.sync_grads(g)?;
+            }
             let mut sums = [loss_total, ref_kl, tokens as f64];
             g.sum_f64(&mut sums)?;
             (loss_total, ref_kl, tokens) = (sums[0], sums[1], sums[2] as usize);
@@ -1010,7 +1022,14 @@ impl Trainer {
             }
             stats.push(s.stats);
         }
-        let norm = self.backend.grad_norm()?;
+        let mut norm = self.backend.grad_norm()?;
+        if let Some(g) = data_parallel(&mut self.group).filter(|_| zero2) {
+            // Each rank holds its share of the gradients: the global norm
+            // is the root of the summed squares.
+            let mut sq = [norm * norm];
+            g.sum_f64(&mut sq)?;
+            norm = sq[0].sqrt();
+        }
         if !loss_total.is_finite() || !norm.is_finite() {
             // The step is not taken, so λ does not learn from it either.
             let merged = RatioStats::merge(&stats);
@@ -1125,6 +1144,17 @@ struct Share {
     part: usize,
     stats: RatioStats,
     rows: Vec<(u64, Vec<f64>)>,
+}
+
+impl Trainer {
+    /// ZeRO-2's end of a round of micro-batches: the gradients go to the
+    /// ranks that step them ([`crate::backend::Backend::reduce_grads`]).
+    fn reduce_round(&mut self) -> TrainResult<()> {
+        if let Some(g) = data_parallel(&mut self.group) {
+            self.backend.reduce_grads(g)?;
+        }
+        Ok(())
+    }
 }
 
 /// The job's group when it has ranks other than this one: a borrow of the
