@@ -261,6 +261,12 @@ fn replay_and_a_resume_on_another_number_of_ranks() {
     train(&split, 2, &["iterations=2"], false);
     train(&split, 3, &["iterations=3"], true);
     assert_same(&whole, &split, "2 ranks, then resumed on 3");
+    // With ZeRO-2 the checkpoint is the same: the moments gathered, the
+    // gradients (dropped after every step) never in it.
+    let split2 = tmp.path().join("split-zero2");
+    train(&split2, 2, &["iterations=2", "dist.zero_stage=2"], false);
+    train(&split2, 3, &["iterations=3", "dist.zero_stage=2"], true);
+    assert_same(&whole, &split2, "ZeRO-2, 2 ranks, then resumed on 3");
 }
 
 /// The asynchronous learner across ranks: rank 0 holds the queue and its
