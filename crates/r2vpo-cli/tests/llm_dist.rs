@@ -288,6 +288,26 @@ fn the_asynchronous_learner_trains_across_ranks() {
     }
 }
 
+/// Starts `llm train` on 2 ranks under `r2vpo launch` (`launch_args`
+/// before its `--`) into `run`, with the test's settings and `extra`, and
+/// returns the launcher once the run's first checkpoint exists.
+fn launch_until_checkpoint(run: &Path, launch_args: &[&str], extra: &[&str]) -> std::process::Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
+    cmd.current_dir(root()).args(["--threads", "1", "launch", "--nproc-per-node", "2", "--master-port", "0"]);
+    cmd.args(launch_args).args(["--", "llm", "train", "--quiet", "--no-export"]);
+    cmd.args(["--config", "configs/llm/gpu-smoke.toml", "--out", run.to_str().unwrap()]);
+    for s in sets(extra) {
+        cmd.args(["--set", &s]);
+    }
+    let launch = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let t0 = std::time::Instant::now();
+    while !run.join("checkpoints/latest").exists() {
+        assert!(t0.elapsed().as_secs() < 120, "no checkpoint after 120 s");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    launch
+}
+
 /// SIGINT to `r2vpo launch` stops an asynchronous job of 2 ranks with a
 /// checkpoint (whether rank 0 was waiting on its queue, when it tells rank
 /// 1 to give its optimizer shares, or learning, when the ranks agree to
@@ -296,19 +316,7 @@ fn the_asynchronous_learner_trains_across_ranks() {
 fn an_interrupted_asynchronous_job_stops_with_a_checkpoint_and_resumes() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
-    cmd.current_dir(root()).args(["--threads", "1", "launch", "--nproc-per-node", "2", "--master-port", "0"]);
-    cmd.args(["--", "llm", "train", "--quiet", "--no-export", "--config", "configs/llm/gpu-smoke.toml"]);
-    cmd.args(["--out", run.to_str().unwrap()]);
-    for s in sets(&["iterations=40", "actors.async=true"]) {
-        cmd.args(["--set", &s]);
-    }
-    let mut launch = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
-    let t0 = std::time::Instant::now();
-    while !run.join("checkpoints/latest").exists() {
-        assert!(t0.elapsed().as_secs() < 120, "no checkpoint after 120 s");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let mut launch = launch_until_checkpoint(&run, &[], &["iterations=40", "actors.async=true"]);
     // SAFETY: kill(2) on the launcher this test started.
     unsafe { libc::kill(launch.id() as i32, libc::SIGINT) };
     let t_stop = std::time::Instant::now();
@@ -330,19 +338,7 @@ fn an_interrupted_asynchronous_job_stops_with_a_checkpoint_and_resumes() {
 fn a_killed_rank_ends_the_job_and_the_run_resumes() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
-    cmd.current_dir(root()).args(["--threads", "1", "launch", "--nproc-per-node", "2", "--master-port", "0"]);
-    cmd.args(["--grace-secs", "10", "--", "llm", "train", "--quiet", "--no-export", "--config"]);
-    cmd.args(["configs/llm/gpu-smoke.toml", "--out", run.to_str().unwrap()]);
-    for s in sets(&["iterations=40"]) {
-        cmd.args(["--set", &s]);
-    }
-    let mut launch = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
-    let t0 = std::time::Instant::now();
-    while !run.join("checkpoints/latest").exists() {
-        assert!(t0.elapsed().as_secs() < 120, "no checkpoint after 120 s");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let mut launch = launch_until_checkpoint(&run, &["--grace-secs", "10"], &["iterations=40"]);
     let children = std::fs::read_to_string(format!("/proc/{}/task/{}/children", launch.id(), launch.id())).unwrap();
     let follower: i32 = children.split_whitespace().nth(1).expect("two ranks").parse().unwrap();
     // SAFETY: kill(2) on rank 1, which `launch` started.
