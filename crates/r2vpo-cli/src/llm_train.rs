@@ -127,7 +127,7 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         Some(l) => {
             let group = join_job(l, &cfg)?;
             if l.rank != 0 {
-                return follow(cfg, &dir, resume, group);
+                return follow(for_rank(cfg, launch.as_ref()), &dir, resume, group);
             }
             Some(group)
         }
@@ -163,9 +163,11 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         run.write_config(&config::to_toml(&cfg)?)?;
     }
     let started = if resume {
-        Trainer::resume(cfg.clone(), &dir).with_context(|| format!("resuming {}", dir.display()))
+        Trainer::resume(for_rank(cfg.clone(), launch.as_ref()), &dir)
+            .with_context(|| format!("resuming {}", dir.display()))
     } else {
-        Trainer::new(cfg.clone(), &dir).with_context(|| format!("starting {}", dir.display()))
+        Trainer::new(for_rank(cfg.clone(), launch.as_ref()), &dir)
+            .with_context(|| format!("starting {}", dir.display()))
     };
     let mut trainer = match started {
         Ok(t) => t,
@@ -290,6 +292,16 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     }
     println!("run folder: {}", dir.display());
     Ok(())
+}
+
+/// `cfg` as one rank of `launch` trains it, on its own GPU
+/// ([`r2vpo_llm::dist::rank_device`]); config.toml keeps the job's
+/// `cuda`, so a resumed job maps it again.
+fn for_rank(mut cfg: TrainConfig, launch: Option<&r2vpo_llm::dist::Launch>) -> TrainConfig {
+    if let Some(l) = launch {
+        cfg.model.device = r2vpo_llm::dist::rank_device(&cfg.model.device, l.local_rank);
+    }
+    cfg
 }
 
 /// Joins the data-parallel job `launch` describes, after checking that

@@ -262,6 +262,18 @@ pub(crate) fn buckets(sizes: impl IntoIterator<Item = i64>) -> Vec<std::ops::Ran
     out
 }
 
+/// The device a rank trains on: `cuda` (no number) becomes the rank's own
+/// GPU, `cuda:LOCAL_RANK`, as torchrun users expect; `cpu` and an explicit
+/// `cuda:N` stay as they are (a user who numbers the device chose it, e.g.
+/// one GPU per process through `CUDA_VISIBLE_DEVICES`).
+pub fn rank_device(device: &str, local_rank: usize) -> String {
+    if device == "cuda" {
+        format!("cuda:{local_rank}")
+    } else {
+        device.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,6 +345,13 @@ mod tests {
         // One process needs no store address.
         let one = Launch::from_vars(&vars(&[("RANK", "0"), ("WORLD_SIZE", "1")])).unwrap().unwrap();
         assert_eq!((one.master_addr.as_str(), one.master_port), ("127.0.0.1", 29500));
+    }
+
+    #[test]
+    fn each_rank_takes_its_own_gpu_unless_the_device_is_numbered() {
+        assert_eq!(rank_device("cuda", 3), "cuda:3");
+        assert_eq!(rank_device("cuda:1", 3), "cuda:1");
+        assert_eq!(rank_device("cpu", 3), "cpu");
     }
 
     #[test]
