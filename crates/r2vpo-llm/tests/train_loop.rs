@@ -109,8 +109,11 @@ fn non_finite_steps_are_skipped_then_stop_the_run() {
     assert!(matches!(err, TrainError::NonFinite { count: 2, .. }), "{err}");
     assert_eq!(bad, 2);
     let events = std::fs::read_to_string(dir.path().join("events.jsonl")).unwrap();
-    assert_eq!(events.lines().count(), 2);
-    assert!(events.contains("non_finite_step"));
+    let kinds: Vec<String> = events
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["event"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(kinds, ["run_started", "non_finite_step", "non_finite_step"], "{events}");
     // No checkpoint was written from the broken state.
     assert!(checkpoint::latest(dir.path()).unwrap().is_none());
 }
