@@ -667,14 +667,22 @@ impl Trainer {
             self.lead(&Lead::Batch { taken: taken.clone(), queue: qm.clone(), position: pos.clone() })?;
             let m = self.learn(&taken, qm.wait_s, t_start, Some(qm), on_event)?;
             self.progress.queue = pos;
-            if self.progress.iteration < self.cfg.iterations {
+            // The actors get the new weights before any evaluation or
+            // checkpoint of this iteration, so they sample meanwhile.
+            let published = if self.progress.iteration < self.cfg.iterations {
                 // After the last iteration the actors are closed, not fed.
                 let w = self.backend.export_for_actors(self.progress.iteration as u64)?;
-                weights.publish(&w, self.progress.queue.consumed())?;
-            }
+                weights.publish(&w, self.progress.queue.consumed())
+            } else {
+                Ok(())
+            };
+            // The other ranks of a data-parallel job are in this
+            // iteration's last collectives: a fault of the channel ends the
+            // run (`settle`) only once they are through them.
             if let Some(out) = self.after_iteration(&m, stop, on_event)? {
                 return Ok(out);
             }
+            published?;
         }
         Ok(Outcome::Finished)
     }
