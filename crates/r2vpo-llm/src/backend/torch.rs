@@ -318,24 +318,36 @@ pub fn set_threads(n: usize) {
     tch::set_num_threads(n.max(1) as i32);
 }
 
+/// Copies the consecutive slices of the flat `bucket` into `targets`, in
+/// order, each in its tensor's shape and kind: the way back of a bucket
+/// of `T::cat`'d tensors after a collective.
+fn unflatten_into(bucket: &T, targets: &[T]) {
+    let mut off = 0;
+    for t in targets {
+        let k = t.numel() as i64;
+        t.shallow_clone().copy_(&bucket.narrow(0, off, k).view_as(t));
+        off += k;
+    }
+}
+
 /// Sets `param`'s gradient to `grad` (an undefined tensor clears it):
 /// tch-rs has no setter, so the distributed shim's does it.
 fn set_grad(param: &mut T, grad: &mut T) -> Result<()> {
+    shim("setting a gradient", |err, len| {
+        // SAFETY: live tch handles for the call; the shim catches every C++
+        // exception.
+        unsafe { r2vpo_c10d_set_grad(param.as_mut_ptr().cast(), grad.as_mut_ptr().cast(), err, len) }
+    })
+}
+
+/// Calls a C++ shim function that returns 0, or 1 with a NUL-terminated
+/// message in the buffer it is given; the message becomes the error.
+fn shim(what: &str, call: impl FnOnce(*mut std::ffi::c_char, std::ffi::c_int) -> std::ffi::c_int) -> Result<()> {
     let mut err = [0 as std::ffi::c_char; 512];
-    // SAFETY: live tch handles for the call; the shim catches every C++
-    // exception.
-    let rc = unsafe {
-        r2vpo_c10d_set_grad(
-            param.as_mut_ptr().cast::<std::ffi::c_void>(),
-            grad.as_mut_ptr().cast(),
-            err.as_mut_ptr(),
-            err.len() as std::ffi::c_int,
-        )
-    };
-    if rc != 0 {
+    if call(err.as_mut_ptr(), err.len() as std::ffi::c_int) != 0 {
         // SAFETY: the shim wrote a NUL-terminated message.
         let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) };
-        return Err(ModelError::Torch(format!("setting a gradient: {}", msg.to_string_lossy())));
+        return Err(ModelError::Torch(format!("{what}: {}", msg.to_string_lossy())));
     }
     Ok(())
 }
@@ -531,6 +543,16 @@ impl TorchBackend {
     /// (this rank holds it in the compute kind).
     fn remote(&self, i: usize) -> bool {
         self.learns(i) && self.shard.as_ref().is_some_and(|s| s.masters && s.owner[i] != s.rank)
+    }
+
+    /// The parameters that learn, grouped by the rank that steps them
+    /// (`owner[i]`), each group in parameter order.
+    fn by_owner(&self, owner: &[usize]) -> std::collections::BTreeMap<usize, Vec<usize>> {
+        let mut runs: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+        for i in (0..owner.len()).filter(|&i| self.learns(i)) {
+            runs.entry(owner[i]).or_default().push(i);
+        }
+        runs
     }
 
     /// Parameter `i`'s accumulated f32 gradient (undefined before any).
@@ -1097,10 +1119,7 @@ impl Backend for TorchBackend {
             // Each owner's parameters go out in buckets, one collective per
             // bucket as in `sync_grads`: the f32 masters, or with sharded
             // masters their casts to the compute kind (what the others hold).
-            let mut runs: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
-            for i in (0..st.params.len()).filter(|&i| self.learns(i)) {
-                runs.entry(owner[i]).or_default().push(i);
-            }
+            let runs = self.by_owner(&owner);
             for (from, ids) in runs {
                 for b in crate::dist::buckets(ids.iter().map(|&i| st.params[i].numel() as i64)) {
                     let ps: Vec<T> = ids[b]
@@ -1112,15 +1131,8 @@ impl Backend for TorchBackend {
                     group.broadcast_tensor(&mut bucket, from).map_err(|e| {
                         ModelError::Torch(format!("sending rank {from}'s parameters to the others: {e}"))
                     })?;
-                    if from == rank {
-                        continue;
-                    }
-                    let mut off = 0;
-                    for p in &ps {
-                        let k = p.numel() as i64;
-                        let mut p = p.shallow_clone();
-                        p.copy_(&bucket.narrow(0, off, k).view_as(&p));
-                        off += k;
+                    if from != rank {
+                        unflatten_into(&bucket, &ps);
                     }
                 }
             }
@@ -1189,10 +1201,7 @@ impl Backend for TorchBackend {
         let mut st = self.lock();
         let device = self.device;
         tch::no_grad(|| -> Result<()> {
-            let mut runs: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
-            for i in (0..st.params.len()).filter(|&i| self.learns(i)) {
-                runs.entry(owner[i]).or_default().push(i);
-            }
+            let runs = self.by_owner(&owner);
             for (to, ids) in runs {
                 for b in crate::dist::buckets(ids.iter().map(|&i| st.params[i].numel() as i64)) {
                     let ids = &ids[b];
@@ -1263,13 +1272,7 @@ impl Backend for TorchBackend {
                 let flat: Vec<T> = grads.iter().map(|g| g.to_kind(Kind::Float).reshape([-1])).collect();
                 let mut bucket = T::cat(&flat, 0).to_device(device);
                 group.sum_tensor(&mut bucket).map_err(dist)?;
-                let mut off = 0;
-                for g in &grads {
-                    let k = g.numel() as i64;
-                    let mut g = g.shallow_clone();
-                    g.copy_(&bucket.narrow(0, off, k).view_as(&g));
-                    off += k;
-                }
+                unflatten_into(&bucket, &grads);
             }
             Ok(())
         })
@@ -1327,34 +1330,30 @@ impl Backend for TorchBackend {
                             v.push(st.v[i].as_mut_ptr().cast::<std::ffi::c_void>());
                         }
                         let mut g: Vec<_> = grads.iter_mut().map(ptr).collect();
-                        let mut err = [0 as std::ffi::c_char; 512];
-                        // SAFETY: every pointer is a live tch tensor handle
-                        // (`torch::Tensor *`) held for the call's length; the
-                        // shim copies the handles and catches every C++
-                        // exception.
-                        let rc = unsafe {
-                            r2vpo_fused_adamw(
-                                p.as_mut_ptr(),
-                                g.as_mut_ptr(),
-                                m.as_mut_ptr(),
-                                v.as_mut_ptr(),
-                                ptr(&mut step_t),
-                                idx.len() as std::ffi::c_int,
-                                lr,
-                                o.beta1,
-                                o.beta2,
-                                wd,
-                                o.eps,
-                                inv.as_mut().map_or(std::ptr::null_mut(), ptr),
-                                err.as_mut_ptr(),
-                                err.len() as std::ffi::c_int,
-                            )
-                        };
-                        if rc != 0 {
-                            // SAFETY: the shim wrote a NUL-terminated message.
-                            let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) };
-                            return Err(ModelError::Torch(format!("fused AdamW: {}", msg.to_string_lossy())));
-                        }
+                        shim("fused AdamW", |err, len| {
+                            // SAFETY: every pointer is a live tch tensor
+                            // handle (`torch::Tensor *`) held for the call's
+                            // length; the shim copies the handles and catches
+                            // every C++ exception.
+                            unsafe {
+                                r2vpo_fused_adamw(
+                                    p.as_mut_ptr(),
+                                    g.as_mut_ptr(),
+                                    m.as_mut_ptr(),
+                                    v.as_mut_ptr(),
+                                    ptr(&mut step_t),
+                                    idx.len() as std::ffi::c_int,
+                                    lr,
+                                    o.beta1,
+                                    o.beta2,
+                                    wd,
+                                    o.eps,
+                                    inv.as_mut().map_or(std::ptr::null_mut(), ptr),
+                                    err,
+                                    len,
+                                )
+                            }
+                        })?;
                     }
                     Ok(())
                 })
