@@ -47,16 +47,17 @@ build-torch: deps deps-torch
 # The CUDA build for a GPU machine (not needed by demo/test/CI): fetches the
 # pinned CUDA 13.0 toolchain and libraries and libtorch 2.11 from PyPI into
 # .deps/, builds with the torch backend (libtorch through tch-rs, the GPU
-# learner) and candle's CUDA backend for sm_$(CUDA_COMPUTE_CAP) (the
-# comparison), and leaves in dist/gpu/ what to carry there (docs/gpu.md):
-# the stripped binary xz-compressed (the raw one is above the 64 MiB
-# carry limit; 32 MiB of it candle's prebuilt GGUF/MoE kernels),
-# libmujoco, which it finds beside itself ($$ORIGIN), and the embedded
-# SmolLM2's tokenizer as Hugging Face files (2 MB; the GPU check's
-# random-weight runs use it, the 98 MB GGUF stays here), and PEFT's
-# pure-Python wheels for the LoRA phase's PyTorch peer. The binary loads
-# the GPU machine's own libtorch (2.11.0+cu130); libtorch_cuda's CUDA
-# libraries are resolved there, not here (--allow-shlib-undefined).
+# learner, with NCCL process groups for the distributed learner) and
+# candle's CUDA backend for sm_$(CUDA_COMPUTE_CAP) (the comparison), and
+# leaves in dist/gpu/ what to carry there (docs/gpu.md): the stripped
+# binary xz-compressed (the raw one is above the 64 MiB carry limit; 32 MiB
+# of it candle's prebuilt GGUF/MoE kernels), libmujoco, which it finds
+# beside itself ($$ORIGIN), and the embedded SmolLM2's tokenizer as Hugging
+# Face files (2 MB; the GPU check's random-weight runs use it, the 98 MB
+# GGUF stays here), and PEFT's pure-Python wheels for the LoRA phase's
+# PyTorch peer. The binary loads the GPU machine's own libtorch
+# (2.11.0+cu130); libtorch_cuda's CUDA libraries are resolved there, not
+# here (--allow-shlib-undefined).
 CUDA_COMPUTE_CAP ?= 90
 CUDA_DEPS := $(CURDIR)/.deps/cuda
 build-gpu: build deps-torch
@@ -65,7 +66,7 @@ build-gpu: build deps-torch
 	PATH="$(CUDA_DEPS)/bin:$$PATH" CUDA_ROOT="$(CUDA_DEPS)" CUDARC_CUDA_VERSION=13000 \
 	  CUDA_COMPUTE_CAP=$(CUDA_COMPUTE_CAP) LIBRARY_PATH="$(CUDA_DEPS)/lib:$(CUDA_DEPS)/lib/stubs" \
 	  $(TORCH_ENV) RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined" \
-	  $(CARGO) build --release -p r2vpo-cli --features cuda,torch --target-dir target/gpu
+	  $(CARGO) build --release -p r2vpo-cli --features cuda,torch,nccl --target-dir target/gpu
 	@rm -rf dist/gpu && mkdir -p dist/gpu
 	strip -o target/gpu/r2vpo-stripped target/gpu/release/r2vpo
 	xz -T2 -6 -c target/gpu/r2vpo-stripped > dist/gpu/r2vpo.xz

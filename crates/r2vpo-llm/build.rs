@@ -3,7 +3,10 @@
 //! shim (`src/dist/c10d.cpp`) against libtorch's headers, found as
 //! torch-sys finds them (`LIBTORCH`, or `LIBTORCH_INCLUDE`); the c10d shim
 //! also needs Gloo's headers (`GLOO_INCLUDE`, by default `gloo/include`
-//! beside `LIBTORCH`: deps-torch.toml puts them in `.deps/gloo`).
+//! beside `LIBTORCH`: deps-torch.toml puts them in `.deps/gloo`). With
+//! the `nccl` feature the c10d shim also gets ProcessGroupNCCL, which needs
+//! `nccl.h` and CUDA's headers (`CUDA_ROOT`, by default `cuda` beside
+//! `LIBTORCH`: deps-gpu.toml puts them in `.deps/cuda`).
 
 fn main() {
     if std::env::var_os("CARGO_FEATURE_TORCH").is_some() {
@@ -14,7 +17,7 @@ fn main() {
 fn torch_shim() {
     println!("cargo:rerun-if-changed=src/backend/fused_adamw.cpp");
     println!("cargo:rerun-if-changed=src/dist/c10d.cpp");
-    for v in ["LIBTORCH", "LIBTORCH_INCLUDE", "LIBTORCH_CXX11_ABI", "GLOO_INCLUDE"] {
+    for v in ["LIBTORCH", "LIBTORCH_INCLUDE", "LIBTORCH_CXX11_ABI", "GLOO_INCLUDE", "CUDA_ROOT"] {
         println!("cargo:rerun-if-env-changed={v}");
     }
     let root = std::env::var("LIBTORCH_INCLUDE")
@@ -45,15 +48,33 @@ fn torch_shim() {
     }
     // The compile definitions libtorch_cpu's CMake target exports
     // (Caffe2Targets.cmake), without which c10d's headers hide Gloo.
-    cc::Build::new()
-        .cpp(true)
+    let mut c10d = cc::Build::new();
+    c10d.cpp(true)
         .file("src/dist/c10d.cpp")
         .include(&inc)
         .include(inc.join("torch/csrc/api/include"))
         .include(&gloo)
         .define("USE_DISTRIBUTED", None)
-        .define("USE_C10D_GLOO", None)
-        .flag("-std=c++17")
+        .define("USE_C10D_GLOO", None);
+    if std::env::var_os("CARGO_FEATURE_NCCL").is_some() {
+        let cuda = std::env::var("CUDA_ROOT").map(std::path::PathBuf::from).unwrap_or_else(|_| {
+            std::path::Path::new(&std::env::var("LIBTORCH").unwrap_or(root.clone())).join("../cuda")
+        });
+        if !cuda.join("include/nccl.h").exists() || !cuda.join("include/cusparse.h").exists() {
+            panic!(
+                "the nccl feature needs nccl.h and CUDA's headers in {}/include (`python3 scripts/deps.py \
+                 --manifest deps-gpu.toml` fetches them into .deps/cuda; or set CUDA_ROOT)",
+                cuda.display()
+            );
+        }
+        // libtorch_cuda's exported definitions, which ProcessGroupNCCL.hpp
+        // is guarded by.
+        c10d.include(cuda.join("include"))
+            .define("USE_C10D_NCCL", None)
+            .define("USE_CUDA", None)
+            .define("R2VPO_NCCL", None);
+    }
+    c10d.flag("-std=c++17")
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
         .warnings(false)
         .opt_level(2)

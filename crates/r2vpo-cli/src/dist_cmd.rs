@@ -49,6 +49,10 @@ pub struct CheckArgs {
     /// take before every rank stops with an error.
     #[arg(long, default_value_t = 300)]
     pub timeout_secs: u64,
+    /// Where the buffers live: `cpu` (Gloo) or `cuda` (NCCL, each rank on
+    /// `cuda:LOCAL_RANK`; a `make build-gpu` binary).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
 }
 
 /// The hex SHA-256 of the running binary (its first 16 digits): ranks that
@@ -225,19 +229,26 @@ pub fn check(a: &CheckArgs) -> Result<()> {
         },
     };
     let mut pg = ProcessGroup::join(&launch, timeout)?;
+    let cuda = if a.device == "cuda" {
+        pg.add_nccl()?;
+        Some(launch.local_rank)
+    } else {
+        None
+    };
     pg.agree("binary", &binary_hash()?)?;
     let args: Vec<String> = std::env::args().skip(1).collect();
     pg.agree("argument list", &format!("{args:?}"))?;
     pg.barrier()?;
     eprintln!("rank {} of {}: joined; checking and timing the collectives", pg.rank(), pg.world());
-    let timings = pg.self_check(a.numel, a.iters)?;
+    let timings = pg.self_check(a.numel, a.iters, cuda)?;
     pg.barrier()?;
     if pg.rank() == 0 {
         println!(
-            "dist check: {} ranks ({} per node, {:?}), Gloo on CPU tensors: every collective's result exact",
+            "dist check: {} ranks ({} per node, {:?}), {}: every collective's result exact",
             pg.world(),
             launch.local_world_size,
-            launch.launcher
+            launch.launcher,
+            if pg.has_nccl() { "NCCL on CUDA tensors" } else { "Gloo on CPU tensors" }
         );
         println!("| collective | buffer (MiB) | time per call (ms) | bus bandwidth (GB/s) |");
         println!("|---|---:|---:|---:|");

@@ -79,9 +79,9 @@ pub fn train(a: &TrainArgs) -> Result<()> {
 
 /// `r2vpo llm train` or `r2vpo llm learn`.
 pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
-    // Started by torchrun, srun or `r2vpo launch` with several ranks: a
-    // data-parallel job (docs/distributed.md).
-    let launch = r2vpo_llm::dist::Launch::from_env()?.filter(|l| l.world_size > 1);
+    // Started by torchrun, srun or `r2vpo launch`: a data-parallel job
+    // (docs/distributed.md).
+    let launch = r2vpo_llm::dist::Launch::from_env()?;
     let mut sets = a.run.cfg.sets.clone();
     if a.asynchronous || role == Role::Learn {
         sets.insert(0, "actors.async=true".into());
@@ -121,6 +121,10 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
             (cfg, dir, false)
         }
     };
+    // A job of one rank on the torch backend runs the data-parallel path
+    // as a job of eight does (as torchrun's jobs of one do); on candle,
+    // which trains in one process only, it runs alone.
+    let launch = launch.filter(|l| l.world_size > 1 || cfg.model.backend == r2vpo_llm::train::BackendKind::Torch);
     // Every rank of a data-parallel job joins here; rank 0 goes on as a
     // run of its own, the others follow it.
     let group = match &launch {
@@ -316,7 +320,11 @@ fn join_job(launch: &r2vpo_llm::dist::Launch, cfg: &TrainConfig) -> Result<Box<d
             launch.world_size
         );
     }
-    let pg = r2vpo_llm::dist::c10d::ProcessGroup::join(launch, Duration::from_secs_f64(cfg.dist.timeout_s))?;
+    let mut pg = r2vpo_llm::dist::c10d::ProcessGroup::join(launch, Duration::from_secs_f64(cfg.dist.timeout_s))?;
+    if cfg.model.device.starts_with("cuda") {
+        // The gradients, parameters and moments live on the GPUs.
+        pg.add_nccl()?;
+    }
     pg.agree("binary", &crate::dist_cmd::binary_hash()?)?;
     let text = config::to_toml(cfg)?;
     use sha2::Digest;

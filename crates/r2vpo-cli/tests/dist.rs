@@ -129,6 +129,12 @@ fn bad_variables_and_an_unreachable_store_are_named() {
     assert!(!out.status.success(), "{log}");
     assert!(log.contains(&format!("reaching the rendezvous store at 127.0.0.1:{port}")), "{log}");
     assert!(took >= Duration::from_secs(3), "{took:?}");
+    // CUDA tensors need NCCL, which only `make build-gpu` compiles in.
+    if !cfg!(feature = "nccl") {
+        let (out, _) = finish(rank(0, 1, free_port(), &["--device", "cuda"]), Duration::from_secs(60));
+        let log = text(&out);
+        assert!(!out.status.success() && log.contains("NCCL") && log.contains("make build-gpu"), "{log}");
+    }
 }
 
 /// `llm train` on the candle backend, started as one of several ranks,

@@ -54,10 +54,17 @@ fn sets(extra: &[&str]) -> Vec<String> {
 
 /// Runs `llm train` into `out`, alone (`ranks` 1) or under `r2vpo launch`.
 fn train(out: &Path, ranks: usize, extra: &[&str], resume: bool) {
+    run(out, (ranks > 1).then_some(ranks), extra, resume)
+}
+
+/// Runs `llm train` into `out`: under `r2vpo launch` with `launched`
+/// ranks, or (`None`) as a plain process.
+fn run(out: &Path, launched: Option<usize>, extra: &[&str], resume: bool) {
+    let ranks = launched.unwrap_or(1);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
     cmd.current_dir(root()).args(["--threads", "1"]);
-    if ranks > 1 {
-        cmd.args(["launch", "--nproc-per-node", &ranks.to_string(), "--master-port", "0", "--"]);
+    if let Some(n) = launched {
+        cmd.args(["launch", "--nproc-per-node", &n.to_string(), "--master-port", "0", "--"]);
     }
     cmd.args(["llm", "train", "--quiet", "--no-export"]);
     if resume {
@@ -113,7 +120,7 @@ fn assert_same(one: &Path, many: &Path, what: &str) {
     }
     // Each rank's peak memory, on rank 0's record.
     let rss = b.last().unwrap()["rank_peak_rss_mib"].as_array().cloned().unwrap_or_default();
-    assert!(rss.len() > 1 && rss.iter().all(|v| v.as_f64().unwrap() > 10.0), "{what}: {rss:?}");
+    assert!(!rss.is_empty() && rss.iter().all(|v| v.as_f64().unwrap() > 10.0), "{what}: {rss:?}");
     // Each rank sampled its calls' groups (a resumed run's ranks may
     // change from one iteration to the next).
     for x in b.iter().filter(|x| x["queue"].is_null()) {
@@ -223,6 +230,28 @@ fn sharded_master_weights_train_what_one_process_trains() {
     let zero2 = tmp.path().join("bf16-3-zero2");
     train(&zero2, 3, &["model.compute_dtype=bf16", "dist.zero_stage=2"], false);
     assert_same(&one, &zero2, "bf16, 3 ranks, ZeRO-2");
+}
+
+/// A launched job of one rank (`torchrun --nproc-per-node 1`) runs the
+/// data-parallel path — the process group, the sampled groups exchanged,
+/// gradients summed in buckets, the optimizer "sharded" over one rank,
+/// ZeRO-2's per-round reduce — and trains what a plain process trains:
+/// what the GPU check times against the plain step (scripts/gpu/check.sh).
+#[test]
+fn a_launched_job_of_one_rank_trains_what_one_process_trains() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, extra) in [("f32", &[][..]), ("bf16-zero2", &["model.compute_dtype=bf16", "dist.zero_stage=2"][..])] {
+        let one = tmp.path().join(format!("{name}-plain"));
+        let launched = tmp.path().join(format!("{name}-launched"));
+        run(&one, None, extra, false);
+        run(&launched, Some(1), extra, false);
+        assert_same(&one, &launched, &format!("{name}, a launched job of one rank"));
+        // The plain process has no group; the launched one shards over one.
+        assert!(!std::fs::read_to_string(one.join("events.jsonl")).unwrap().contains("optimizer_sharded"));
+        let shard = sharding(&launched);
+        assert_eq!(per_rank(&shard), vec![shard["moment_values_total"].as_u64().unwrap()], "{name}: {shard}");
+        assert!(metrics(&one).iter().all(|x| x["rank_rollout_groups"].is_null()), "{name}: the plain run");
+    }
 }
 
 fn per_rank_of(shard: &serde_json::Value, key: &str) -> Vec<u64> {

@@ -1079,7 +1079,7 @@ impl Backend for TorchBackend {
         let mine = load.get(rank).copied().unwrap_or(0);
         let masters = world > 1 && self.kind != Kind::Float;
         drop(st);
-        self.shard = (world > 1).then_some(Shard { rank, owner, masters });
+        self.shard = Some(Shard { rank, owner, masters });
         let mut st = self.lock();
         guarded("torch optimizer shards", || {
             tch::no_grad(|| {
@@ -1247,9 +1247,6 @@ impl Backend for TorchBackend {
     }
 
     fn sync_grads(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
-        if group.world() == 1 {
-            return Ok(());
-        }
         let mut st = self.lock();
         let device = self.device;
         let dist = |e: crate::dist::DistError| ModelError::Torch(format!("summing gradients over the ranks: {e}"));

@@ -1,6 +1,7 @@
 // torch.distributed's C++ layer (c10d) for the distributed learner: a
 // TCPStore rendezvous (hosted by rank 0, or by torchrun's agent) and Gloo
-// process groups over it, called from Rust (src/dist/c10d.rs).
+// process groups over it (and, built with R2VPO_NCCL, NCCL process groups
+// for CUDA tensors), called from Rust (src/dist/c10d.rs).
 //
 // Everything here is what libtorch exports; nothing is a collective of our
 // own. Gloo objects are only held through the shared_ptr/intrusive_ptr
@@ -13,6 +14,11 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef R2VPO_NCCL
+// Needs nccl.h and the CUDA headers ATen's CUDA context includes (cuBLAS,
+// cuSPARSE, cuSOLVER): deps-gpu.toml fetches them into .deps/cuda.
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <chrono>
 #include <cstdlib>
@@ -121,6 +127,28 @@ extern "C" void *r2vpo_c10d_gloo(void *store, const char *name, int rank, int wo
     });
     return h;
 }
+
+#ifdef R2VPO_NCCL
+// An NCCL process group of `world` ranks over `store` (keys under `name`),
+// for CUDA tensors; libtorch_cuda's ProcessGroupNCCL, whose watchdog
+// aborts a collective that has not finished after `timeout_ms` (and with
+// TORCH_NCCL_ASYNC_ERROR_HANDLING's default, ends the process) instead of
+// hanging. Communicators are made lazily, at the first collective, on the
+// device of its tensors.
+extern "C" void *r2vpo_c10d_nccl(void *store, const char *name, int rank, int world, long long timeout_ms,
+                                 char *err, int err_len) {
+    GroupHandle *h = nullptr;
+    guarded(err, err_len, [&] {
+        auto timeout = std::chrono::milliseconds(timeout_ms);
+        auto opts = c10d::ProcessGroupNCCL::Options::create();
+        opts->timeout = timeout;
+        auto s = c10::make_intrusive<c10d::PrefixStore>(std::string(name), static_cast<StoreHandle *>(store)->store);
+        auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(s, rank, world, opts);
+        h = new GroupHandle{pg, timeout};
+    });
+    return h;
+}
+#endif
 
 extern "C" void r2vpo_c10d_group_drop(void *group) { delete static_cast<GroupHandle *>(group); }
 

@@ -1,10 +1,12 @@
 //! torch.distributed's process groups from Rust: a TCPStore rendezvous and
-//! Gloo collectives on libtorch tensors, through the C++ shim
+//! collectives on libtorch tensors, through the C++ shim
 //! `src/dist/c10d.cpp` (libtorch exports c10d; tch-rs binds none of it).
 //!
-//! Collectives are libtorch's own (Gloo on CPU tensors): nothing here sends
-//! a byte itself. Every call is bounded by the group's timeout, so a rank
-//! that died or hangs ends the others with an error instead of a hang.
+//! Collectives are libtorch's own — Gloo on CPU tensors and, built with
+//! the `nccl` feature, NCCL on CUDA tensors, as torch.distributed's
+//! `"cpu:gloo,cuda:nccl"` backend routes them: nothing here sends a byte
+//! itself. Every call is bounded by the group's timeout, so a rank that
+//! died or hangs ends the others with an error instead of a hang.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::time::Duration;
@@ -44,6 +46,16 @@ unsafe extern "C" {
     ) -> c_int;
     fn r2vpo_c10d_free(p: *mut c_void);
     fn r2vpo_c10d_gloo(
+        store: *mut c_void,
+        name: *const c_char,
+        rank: c_int,
+        world: c_int,
+        timeout_ms: i64,
+        err: *mut c_char,
+        err_len: c_int,
+    ) -> *mut c_void;
+    #[cfg(feature = "nccl")]
+    fn r2vpo_c10d_nccl(
         store: *mut c_void,
         name: *const c_char,
         rank: c_int,
@@ -194,9 +206,13 @@ impl Drop for Store {
 }
 
 /// A process group: `world` ranks running the same collectives in the
-/// same order, on Gloo (CPU tensors).
+/// same order, on Gloo for CPU tensors and (after
+/// [`ProcessGroup::add_nccl`]) on NCCL for CUDA tensors.
 pub struct ProcessGroup {
     handle: *mut c_void,
+    // The NCCL group over the same store, for CUDA tensors.
+    nccl: Option<*mut c_void>,
+    timeout: Duration,
     rank: usize,
     world: usize,
     // Dropped after the group, which holds a reference of its own.
@@ -257,7 +273,56 @@ impl ProcessGroup {
             },
             |h| h.is_null(),
         )?;
-        Ok(ProcessGroup { handle, rank, world, store })
+        Ok(ProcessGroup { handle, nccl: None, timeout, rank, world, store })
+    }
+
+    /// Adds an NCCL group of the same ranks over the same store, which
+    /// every collective on CUDA tensors goes to from then on (CPU tensors
+    /// stay on Gloo). Every rank calls it, after selecting its own GPU by
+    /// using it. Needs a build with the `nccl` feature (`make build-gpu`).
+    pub fn add_nccl(&mut self) -> Result<()> {
+        #[cfg(feature = "nccl")]
+        {
+            if self.nccl.is_some() {
+                return Ok(());
+            }
+            let n = cstring("r2vpo-nccl/")?;
+            let (rank, world) = (self.rank, self.world);
+            let handle = call(
+                &format!("making the NCCL process group (rank {rank} of {world})"),
+                // SAFETY: live store handle and name; exceptions are caught.
+                |e, l| unsafe {
+                    r2vpo_c10d_nccl(
+                        self.store.handle,
+                        n.as_ptr(),
+                        rank as c_int,
+                        world as c_int,
+                        self.timeout.as_millis() as i64,
+                        e,
+                        l,
+                    )
+                },
+                |h| h.is_null(),
+            )?;
+            self.nccl = Some(handle);
+            Ok(())
+        }
+        #[cfg(not(feature = "nccl"))]
+        Err(DistError(format!(
+            "rank {} of {}: CUDA tensors need an NCCL process group, and this r2vpo was built without one: build \
+             it with `make build-gpu` (the `nccl` feature)",
+            self.rank, self.world
+        )))
+    }
+
+    /// How long any wait of this group may take before it fails.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether CUDA tensors have an NCCL group ([`ProcessGroup::add_nccl`]).
+    pub fn has_nccl(&self) -> bool {
+        self.nccl.is_some()
     }
 
     /// This process's rank.
@@ -283,14 +348,25 @@ impl ProcessGroup {
         b: Option<&mut Tensor>,
         root: usize,
     ) -> Result<()> {
+        let (rank, world) = (self.rank, self.world);
+        // CUDA tensors go to NCCL (Gloo's CUDA support covers only some
+        // collectives, through host copies); the barrier stays on Gloo.
+        let handle = match a.as_ref().map(|t| t.device()) {
+            Some(tch::Device::Cuda(_)) => self.nccl.ok_or_else(|| {
+                DistError(format!(
+                    "{name} of a CUDA tensor on rank {rank} of {world}: the group has no NCCL backend (join it with \
+                     ProcessGroup::add_nccl)"
+                ))
+            })?,
+            _ => self.handle,
+        };
         let ptr = |t: Option<&mut Tensor>| t.map_or(std::ptr::null_mut(), |t| t.as_mut_ptr().cast::<c_void>());
         let (pa, pb) = (ptr(a), ptr(b));
-        let (rank, world) = (self.rank, self.world);
         call(
             &format!("{name} on rank {rank} of {world}"),
             // SAFETY: live group and tensor handles for the call, which
             // waits for the collective to finish.
-            |e, n| unsafe { r2vpo_c10d_collective(self.handle, op as c_int, pa, pb, root as c_int, e, n) },
+            |e, n| unsafe { r2vpo_c10d_collective(handle, op as c_int, pa, pb, root as c_int, e, n) },
             |rc| *rc != 0,
         )?;
         Ok(())
@@ -356,7 +432,10 @@ impl ProcessGroup {
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
-        // SAFETY: the handle is live and dropped once.
+        // SAFETY: the handles are live and dropped once.
+        if let Some(h) = self.nccl.take() {
+            unsafe { r2vpo_c10d_group_drop(h) }
+        }
         unsafe { r2vpo_c10d_group_drop(self.handle) }
     }
 }
@@ -381,16 +460,19 @@ impl ProcessGroup {
     /// times them: all-reduce, broadcast, all-gather and reduce-scatter of
     /// `numel` f32 values, whose results (small integers, exact in f32)
     /// are compared with the values worked out in closed form, then
-    /// `iters` timed calls of each. An `Err` names the collective, the
-    /// rank and the first wrong element.
-    pub fn self_check(&mut self, numel: usize, iters: usize) -> Result<Vec<Timing>> {
+    /// `iters` timed calls of each, on the CPU (through Gloo) or with
+    /// `cuda` on that GPU (through NCCL: [`ProcessGroup::add_nccl`] first).
+    /// An `Err` names the collective, the rank and the first wrong element.
+    pub fn self_check(&mut self, numel: usize, iters: usize, cuda: Option<usize>) -> Result<Vec<Timing>> {
+        let device = cuda.map_or(tch::Device::Cpu, tch::Device::Cuda);
         let (rank, world) = (self.rank, self.world);
         let (r, n) = (rank as f64, world as f64);
-        let opts = (tch::Kind::Float, tch::Device::Cpu);
+        let opts = (tch::Kind::Float, device);
         let per = numel.div_ceil(self.world).max(1);
         let numel = per * self.world;
         let expect = |what: &str, t: &Tensor, want: &dyn Fn(usize) -> f64| -> Result<()> {
-            let v = Vec::<f32>::try_from(t.flatten(0, -1)).map_err(|e| DistError(e.to_string()))?;
+            let v = Vec::<f32>::try_from(t.flatten(0, -1).to_device(tch::Device::Cpu))
+                .map_err(|e| DistError(e.to_string()))?;
             match v.iter().enumerate().find(|&(i, &x)| x as f64 != want(i)) {
                 None => Ok(()),
                 Some((i, &x)) => Err(DistError(format!(
@@ -402,9 +484,8 @@ impl ProcessGroup {
         // Values stay below 2^24, exact in f32: element i of rank r's
         // buffer is (i mod 1024) + r.
         // Counted in integers: f32 counts stop being exact past 2^24.
-        let pattern = |n: usize| {
-            Tensor::arange(n as i64, (tch::Kind::Int64, tch::Device::Cpu)).remainder(1024).to_kind(tch::Kind::Float)
-        };
+        let pattern =
+            |n: usize| Tensor::arange(n as i64, (tch::Kind::Int64, device)).remainder(1024).to_kind(tch::Kind::Float);
         let base = || pattern(numel);
         let mut t = base() + r;
         self.all_reduce_sum(&mut t)?;
@@ -435,6 +516,10 @@ impl ProcessGroup {
                     "all-gather" => self.all_gather(&mut all, &mut mine)?,
                     _ => self.reduce_scatter_sum(&mut shard, &mut input)?,
                 }
+            }
+            if let tch::Device::Cuda(i) = device {
+                // The last call's kernels, finished before the clock stops.
+                tch::Cuda::synchronize(i as i64);
             }
             let seconds = t0.elapsed().as_secs_f64() / iters.max(1) as f64;
             out.push(Timing { name, bytes, seconds, bus_bytes_per_s: factor * bytes as f64 / seconds });

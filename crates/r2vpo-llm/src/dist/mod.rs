@@ -117,7 +117,8 @@ pub struct Launch {
     pub local_world_size: usize,
     /// The rendezvous store's host.
     pub master_addr: String,
-    /// The rendezvous store's port.
+    /// The rendezvous store's port (0 for a job of one without
+    /// `MASTER_PORT`: its store takes any free port).
     pub master_port: u16,
     /// Who hosts the store.
     pub rendezvous: Rendezvous,
@@ -205,7 +206,8 @@ impl Launch {
                 .ok()
                 .filter(|&p| p > 0)
                 .ok_or_else(|| LaunchError(format!("MASTER_PORT={p:?} is not a port (1–65535)")))?,
-            None if world_size == 1 => 29500,
+            // No other rank has to find a job of one's store: any free port.
+            None if world_size == 1 => 0,
             None => {
                 let hint =
                     if launcher == Launcher::Slurm { " (export MASTER_PORT=29500 in the batch script)" } else { "" };
@@ -344,7 +346,7 @@ mod tests {
             .contains("TORCHELASTIC_RESTART_COUNT"));
         // One process needs no store address.
         let one = Launch::from_vars(&vars(&[("RANK", "0"), ("WORLD_SIZE", "1")])).unwrap().unwrap();
-        assert_eq!((one.master_addr.as_str(), one.master_port), ("127.0.0.1", 29500));
+        assert_eq!((one.master_addr.as_str(), one.master_port), ("127.0.0.1", 0));
     }
 
     #[test]

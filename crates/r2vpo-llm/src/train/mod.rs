@@ -439,7 +439,7 @@ impl Trainer {
     /// (the same model files, or the same checkpoint).
     pub fn set_group(&mut self, group: Box<dyn crate::dist::Group>) -> TrainResult<()> {
         let mut group = group;
-        if group.world() > 1 && self.cfg.dist.zero_stage >= 1 {
+        if self.cfg.dist.zero_stage >= 1 {
             let sizes = self.backend.shard_optimizer(group.rank(), group.world())?;
             // What each rank keeps, on the record (rank 0's events).
             let mine = [sizes.moments as u64, sizes.masters as u64].map(u64::to_le_bytes).concat();
@@ -938,7 +938,7 @@ impl Trainer {
         let (rank, world) = self.dp().map_or((0, 1), |g| (g.rank(), g.world()));
         // ZeRO-2: after each round of `world` micro-batches (one per rank)
         // the gradients go to their owners instead of once at the end.
-        let zero2 = world > 1 && self.cfg.dist.zero_stage == 2;
+        let zero2 = self.group.is_some() && self.cfg.dist.zero_stage == 2;
         let ends_round = |k: usize| zero2 && (k % world == world - 1 || k + 1 == parts.len());
         let mut shares: Vec<Share> = Vec::new();
         for (k, (part, t)) in parts.iter().zip(&packed).enumerate() {
@@ -1157,12 +1157,13 @@ impl Trainer {
     }
 }
 
-/// The job's group when it has ranks other than this one: a borrow of the
+/// The job's group when it is one (a launched job of one rank too: it runs
+/// the data-parallel path, as torchrun's jobs of one do): a borrow of the
 /// field alone, so the backend can be borrowed beside it.
 pub(super) fn data_parallel(group: &mut Option<Box<dyn crate::dist::Group>>) -> Option<&mut dyn crate::dist::Group> {
     match group {
-        Some(g) if g.world() > 1 => Some(g.as_mut()),
-        _ => None,
+        Some(g) => Some(g.as_mut()),
+        None => None,
     }
 }
 
