@@ -12,8 +12,10 @@
 #      sampled by nvidia-smi;
 #   3. one `llm train` end to end on the device (a random Qwen3-0.6B-shaped
 #      policy, configs/llm/gpu-smoke.toml) on the torch backend and on
-#      candle, and a tiny run checkpointed on the device, resumed on the
-#      CPU, then on the device again;
+#      candle; the torch run again as the distributed learner (a launched
+#      job of one rank, NCCL) after NCCL's collectives are checked; and a
+#      tiny run checkpointed on the device, resumed on the CPU, then on the
+#      device again;
 #   4. one JSON + Markdown table in $OUT (default results/gpu).
 # Each phase runs under a time limit and a failed one does not stop the
 # rest (device time is scarce): $OUT/status.txt has each phase's exit code,
@@ -277,6 +279,24 @@ if [ $tbin = 1 ]; then
     # and learning tokens/s and their shares of an iteration.
     PEAK=1 phase train-torch-e2e 300 "$TBIN" "${smoke[@]}" --set model.backend=torch --out "$W/torch-e2e"
     [ -f "$W/torch-e2e/metrics.jsonl" ] && cp "$W/torch-e2e/metrics.jsonl" "$OUT/train-torch-e2e-metrics.jsonl"
+fi
+# The distributed learner on the device (#57): NCCL's collectives checked
+# on GPU tensors, then the torch run above again as a launched job of one
+# rank — the data-parallel path (process group, exchanged rollouts,
+# gradients all-reduced in buckets through NCCL, the optimizer sharded over
+# one rank) — against the plain process: the same figures, and its train
+# tokens/s against the plain run's (goal: within 3 %), in the summary.
+# Several GPUs: `r2vpo launch --nproc-per-node N -- llm train ...`, or
+# torchrun (docs/distributed.md).
+if [ $tbin = 1 ]; then
+    echo "== 3c. the distributed learner, one rank: $( [ $dry = 1 ] && echo Gloo || echo NCCL ) on $DEV"
+    DIST_NUMEL=${DIST_NUMEL:-67108864}
+    [ $dry = 1 ] && DIST_NUMEL=1048576
+    phase dist-check 120 "$TBIN" launch --nproc-per-node 1 --master-port 0 -- dist check --device $DEV \
+        --numel "$DIST_NUMEL" --iters 20
+    PEAK=1 phase train-torch-dist1 300 "$TBIN" launch --nproc-per-node 1 --master-port 0 -- "${smoke[@]}" \
+        --set model.backend=torch --out "$W/torch-dist1"
+    [ -f "$W/torch-dist1/metrics.jsonl" ] && cp "$W/torch-dist1/metrics.jsonl" "$OUT/train-torch-dist1-metrics.jsonl"
 fi
 PEAK=1 phase train-e2e 180 "$BIN" "${smoke[@]}" --out "$W/e2e"
 [ -f "$W/e2e/metrics.jsonl" ] && cp "$W/e2e/metrics.jsonl" "$OUT/train-e2e-metrics.jsonl"

@@ -39,6 +39,28 @@ def against(a, b, prefix: str) -> dict:
     return out
 
 
+def dist_against_plain(plain, dist) -> dict | None:
+    """The launched one-rank run against the plain one: train tokens/s over
+    iterations after the first (which holds CUDA's warm-up), and the largest
+    relative difference of the figures both report (sampling and the backward
+    on a GPU are not bitwise deterministic, so near, not equal)."""
+    if not plain or not dist or len(plain) != len(dist):
+        return None
+    later = slice(1, None) if len(plain) > 1 else slice(None)
+    tok = lambda rows: sum(r["timing"]["train_tokens_per_s"] for r in rows[later]) / len(rows[later])
+    worst, worst_rel = "", 0.0
+    for a, b in zip(plain, dist):
+        for k in ("loss", "grad_norm", "sq_dev", "lambda", "reward_mean", "response_len_mean", "entropy"):
+            if isinstance(a.get(k), (int, float)) and isinstance(b.get(k), (int, float)):
+                rel = abs(a[k] - b[k]) / max(abs(a[k]), abs(b[k]), 1e-12)
+                if rel >= worst_rel:
+                    worst, worst_rel = f"{k} (iteration {a.get('iter')})", rel
+    plain_tok, dist_tok = tok(plain), tok(dist)
+    timed = [r.get("iter") for r in plain[later]]
+    return {"timed": f"{timed[0]}–{timed[-1]}" if len(timed) > 1 else str(timed[0]), "train_tok_s_plain": plain_tok, "train_tok_s_dist": dist_tok,
+            "overhead": plain_tok / dist_tok - 1.0, "worst_figure": worst, "worst_rel": worst_rel}
+
+
 def main() -> None:
     d = Path(sys.argv[1])
     checks = [c for c in (load(d / f"check{s}-{t}.json") for s in ("-torch", "", "-0.6b") for t in ("f32", "bf16"))
@@ -162,6 +184,8 @@ def main() -> None:
                f"{loading['gpu_peak_gib'] if loading['gpu_peak_gib'] is not None else float('nan'):.2f} |"]
     runs = {}
     for name, title in [("torch-e2e", "`llm train --config configs/llm/gpu-smoke.toml --set model.backend=torch`"),
+                        ("torch-dist1", "the same as the distributed learner: `r2vpo launch --nproc-per-node 1 -- "
+                                        "llm train ...` (one rank; NCCL on a GPU)"),
                         ("e2e", "`llm train --config configs/llm/gpu-smoke.toml`"),
                         ("xdev", "tiny run: iteration 1 on the device, 2 on the CPU (resumed), 3 on the device")]:
         p = d / f"train-{name}-metrics.jsonl"
@@ -179,12 +203,23 @@ def main() -> None:
                       f"{r.get('sq_dev', nan):.3g} | {r.get('grad_norm', nan):.3g} | "
                       f"{t.get('rollout_tokens_per_s', nan):.1f} | {t.get('train_tokens_per_s', nan):.1f} | "
                       f"{t.get('iteration_s', nan):.1f} |")
+    dist = dist_against_plain(runs.get("torch-e2e"), runs.get("torch-dist1"))
+    if dist:
+        md += ["", "## The distributed learner (one rank; NCCL on a GPU) against the plain process\n",
+                f"Train tokens/s over iterations {dist['timed']}: {dist['train_tok_s_dist']:.1f} against "
+               f"{dist['train_tok_s_plain']:.1f}, overhead {100 * dist['overhead']:.1f} % (goal ≤ 3 %); largest "
+               f"relative difference of a figure: {dist['worst_figure']} {dist['worst_rel']:.2g}."]
+    collectives = d / "dist-check.log"
+    if collectives.exists():
+        table = [line for line in collectives.read_text().splitlines() if line.startswith(("|", "dist check:"))]
+        if table:
+            md += ["", "## `dist check` on the device\n", *table]
     status = (d / "status.txt").read_text().split("\n") if (d / "status.txt").exists() else []
     status = [s for s in status if s.strip()]
     if status:
         md += ["", "## Phases (exit code, seconds)\n", "```", *status, "```"]
     summary = {"device": device, "checks": checks, "samplers": samplers, "sampling": sampling, "steps": steps,
-               "plans": plans, "loading": loading, "runs": runs,
+               "plans": plans, "loading": loading, "runs": runs, "dist": dist,
                "phases": status}
     for name, text in [("summary.json", json.dumps(summary, indent=2)), ("summary.md", "\n".join(md) + "\n")]:
         tmp = d / (name + ".tmp")

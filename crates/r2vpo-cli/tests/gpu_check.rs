@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+#[cfg(not(feature = "torch"))]
 #[test]
 fn the_gpu_checks_dry_run_passes_every_phase() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -46,4 +47,41 @@ fn the_gpu_checks_dry_run_passes_every_phase() {
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("## Sampler against learner") && summary.contains("| 2 |"), "{summary}");
     assert!(summary.contains("## Loading a bf16 model") && summary.contains("candle cpu f32"), "{summary}");
+}
+
+/// The torch build's phases of the end-to-end section: the torch run, the
+/// collectives checked through a launched job of one, and the torch run
+/// again as that job (the distributed learner), which on the CPU gives the
+/// plain run's figures.
+#[cfg(feature = "torch")]
+#[test]
+fn the_gpu_checks_distributed_learner_phases_pass_in_the_dry_run() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, runs, tok) = (tmp.path().join("out"), tmp.path().join("runs"), tmp.path().join("tok"));
+    let st = Command::new("bash")
+        .current_dir(&root)
+        .args(["scripts/gpu/check.sh", "--dry-run"])
+        .env("R2VPO_BIN", env!("CARGO_BIN_EXE_r2vpo"))
+        .env("R2VPO_TORCH_BIN", env!("CARGO_BIN_EXE_r2vpo"))
+        .env("ONLY", "train-torch-e2e dist-check train-torch-dist1 summary")
+        .env("OUT_DRY", &out)
+        .env("RUNS", &runs)
+        .env("TOK", &tok)
+        .env("RAYON_NUM_THREADS", "2")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&st.stdout).into_owned() + &String::from_utf8_lossy(&st.stderr);
+    assert!(st.status.success(), "{log}");
+    let status = std::fs::read_to_string(out.join("status.txt")).unwrap();
+    for phase in ["train-torch-e2e", "dist-check", "train-torch-dist1", "summary"] {
+        assert!(status.contains(&format!("{phase} rc=0")), "{phase} did not pass:\n{status}");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let dist = &summary["dist"];
+    assert!(dist["train_tok_s_dist"].as_f64().unwrap() > 0.0, "{dist}");
+    assert!(dist["worst_rel"].as_f64().unwrap() <= 1e-4, "{dist}");
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(md.contains("## `dist check` on the device") && md.contains("| all-reduce |"), "{md}");
 }
