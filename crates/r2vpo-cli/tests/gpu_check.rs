@@ -7,28 +7,37 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-#[cfg(not(feature = "torch"))]
-#[test]
-fn the_gpu_checks_dry_run_passes_every_phase() {
+/// Runs `check.sh --dry-run` with this build's binary and `env` in a
+/// temporary folder; asserts it succeeded and returns its output folder
+/// (with the temporary folder that holds it) and `status.txt`.
+fn dry_run(env: &[(&str, std::ffi::OsString)]) -> (tempfile::TempDir, PathBuf, String) {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let tmp = tempfile::tempdir().unwrap();
-    let (out, runs, tok) = (tmp.path().join("out"), tmp.path().join("runs"), tmp.path().join("tok"));
+    let out = tmp.path().join("out");
     let st = Command::new("bash")
         .current_dir(&root)
         .args(["scripts/gpu/check.sh", "--dry-run"])
         .env("R2VPO_BIN", env!("CARGO_BIN_EXE_r2vpo"))
         .env("OUT_DRY", &out)
-        .env("RUNS", &runs)
-        .env("TOK", &tok)
+        .env("RUNS", tmp.path().join("runs"))
+        .env("TOK", tmp.path().join("tok"))
         .env("RAYON_NUM_THREADS", "2")
-        // numpy for the bf16 folder the load phase writes: the Brax venv
-        // `make deps` makes has it.
-        .env("NUMPY_PY", root.join(".deps/venv-brax/bin/python"))
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .unwrap();
     let log = String::from_utf8_lossy(&st.stdout).into_owned() + &String::from_utf8_lossy(&st.stderr);
     assert!(st.status.success(), "{log}");
     let status = std::fs::read_to_string(out.join("status.txt")).unwrap();
+    (tmp, out, status)
+}
+
+#[cfg(not(feature = "torch"))]
+#[test]
+fn the_gpu_checks_dry_run_passes_every_phase() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    // numpy for the bf16 folder the load phase writes: the Brax venv `make
+    // deps` makes has it.
+    let (_tmp, out, status) = dry_run(&[("NUMPY_PY", root.join(".deps/venv-brax/bin/python").into())]);
     for phase in [
         "check-f32",
         "check-sampler-f32",
@@ -56,24 +65,10 @@ fn the_gpu_checks_dry_run_passes_every_phase() {
 #[cfg(feature = "torch")]
 #[test]
 fn the_gpu_checks_distributed_learner_phases_pass_in_the_dry_run() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let tmp = tempfile::tempdir().unwrap();
-    let (out, runs, tok) = (tmp.path().join("out"), tmp.path().join("runs"), tmp.path().join("tok"));
-    let st = Command::new("bash")
-        .current_dir(&root)
-        .args(["scripts/gpu/check.sh", "--dry-run"])
-        .env("R2VPO_BIN", env!("CARGO_BIN_EXE_r2vpo"))
-        .env("R2VPO_TORCH_BIN", env!("CARGO_BIN_EXE_r2vpo"))
-        .env("ONLY", "train-torch-e2e dist-check train-torch-dist1 summary")
-        .env("OUT_DRY", &out)
-        .env("RUNS", &runs)
-        .env("TOK", &tok)
-        .env("RAYON_NUM_THREADS", "2")
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&st.stdout).into_owned() + &String::from_utf8_lossy(&st.stderr);
-    assert!(st.status.success(), "{log}");
-    let status = std::fs::read_to_string(out.join("status.txt")).unwrap();
+    let (_tmp, out, status) = dry_run(&[
+        ("R2VPO_TORCH_BIN", env!("CARGO_BIN_EXE_r2vpo").into()),
+        ("ONLY", "train-torch-e2e dist-check train-torch-dist1 summary".into()),
+    ]);
     for phase in ["train-torch-e2e", "dist-check", "train-torch-dist1", "summary"] {
         assert!(status.contains(&format!("{phase} rc=0")), "{phase} did not pass:\n{status}");
     }

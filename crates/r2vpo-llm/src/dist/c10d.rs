@@ -278,8 +278,10 @@ impl ProcessGroup {
 
     /// Adds an NCCL group of the same ranks over the same store, which
     /// every collective on CUDA tensors goes to from then on (CPU tensors
-    /// stay on Gloo). Every rank calls it, after selecting its own GPU by
-    /// using it. Needs a build with the `nccl` feature (`make build-gpu`).
+    /// stay on Gloo). Every rank calls it; NCCL makes its communicator at
+    /// the first collective, on the GPU that collective's tensors are on
+    /// (each rank's own). Needs a build with the `nccl` feature (`make
+    /// build-gpu`).
     pub fn add_nccl(&mut self) -> Result<()> {
         #[cfg(feature = "nccl")]
         {
