@@ -17,8 +17,9 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Its exit status (a signal shows there), stdout and stderr.
 fn text(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+    format!("[{}] ", o.status) + &String::from_utf8_lossy(&o.stdout) + &String::from_utf8_lossy(&o.stderr)
 }
 
 /// Rank `rank` of `world` with torchrun's variables, rank 0 hosting the
@@ -43,16 +44,20 @@ fn rank(rank: usize, world: usize, port: u16, args: &[&str]) -> Child {
 fn finish(c: Child, limit: Duration) -> (Output, Duration) {
     let t0 = Instant::now();
     let pid = c.id() as i32;
+    let (done, wait) = std::sync::mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {
-        while t0.elapsed() < limit {
-            std::thread::sleep(Duration::from_millis(100));
+        // Kills only a child not yet reaped: once it has exited, its pid may
+        // belong to another process.
+        if wait.recv_timeout(limit).is_err() {
+            // SAFETY: kill(2) on the child, still running (not reaped).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
-        // SAFETY: kill(2); at worst the pid has already been reaped.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
     });
-    let out = c.wait_with_output().unwrap();
+    let out = c.wait_with_output();
+    let _ = done.send(());
+    let _ = watchdog.join();
+    let out = out.unwrap();
     let took = t0.elapsed();
-    drop(watchdog);
     assert!(took < limit, "still running after {limit:?}: {}", text(&out));
     (out, took)
 }
