@@ -112,43 +112,41 @@ extern "C" int r2vpo_c10d_store_get(void *store, const char *key, unsigned char 
 
 extern "C" void r2vpo_c10d_free(void *p) { std::free(p); }
 
-// A Gloo process group of `world` ranks over `store` (under the key prefix
-// `name`, so several groups share one store), with collectives that fail
-// after `timeout_ms` instead of hanging.
-extern "C" void *r2vpo_c10d_gloo(void *store, const char *name, int rank, int world, long long timeout_ms,
-                                 char *err, int err_len) {
+// A process group of `world` ranks over `store` (under the key prefix
+// `name`, so several groups share one store) on `engine`: 0 Gloo, for CPU
+// tensors, whose collectives fail after `timeout_ms` instead of hanging;
+// 1 NCCL, for CUDA tensors (built with R2VPO_NCCL only), libtorch_cuda's
+// ProcessGroupNCCL, whose watchdog aborts a collective not finished after
+// `timeout_ms` (and with TORCH_NCCL_ASYNC_ERROR_HANDLING's default ends
+// the process) and which makes its communicator at the first collective,
+// on the device of its tensors.
+extern "C" void *r2vpo_c10d_group(void *store, const char *name, int engine, int rank, int world,
+                                  long long timeout_ms, char *err, int err_len) {
     GroupHandle *h = nullptr;
     guarded(err, err_len, [&] {
         auto timeout = std::chrono::milliseconds(timeout_ms);
-        auto opts = c10d::ProcessGroupGloo::Options::create_default(timeout);
         auto s = c10::make_intrusive<c10d::PrefixStore>(std::string(name), static_cast<StoreHandle *>(store)->store);
-        auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(s, rank, world, opts);
-        h = new GroupHandle{pg, timeout};
-    });
-    return h;
-}
-
+        c10::intrusive_ptr<c10d::Backend> pg;
+        if (engine == 0) {
+            auto opts = c10d::ProcessGroupGloo::Options::create_default(timeout);
+            pg = c10::make_intrusive<c10d::ProcessGroupGloo>(s, rank, world, opts);
+        } else if (engine == 1) {
 #ifdef R2VPO_NCCL
-// An NCCL process group of `world` ranks over `store` (keys under `name`),
-// for CUDA tensors; libtorch_cuda's ProcessGroupNCCL, whose watchdog
-// aborts a collective that has not finished after `timeout_ms` (and with
-// TORCH_NCCL_ASYNC_ERROR_HANDLING's default, ends the process) instead of
-// hanging. Communicators are made lazily, at the first collective, on the
-// device of its tensors.
-extern "C" void *r2vpo_c10d_nccl(void *store, const char *name, int rank, int world, long long timeout_ms,
-                                 char *err, int err_len) {
-    GroupHandle *h = nullptr;
-    guarded(err, err_len, [&] {
-        auto timeout = std::chrono::milliseconds(timeout_ms);
-        auto opts = c10d::ProcessGroupNCCL::Options::create();
-        opts->timeout = timeout;
-        auto s = c10::make_intrusive<c10d::PrefixStore>(std::string(name), static_cast<StoreHandle *>(store)->store);
-        auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(s, rank, world, opts);
+            auto opts = c10d::ProcessGroupNCCL::Options::create();
+            opts->timeout = timeout;
+            pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(s, rank, world, opts);
+#else
+            throw std::invalid_argument(
+                "CUDA tensors need NCCL, and this r2vpo was built without it: build it with `make build-gpu` (the "
+                "nccl feature)");
+#endif
+        } else {
+            throw std::invalid_argument("unknown engine " + std::to_string(engine));
+        }
         h = new GroupHandle{pg, timeout};
     });
     return h;
 }
-#endif
 
 extern "C" void r2vpo_c10d_group_drop(void *group) { delete static_cast<GroupHandle *>(group); }
 

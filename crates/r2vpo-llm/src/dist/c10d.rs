@@ -45,19 +45,10 @@ unsafe extern "C" {
         err_len: c_int,
     ) -> c_int;
     fn r2vpo_c10d_free(p: *mut c_void);
-    fn r2vpo_c10d_gloo(
+    fn r2vpo_c10d_group(
         store: *mut c_void,
         name: *const c_char,
-        rank: c_int,
-        world: c_int,
-        timeout_ms: i64,
-        err: *mut c_char,
-        err_len: c_int,
-    ) -> *mut c_void;
-    #[cfg(feature = "nccl")]
-    fn r2vpo_c10d_nccl(
-        store: *mut c_void,
-        name: *const c_char,
+        engine: c_int,
         rank: c_int,
         world: c_int,
         timeout_ms: i64,
@@ -234,6 +225,47 @@ enum Op {
     Reduce = 5,
 }
 
+/// The engines of `r2vpo_c10d_group`.
+#[derive(Clone, Copy, Debug)]
+enum Engine {
+    Gloo = 0,
+    Nccl = 1,
+}
+
+/// A process group on `engine` of `world` ranks over `store`, its keys
+/// under `name`.
+fn engine_group(
+    store: &Store,
+    name: &str,
+    engine: Engine,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+) -> Result<*mut c_void> {
+    let n = cstring(name)?;
+    let what = match engine {
+        Engine::Gloo => "Gloo",
+        Engine::Nccl => "NCCL",
+    };
+    call(
+        &format!("making the {what} process group (rank {rank} of {world})"),
+        // SAFETY: live store handle and name; exceptions are caught.
+        |e, l| unsafe {
+            r2vpo_c10d_group(
+                store.handle,
+                n.as_ptr(),
+                engine as c_int,
+                rank as c_int,
+                world as c_int,
+                timeout.as_millis() as i64,
+                e,
+                l,
+            )
+        },
+        |h| h.is_null(),
+    )
+}
+
 impl ProcessGroup {
     /// Joins the job `launch` describes: connects to (rank 0: hosts) the
     /// rendezvous store and makes a Gloo group of every rank over it.
@@ -256,23 +288,7 @@ impl ProcessGroup {
 
     /// A Gloo group of `world` ranks over `store`, its keys under `name`.
     pub fn over(store: Store, name: &str, rank: usize, world: usize, timeout: Duration) -> Result<ProcessGroup> {
-        let n = cstring(name)?;
-        let handle = call(
-            &format!("making the Gloo process group (rank {rank} of {world})"),
-            // SAFETY: live store handle and name; exceptions are caught.
-            |e, l| unsafe {
-                r2vpo_c10d_gloo(
-                    store.handle,
-                    n.as_ptr(),
-                    rank as c_int,
-                    world as c_int,
-                    timeout.as_millis() as i64,
-                    e,
-                    l,
-                )
-            },
-            |h| h.is_null(),
-        )?;
+        let handle = engine_group(&store, name, Engine::Gloo, rank, world, timeout)?;
         Ok(ProcessGroup { handle, nccl: None, timeout, rank, world, store })
     }
 
@@ -281,40 +297,13 @@ impl ProcessGroup {
     /// stay on Gloo). Every rank calls it; NCCL makes its communicator at
     /// the first collective, on the GPU that collective's tensors are on
     /// (each rank's own). Needs a build with the `nccl` feature (`make
-    /// build-gpu`).
+    /// build-gpu`); without it, an error that says so.
     pub fn add_nccl(&mut self) -> Result<()> {
-        #[cfg(feature = "nccl")]
-        {
-            if self.nccl.is_some() {
-                return Ok(());
-            }
-            let n = cstring("r2vpo-nccl/")?;
+        if self.nccl.is_none() {
             let (rank, world) = (self.rank, self.world);
-            let handle = call(
-                &format!("making the NCCL process group (rank {rank} of {world})"),
-                // SAFETY: live store handle and name; exceptions are caught.
-                |e, l| unsafe {
-                    r2vpo_c10d_nccl(
-                        self.store.handle,
-                        n.as_ptr(),
-                        rank as c_int,
-                        world as c_int,
-                        self.timeout.as_millis() as i64,
-                        e,
-                        l,
-                    )
-                },
-                |h| h.is_null(),
-            )?;
-            self.nccl = Some(handle);
-            Ok(())
+            self.nccl = Some(engine_group(&self.store, "r2vpo-nccl/", Engine::Nccl, rank, world, self.timeout)?);
         }
-        #[cfg(not(feature = "nccl"))]
-        Err(DistError(format!(
-            "rank {} of {}: CUDA tensors need an NCCL process group, and this r2vpo was built without one: build \
-             it with `make build-gpu` (the `nccl` feature)",
-            self.rank, self.world
-        )))
+        Ok(())
     }
 
     /// How long any wait of this group may take before it fails.
