@@ -306,11 +306,6 @@ impl ProcessGroup {
         Ok(())
     }
 
-    /// How long any wait of this group may take before it fails.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// Whether CUDA tensors have an NCCL group ([`ProcessGroup::add_nccl`]).
     pub fn has_nccl(&self) -> bool {
         self.nccl.is_some()
