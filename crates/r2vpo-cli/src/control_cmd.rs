@@ -204,6 +204,19 @@ fn return_curve(ms: &[UpdateMetrics]) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// The y-axis title of `eval_curves`: how the runs evaluate
+/// (`eval_deterministic`), since the paper's config samples actions as Brax
+/// does while the CPU recipe takes the policy's mode.
+fn eval_axis_label(plan: &[TrainConfig]) -> &'static str {
+    if plan.iter().all(|c| c.eval_deterministic) {
+        "evaluation return (mode of the policy)"
+    } else if plan.iter().all(|c| !c.eval_deterministic) {
+        "evaluation return (sampled actions)"
+    } else {
+        "evaluation return (mode or sampled, per run)"
+    }
+}
+
 /// `r2vpo control compare`. Every run's config is resolved (and
 /// validated) before `--out` is touched; a run folder left by an earlier
 /// compare is reused (read back when finished, resumed otherwise) only when
@@ -220,6 +233,7 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
             }
         }
     }
+    let eval_label = eval_axis_label(&plan);
     let mut plan = plan.into_iter();
     let root = RunDir::create(&a.out)?;
     let total = a.tasks.len() * a.algos.len() * a.seeds.len();
@@ -236,7 +250,7 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
     let mut eval_panels = Vec::new();
     for task in &a.tasks {
         let mut chart = LineChart::new(task.clone(), "environment steps", "episode return (training)");
-        let mut echart = LineChart::new(task.clone(), "environment steps", "deterministic evaluation return");
+        let mut echart = LineChart::new(task.clone(), "environment steps", eval_label);
         for (ai, algo) in a.algos.iter().enumerate() {
             let mut curves = Vec::new();
             let mut evals = Vec::new();
@@ -321,6 +335,16 @@ mod tests {
         assert!(resolve(None, "ppo2", None, None, &[]).is_err());
         let e = resolve(None, "ppo", None, None, &["epochz=1".into()]).unwrap_err().to_string();
         assert!(e.contains("epochz"), "{e}");
+    }
+
+    #[test]
+    fn eval_axis_label_says_how_the_runs_evaluated() {
+        let mode = TrainConfig::default();
+        let sampled = TrainConfig { eval_deterministic: false, ..TrainConfig::default() };
+        assert!(mode.eval_deterministic);
+        assert_eq!(eval_axis_label(&[mode.clone(), mode.clone()]), "evaluation return (mode of the policy)");
+        assert_eq!(eval_axis_label(std::slice::from_ref(&sampled)), "evaluation return (sampled actions)");
+        assert_eq!(eval_axis_label(&[mode, sampled]), "evaluation return (mode or sampled, per run)");
     }
 
     #[test]

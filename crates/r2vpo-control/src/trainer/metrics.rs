@@ -74,7 +74,8 @@ pub struct UpdateMetrics {
     pub rollout_s: f64,
     /// Seconds spent learning.
     pub learn_s: f64,
-    /// Mean deterministic evaluation return, when an evaluation ran.
+    /// Mean evaluation return, when an evaluation ran: of the policy's mode
+    /// or of sampled actions, as `eval_deterministic` says.
     pub eval_return_mean: Option<f64>,
     /// Its standard deviation.
     pub eval_return_std: Option<f64>,
