@@ -237,8 +237,8 @@ fn control_compare_validates_first_and_refuses_a_run_made_with_another_config() 
     assert!(ok.status.success(), "{err}");
     assert!(err.contains("runs 1/1"), "plain progress line: {err}");
     // The evaluation figure says how the runs evaluated (cpu.toml: the mode).
-    let eval_title = || std::fs::read_to_string(out.join("eval_curves.svg")).unwrap();
-    assert!(eval_title().contains("evaluation return (mode of the policy)"));
+    let eval_svg = || std::fs::read_to_string(out.join("eval_curves.svg")).unwrap();
+    assert!(eval_svg().contains("evaluation return (mode of the policy)"));
     // The same compare again reads the finished run back...
     assert!(compare(&[]).status.success());
     // ...but one with another learning rate does not silently reuse it.
@@ -248,7 +248,7 @@ fn control_compare_validates_first_and_refuses_a_run_made_with_another_config() 
     // Brax's protocol (paper.toml) samples actions; the figure says so.
     std::fs::remove_dir_all(&out).unwrap();
     assert!(compare(&["--set", "eval_deterministic=false"]).status.success());
-    assert!(eval_title().contains("evaluation return (sampled actions)"));
+    assert!(eval_svg().contains("evaluation return (sampled actions)"));
 }
 
 #[test]
