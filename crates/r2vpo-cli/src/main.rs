@@ -161,6 +161,36 @@ enum LlmCmd {
     /// checkpoint `adapter/`, or one PEFT wrote) into its base model and
     /// write the merged model as a Hugging Face folder.
     Merge(LlmMergeArgs),
+    /// Write a model (a GGUF file, dequantized, or a Hugging Face folder)
+    /// as a Hugging Face folder with its tokenizer: what vLLM or SGLang
+    /// serve (`--untied` for vLLM, whose weight reloads never refresh a
+    /// tied output head).
+    Export(LlmExportArgs),
+}
+
+#[derive(Args, Debug)]
+struct LlmExportArgs {
+    /// A GGUF file or a Hugging Face folder.
+    #[arg(long, default_value = ".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    model: PathBuf,
+    /// Where to write the folder (created).
+    #[arg(long)]
+    out: PathBuf,
+    /// Write a tied model with an explicit `lm_head.weight` and
+    /// `tie_word_embeddings = false`: the folder a vLLM server that takes
+    /// weight pushes (`rollout.weight_push = "vllm_reload"`) must start from.
+    #[arg(long)]
+    untied: bool,
+    /// The weights' dtype in the folder.
+    #[arg(long, value_enum, default_value_t = ExportDtype::F32)]
+    dtype: ExportDtype,
+}
+
+/// The dtype of `llm export`'s weights.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum ExportDtype {
+    F32,
+    Bf16,
 }
 
 #[derive(Args, Debug)]
@@ -308,6 +338,7 @@ fn run(cli: Cli) -> Result<()> {
             LlmCmd::Plot(a) => llm_plot::plot(&a),
             LlmCmd::Plan(a) => llm_plan::run(&a),
             LlmCmd::Merge(a) => llm_merge(&a),
+            LlmCmd::Export(a) => llm_export(&a),
         },
         Command::Toy(cmd) => match cmd {
             ToyCmd::Train(a) => toy::cmd_train(&a),
@@ -416,6 +447,29 @@ fn llm_merge(a: &LlmMergeArgs) -> Result<()> {
         cfg.targets.iter().map(|t| t.name()).collect::<Vec<_>>().join(","),
         base.display(),
         a.out.display()
+    );
+    Ok(())
+}
+
+fn llm_export(a: &LlmExportArgs) -> Result<()> {
+    use r2vpo_llm::model::save::{save_hf_tensors_as, HfLayout};
+    let (cfg, src) = r2vpo_llm::model::source::open(&a.model)?;
+    let mut tensors = std::collections::HashMap::new();
+    for (name, _) in r2vpo_llm::model::expected_params(&cfg) {
+        tensors.insert(name.clone(), src.tensor(&name)?.to_dtype(candle_core::DType::F32)?);
+    }
+    let dtype = match a.dtype {
+        ExportDtype::F32 => candle_core::DType::F32,
+        ExportDtype::Bf16 => candle_core::DType::BF16,
+    };
+    save_hf_tensors_as(&cfg, &tensors, &a.out, HfLayout { dtype, untie: a.untied })?;
+    r2vpo_llm::tokenizer::Tokenizer::load(&a.model)?.save_hf_files(&a.out)?;
+    println!(
+        "exported: {} -> {} ({:?}{})",
+        a.model.display(),
+        a.out.display(),
+        a.dtype,
+        if a.untied && cfg.tie_word_embeddings { ", untied" } else { "" }
     );
     Ok(())
 }

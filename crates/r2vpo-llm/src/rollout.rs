@@ -110,6 +110,8 @@ pub struct RolloutCounters {
     pub pushes: u64,
     /// Seconds spent writing and pushing weights.
     pub push_s: f64,
+    /// Bytes of the weight folders written for pushes.
+    pub push_bytes: u64,
     /// The message of the latest failure.
     pub last_failure: Option<String>,
 }

@@ -64,6 +64,17 @@ impl Weights {
     pub fn save_hf_dir(&self, config: &ModelConfig, dir: &Path) -> crate::model::Result<()> {
         crate::model::save::save_hf_tensors(config, &self.tensors, dir)
     }
+
+    /// [`Weights::save_hf_dir`] in the dtype and head layout a rollout
+    /// engine needs ([`crate::model::save::HfLayout`]).
+    pub fn save_hf_dir_as(
+        &self,
+        config: &ModelConfig,
+        dir: &Path,
+        layout: crate::model::save::HfLayout,
+    ) -> crate::model::Result<()> {
+        crate::model::save::save_hf_tensors_as(config, &self.tensors, dir, layout)
+    }
 }
 
 impl crate::model::TensorSource for Weights {

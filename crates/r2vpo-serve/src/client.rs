@@ -38,13 +38,15 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use candle_core::DType;
 use r2vpo_llm::backend::Policy;
+use r2vpo_llm::model::save::HfLayout;
 use r2vpo_llm::rollout::{
     GroupRequest, GroupRollout, LogprobsMode, RolloutCounters, RolloutError, RolloutSource, WeightSnapshot,
 };
 use r2vpo_llm::sample::{FinishReason, Generation, SamplingConfig};
 use r2vpo_llm::tokenizer::Tokenizer;
-use r2vpo_llm::train::{RolloutConfig, WeightPush};
+use r2vpo_llm::train::{PushDtype, RolloutConfig, WeightPush, VLLM_ADAPTER_NAME};
 
 use crate::server::mode_name;
 
@@ -56,6 +58,9 @@ struct Server {
     failures: usize,
     /// The weight version it last acknowledged.
     pushed: Option<u64>,
+    /// The model name its requests ask for, once a push changed it (a vLLM
+    /// server serves a pushed adapter under its own name).
+    model: Option<String>,
 }
 
 /// The HTTP [`RolloutSource`].
@@ -64,8 +69,9 @@ pub struct HttpRollout {
     client: reqwest::blocking::Client,
     weights_dir: PathBuf,
     servers: Vec<Mutex<Server>>,
-    /// The newest pushed version and its folder.
-    current: Option<(u64, PathBuf)>,
+    /// The newest pushed version, its folder, and whether that folder is
+    /// an adapter.
+    current: Option<(u64, PathBuf, bool)>,
     counters: Mutex<RolloutCounters>,
     /// How the servers take new weights (`rollout.weight_push`); `None`
     /// for servers that keep their weights.
@@ -81,9 +87,36 @@ type Post<'a> = &'a dyn Fn(&str, &serde_json::Value) -> Result<String, Failure>;
 /// and failures are the same for every engine; one implementation per
 /// engine's weight-update endpoint.
 trait WeightLoader: Send + Sync {
-    /// Makes the server at `url` serve the Hugging Face folder `dir` as
-    /// weight version `version`, or fails without changing what it serves.
-    fn load(&self, post: Post<'_>, url: &str, dir: &str, version: u64) -> Result<(), Failure>;
+    /// Makes the server at `url` serve the Hugging Face folder (or, with
+    /// `adapter`, the PEFT adapter folder) `dir` as weight version
+    /// `version`, or fails without changing what it serves. Returns the
+    /// model name requests must then ask for, where it changes.
+    fn load(
+        &self,
+        http: &Http<'_>,
+        url: &str,
+        dir: &str,
+        version: u64,
+        adapter: bool,
+    ) -> Result<Option<String>, Failure>;
+
+    /// How a full push is written for this engine.
+    fn layout(&self, dtype: PushDtype) -> HfLayout {
+        HfLayout { dtype: push_dtype(dtype), untie: true }
+    }
+}
+
+/// The client's `POST` and `GET`, as a loader uses them.
+struct Http<'a> {
+    post: Post<'a>,
+    get: &'a dyn Fn(&str) -> Result<String, Failure>,
+}
+
+fn push_dtype(d: PushDtype) -> DType {
+    match d {
+        PushDtype::F32 => DType::F32,
+        PushDtype::Bf16 => DType::BF16,
+    }
 }
 
 /// SGLang's `POST /update_weights_from_disk {model_path, weight_version}`,
@@ -91,9 +124,16 @@ trait WeightLoader: Send + Sync {
 struct UpdateWeightsFromDisk;
 
 impl WeightLoader for UpdateWeightsFromDisk {
-    fn load(&self, post: Post<'_>, url: &str, dir: &str, version: u64) -> Result<(), Failure> {
+    fn load(
+        &self,
+        http: &Http<'_>,
+        url: &str,
+        dir: &str,
+        version: u64,
+        _adapter: bool,
+    ) -> Result<Option<String>, Failure> {
         let body = serde_json::json!({"model_path": dir, "weight_version": version.to_string()});
-        let text = post(&format!("{url}/update_weights_from_disk"), &body)?;
+        let text = (http.post)(&format!("{url}/update_weights_from_disk"), &body)?;
         let ok: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| Failure::new("protocol", format!("{url}: weight update answer is not JSON: {e}")))?;
         if ok.get("success").and_then(|v| v.as_bool()) == Some(false) {
@@ -107,7 +147,7 @@ impl WeightLoader for UpdateWeightsFromDisk {
             Some(v) if v != version.to_string() => {
                 Err(Failure::new("push", format!("{url}: pushed weight version {version}, the server reports {v}")))
             }
-            _ => Ok(()),
+            _ => Ok(None),
         }
     }
 }
@@ -116,17 +156,79 @@ impl WeightLoader for UpdateWeightsFromDisk {
 /// re-read the checkpoint folder in place, then the prefix cache, computed
 /// by the old weights, is dropped. vLLM does not take a version: samples
 /// are attributed to the version last pushed.
+///
+/// Full pushes are written untied ([`HfLayout::untie`]): vLLM never reloads
+/// a tied output head, so a tied push would leave the served `lm_head` at
+/// the start weights and bias every ratio without a word. For the same
+/// reason a server that was started from a tied folder cannot take pushes
+/// at all (its head is the embedding's, and stays stale): where the folder
+/// it serves is readable here, it is checked and refused with the remedy.
+///
+/// Adapter pushes (`rollout.push_adapter`) go to `POST /v1/load_lora_adapter`
+/// with `load_inplace`, under [`VLLM_ADAPTER_NAME`], which requests then
+/// ask for.
 struct VllmReload;
 
-impl WeightLoader for VllmReload {
-    fn load(&self, post: Post<'_>, url: &str, dir: &str, _version: u64) -> Result<(), Failure> {
-        let body = serde_json::json!({
-            "method": "reload_weights",
-            "kwargs": {"weights_path": dir, "is_checkpoint_format": true},
-        });
-        post(&format!("{url}/collective_rpc"), &body)?;
-        post(&format!("{url}/reset_prefix_cache"), &serde_json::json!({}))?;
+impl VllmReload {
+    /// Refuses a server whose served folder (`/v1/models`' `root`) is a
+    /// tied model, where that folder is readable from here.
+    fn check_untied(http: &Http<'_>, url: &str) -> Result<(), Failure> {
+        let text = (http.get)(&format!("{url}/v1/models"))?;
+        let models: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Failure::new("protocol", format!("{url}/v1/models: not JSON: {e}")))?;
+        let Some(root) = models.pointer("/data/0/root").and_then(|r| r.as_str()) else { return Ok(()) };
+        let Ok(cfg) = std::fs::read_to_string(Path::new(root).join("config.json")) else { return Ok(()) };
+        let Ok(cfg) = serde_json::from_str::<serde_json::Value>(&cfg) else { return Ok(()) };
+        let tied = |v: &serde_json::Value| v.get("tie_word_embeddings").and_then(|t| t.as_bool()) == Some(true);
+        if tied(&cfg) || cfg.get("text_config").is_some_and(tied) {
+            return Err(Failure {
+                kind: "push",
+                message: format!(
+                    "{url} serves {root}, a model with tied word embeddings: vLLM's reload_weights never \
+                     refreshes a tied output head, so after a push it would keep sampling from the start \
+                     weights' head and every ratio would be biased. Serve an untied copy instead \
+                     (`r2vpo llm export --untied --model {root} --out DIR`; scripts/vllm/serve.py serves an \
+                     untied copy of a tied folder by itself)"
+                ),
+                fatal: true,
+            });
+        }
         Ok(())
+    }
+}
+
+impl WeightLoader for VllmReload {
+    fn load(
+        &self,
+        http: &Http<'_>,
+        url: &str,
+        dir: &str,
+        _version: u64,
+        adapter: bool,
+    ) -> Result<Option<String>, Failure> {
+        let model = if adapter {
+            let body = serde_json::json!({
+                "lora_name": VLLM_ADAPTER_NAME,
+                "lora_path": dir,
+                "load_inplace": true,
+            });
+            (http.post)(&format!("{url}/v1/load_lora_adapter"), &body)?;
+            Some(VLLM_ADAPTER_NAME.to_string())
+        } else {
+            Self::check_untied(http, url)?;
+            let body = serde_json::json!({
+                "method": "reload_weights",
+                "kwargs": {"weights_path": dir, "is_checkpoint_format": true},
+            });
+            (http.post)(&format!("{url}/collective_rpc"), &body)?;
+            None
+        };
+        (http.post)(&format!("{url}/reset_prefix_cache"), &serde_json::json!({}))?;
+        Ok(model)
+    }
+
+    fn layout(&self, dtype: PushDtype) -> HfLayout {
+        HfLayout { dtype: push_dtype(dtype), untie: true }
     }
 }
 
@@ -219,7 +321,14 @@ impl HttpRollout {
     }
 
     fn post(&self, url: &str, body: &serde_json::Value) -> Result<String, Failure> {
-        let mut req = self.client.post(url).json(body);
+        self.send(url, self.client.post(url).json(body))
+    }
+
+    fn get(&self, url: &str) -> Result<String, Failure> {
+        self.send(url, self.client.get(url))
+    }
+
+    fn send(&self, url: &str, mut req: reqwest::blocking::RequestBuilder) -> Result<String, Failure> {
         if let Some(k) = &self.cfg.api_key {
             req = req.bearer_auth(k);
         }
@@ -258,7 +367,7 @@ impl HttpRollout {
 
     /// Pushes the current folder to `server` if it lags.
     fn catch_up(&self, server: &Mutex<Server>) -> Result<(), Failure> {
-        let Some((version, dir)) = &self.current else { return Ok(()) };
+        let Some((version, dir, adapter)) = &self.current else { return Ok(()) };
         let url = {
             let s = server.lock().expect("server");
             if s.pushed == Some(*version) {
@@ -266,23 +375,29 @@ impl HttpRollout {
             }
             s.url.clone()
         };
+        let mut model = None;
         if let Some(loader) = &self.loader {
-            loader.load(&|u, body| self.post(u, body), &url, &dir.to_string_lossy(), *version)?;
+            let http = Http { post: &|u, body| self.post(u, body), get: &|u| self.get(u) };
+            model = loader.load(&http, &url, &dir.to_string_lossy(), *version, *adapter)?;
         }
-        server.lock().expect("server").pushed = Some(*version);
+        let mut s = server.lock().expect("server");
+        s.pushed = Some(*version);
+        if model.is_some() {
+            s.model = model;
+        }
         Ok(())
     }
 
-    fn request_body(&self, g: &GroupRequest, sampling: &SamplingConfig) -> serde_json::Value {
+    fn request_body(&self, g: &GroupRequest, sampling: &SamplingConfig, model: &str) -> serde_json::Value {
         let mut body = serde_json::json!({
-            "model": self.cfg.model,
+            "model": model,
             "prompt": g.prompt_ids,
             "n": g.n(),
             "max_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "top_k": if sampling.top_k > 0 { sampling.top_k } else { -1 },
-            "seed": g.seeds.first().copied().unwrap_or(0),
+            "seed": wire_seed(g.seeds.first().copied().unwrap_or(0)),
             "logprobs": 0,
             "return_tokens_as_token_ids": true,
             "return_token_ids": true,
@@ -302,12 +417,12 @@ impl HttpRollout {
         tok: &Tokenizer,
     ) -> Result<GroupRollout, Failure> {
         self.catch_up(server)?;
-        let (url, pushed) = {
+        let (url, pushed, model) = {
             let s = server.lock().expect("server");
-            (s.url.clone(), s.pushed)
+            (s.url.clone(), s.pushed, s.model.clone().unwrap_or_else(|| self.cfg.model.clone()))
         };
         self.counters.lock().expect("counters").requests += 1;
-        let text = self.post(&format!("{url}/v1/completions"), &self.request_body(g, sampling))?;
+        let text = self.post(&format!("{url}/v1/completions"), &self.request_body(g, sampling, &model))?;
         let protocol = |m: String| Failure::new("protocol", format!("{url}: {m}"));
         let answer: Answer =
             serde_json::from_str(&text).map_err(|e| protocol(format!("answer is not a completion: {e}")))?;
@@ -405,6 +520,15 @@ impl HttpRollout {
         }
         Ok(GroupRollout { generations, weight_version: version })
     }
+}
+
+/// A sample seed as servers take it: the low 63 bits. Seeds are derived
+/// over all of `u64`, but vLLM validates `seed` as a signed 64-bit integer
+/// and answers 400 above 2^63 − 1 (so about every second group would fail),
+/// and JSON readers that parse into `i64` agree with it. Dropping the top
+/// bit keeps the request deterministic per group.
+pub fn wire_seed(seed: u64) -> u64 {
+    seed & (i64::MAX as u64)
 }
 
 fn snippet(s: &str) -> String {
@@ -528,21 +652,30 @@ impl RolloutSource for HttpRollout {
             }
         }
         let adapter = if self.cfg.push_adapter { snapshot.adapter() } else { Ok(None) };
-        match adapter.map_err(|e| RolloutError::Push(e.to_string()))? {
-            // `r2vpo serve` folds a PEFT folder into its base.
-            Some((lora, tensors)) => r2vpo_llm::model::lora::save_peft(&tmp, lora, None, &tensors)
-                .map_err(|e| RolloutError::Push(e.to_string()))?,
+        let layout = self.loader.as_ref().map_or_else(HfLayout::default, |l| l.layout(self.cfg.push_dtype));
+        let is_adapter = match adapter.map_err(|e| RolloutError::Push(e.to_string()))? {
+            // `r2vpo serve` folds a PEFT folder into its base; vLLM loads it
+            // as a LoRA adapter. Adapters stay f32: megabytes either way.
+            Some((lora, tensors)) => {
+                r2vpo_llm::model::lora::save_peft(&tmp, lora, None, &tensors)
+                    .map_err(|e| RolloutError::Push(e.to_string()))?;
+                true
+            }
             None => {
                 snapshot
                     .weights()
-                    .and_then(|w| w.save_hf_dir(snapshot.config(), &tmp))
+                    .and_then(|w| w.save_hf_dir_as(snapshot.config(), &tmp, layout))
                     .map_err(|e| RolloutError::Push(e.to_string()))?;
                 tok.save_hf_files(&tmp).map_err(|e| RolloutError::Push(e.to_string()))?;
+                false
             }
-        }
+        };
+        let bytes: u64 = std::fs::read_dir(&tmp)
+            .map(|it| it.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+            .unwrap_or(0);
         std::fs::rename(&tmp, &dir).map_err(|e| io(&dir, e))?;
         let dir = std::fs::canonicalize(&dir).map_err(|e| io(&dir, e))?;
-        self.current = Some((version, dir.clone()));
+        self.current = Some((version, dir.clone(), is_adapter));
         let mut errors = Vec::new();
         for s in &self.servers {
             if let Err(f) = self.catch_up(s) {
@@ -570,6 +703,7 @@ impl RolloutSource for HttpRollout {
         let mut c = self.counters.lock().expect("counters");
         c.pushes += 1;
         c.push_s += t0.elapsed().as_secs_f64();
+        c.push_bytes += bytes;
         Ok(())
     }
 

@@ -150,6 +150,20 @@ pub enum WeightPush {
     None,
 }
 
+/// The name under which a vLLM server serves the adapter a LoRA learner
+/// pushes (`rollout.push_adapter` with `weight_push = "vllm_reload"`).
+pub const VLLM_ADAPTER_NAME: &str = "r2vpo-adapter";
+
+/// The dtype of pushed weight folders (`rollout.push_dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PushDtype {
+    /// 4 bytes a weight: exact for an f32 server.
+    F32,
+    /// 2 bytes a weight: what a bf16 server holds after loading.
+    Bf16,
+}
+
 /// The `[rollout]` table: where samples come from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -191,11 +205,18 @@ pub struct RolloutConfig {
     /// `r2vpo serve`), `vllm_reload` or `none`.
     pub weight_push: WeightPush,
     /// With `[model.lora]`, push the adapter (a PEFT folder: megabytes)
-    /// instead of the merged model; `r2vpo serve` folds it into the base
-    /// it started with, which must be the learner's base. Needs
-    /// `weight_push = "update_weights_from_disk"` and `r2vpo serve` (SGLang
-    /// and vLLM load adapters by other routes: `docs/serving.md`).
+    /// instead of the merged model, onto the base the servers started
+    /// with, which must be the learner's base: `r2vpo serve` folds it into
+    /// that base (`update_weights_from_disk`); vLLM hot-loads it in place
+    /// as the adapter [`VLLM_ADAPTER_NAME`] (`vllm_reload`: `POST
+    /// /v1/load_lora_adapter` with `load_inplace`, on a server started with
+    /// `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`), and
+    /// requests name that adapter as their model.
     pub push_adapter: bool,
+    /// The dtype of pushed weight folders: `f32` (the default), or `bf16`
+    /// for servers that serve bf16 (half the bytes to write and read per
+    /// push; the server would round f32 weights to bf16 on load anyway).
+    pub push_dtype: PushDtype,
     /// Folder the pushed weights are written to (default `RUN/weights`);
     /// the servers must be able to read it (same machine or a shared file
     /// system).
@@ -219,6 +240,7 @@ impl Default for RolloutConfig {
             sync_every: 1,
             weight_push: WeightPush::UpdateWeightsFromDisk,
             push_adapter: false,
+            push_dtype: PushDtype::F32,
             weights_dir: None,
         }
     }
@@ -694,10 +716,11 @@ impl TrainConfig {
             if self.model.lora.is_none() {
                 return Err(bad("rollout.push_adapter", "pushes adapters, and [model.lora] trains none"));
             }
-            if self.rollout.weight_push != WeightPush::UpdateWeightsFromDisk {
+            if self.rollout.weight_push == WeightPush::None {
                 return Err(bad(
                     "rollout.push_adapter",
-                    "adapter folders go to `r2vpo serve` by weight_push = \"update_weights_from_disk\"",
+                    "adapter folders go to `r2vpo serve` (weight_push = \"update_weights_from_disk\") or vLLM \
+                     (weight_push = \"vllm_reload\"); weight_push = \"none\" pushes nothing",
                 ));
             }
         }

@@ -125,8 +125,67 @@ pub struct IterMetrics {
     /// iteration's prompt groups each rank sampled, in rank order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_rollout_groups: Option<Vec<usize>>,
+    /// How far the rollout engine's log-probs are from the learner's on
+    /// the same tokens before any update (`None` in older logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mismatch: Option<Mismatch>,
     /// Wall-clock measurements.
     pub timing: Timing,
+}
+
+/// The rollout–trainer mismatch of one iteration, as verl's rollout
+/// log-prob diagnostics measure it: the learner's log π of each sampled
+/// token, at the very weights that sampled it (samples of the current
+/// weight version, before the iteration's first update), against the log π
+/// the rollout engine returned for it. Nonzero from kernels and precision
+/// alone (an f32 vLLM on this CPU: about 1e-5 nats; a bf16 engine: about
+/// 1e-2); a stale head or a push the engine did not take shows up here
+/// first. ρ below is π_learner / π_engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Mismatch {
+    /// Tokens compared (those of samples from the current version).
+    pub tokens: usize,
+    /// Mean |log π_learner − log π_engine| over them.
+    pub abs_mean: f64,
+    /// The largest |log π_learner − log π_engine|.
+    pub abs_max: f64,
+    /// E\[(ρ − 1)²\] at step 0: R²VPO's penalty before the policy moved,
+    /// all of it mismatch.
+    pub sq_dev: f64,
+}
+
+/// Sums for [`Mismatch`], added to per micro-batch and summed over ranks.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MismatchSums {
+    pub(crate) tokens: f64,
+    pub(crate) abs: f64,
+    pub(crate) sq_dev: f64,
+    pub(crate) max: f64,
+}
+
+impl MismatchSums {
+    /// Adds the masked tokens of rows `(learner, engine, mask)`.
+    pub(crate) fn add_row(&mut self, learner: &[f32], engine: &[f32], mask: &[f32]) {
+        for ((&a, &b), &m) in learner.iter().zip(engine).zip(mask) {
+            if m > 0.0 {
+                let d = f64::from(a) - f64::from(b);
+                self.tokens += 1.0;
+                self.abs += d.abs();
+                self.sq_dev += (d.exp() - 1.0).powi(2);
+                self.max = self.max.max(d.abs());
+            }
+        }
+    }
+
+    /// The summary, `None` where no token was compared.
+    pub(crate) fn finish(&self) -> Option<Mismatch> {
+        (self.tokens > 0.0).then(|| Mismatch {
+            tokens: self.tokens as usize,
+            abs_mean: self.abs / self.tokens,
+            abs_max: self.max,
+            sq_dev: self.sq_dev / self.tokens,
+        })
+    }
 }
 
 /// What an asynchronous learner saw in its queue during one iteration.
@@ -177,6 +236,9 @@ impl IterMetrics {
             ("zero_variance_frac", self.zero_variance_frac),
             ("staleness", self.staleness),
             ("version_lag", self.version_lag_mean),
+            ("mismatch/abs_mean", self.mismatch.map_or(f64::NAN, |m| m.abs_mean)),
+            ("mismatch/abs_max", self.mismatch.map_or(f64::NAN, |m| m.abs_max)),
+            ("mismatch/sq_dev", self.mismatch.map_or(f64::NAN, |m| m.sq_dev)),
             ("time/rollout_tokens_per_s", self.timing.rollout_tokens_per_s),
             ("time/train_tokens_per_s", self.timing.train_tokens_per_s),
         ]

@@ -50,8 +50,9 @@ use r2vpo_verify::{verify, VerifyConfig};
 pub use crate::experience::Sample;
 pub use actor::{Actor, BatchShare, Produced};
 pub use config::{
-    ActorsConfig, BackendKind, BehaviourLogprobs, ComputeDtype, DistConfig, Mode, ModelSource, OptimConfig,
+    ActorsConfig, BackendKind, BehaviourLogprobs, ComputeDtype, DistConfig, Mode, ModelSource, OptimConfig, PushDtype,
     QueueBackend, QueueConfig, RandomModel, RefKlConfig, RolloutBackend, RolloutConfig, TrainConfig, WeightPush,
+    VLLM_ADAPTER_NAME,
 };
 pub use metrics::{IterMetrics, QueueMetrics, RatioHistogram, Timing};
 
@@ -780,6 +781,10 @@ impl Trainer {
         }
 
         // Scoring passes: recomputed behaviour log-probs and the reference.
+        // The rollout–trainer mismatch is measured here when behaviour
+        // log-probs are recomputed, else in the first optimizer step,
+        // whose forward runs at the weights that sampled.
+        let mut mismatch: Option<metrics::MismatchSums> = None;
         let t_score = Instant::now();
         if !samples.is_empty()
             && (self.cfg.behaviour_logprobs == BehaviourLogprobs::Recompute || self.reference.is_some())
@@ -797,6 +802,13 @@ impl Trainer {
             };
             for (i, s) in samples.iter_mut().enumerate() {
                 if let Some(r) = &recomputed {
+                    // Before the engine's log-probs are replaced: how far
+                    // they were from the learner's (every rank scores every
+                    // sample, so the sums need no reduction).
+                    if s.version == iter as u64 {
+                        let mm = mismatch.get_or_insert_with(metrics::MismatchSums::default);
+                        mm.add_row(&r[i], &s.behaviour_logp, &vec![1.0; r[i].len()]);
+                    }
                     s.behaviour_logp = r[i].clone();
                 }
                 if let Some(r) = &reference {
@@ -853,8 +865,13 @@ impl Trainer {
                 m.version_lag_max = m.version_lag_max.max(lag);
             }
             let items: Vec<(&Sample, u64)> = drawn.iter().map(|(s, a)| (s, *a)).collect();
-            self.optimizer_step(&items, &mut hist, &mut acc, on_event)?;
+            let first = (k == 0 && mismatch.is_none()).then(|| metrics::MismatchSums::default());
+            let measured = self.optimizer_step(&items, &mut hist, &mut acc, first, on_event)?;
+            if k == 0 && mismatch.is_none() {
+                mismatch = measured;
+            }
         }
+        m.mismatch = mismatch.and_then(|mm| mm.finish());
         let train_s = t_train.elapsed().as_secs_f64();
         m.version_lag_mean = lag_sum / lag_n.max(1) as f64;
         if let Some(q) = queue.as_mut() {
@@ -908,11 +925,13 @@ impl Trainer {
         items: &[(&Sample, u64)],
         hist: &mut metrics::HistogramSet,
         acc: &mut metrics::StepAccumulator,
+        mut mismatch: Option<metrics::MismatchSums>,
         on_event: &mut dyn FnMut(Event),
-    ) -> TrainResult<()> {
+    ) -> TrainResult<Option<metrics::MismatchSums>> {
         if items.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
+        let iteration = self.progress.iteration as u64;
         let dev = self.backend.device().clone();
         let mut items = items.to_vec();
         if self.cfg.share_prompt_prefix && self.backend.shares_prompt_prefix() {
@@ -992,6 +1011,17 @@ impl Trainer {
                     ));
                 }
             }
+            if let Some(mm) = mismatch.as_mut() {
+                // Before any update: the learner's log-probs against the
+                // engine's (`old_logp`), on samples of the current version.
+                let (lp, old, mk): (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<Vec<f32>>) =
+                    (fwd.logp.to_vec2()?, t.old_logp.to_vec2()?, t.mask.to_vec2()?);
+                for (i, (s, _)) in part.iter().enumerate() {
+                    if s.version == iteration {
+                        mm.add_row(&lp[i], &old[i], &mk[i]);
+                    }
+                }
+            }
             tokens += t.mask.sum_all()?.to_scalar::<f32>()? as usize;
             shares.push(Share { part: k, stats: out_stats, rows });
             if ends_round(k) {
@@ -1002,9 +1032,16 @@ impl Trainer {
             if !zero2 {
                 self.backend.sync_grads(g)?;
             }
-            let mut sums = [loss_total, ref_kl, tokens as f64];
+            let mm = mismatch.unwrap_or_default();
+            let mut sums = [loss_total, ref_kl, tokens as f64, mm.tokens, mm.abs, mm.sq_dev];
             g.sum_f64(&mut sums)?;
             (loss_total, ref_kl, tokens) = (sums[0], sums[1], sums[2] as usize);
+            if let Some(mm) = mismatch.as_mut() {
+                (mm.tokens, mm.abs, mm.sq_dev) = (sums[3], sums[4], sums[5]);
+                for b in g.all_gather_bytes(&mm.max.to_le_bytes())? {
+                    mm.max = mm.max.max(f64::from_le_bytes(b.as_slice().try_into().unwrap_or([0; 8])));
+                }
+            }
             let mine = bincode::serialize(&shares)
                 .map_err(|e| TrainError::Exchange(format!("encoding the step's statistics: {e}")))?;
             shares = Vec::new();
@@ -1056,7 +1093,7 @@ impl Trainer {
             if self.progress.bad_steps >= self.cfg.max_bad_steps {
                 return Err(TrainError::NonFinite { count: self.progress.bad_steps, detail });
             }
-            return Ok(());
+            return Ok(mismatch);
         }
         self.progress.bad_steps = 0;
         let lr = self.backend.step(self.cfg.optim.clip_scale(norm))?;
@@ -1067,7 +1104,7 @@ impl Trainer {
         let merged = self.learner.after_step(&stats)?;
         let mean_age = items.iter().map(|(_, a)| *a as f64).sum::<f64>() / items.len() as f64;
         acc.add(&merged, loss_total, norm, lr, ref_kl, mean_age, tokens);
-        Ok(())
+        Ok(mismatch)
     }
 
     /// Writes the current policy as a Hugging Face folder (weights,
