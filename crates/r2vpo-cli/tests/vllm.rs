@@ -89,6 +89,21 @@ impl Vllm {
         Vllm { child, url, log: log.to_path_buf() }
     }
 
+    /// The PID of the engine core process (vLLM names it
+    /// `VLLM::EngineCore`), found among the server's process group.
+    fn engine_core(&self) -> Option<i32> {
+        let group = self.child.id() as i32;
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // pid (comm) state ppid pgrp …: comm may hold spaces.
+            let after = &stat[stat.rfind(')')? + 2..];
+            let pgrp: i32 = after.split(' ').nth(2)?.parse().ok()?;
+            let cmd = std::fs::read_to_string(e.path().join("cmdline")).unwrap_or_default();
+            (pgrp == group && pid != group && cmd.contains("EngineCore")).then_some(pid)
+        })
+    }
+
     /// SIGKILLs the whole group (the API server and its engine core).
     fn kill(&mut self) {
         // SAFETY: signals the process group this test started.
@@ -157,7 +172,7 @@ backend = "http"
 urls = ["{url}"]
 model = "tiny"
 weight_push = "vllm_reload"
-timeout_s = 60
+timeout_s = 20
 connect_timeout_s = 2
 retries = 2
 backoff_s = 0.05
@@ -287,8 +302,10 @@ fn llm_train_against_a_real_vllm_server() {
     assert!(learned.success(), "llm learn: {}\nactor: {}", read("learner.log"), read("actor.log"));
     pushes_were_exact(&run, 3, "llm learn + llm actor");
 
-    // 4. The server dies under a run: the run stops with a checkpoint and
-    // says how to resume; once a server is back, --resume finishes it.
+    // 4. The engine dies under a run (its core process killed: vLLM's
+    // API server then answers 500 and shuts down): the run stops within
+    // its retries, not a hang, with a checkpoint and the command that
+    // resumes; once a server is back, --resume finishes it.
     let cfg = write_config(tmp.path(), "killed.toml", &server.url, 4, "");
     let run = tmp.path().join("killed");
     let mut child = r2vpo(&["llm", "train", "--quiet", "--no-export", "--config"])
@@ -304,11 +321,24 @@ fn llm_train_against_a_real_vllm_server() {
         assert!(t0.elapsed() < Duration::from_secs(300), "no progress");
         std::thread::sleep(Duration::from_millis(50));
     }
-    server.kill();
+    let core = server.engine_core().expect("no EngineCore process in the server's group");
+    // SAFETY: signals a process of the group this test started.
+    unsafe { libc::kill(core, libc::SIGKILL) };
+    let t0 = Instant::now();
     let o = child.wait_with_output().unwrap();
+    // Within rollout.timeout_s (20 s) and its retries: not a hang.
+    assert!(t0.elapsed() < Duration::from_secs(90), "the run took {:?} to stop", t0.elapsed());
+    server.kill();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "the run went on without its server: {err}");
     assert!(err.contains("no rollout server is available"), "{err}");
+    // Where vLLM still answers, the answer names the cause; a request in
+    // flight when the engine died instead sees the server shut down.
+    assert!(
+        err.contains("vLLM's engine died") || err.contains("error sending request"),
+        "the failure is not shown: {err}"
+    );
+    assert!(err.contains(&server.url), "the server is not named: {err}");
     let hint = format!("continue with: r2vpo llm train --resume {}", run.display());
     assert!(err.contains(&hint), "{err}");
     let done = metrics(&run).len();
@@ -331,6 +361,33 @@ fn llm_train_against_a_real_vllm_server() {
     let o = r2vpo(&["llm", "train", "--quiet", "--no-export", "--resume"]).arg(&run).output().unwrap();
     ok(&o, "the resumed run");
     pushes_were_exact(&run, 4, "resumed after the server died");
+    drop(_server);
+
+    // 5. A bf16 server takes bf16 pushes: half the bytes, and nothing
+    // lost, since it rounds f32 weights to bf16 on load anyway: the same
+    // run with f32 pushes samples the same tokens with the same log-probs.
+    let bf16 = Vllm::start(&model, &tmp.path().join("vllm-bf16.log"), &["--dtype", "bfloat16"]);
+    let cfg = write_config(tmp.path(), "bf16.toml", &bf16.url, 2, "");
+    let (f32_run, bf16_run) = (tmp.path().join("f32-push"), tmp.path().join("bf16-push"));
+    ok(&train(&cfg, &f32_run, &[]), "f32 pushes to a bf16 server");
+    ok(&train(&cfg, &bf16_run, &["--set", "rollout.push_dtype=\"bf16\""]), "bf16 pushes");
+    let size = |run: &Path| {
+        let dir = std::fs::read_dir(run.join("weights")).unwrap().flatten().next().unwrap().path();
+        std::fs::metadata(dir.join("model.safetensors")).unwrap().len()
+    };
+    let (a, b) = (size(&f32_run), size(&bf16_run));
+    assert!(b * 2 <= a + 4096, "bf16 push {b} B, f32 push {a} B");
+    let (ma, mb) = (metrics(&f32_run), metrics(&bf16_run));
+    assert_eq!(ma.len(), 2);
+    for (x, y) in ma.iter().zip(&mb) {
+        // bf16 against the f32 learner: a real mismatch, the same both ways.
+        eprintln!("bf16 server, f32 learner: mismatch {}", x["mismatch"]);
+        assert!(x["mismatch"]["tokens"].as_u64().unwrap() > 0);
+        for k in ["reward_mean", "response_len_mean", "approx_kl", "ratio_mean"] {
+            assert_eq!(x[k], y[k], "{k}: f32 pushes {x}, bf16 pushes {y}");
+        }
+        assert_eq!(x["mismatch"], y["mismatch"]);
+    }
 }
 
 /// Seeds go out in vLLM's range: every request below 2^63.

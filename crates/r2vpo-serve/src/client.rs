@@ -345,7 +345,14 @@ impl HttpRollout {
         let status = resp.status();
         let text = resp.text().map_err(|e| Failure::new("transport", format!("{url}: reading the answer: {e}")))?;
         if status.is_server_error() {
-            return Err(Failure::new("http_5xx", format!("{url}: HTTP {status}: {}", snippet(&text))));
+            // vLLM's API server outlives its engine only to answer this,
+            // then shuts down: name the cause, the body does not.
+            let dead = if text.contains("EngineDeadError") || text.contains("EngineCore encountered an issue") {
+                "vLLM's engine died (its log has the cause; restart the server): "
+            } else {
+                ""
+            };
+            return Err(Failure::new("http_5xx", format!("{url}: {dead}HTTP {status}: {}", snippet(&text))));
         }
         if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
             // The server's queue is full (`r2vpo serve` answers 429 past
