@@ -37,6 +37,85 @@ pub struct ServeBenchArgs {
     /// Where the JSON results go.
     #[arg(long, default_value = "runs/bench/serve.json")]
     pub out: PathBuf,
+    /// Compare against this already running OpenAI-compatible server
+    /// (vLLM from `scripts/vllm/serve.py`, say) instead of the in-process
+    /// sampler: the two servers take turns at every point, with the same
+    /// client, prompt and request shape.
+    #[arg(long, value_name = "URL")]
+    pub peer: Option<String>,
+    /// The peer's name in the table.
+    #[arg(long, default_value = "vllm")]
+    pub peer_name: String,
+    /// The model name requests to the peer ask for (vLLM: its
+    /// --served-model-name).
+    #[arg(long, default_value = "default")]
+    pub peer_model: String,
+    /// With --peer: samples per request, one or more (`--n` is then unused).
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    pub ns: Vec<usize>,
+    /// With --peer: `r2vpo serve --dtype` (f32 or bf16).
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// With --peer: turns per point (each server measured this many
+    /// times, alternately); the table gives the medians.
+    #[arg(long, default_value_t = 2)]
+    pub repeats: usize,
+}
+
+#[derive(Serialize)]
+struct PeerRow {
+    clients: usize,
+    n: usize,
+    sequences: usize,
+    r2vpo_tokens_per_s: f64,
+    peer_tokens_per_s: f64,
+    r2vpo_over_peer: f64,
+}
+
+/// Sends `clients` concurrent completion requests of `n` samples to `url`
+/// and returns the generated tokens per second of wall time.
+fn load(
+    http: &reqwest::blocking::Client,
+    url: &str,
+    model: &str,
+    ids: &[u32],
+    clients: usize,
+    n: usize,
+    new_tokens: usize,
+) -> Result<f64> {
+    let t0 = Instant::now();
+    let tokens: Vec<Result<usize>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..clients)
+            .map(|i| {
+                s.spawn(move || -> Result<usize> {
+                    let body = serde_json::json!({
+                        "model": model, "prompt": ids, "n": n, "max_tokens": new_tokens, "temperature": 1.0,
+                        "seed": i, "ignore_eos": true, "logprobs": 0,
+                    });
+                    let v: serde_json::Value =
+                        http.post(format!("{url}/v1/completions")).json(&body).send()?.error_for_status()?.json()?;
+                    Ok(v["usage"]["completion_tokens"].as_u64().unwrap_or(0) as usize)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("client thread")).collect()
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    let total: usize = tokens.into_iter().collect::<Result<Vec<_>>>()?.iter().sum();
+    if total < clients * n * new_tokens {
+        bail!("{url} generated {total} tokens of {} asked for", clients * n * new_tokens);
+    }
+    Ok(total as f64 / secs)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
 }
 
 #[derive(Serialize)]
@@ -59,6 +138,7 @@ pub fn serve(a: &ServeBenchArgs) -> Result<()> {
     let mut child = Command::new(std::env::current_exe()?)
         .args(["--threads", &threads, "serve", "--port", "0", "--max-batch", &a.max_batch.to_string(), "--model"])
         .arg(&a.model)
+        .args(["--dtype", &a.dtype])
         .args(a.rescore_logprobs.then_some("--rescore-logprobs"))
         .stdout(Stdio::piped())
         .spawn()
@@ -80,6 +160,12 @@ pub fn serve(a: &ServeBenchArgs) -> Result<()> {
     };
     std::thread::spawn(move || for _ in lines {});
     let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(3600)).build()?;
+    if let Some(peer) = &a.peer {
+        let result = against_peer(a, &http, &url, peer, &ids, &threads);
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = child.wait();
+        return result;
+    }
     let mut rows = Vec::new();
     let result = (|| -> Result<()> {
         for &c in &a.clients {
@@ -89,31 +175,7 @@ pub fn serve(a: &ServeBenchArgs) -> Result<()> {
             let r = sample::bench_generate(&model, &ids, &[seqs], a.new_tokens, &cfg)?;
             let local = r[0].tokens_per_s;
             // Server: `c` clients at once.
-            let t0 = Instant::now();
-            let tokens: Vec<Result<usize>> = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..c)
-                    .map(|i| {
-                        let (http, url, ids) = (&http, &url, &ids);
-                        s.spawn(move || -> Result<usize> {
-                            let body = serde_json::json!({
-                                "prompt": ids, "n": a.n, "max_tokens": a.new_tokens, "temperature": 1.0,
-                                "seed": i, "ignore_eos": true, "logprobs": 0,
-                            });
-                            let v: serde_json::Value = http
-                                .post(format!("{url}/v1/completions"))
-                                .json(&body)
-                                .send()?
-                                .error_for_status()?
-                                .json()?;
-                            Ok(v["usage"]["completion_tokens"].as_u64().unwrap_or(0) as usize)
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().expect("client thread")).collect()
-            });
-            let secs = t0.elapsed().as_secs_f64();
-            let total: usize = tokens.into_iter().collect::<Result<Vec<_>>>()?.iter().sum();
-            let served = total as f64 / secs;
+            let served = load(&http, &url, "r2vpo", &ids, c, a.n, a.new_tokens)?;
             rows.push(Row {
                 clients: c,
                 sequences: seqs,
@@ -141,6 +203,66 @@ pub fn serve(a: &ServeBenchArgs) -> Result<()> {
         println!(
             "| {} | {} | {:.1} | {:.1} | {:.2} |",
             r.clients, r.sequences, r.in_process_tokens_per_s, r.server_tokens_per_s, r.server_over_in_process
+        );
+    }
+    r2vpo_report::atomic_write_json(&a.out, &rows)?;
+    println!("wrote {}", a.out.display());
+    Ok(())
+}
+
+/// `r2vpo bench serve --peer URL`: `r2vpo serve` at `ours` and the peer
+/// take turns at every (clients, n) point.
+fn against_peer(
+    a: &ServeBenchArgs,
+    http: &reqwest::blocking::Client,
+    ours: &str,
+    peer: &str,
+    ids: &[u32],
+    threads: &str,
+) -> Result<()> {
+    let peer = peer.trim_end_matches('/');
+    // One warm-up request each: first-request costs (vLLM's lazy kernel
+    // set-up, page faults) are not what is compared.
+    load(http, ours, "r2vpo", ids, 1, 1, 8)?;
+    load(http, peer, &a.peer_model, ids, 1, 1, 8).with_context(|| format!("the peer at {peer}"))?;
+    let mut rows = Vec::new();
+    for &n in &a.ns {
+        for &c in &a.clients {
+            let (mut r, mut p) = (Vec::new(), Vec::new());
+            for _ in 0..a.repeats.max(1) {
+                r.push(load(http, ours, "r2vpo", ids, c, n, a.new_tokens)?);
+                p.push(load(http, peer, &a.peer_model, ids, c, n, a.new_tokens)?);
+            }
+            let (r, p) = (median(r), median(p));
+            eprintln!("clients {c} n {n}: r2vpo serve {r:.1} tok/s, {} {p:.1} tok/s", a.peer_name);
+            rows.push(PeerRow {
+                clients: c,
+                n,
+                sequences: c * n,
+                r2vpo_tokens_per_s: r,
+                peer_tokens_per_s: p,
+                r2vpo_over_peer: r / p,
+            });
+        }
+    }
+    println!(
+        "r2vpo serve --dtype {} vs {} at {peer}, {} ({threads} threads), {}-token prompt, {} new tokens, T = 1, \
+         EOS ignored, median of {} turns",
+        a.dtype,
+        a.peer_name,
+        a.model.display(),
+        ids.len(),
+        a.new_tokens,
+        a.repeats.max(1)
+    );
+    println!(
+        "| clients | n | sequences | r2vpo serve tok/s | {} tok/s | r2vpo / {} |\n|---|---|---|---|---|---|",
+        a.peer_name, a.peer_name
+    );
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {:.1} | {:.1} | {:.2} |",
+            r.clients, r.n, r.sequences, r.r2vpo_tokens_per_s, r.peer_tokens_per_s, r.r2vpo_over_peer
         );
     }
     r2vpo_report::atomic_write_json(&a.out, &rows)?;
