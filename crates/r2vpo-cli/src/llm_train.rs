@@ -491,6 +491,34 @@ fn actor_weights_dir(cfg: &TrainConfig, config: &Path, name: &str) -> PathBuf {
     }
 }
 
+/// How long an actor may take to stop after SIGINT/SIGTERM before it exits
+/// wherever it is.
+const ACTOR_STOP_GRACE: Duration = Duration::from_secs(1);
+
+/// Makes the actor process exit within [`ACTOR_STOP_GRACE`] of a signal
+/// whatever it is blocked on. Its loop polls the stop flag between calls,
+/// but one call to a hung Redis may take `queue.timeout_s` and its retries
+/// longer still (32 s was seen), and a supervisor that escalates to SIGKILL
+/// meanwhile would leave the actor's lease held for `queue.lease_s`. An
+/// actor keeps nothing to save (its batch goes to another actor when the
+/// lease runs out; a stop that is in time releases nothing more), so
+/// exiting with the signal's code and the usual message loses nothing.
+fn exit_soon_after_a_signal(stop: &Stop, name: &str, restart: &str) {
+    let (stop, name, restart) = (stop.clone(), name.to_string(), restart.to_string());
+    std::thread::spawn(move || {
+        let signal = loop {
+            if let Some(s) = stop.requested() {
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        std::thread::sleep(ACTOR_STOP_GRACE);
+        eprintln!("{name}: still blocked {ACTOR_STOP_GRACE:?} after the signal; exiting without waiting for it");
+        eprintln!("{}", Stopped::without_checkpoint(signal, restart));
+        std::process::exit(i32::from(signal.exit_code()));
+    });
+}
+
 /// `r2vpo llm actor`: produces batches for a `llm learn` run until the
 /// learner finishes it or SIGINT/SIGTERM.
 pub fn actor(a: &ActorArgs) -> Result<()> {
@@ -506,6 +534,8 @@ pub fn actor(a: &ActorArgs) -> Result<()> {
     }
     let name = a.name.clone().unwrap_or_else(|| format!("actor-{}", std::process::id()));
     let stop = Stop::install().context("installing the SIGINT/SIGTERM handlers")?;
+    let restart = format!("r2vpo llm actor --config {} (the run goes on without this actor)", a.config.display());
+    exit_soon_after_a_signal(&stop, &name, &restart);
     // The run that owns the stream (its learner's folder, as that machine
     // names it), adopted when first seen and checked every second after,
     // so a stream emptied under the run stops this actor with the reason
@@ -525,7 +555,6 @@ pub fn actor(a: &ActorArgs) -> Result<()> {
     if let Some(signal) = stop.requested() {
         // The run goes on without this actor: its batch, if it held one,
         // goes to another actor when the lease runs out.
-        let restart = format!("r2vpo llm actor --config {} (the run goes on without this actor)", a.config.display());
         return Err(Stopped::without_checkpoint(signal, restart).into());
     }
     eprintln!("{name}: the learner ended the run");

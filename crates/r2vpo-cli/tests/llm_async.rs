@@ -458,6 +458,10 @@ fn keys_deleted_under_a_live_run_stop_learner_and_actor_with_a_checkpoint() {
     let status = exits_within(&mut a0, Duration::from_secs(60), "the actor");
     let err = read(&tmp.path().join("a0.log"));
     assert!(!status.success() && err.contains("was emptied"), "{err}");
+    // `llm actor` has no --resume: the hint is the learner's, then the
+    // actor's own command again.
+    assert!(err.contains(&format!("llm learn --resume {}", run.display())), "{err}");
+    assert!(err.contains("start this actor again") && !err.contains("its command's --resume"), "{err}");
     assert!(metrics(&run).len() < ITERATIONS, "the run finished before the wipe");
 
     let mut learner = Command::new(env!("CARGO_BIN_EXE_r2vpo"))
@@ -508,6 +512,44 @@ fn a_hung_redis_is_reported_and_signals_still_stop_learner_and_actor() {
     assert!(err.contains(&format!("Continue with: r2vpo llm learn --resume {}", run.display())), "{err}");
     assert!(!err.contains("the run has ended"), "{err}");
     redis.freeze(false);
+}
+
+/// An actor blocked in a call to a hung Redis (each may wait
+/// `queue.timeout_s`, here 60 s) stops within about a second of SIGINT, as
+/// the docs say signals stop every process at once; and the learner, left
+/// waiting on the batch whose lease that actor held, says whose lease it is
+/// and until when instead of waiting in silence.
+#[test]
+fn an_actor_blocked_on_a_hung_redis_stops_at_once_and_the_learner_names_the_lease_it_waits_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path());
+    let redis = Redis::start_anywhere(tmp.path());
+    let run = tmp.path().join("hung-actor");
+    let sets = ["--set", "queue.timeout_s=60", "--set", "queue.lease_s=45"];
+    let (mut learner, mut a0, _reaper) = learner_and_actor(tmp.path(), &cfg, &run, &redis.url(), &sets);
+    wait_for_checkpoint(&mut learner, &run, 2);
+    redis.freeze(true);
+    // The actor is now inside a Redis call that waits up to 60 s.
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: signals a child this test started.
+    unsafe { libc::kill(a0.id() as i32, libc::SIGINT) };
+    let status = exits_within(&mut a0, Duration::from_secs(3), "the actor blocked on a hung Redis, after SIGINT");
+    let err = read(&tmp.path().join("a0.log"));
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(err.contains("stopped by SIGINT") && err.contains("Restart with: r2vpo llm actor"), "{err}");
+    redis.freeze(false);
+    let t0 = Instant::now();
+    // A lease's holder is the actor's name, pid and a nonce.
+    while !read(&tmp.path().join("learner.log")).contains("leased by a0-") {
+        assert!(t0.elapsed() < Duration::from_secs(90), "{}", read(&tmp.path().join("learner.log")));
+        assert!(learner.try_wait().unwrap().is_none(), "{}", read(&tmp.path().join("learner.log")));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = read(&tmp.path().join("learner.log"));
+    assert!(log.contains(" UTC (") && log.contains("has stopped, another actor takes the batch then"), "{log}");
+    // SAFETY: signals a child this test started.
+    unsafe { libc::kill(learner.id() as i32, libc::SIGTERM) };
+    assert_eq!(exits_within(&mut learner, Duration::from_secs(30), "the learner").code(), Some(143));
 }
 
 /// An actor waiting for weights that never come (no learner yet, or one

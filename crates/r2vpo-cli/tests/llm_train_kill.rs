@@ -155,6 +155,9 @@ fn a_torn_metrics_line_is_cut_at_resume_and_the_run_keeps_its_no_export() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains(&format!("{}: line 4 is torn", path.display())), "{err}");
+    // Which record went, and that nothing writes it again.
+    assert!(err.contains("the record of iteration 3 is lost and will not be written again"), "{err}");
+    assert!(err.contains("resumes from its checkpoint at iteration 4"), "{err}");
     assert!(err.contains("evaluating after 6 iterations"), "{err}");
     let iters: Vec<u64> = std::fs::read_to_string(&path)
         .unwrap()

@@ -386,6 +386,11 @@ pub trait ExperienceQueue: Send {
     /// [`ExperienceQueue::publish_batch`] refused a batch.
     fn lease_owner(&mut self, batch: u64) -> Result<Option<String>, QueueError>;
 
+    /// How long the lease of `batch` has left (zero once it ran out and no
+    /// one took the batch yet); `None` when nobody holds it. What a learner
+    /// that waits on the batch tells its user.
+    fn lease_left(&mut self, batch: u64) -> Result<Option<Duration>, QueueError>;
+
     /// Makes the next new batch at least `next` and hands out `pending`
     /// (batches below it that were never consumed) first, as if their
     /// leases had run out: how a learner resumed from a checkpoint restores
@@ -544,6 +549,10 @@ impl ExperienceQueue for MemoryQueue {
 
     fn lease_owner(&mut self, batch: u64) -> Result<Option<String>, QueueError> {
         Ok(self.lock().leases.get(&batch).map(|(o, _)| o.clone()))
+    }
+
+    fn lease_left(&mut self, batch: u64) -> Result<Option<Duration>, QueueError> {
+        Ok(self.lock().leases.get(&batch).map(|(_, deadline)| deadline.saturating_duration_since(Instant::now())))
     }
 
     fn expire_leases(&mut self) -> Result<(), QueueError> {

@@ -171,8 +171,9 @@ pub const OWNER_CHECK: Duration = Duration::from_secs(1);
 enum OwnerCheck {
     /// Nothing (a handle that takes or inspects the stream).
     Off,
-    /// The stream must belong to this run.
-    Expect(String),
+    /// The stream must belong to this run; `adopted` when the handle took
+    /// the owner it saw first (an actor's), not its own run's (a learner's).
+    Expect(String, bool),
     /// The first owner seen is adopted and then expected (an actor that
     /// may start before its learner).
     Adopt,
@@ -282,7 +283,7 @@ impl RedisQueue {
     /// would make batches from 0 again, which the learner skips as already
     /// seen (a silent stall), so every call is refused instead, saying so.
     pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
-        self.owner = OwnerCheck::Expect(owner.into());
+        self.owner = OwnerCheck::Expect(owner.into(), false);
         self
     }
 
@@ -297,16 +298,16 @@ impl RedisQueue {
     /// Checks the stream's owner ([`RedisQueue::with_owner`]) on `c`,
     /// adopting the first one seen ([`RedisQueue::following_owner`]).
     fn check_owner(&mut self, c: &mut Connection) -> Result<(), QueueError> {
-        let expected = match &self.owner {
+        let (expected, adopted) = match &self.owner {
             OwnerCheck::Off => return Ok(()),
-            OwnerCheck::Expect(o) => Some(o.clone()),
-            OwnerCheck::Adopt => None,
+            OwnerCheck::Expect(o, adopted) => (Some(o.clone()), *adopted),
+            OwnerCheck::Adopt => (None, true),
         };
         let now: Option<String> =
             c.get(format!("{}:run", self.key)).map_err(|e| QueueError::Unavailable(format!("{}: {e}", self.shown)))?;
         match (expected, now.as_deref()) {
             (Some(o), Some(n)) if o == n => {}
-            (None, Some(n)) => self.owner = OwnerCheck::Expect(n.to_string()),
+            (None, Some(n)) => self.owner = OwnerCheck::Expect(n.to_string(), true),
             // No learner has taken the stream yet.
             (None, None) => return Ok(()),
             (Some(owner), _) => {
@@ -316,11 +317,21 @@ impl RedisQueue {
                         .to_string(),
                     Some(other) => format!("now belongs to the run in {other}"),
                 };
-                return Err(QueueError::Refused(format!(
-                    "the queue `{}` on {} {what}; this run ({owner}) stops here and resumes with its command's \
-                     --resume (the learner restores its batch counters)",
-                    self.key, self.shown
-                )));
+                // An actor keeps no state: what continues is the learner's
+                // --resume (it restores the batch counters), then the actor
+                // started again as before.
+                let then = if adopted {
+                    format!(
+                        "this actor stops here: once the run's learner has resumed (`r2vpo llm learn --resume \
+                         {owner}`), start this actor again with the command that started it"
+                    )
+                } else {
+                    format!(
+                        "this run ({owner}) stops here and resumes with its command's --resume (the learner \
+                         restores its batch counters)"
+                    )
+                };
+                return Err(QueueError::Refused(format!("the queue `{}` on {} {what}; {then}", self.key, self.shown)));
             }
         }
         self.owner_seen = Some(std::time::Instant::now());
@@ -453,7 +464,7 @@ impl RedisQueue {
     /// from its own.
     fn eval<T: redis::FromRedisValue>(&mut self, script: &str, keys: &[&str], args: &[&[u8]]) -> Result<T, QueueError> {
         let script = match &self.owner {
-            OwnerCheck::Expect(o) => format!(
+            OwnerCheck::Expect(o, _) => format!(
                 "if redis.call('GET', {}) ~= {} then return redis.error_reply('{OWNER_GONE}') end\n{script}",
                 lua_string(&format!("{}:run", self.key)),
                 lua_string(o)
@@ -580,6 +591,18 @@ impl ExperienceQueue for RedisQueue {
 
     fn lease_owner(&mut self, batch: u64) -> Result<Option<String>, QueueError> {
         self.call(|c, key| c.hget(format!("{key}:owners"), batch))
+    }
+
+    fn lease_left(&mut self, batch: u64) -> Result<Option<Duration>, QueueError> {
+        self.call(|c, key| {
+            // Deadlines are in the server's milliseconds (its clock, not
+            // this machine's), so the time left is read against its TIME.
+            let deadline: Option<f64> = c.zscore(format!("{key}:leases"), batch)?;
+            let Some(deadline) = deadline else { return Ok(None) };
+            let (s, us): (u64, u64) = redis::cmd("TIME").query(c)?;
+            let now_ms = s as f64 * 1e3 + us as f64 / 1e3;
+            Ok(Some(Duration::from_millis((deadline - now_ms).max(0.0) as u64)))
+        })
     }
 
     fn expire_leases(&mut self) -> Result<(), QueueError> {

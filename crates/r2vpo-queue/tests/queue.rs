@@ -224,6 +224,10 @@ fn keys_deleted_under_a_run_are_noticed_without_a_reconnection() {
     r.flush_all();
     let e = actor.claim_batch("a", long).unwrap_err().to_string();
     assert!(e.contains("was emptied") && e.contains("/runs/w"), "{e}");
+    // An actor has no --resume: what continues is the learner's, then the
+    // actor started again.
+    assert!(e.contains("llm learn --resume /runs/w") && e.contains("start this actor again"), "{e}");
+    assert!(!e.contains("resumes with its command's --resume"), "{e}");
     let mut raw = redis::Client::open(url.as_str()).unwrap().get_connection().unwrap();
     let made: u64 = redis::cmd("EXISTS").arg("r2vpo:wiped:batch").query(&mut raw).unwrap();
     assert_eq!(made, 0, "a batch counter was made in the emptied stream");
@@ -236,6 +240,7 @@ fn keys_deleted_under_a_run_are_noticed_without_a_reconnection() {
             }
             Err(e) => {
                 assert!(e.to_string().contains("was emptied"), "{e}");
+                assert!(e.to_string().contains("resumes with its command's --resume"), "{e}");
                 break;
             }
         }

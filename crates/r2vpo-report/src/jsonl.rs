@@ -26,13 +26,33 @@ pub fn read_records<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, ReportEr
 }
 
 /// What [`keep_complete_lines`] kept of a log.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Kept {
     /// Lines kept.
     pub lines: usize,
     /// The first line (1-based) that was torn or not JSON and was cut with
     /// everything after it, if there was one within the first `n`.
     pub torn: Option<usize>,
+    /// What was left of that line (its first 200 bytes), to tell whose
+    /// record it was.
+    pub torn_text: Option<String>,
+}
+
+impl Kept {
+    /// The number after `"key":` in the torn line (a record's iteration,
+    /// written first in every log here), if the cut left it whole.
+    pub fn torn_field(&self, key: &str) -> Option<u64> {
+        let text = self.torn_text.as_deref()?;
+        let pat = format!("\"{key}\":");
+        let at = text.find(&pat)? + pat.len();
+        let digits: String = text[at..].trim_start().chars().take_while(char::is_ascii_digit).collect();
+        // A number the cut may have shortened is no evidence.
+        let rest = text[at..].trim_start()[digits.len()..].chars().next();
+        if digits.is_empty() || rest.is_none() {
+            return None;
+        }
+        digits.parse().ok()
+    }
 }
 
 /// Keeps the first `n` lines of a log, atomically (what a resumed run does
@@ -44,15 +64,20 @@ pub struct Kept {
 pub fn keep_complete_lines(path: &Path, n: usize) -> Result<Kept, ReportError> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Kept { lines: 0, torn: None }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Kept::default()),
         Err(source) => return Err(ReportError::Io { path: path.to_path_buf(), source }),
     };
     let mut end = 0;
-    let mut kept = Kept { lines: 0, torn: None };
+    let mut kept = Kept::default();
     for line in text.split_inclusive('\n').take(n) {
         let complete = line.ends_with('\n') && serde_json::from_str::<serde_json::Value>(line).is_ok();
         if !complete {
             kept.torn = Some(kept.lines + 1);
+            let mut cut = line.len().min(200);
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            kept.torn_text = Some(line[..cut].to_string());
             break;
         }
         end += line.len();
@@ -110,18 +135,25 @@ mod tests {
     fn keep_complete_lines_cuts_at_a_torn_line() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("m.jsonl");
+        let kept =
+            |lines, torn: Option<usize>, text: Option<&str>| Kept { lines, torn, torn_text: text.map(String::from) };
         std::fs::write(&p, "{\"i\":0}\n{\"i\":1}\n{\"i\":2}\n").unwrap();
-        assert_eq!(keep_complete_lines(&p, 2).unwrap(), Kept { lines: 2, torn: None });
+        assert_eq!(keep_complete_lines(&p, 2).unwrap(), kept(2, None, None));
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"i\":0}\n{\"i\":1}\n");
         std::fs::write(&p, "{\"i\":0}\n{\"i\":1,\"re").unwrap();
-        assert_eq!(keep_complete_lines(&p, 2).unwrap(), Kept { lines: 1, torn: Some(2) });
+        let k = keep_complete_lines(&p, 2).unwrap();
+        assert_eq!(k, kept(1, Some(2), Some("{\"i\":1,\"re")));
+        assert_eq!(k.torn_field("i"), Some(1), "the torn record's number, when it is whole");
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"i\":0}\n");
         std::fs::write(&p, "{\"i\":0}\n{\"i\":1\n{\"i\":2}\n").unwrap();
-        assert_eq!(keep_complete_lines(&p, 3).unwrap(), Kept { lines: 1, torn: Some(2) });
+        assert_eq!(keep_complete_lines(&p, 3).unwrap(), kept(1, Some(2), Some("{\"i\":1\n")));
         // A complete last line without its newline is torn too: the next
         // record would be appended to it.
         std::fs::write(&p, "{\"i\":0}\n{\"i\":1}").unwrap();
-        assert_eq!(keep_complete_lines(&p, 2).unwrap(), Kept { lines: 1, torn: Some(2) });
-        assert_eq!(keep_complete_lines(&dir.path().join("missing"), 3).unwrap(), Kept { lines: 0, torn: None });
+        assert_eq!(keep_complete_lines(&p, 2).unwrap(), kept(1, Some(2), Some("{\"i\":1}")));
+        assert_eq!(keep_complete_lines(&dir.path().join("missing"), 3).unwrap(), kept(0, None, None));
+        // A number the cut may have shortened ("12" of "123") is not read.
+        std::fs::write(&p, "{\"i\":12").unwrap();
+        assert_eq!(keep_complete_lines(&p, 1).unwrap().torn_field("i"), None);
     }
 }

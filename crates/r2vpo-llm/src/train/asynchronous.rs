@@ -284,6 +284,42 @@ fn actor_loop(
     Ok(())
 }
 
+/// How long a learner waits on the queue before it says which batch it
+/// waits for and who holds that batch's lease.
+const LEASE_NOTE_AFTER: Duration = Duration::from_secs(20);
+
+/// Tells, once per batch and holder, what a learner that has waited
+/// [`LEASE_NOTE_AFTER`] for the queue waits on: batch `batch` (the oldest
+/// it has not consumed), its lease's holder and when that lease runs out,
+/// so a user whose actor died holding a lease (SIGKILL) knows the learner
+/// is not stuck and when it goes on.
+fn tell_whose_lease(queue: &mut dyn ExperienceQueue, batch: u64, told: &mut Option<(u64, Option<String>)>) {
+    let Ok(owner) = queue.lease_owner(batch) else { return };
+    if told.as_ref().is_some_and(|(b, o)| *b == batch && *o == owner) {
+        return;
+    }
+    let line = match &owner {
+        Some(o) => match queue.lease_left(batch) {
+            Ok(Some(left)) => {
+                let until = std::time::SystemTime::now() + left;
+                let secs = until.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) % 86_400;
+                format!(
+                    "learner: waiting for batch {batch}, leased by {o} until {:02}:{:02}:{:02} UTC ({:.0} s from \
+                     now); if {o} has stopped, another actor takes the batch then",
+                    secs / 3600,
+                    secs / 60 % 60,
+                    secs % 60,
+                    left.as_secs_f64()
+                )
+            }
+            _ => format!("learner: waiting for batch {batch}, leased by {o}"),
+        },
+        None => format!("learner: waiting for batch {batch}, which no actor holds yet (is an actor running?)"),
+    };
+    eprintln!("{line}");
+    *told = Some((batch, owner));
+}
+
 /// An actor process (`r2vpo llm actor`): produces batches for the run that
 /// `cfg` describes (its problems, model and reward) into `queue`, with the
 /// weights `weights` announces, until the learner ends the run or `stop` is
@@ -579,6 +615,7 @@ impl Trainer {
             let mut qm = QueueMetrics::default();
             let mut fresh_lag = BTreeMap::<u64, usize>::new();
             let mut rejected = Vec::new();
+            let mut told: Option<(u64, Option<String>)> = None;
             while taken.len() < need {
                 if let Some(why) = failure() {
                     // An actor gave up (e.g. none of its rollout servers is
@@ -602,6 +639,9 @@ impl Trainer {
                     continue;
                 };
                 if read.is_empty() {
+                    if t_start.elapsed() >= LEASE_NOTE_AFTER {
+                        tell_whose_lease(queue, pos.done_below, &mut told);
+                    }
                     std::thread::sleep(poll);
                     continue;
                 }

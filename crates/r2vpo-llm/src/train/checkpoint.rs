@@ -192,10 +192,24 @@ impl Trainer {
             let path = logs_dir.join(file);
             let kept = r2vpo_report::jsonl::keep_complete_lines(&path, *lines)?;
             if let Some(torn) = kept.torn {
+                // Every record of these logs starts with its iteration
+                // (`iter`); a cut that took it leaves the line after the
+                // last whole record's to name.
+                let whose = match kept.torn_field("iter") {
+                    Some(i) => format!("the record of iteration {i}"),
+                    None => {
+                        format!("a record whose iteration the cut did not leave (the one after line {})", kept.lines)
+                    }
+                };
+                // The checkpoint counted these lines, so their iterations
+                // are before the one it resumes at: nothing writes them again.
+                let lost = *lines - kept.lines;
+                let also =
+                    if lost > 1 { format!(" and the {} complete lines after it", lost - 1) } else { String::new() };
                 eprintln!(
-                    "warning: {}: line {torn} is torn (cut short by a crash or power loss); the log is cut back to \
-                     its {} complete lines before it, and the run resumes from its checkpoint at iteration \
-                     {iteration}",
+                    "warning: {}: line {torn} is torn (cut short by a crash or power loss): {whose}{also} is lost \
+                     and will not be written again, since the run resumes from its checkpoint at iteration \
+                     {iteration}, after it; the log is cut back to its {} complete lines before it",
                     path.display(),
                     kept.lines
                 );
