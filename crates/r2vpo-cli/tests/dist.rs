@@ -134,6 +134,20 @@ fn bad_variables_and_an_unreachable_store_are_named() {
     assert!(!out.status.success(), "{log}");
     assert!(log.contains(&format!("reaching the rendezvous store at 127.0.0.1:{port}")), "{log}");
     assert!(took >= Duration::from_secs(3), "{took:?}");
+    // The clear error alone: libtorch's retry log and stack trace (about
+    // 48 lines) stay behind its own switch, TORCH_CPP_LOG_LEVEL.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("[c10d]") && !stderr.contains("Exception raised from"), "{stderr}");
+    assert!(stderr.lines().count() <= 3, "{stderr}");
+    let verbose = r2vpo()
+        .args(["dist", "check", "--timeout-secs", "3"])
+        .envs([("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")])
+        .envs([("MASTER_ADDR", "127.0.0.1"), ("TORCH_CPP_LOG_LEVEL", "INFO")])
+        .env("MASTER_PORT", port.to_string())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&verbose.stderr);
+    assert!(!verbose.status.success() && stderr.contains("[c10d]"), "libtorch's log, asked for: {stderr}");
     // CUDA tensors need NCCL, which only `make build-gpu` compiles in.
     if !cfg!(feature = "nccl") {
         let (out, _) = finish(rank(0, 1, free_port(), &["--device", "cuda"]), Duration::from_secs(60));

@@ -20,6 +20,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <c10/util/Logging.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -59,6 +61,10 @@ int guarded(char *err, int err_len, F f) {
 }
 
 }  // namespace
+
+// Sets libtorch's log threshold (c10's FLAGS_caffe2_log_level: 0 INFO,
+// 1 WARNING, 2 ERROR, 3 FATAL), which c10d's own messages obey too.
+extern "C" void r2vpo_c10d_log_level(int level) { FLAGS_caffe2_log_level = level; }
 
 // A TCPStore at host:port: its server when `is_server`, else a client.
 // With `world` > 0 it counts itself among `world` workers, and a server

@@ -16,6 +16,7 @@ use tch::Tensor;
 use super::{Group, Launch, Rendezvous};
 
 unsafe extern "C" {
+    fn r2vpo_c10d_log_level(level: c_int);
     fn r2vpo_c10d_store(
         host: *const c_char,
         port: c_int,
@@ -90,6 +91,21 @@ fn call<T>(what: &str, f: impl FnOnce(*mut c_char, c_int) -> T, failed: impl Fn(
     Ok(out)
 }
 
+/// Keeps libtorch's own log off stderr unless the user asked for it with
+/// libtorch's switch, `TORCH_CPP_LOG_LEVEL` (INFO, WARNING, ERROR). A
+/// store client that cannot connect logs every retry and then a C++ stack
+/// trace (about 48 lines) before its exception, whose message r2vpo turns
+/// into one clear error ([`call`]); the rest is detail for debugging.
+fn quiet_libtorch() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("TORCH_CPP_LOG_LEVEL").is_none() {
+            // SAFETY: sets an int flag that libtorch reads when it logs.
+            unsafe { r2vpo_c10d_log_level(3) };
+        }
+    });
+}
+
 fn cstring(s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| DistError(format!("{s:?} holds a NUL byte")))
 }
@@ -124,6 +140,7 @@ impl Store {
     }
 
     fn open(host: &str, port: u16, server: bool, world: usize, timeout: Duration, prefix: &str) -> Result<Store> {
+        quiet_libtorch();
         let (h, p) = (cstring(host)?, cstring(prefix)?);
         let what = if server {
             format!("hosting the rendezvous store on {host}:{port}")
