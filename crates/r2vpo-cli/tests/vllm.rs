@@ -259,6 +259,12 @@ fn llm_train_against_a_real_vllm_server() {
     let pushed_cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(pushed[0].join("config.json")).unwrap()).unwrap();
     assert_eq!(pushed_cfg["tie_word_embeddings"], false, "pushes to vLLM are untied");
+    let bytes = std::fs::metadata(pushed[0].join("model.safetensors")).unwrap().len();
+    for m in metrics(&run) {
+        // Each iteration's push, in its metrics: this folder's size.
+        assert!(m["timing"]["push_s"].as_f64().unwrap() > 0.0, "{m}");
+        assert!(m["timing"]["push_bytes"].as_u64().unwrap() >= bytes, "{m}");
+    }
 
     // 3. Asynchronous: `llm learn` and one `llm actor` process on a real
     // Redis; the actor pushes each version it fetches to vLLM, and with

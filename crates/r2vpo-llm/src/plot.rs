@@ -324,6 +324,23 @@ pub fn plot_runs(runs: &[PathBuf], out: &Path, hist_iter: Option<usize>) -> Resu
         ],
     );
     written.extend(diag.save(&out.join("diagnostics"))?);
+    if loaded.iter().any(|r| r.metrics.iter().any(|m| m.mismatch.is_some())) {
+        // How far the rollout engine's log-probs were from the learner's
+        // before each iteration's first update (a stale or mis-pushed
+        // engine shows here first).
+        let gap = |f: fn(&crate::train::metrics::Mismatch) -> f64| {
+            move |m: &IterMetrics| m.mismatch.as_ref().map_or(f64::NAN, f)
+        };
+        let mismatch = Grid::new(
+            3,
+            vec![
+                chart(&groups, "Engine vs learner: mean |Δ log p|", "nats / token", 1, &gap(|x| x.abs_mean)),
+                chart(&groups, "Engine vs learner: max |Δ log p|", "nats", 1, &gap(|x| x.abs_max)),
+                chart(&groups, "E[(ρ−1)²] before any update", "mismatch only", 1, &gap(|x| x.sq_dev)),
+            ],
+        );
+        written.extend(mismatch.save(&out.join("mismatch"))?);
+    }
     if loaded.iter().any(|r| !r.evals.is_empty()) {
         let mut c = LineChart::new("Held-out accuracy", "iteration", "avg@k");
         for (i, (label, runs)) in groups.iter().enumerate() {

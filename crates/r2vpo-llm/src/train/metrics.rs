@@ -14,6 +14,13 @@ use super::config::Mode;
 pub struct Timing {
     /// Seconds spent sampling (asynchronous runs: waiting for the queue).
     pub rollout_s: f64,
+    /// Of `rollout_s`, seconds spent writing the weights pushed to rollout
+    /// servers and waiting for them to load (synchronous runs on servers).
+    #[serde(default)]
+    pub push_s: f64,
+    /// Bytes of the weight folder pushed this iteration.
+    #[serde(default)]
+    pub push_bytes: u64,
     /// Seconds spent in scoring passes (recomputed behaviour / reference).
     pub score_s: f64,
     /// Seconds spent in optimizer steps.

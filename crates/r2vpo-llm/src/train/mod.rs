@@ -335,6 +335,8 @@ pub struct Trainer {
     /// How many groups each rank sampled for the iteration under way (a
     /// data-parallel job sampling in-process), for its metrics.
     rank_groups: Option<Vec<usize>>,
+    /// Seconds and bytes of this iteration's weight push, for its metrics.
+    push: (f64, u64),
 }
 
 impl Trainer {
@@ -421,6 +423,7 @@ impl Trainer {
             run_dir: run_dir.to_path_buf(),
             group: None,
             rank_groups: None,
+            push: (0.0, 0),
         })
     }
 
@@ -676,10 +679,13 @@ impl Trainer {
             Some(g) if spread => BatchShare { rank: g.rank(), world: g.world() },
             _ => BatchShare::WHOLE,
         };
+        let pushed_before = self.actor.rollout_counters();
         let produced =
             self.actor.produce(self.backend.as_ref(), iter as u64, &mut self.progress.data, iter as u64, share);
         self.write_actor_events()?;
         let mut produced = produced?;
+        let pushed = self.actor.rollout_counters();
+        self.push = (pushed.push_s - pushed_before.push_s, pushed.push_bytes - pushed_before.push_bytes);
         if let Some(g) = data_parallel(&mut self.group) {
             if spread {
                 let mine = bincode::serialize(&(&produced.positions, &produced.entries))
@@ -885,8 +891,11 @@ impl Trainer {
         // With a queue, `rollout_s` is the learner's wait for groups that
         // actors sampled meanwhile: their tokens over that wait is no rate.
         let rollout_clock = if m.queue.is_some() { iteration_s } else { rollout_s };
+        let (push_s, push_bytes) = std::mem::take(&mut self.push);
         m.timing = Timing {
             rollout_s,
+            push_s,
+            push_bytes,
             score_s,
             train_s,
             rollout_tokens_per_s: gen_tokens as f64 / rollout_clock.max(1e-9),
