@@ -289,12 +289,12 @@ fn an_actor_process_samples_from_its_own_server() {
     let cfg = write_config(tmp.path(), &[&server.url], 4);
     let run = tmp.path().join("run");
     let r2vpo = env!("CARGO_BIN_EXE_r2vpo");
-    let learner = Command::new(r2vpo)
+    let mut learner = Command::new(r2vpo)
         .current_dir(root())
         .args(["--threads", "1", "llm", "learn", "--quiet", "--no-export", "--config", cfg.to_str().unwrap()])
         .args(["--out", run.to_str().unwrap(), "--set", "queue.backend=\"redis\""])
         .args(["--set", &format!("queue.url=\"{}\"", redis.url()), "--set", "actors.max_staleness=1"])
-        .stderr(Stdio::piped())
+        .stderr(std::fs::File::create(tmp.path().join("learner.log")).unwrap())
         .spawn()
         .unwrap();
     let resolved = run.join("config.toml");
@@ -303,17 +303,18 @@ fn an_actor_process_samples_from_its_own_server() {
         assert!(t0.elapsed() < Duration::from_secs(60), "the learner wrote no config.toml");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let actor = Command::new(r2vpo)
+    let mut actor = Command::new(r2vpo)
         .current_dir(root())
         .args(["--threads", "1", "llm", "actor", "--config", resolved.to_str().unwrap(), "--name", "a0"])
-        .stderr(Stdio::piped())
+        .stderr(std::fs::File::create(tmp.path().join("actor.log")).unwrap())
         .spawn()
         .unwrap();
-    let o = learner.wait_with_output().unwrap();
-    assert!(o.status.success(), "learner: {}", String::from_utf8_lossy(&o.stderr));
-    let o = actor.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success() && err.contains("sampling from http"), "actor: {err}");
+    let read = |n: &str| std::fs::read_to_string(tmp.path().join(n)).unwrap_or_default();
+    let logs = || format!("learner: {}\nactor: {}", read("learner.log"), read("actor.log"));
+    let learned = common::wait_learner_and_actor(&mut learner, &mut actor, Duration::from_secs(600), &logs);
+    assert!(learned.success(), "{}", logs());
+    let status = actor.wait().unwrap();
+    assert!(status.success() && read("actor.log").contains("sampling from http"), "{}", logs());
     assert_eq!(metrics(&run).len(), 4);
     let pushed: Vec<_> = std::fs::read_dir(run.join("rollout-weights/a0")).unwrap().flatten().collect();
     assert_eq!(pushed.len(), 1, "{pushed:?}");

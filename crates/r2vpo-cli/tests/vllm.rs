@@ -295,17 +295,10 @@ fn llm_train_against_a_real_vllm_server() {
         .stderr(std::fs::File::create(tmp.path().join("actor.log")).unwrap())
         .spawn()
         .unwrap();
-    let learned = learner.wait().unwrap();
-    let t0 = Instant::now();
-    while actor.try_wait().unwrap().is_none() {
-        if t0.elapsed() > Duration::from_secs(60) {
-            let _ = actor.kill();
-            panic!("the actor did not stop when the run ended");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let read = |n: &str| std::fs::read_to_string(tmp.path().join(n)).unwrap_or_default();
-    assert!(learned.success(), "llm learn: {}\nactor: {}", read("learner.log"), read("actor.log"));
+    let logs = || format!("llm learn: {}\nactor: {}", read("learner.log"), read("actor.log"));
+    let learned = common::wait_learner_and_actor(&mut learner, &mut actor, Duration::from_secs(900), &logs);
+    assert!(learned.success(), "{}", logs());
     pushes_were_exact(&run, 3, "llm learn + llm actor");
 
     // 4. The engine dies under a run (its core process killed: vLLM's

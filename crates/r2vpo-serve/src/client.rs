@@ -100,9 +100,10 @@ trait WeightLoader: Send + Sync {
         adapter: bool,
     ) -> Result<Option<String>, Failure>;
 
-    /// How a full push is written for this engine.
+    /// How a full push is written for this engine: as the model is (tied
+    /// stays tied), unless the engine needs otherwise.
     fn layout(&self, dtype: PushDtype) -> HfLayout {
-        HfLayout { dtype: push_dtype(dtype), untie: true }
+        HfLayout { dtype: push_dtype(dtype), untie: false }
     }
 }
 

@@ -138,3 +138,47 @@ pub fn post(url: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
     let status = r.status().as_u16();
     (status, r.json().unwrap_or(serde_json::Value::Null))
 }
+
+/// Waits for an `llm learn` process and its `llm actor` to finish, and
+/// returns the learner's exit status once the actor has stopped too. A
+/// learner waits for its actors' batches by design, so an actor that fails
+/// would leave it waiting for ever and the test hanging: the test fails at
+/// once with both logs (`logs`) instead, as it does when the pair takes
+/// longer than `limit` or the actor outlives the learner by a minute.
+pub fn wait_learner_and_actor(
+    learner: &mut Child,
+    actor: &mut Child,
+    limit: Duration,
+    logs: &dyn Fn() -> String,
+) -> std::process::ExitStatus {
+    let t0 = Instant::now();
+    let stop = |why: &str, learner: &mut Child, actor: &mut Child| -> ! {
+        let _ = learner.kill();
+        let _ = actor.kill();
+        let _ = learner.wait();
+        let _ = actor.wait();
+        panic!("{why}\n{}", logs());
+    };
+    let learned = loop {
+        if let Some(s) = learner.try_wait().unwrap() {
+            break s;
+        }
+        if let Some(s) = actor.try_wait().unwrap() {
+            if !s.success() {
+                stop(&format!("the actor failed ({s}) while the learner waited for it"), learner, actor);
+            }
+        }
+        if t0.elapsed() > limit {
+            stop(&format!("the learner and its actor took longer than {limit:?}"), learner, actor);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let t1 = Instant::now();
+    while actor.try_wait().unwrap().is_none() {
+        if t1.elapsed() > Duration::from_secs(60) {
+            stop("the actor did not stop when the run ended", learner, actor);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    learned
+}
