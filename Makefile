@@ -88,19 +88,25 @@ demo: build
 # and the distributed layer: c10d's Gloo groups, real ranks on loopback,
 # data-parallel `llm train` against the one-process run);
 # the totals (scripts/test_totals.py) close the output, after what the
-# pinned and kernel checks compared (their check-report.txt). The exit
-# status fails if the vendor check or cargo failed.
+# pinned and kernel checks compared (their check-report.txt). Before the
+# tests, scripts/check_figures.py recomputes the figures quoted in
+# results/**/README.md, docs and the README's status rows from the committed
+# raw files. The exit status fails if the vendor check, the figure check or
+# cargo failed.
 CHECK_REPORT := $(or $(CARGO_TARGET_DIR),target)/tmp/check-report.txt
 test: deps deps-torch
 	@rm -f $(CHECK_REPORT)
 	@vrc=0; $(PYTHON) scripts/vendor_check.py check || vrc=$$?; \
+	  frc=0; $(PYTHON) scripts/check_figures.py || frc=$$?; \
 	  set -o pipefail; $(CARGO) test --workspace --no-fail-fast 2>&1 | tee .deps/test.log; rc=$$?; \
 	  $(TORCH_CPU) LD_LIBRARY_PATH=$(TORCH_LD) $(CARGO) test --no-fail-fast -p r2vpo-llm -p r2vpo-cli \
 	    --features r2vpo-llm/torch,r2vpo-cli/torch --test torch_backend --test torch_cli --test serve \
 	    --test openai_client --test dist_c10d --test dist --test llm_dist --test gpu_check 2>&1 | tee -a .deps/test.log; \
 	  trc=$$?; [ $$rc -ne 0 ] || rc=$$trc; \
 	  $(PYTHON) scripts/test_totals.py .deps/test.log $(CHECK_REPORT); \
-	  if [ $$vrc -ne 0 ]; then echo "make test: the vendor check failed (above the test output)" >&2; exit $$vrc; fi; exit $$rc
+	  if [ $$vrc -ne 0 ]; then echo "make test: the vendor check failed (above the test output)" >&2; exit $$vrc; fi; \
+	  if [ $$frc -ne 0 ]; then echo "make test: a quoted figure differs from its raw file (scripts/check_figures.py, above the test output)" >&2; exit $$frc; fi; \
+	  exit $$rc
 
 # Opt-in: the rollout/log-prob contract against llama.cpp's server
 # (llama-cpp-python, compiled on first use, ~5 min), which nobody here wrote.
