@@ -31,10 +31,14 @@ impl Trainer {
         let rollout_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         // Brax updates the normaliser on the rollout's observations before
-        // the epochs, so the first minibatch's ratios are not exactly 1.
-        if let Some(norm) = &mut self.obs_norm {
-            norm.update(&self.buf.obs);
-            self.fast.set_obs_norm(Some(norm.mean_std()));
+        // the epochs, so the first minibatch's ratios are not exactly 1
+        // (`obs_norm_refresh` moves it or re-anchors the ratios).
+        let refresh = self.cfg.obs_norm_refresh;
+        if refresh != NormRefresh::AfterEpochs {
+            self.refresh_obs_norm();
+        }
+        if refresh == NormRefresh::Recompute && self.obs_norm.is_some() {
+            self.recompute_behaviour_logp();
         }
         let (n, d, a) = (self.cfg.num_envs, self.net.obs_dim(), self.net.act_dim());
         let (unroll, b) = (self.cfg.unroll, self.cfg.batch_size);
@@ -103,6 +107,9 @@ impl Trainer {
             stats.push(terms.stats);
             steps += 1;
         }
+        if refresh == NormRefresh::AfterEpochs {
+            self.refresh_obs_norm();
+        }
         self.fast.write_to(&self.net)?;
         let learn_s = t1.elapsed().as_secs_f64();
         let k = steps.max(1) as f64;
@@ -116,6 +123,31 @@ impl Trainer {
         };
         let new_steps = (t_len * n) as u64;
         Ok(self.close_update(update_index, &episodes, &stats, first_dev, means, new_steps, (rollout_s, learn_s)))
+    }
+
+    /// Folds the rollout's observations into the normaliser the networks
+    /// use.
+    fn refresh_obs_norm(&mut self) {
+        if let Some(norm) = &mut self.obs_norm {
+            norm.update(&self.buf.obs);
+            self.fast.set_obs_norm(Some(norm.mean_std()));
+        }
+    }
+
+    /// Replaces every stored behaviour log-prob by the current networks'
+    /// under the current normaliser (`obs_norm_refresh = "recompute"`), in
+    /// chunks so that a 2048-env rollout (983,040 rows) does not hold every
+    /// row's activations at once.
+    fn recompute_behaviour_logp(&mut self) {
+        const CHUNK: usize = 8192;
+        let (d, a) = (self.net.obs_dim(), self.net.act_dim());
+        let rows = self.buf.logp.len();
+        for start in (0..rows).step_by(CHUNK) {
+            let end = (start + CHUNK).min(rows);
+            let f = self.fast.forward(&self.buf.obs[start * d..end * d], end - start);
+            let logp = self.fast.log_prob(&f, &self.buf.actions[start * a..end * a]);
+            self.buf.logp[start..end].copy_from_slice(&logp);
+        }
     }
 
     /// Gathers the sequences `seqs` of the rollout into `g`, time-major.

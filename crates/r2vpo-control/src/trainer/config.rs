@@ -25,6 +25,38 @@ pub enum Flavour {
     Brax,
 }
 
+/// When the brax flavour's observation normaliser takes in a rollout
+/// (`obs_norm_refresh`). Brax refreshes it on the rollout before the SGD
+/// epochs, so the policy the epochs start from is not the policy that
+/// sampled: the first minibatch's ratios differ from 1 by the refresh alone
+/// (at 2048 envs |ρ − 1| reached ≈ 1,000 in update 1). PPO's clip ignores
+/// such ratios; R²VPO's penalty pulls towards them. The two alternatives
+/// make the epochs start at ρ = 1 (results/control/paper-geometry/,
+/// the normaliser-refresh test).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NormRefresh {
+    /// Brax 0.14.2: refreshed on the rollout before the epochs; the
+    /// behaviour log-probs stay those of the sampling policy.
+    #[default]
+    BeforeEpochs,
+    /// Refreshed before the epochs, then every behaviour log-prob is
+    /// recomputed by the not-yet-updated networks under the refreshed
+    /// normaliser: the ratio's denominator is the policy the epochs start
+    /// from (a proximal anchor), not the sampling policy.
+    Recompute,
+    /// Refreshed after the epochs: the epochs see observations normalised
+    /// as the rollout saw them, and the next rollout samples with the
+    /// refreshed statistics.
+    AfterEpochs,
+}
+
+impl NormRefresh {
+    fn is_default(&self) -> bool {
+        *self == Self::BeforeEpochs
+    }
+}
+
 /// A full control training run (the `r2vpo control train` config). The
 /// defaults are the CPU configuration (`configs/control/cpu.toml`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -72,6 +104,11 @@ pub struct TrainConfig {
     pub normalize_obs: bool,
     /// Normalised observations are clipped to ±this.
     pub obs_clip: f64,
+    /// Brax flavour: when the observation normaliser takes in each rollout,
+    /// `"before-epochs"` (Brax's, default), `"recompute"` or
+    /// `"after-epochs"` ([`NormRefresh`]).
+    #[serde(skip_serializing_if = "NormRefresh::is_default")]
+    pub obs_norm_refresh: NormRefresh,
     /// γ and λ of GAE.
     pub gae: GaeConfig,
     /// γ for particular tasks, replacing `gae.gamma` when the run's task is
@@ -136,6 +173,7 @@ impl Default for TrainConfig {
             reward_scale: 1.0,
             normalize_obs: true,
             obs_clip: 10.0,
+            obs_norm_refresh: NormRefresh::BeforeEpochs,
             gae: GaeConfig { gamma: 0.99, lambda: 0.95 },
             objective: ObjectiveConfig::default(),
             dual: DualConfig::control_default(),
@@ -236,6 +274,14 @@ impl TrainConfig {
             return Err(config_err(
                 "policy.distribution",
                 "\"tanh-normal\" needs the sampled entropy of flavour = \"brax\"; the cleanrl flavour uses \"normal\""
+                    .into(),
+            ));
+        }
+        if !self.obs_norm_refresh.is_default() && !(self.flavour == Flavour::Brax && self.normalize_obs) {
+            return Err(config_err(
+                "obs_norm_refresh",
+                "only the brax flavour's in-network normaliser has a refresh to move: it needs flavour = \"brax\" \
+                 and normalize_obs = true"
                     .into(),
             ));
         }

@@ -61,7 +61,7 @@ mod update;
 
 pub use crate::error::{TrainError, TrainResult};
 pub use checkpoint::{latest_checkpoint, load_policy, CheckpointState, SavedPolicy};
-pub use config::{algo_overrides, default_config, Flavour, TrainConfig, DEFAULT_CONFIG};
+pub use config::{algo_overrides, default_config, Flavour, NormRefresh, TrainConfig, DEFAULT_CONFIG};
 pub use eval::{evaluate_policy, EvalPolicy};
 pub use metrics::{Counters, UpdateMetrics};
 pub use optim::Adam;

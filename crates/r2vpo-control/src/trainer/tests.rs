@@ -314,3 +314,37 @@ fn flavour_settings_are_checked() {
     cfg.task = "cartpole-balance".into();
     assert_eq!(cfg.gae_for_task().gamma, cfg.gae.gamma);
 }
+
+/// `obs_norm_refresh`: both alternatives to Brax's order start the epochs
+/// at ρ = 1 exactly (Brax's does not, above); "recompute" refreshes the
+/// normaliser as Brax does, "after-epochs" one update later; a resume
+/// repeats the uninterrupted run; the option is refused where there is no
+/// in-network normaliser.
+#[test]
+fn a_moved_or_re_anchored_normaliser_refresh_starts_the_epochs_at_ratio_one() {
+    let brax = {
+        let mut t = Trainer::new(brax_tiny("cheetah-run")).unwrap();
+        (0..2).map(|_| t.update().unwrap()).collect::<Vec<_>>()
+    };
+    assert!(brax[1].first_minibatch_ratio_dev > 0.0);
+    for refresh in [NormRefresh::Recompute, NormRefresh::AfterEpochs] {
+        let mut cfg = brax_tiny("cheetah-run");
+        cfg.objective.kind = ObjectiveKind::R2vpo;
+        cfg.obs_norm_refresh = refresh;
+        cfg.validate().unwrap();
+        let mut t = Trainer::new(cfg.clone()).unwrap();
+        for u in 1..=2u64 {
+            let m = t.update().unwrap();
+            assert_eq!(m.first_minibatch_ratio_dev, 0.0, "{refresh:?}, update {u}: {m:?}");
+            assert!(m.ratio_var > 0.0, "{refresh:?}: {m:?}");
+            // Both fold every rollout in; they differ in when the epochs
+            // see it.
+            assert_eq!(t.obs_normalizer().unwrap().count, u * 4 * 16, "{refresh:?}");
+        }
+        resume_repeats(cfg);
+    }
+    let mut cfg = tiny("cheetah-run");
+    cfg.obs_norm_refresh = NormRefresh::Recompute;
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(e.contains("obs_norm_refresh") && e.contains("brax"), "{e}");
+}
