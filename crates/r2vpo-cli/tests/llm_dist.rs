@@ -54,12 +54,12 @@ fn sets(extra: &[&str]) -> Vec<String> {
 
 /// Runs `llm train` into `out`, alone (`ranks` 1) or under `r2vpo launch`.
 fn train(out: &Path, ranks: usize, extra: &[&str], resume: bool) {
-    run(out, (ranks > 1).then_some(ranks), extra, resume)
+    run(out, (ranks > 1).then_some(ranks), extra, resume);
 }
 
 /// Runs `llm train` into `out`: under `r2vpo launch` with `launched`
-/// ranks, or (`None`) as a plain process.
-fn run(out: &Path, launched: Option<usize>, extra: &[&str], resume: bool) {
+/// ranks, or (`None`) as a plain process; returns its stderr.
+fn run(out: &Path, launched: Option<usize>, extra: &[&str], resume: bool) -> String {
     let ranks = launched.unwrap_or(1);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
     cmd.current_dir(root()).args(["--threads", "1"]);
@@ -82,6 +82,7 @@ fn run(out: &Path, launched: Option<usize>, extra: &[&str], resume: bool) {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
+    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// What must agree; the last three depend only on the samples, so they
@@ -129,6 +130,10 @@ fn assert_same(one: &Path, many: &Path, what: &str) {
         let dealt: Vec<u64> = (0..n).map(|r| (0..4).filter(|c| c % n == r).count() as u64).collect();
         assert_eq!(got, dealt, "{what}: groups sampled per rank");
     }
+    // Four calls over two or three ranks: every rank samples, and nothing
+    // says otherwise.
+    let events = std::fs::read_to_string(many.join("events.jsonl")).unwrap();
+    assert!(!events.contains("ranks_idle_in_rollout"), "{what}: {events}");
     // `--threads 1` reached libtorch in the single process and in each rank.
     for run in [one, many] {
         let started = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
@@ -230,6 +235,29 @@ fn sharded_master_weights_train_what_one_process_trains() {
     let zero2 = tmp.path().join("bf16-3-zero2");
     train(&zero2, 3, &["model.compute_dtype=bf16", "dist.zero_stage=2"], false);
     assert_same(&one, &zero2, "bf16, 3 ranks, ZeRO-2");
+}
+
+/// A batch of fewer sampler calls than ranks leaves ranks idle in the
+/// rollout: rank 0 says so once, with the `rollout_batch` that spreads it
+/// (on stderr and as an `events.jsonl` line), and the run still trains.
+/// Four groups of 8 at `rollout_batch = 32` are one call, so only rank 0
+/// of 2 samples; 16 or less would give both ranks a call.
+#[test]
+fn ranks_left_without_a_sampler_call_are_named_with_the_remedy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("one-call");
+    let stderr = run(&out, Some(2), &["rollout_batch=32", "iterations=1"], false);
+    assert!(stderr.contains("only 1 of 2 ranks sample") && stderr.contains("rollout_batch = 16 or less"), "{stderr}");
+    assert_eq!(stderr.matches("ranks sample").count(), 1, "said once, by rank 0: {stderr}");
+    let events = std::fs::read_to_string(out.join("events.jsonl")).unwrap();
+    let line = events.lines().find(|l| l.contains("ranks_idle_in_rollout")).expect("an idle-ranks event");
+    let e: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!((e["sampling_ranks"].as_u64(), e["world"].as_u64()), (Some(1), Some(2)), "{e}");
+    assert_eq!(e["rollout_batch_for_every_rank"].as_u64(), Some(16), "{e}");
+    let m = metrics(&out);
+    let groups: Vec<u64> =
+        m[0]["rank_rollout_groups"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(groups, vec![4, 0], "rank 0 sampled the one call");
 }
 
 /// A launched job of one rank (`torchrun --nproc-per-node 1`) runs the

@@ -153,8 +153,15 @@ impl Launch {
             let launcher = if get("TORCHELASTIC_RUN_ID").is_some() { Launcher::Torchrun } else { Launcher::Env };
             let rank = need("RANK", "a distributed launch (WORLD_SIZE is set)")?;
             let world = need("WORLD_SIZE", "a distributed launch (RANK is set)")?;
-            let local_rank = num("LOCAL_RANK")?.unwrap_or(rank);
-            let local_world = num("LOCAL_WORLD_SIZE")?.unwrap_or(world);
+            // Without LOCAL_RANK the launcher said nothing about this
+            // machine, and the ones that set RANK but not LOCAL_RANK start
+            // one process per machine or pod (Kubeflow's PyTorchJob: pod k
+            // of a one-GPU-per-pod job has only `cuda:0`). torchrun and
+            // `r2vpo launch`, which start several per machine, set it.
+            let (local_rank, local_world) = match num("LOCAL_RANK")? {
+                Some(l) => (l, num("LOCAL_WORLD_SIZE")?.unwrap_or(world)),
+                None => (0, num("LOCAL_WORLD_SIZE")?.unwrap_or(1)),
+            };
             (rank, world, local_rank, local_world, launcher)
         } else if get("SLURM_PROCID").is_some() {
             let rank = need("SLURM_PROCID", "srun")?;
@@ -347,6 +354,24 @@ mod tests {
         // One process needs no store address.
         let one = Launch::from_vars(&vars(&[("RANK", "0"), ("WORLD_SIZE", "1")])).unwrap().unwrap();
         assert_eq!((one.master_addr.as_str(), one.master_port), ("127.0.0.1", 0));
+    }
+
+    /// A PyTorchJob pod gets RANK and WORLD_SIZE but no LOCAL_RANK: it is
+    /// the only rank on its machine, and `cuda` means its one GPU, not
+    /// `cuda:RANK` (which a one-GPU pod does not have).
+    #[test]
+    fn a_rank_without_local_variables_is_alone_on_its_machine() {
+        let pod = Launch::from_vars(&vars(&[
+            ("RANK", "5"),
+            ("WORLD_SIZE", "8"),
+            ("MASTER_ADDR", "r2vpo-master-0"),
+            ("MASTER_PORT", "23456"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((pod.rank, pod.local_rank, pod.local_world_size), (5, 0, 1));
+        assert_eq!(rank_device("cuda", pod.local_rank), "cuda:0");
+        assert_eq!(pod.launcher, Launcher::Env);
     }
 
     #[test]

@@ -59,6 +59,20 @@ impl BatchShare {
     /// The whole batch (one process).
     pub const WHOLE: BatchShare = BatchShare { rank: 0, world: 1 };
 
+    /// How many of `world` ranks get at least one sampler call of an
+    /// iteration whose `prompts` groups are decoded `per_call` groups a call.
+    pub fn sampling_ranks(prompts: usize, per_call: usize, world: usize) -> usize {
+        prompts.div_ceil(per_call.max(1)).min(world)
+    }
+
+    /// The largest `rollout_batch` that gives each of `world` ranks at least
+    /// one sampler call of `prompts` groups of `group_size` (⌊prompts /
+    /// world⌋ groups a call make at least `world` calls); `None` when there
+    /// are fewer groups than ranks, since a group is never split.
+    pub fn rollout_batch_for_every_rank(prompts: usize, group_size: usize, world: usize) -> Option<usize> {
+        (prompts >= world).then(|| (prompts / world.max(1)) * group_size)
+    }
+
     /// Whether sampler call `call` of the batch is this rank's.
     pub fn takes(&self, call: usize) -> bool {
         call % self.world.max(1) == self.rank
@@ -169,6 +183,11 @@ impl Actor {
     /// Sends warnings to `f` instead of stderr.
     pub fn set_warning_handler(&mut self, f: impl FnMut(&str) + Send + Sync + 'static) {
         self.warn = Box::new(f);
+    }
+
+    /// Says `msg` where this actor's warnings go.
+    pub(crate) fn warn(&mut self, msg: &str) {
+        (self.warn)(msg)
     }
 
     /// Samples from `source` instead of in-process; refused when its
@@ -438,5 +457,38 @@ impl Actor {
             entries.push(e);
         }
         Ok(Produced { entries, positions: problems.iter().map(|&(k, _)| k).collect(), rollout_s })
+    }
+}
+
+#[cfg(test)]
+mod share_tests {
+    use super::BatchShare;
+    use crate::rollout::local_groups_per_call;
+
+    /// The advice the trainer gives when ranks sit out the rollout is
+    /// right: the suggested `rollout_batch` gives every rank a call, for
+    /// every small shape, and the 8-rank recipe's shape is caught.
+    #[test]
+    fn the_suggested_rollout_batch_gives_every_rank_a_call() {
+        for world in 1..=9 {
+            for prompts in 1..=40 {
+                for g in [1, 2, 8] {
+                    match BatchShare::rollout_batch_for_every_rank(prompts, g, world) {
+                        Some(rb) => {
+                            let per_call = local_groups_per_call(rb, g);
+                            assert_eq!(BatchShare::sampling_ranks(prompts, per_call, world), world);
+                            let calls: Vec<usize> = (0..prompts.div_ceil(per_call)).collect();
+                            for rank in 0..world {
+                                assert!(calls.iter().any(|&c| BatchShare { rank, world }.takes(c)));
+                            }
+                        }
+                        None => assert!(prompts < world),
+                    }
+                }
+            }
+        }
+        // 32 prompts × G 8 with rollout_batch 64 on 8 ranks: 4 calls.
+        assert_eq!(BatchShare::sampling_ranks(32, local_groups_per_call(64, 8), 8), 4);
+        assert_eq!(BatchShare::rollout_batch_for_every_rank(32, 8, 8), Some(32));
     }
 }

@@ -468,6 +468,36 @@ impl Trainer {
                 }))?;
             }
         }
+        // Sampler calls are dealt to ranks whole (a call's groups share one
+        // decode batch), so a batch of fewer calls than ranks leaves ranks
+        // idle while the others sample: said once, with the setting that
+        // spreads it.
+        let (world, g) = (group.world(), self.cfg.group_size);
+        let per_call = crate::rollout::local_groups_per_call(self.cfg.rollout_batch, g);
+        let sampling = BatchShare::sampling_ranks(self.cfg.prompts_per_iter, per_call, world);
+        if group.rank() == 0 && self.cfg.rollout.backend == RolloutBackend::Local && sampling < world {
+            let p = self.cfg.prompts_per_iter;
+            let most = BatchShare::rollout_batch_for_every_rank(p, g, world);
+            let remedy = match most {
+                Some(most) => format!("rollout_batch = {most} or less gives every rank a call"),
+                None => format!(
+                    "a group is never split, so at most {p} ranks can sample; raise prompts_per_iter to {world}"
+                ),
+            };
+            self.actor.warn(&format!(
+                "only {sampling} of {world} ranks sample: rollout_batch = {} decodes {per_call} groups of {g} a \
+                 call, so an iteration's prompts_per_iter = {p} groups make {sampling} sampler calls, and calls are \
+                 dealt to ranks whole; {remedy}",
+                self.cfg.rollout_batch
+            ));
+            self.events.write(&serde_json::json!({
+                "event": "ranks_idle_in_rollout",
+                "sampling_ranks": sampling,
+                "world": world,
+                "rollout_batch": self.cfg.rollout_batch,
+                "rollout_batch_for_every_rank": most,
+            }))?;
+        }
         if group.rank() != 0 {
             // Every rank meets the same over-long prompts; rank 0 says so.
             self.actor.set_warning_handler(|_| {});
