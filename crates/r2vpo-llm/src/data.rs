@@ -162,6 +162,14 @@ pub enum DataError {
     /// The dataset holds no problems after filtering.
     #[error("dataset `{0}` has no problems")]
     Empty(String),
+    /// `skip` left out every problem the dataset holds.
+    #[error("dataset `{path}`: `skip = {skip}` leaves no problem (it holds {skip} or fewer; for a built-in split raise `count` above `skip`)")]
+    AllLeftOut {
+        /// The dataset.
+        path: String,
+        /// The `skip` setting.
+        skip: usize,
+    },
     /// Every record read was skipped (e.g. all lines over [`MAX_LINE_BYTES`]),
     /// so no problem is left.
     #[error("dataset `{path}` has no usable problems: {skipped} record(s) skipped, the first: {first}")]
@@ -940,6 +948,18 @@ pub struct DataConfig {
     /// Keep only the first `limit` problems (after de-duplication); reading
     /// a file stops once they are found.
     pub limit: Option<usize>,
+    /// Leave out the first `skip` problems (after de-duplication, before
+    /// `limit`). The same source read with `skip = N` and with `limit = N`
+    /// (or a built-in `count = N`) gives disjoint sets, so a validation
+    /// split can be cut from the problems after a held-out one: built-in
+    /// `arith-eval` with `count = 200, skip = 100` is the 100 problems after
+    /// `count = 100`'s.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub skip: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Default for DataConfig {
@@ -955,6 +975,7 @@ impl Default for DataConfig {
             source_key: None,
             dedupe: true,
             limit: None,
+            skip: 0,
         }
     }
 }
@@ -1007,11 +1028,16 @@ pub fn load_problems_reporting(cfg: &DataConfig) -> Result<LoadedProblems, DataE
     let mut skipped = Vec::new();
     let mut problems = Vec::new();
     let mut seen = HashSet::new();
+    let mut left_out = 0usize;
     let mut keep = |p: Problem| {
         if problems.len() >= limit {
             return ControlFlow::Break(());
         }
         if !cfg.dedupe || seen.insert(normalize_question(&p.question)) {
+            if left_out < cfg.skip {
+                left_out += 1;
+                return ControlFlow::Continue(());
+            }
             problems.push(p);
         }
         if problems.len() >= limit {
@@ -1044,6 +1070,9 @@ pub fn load_problems_reporting(cfg: &DataConfig) -> Result<LoadedProblems, DataE
                 skipped: skipped.len(),
                 first: first.to_string(),
             });
+        }
+        if cfg.skip > 0 {
+            return Err(DataError::AllLeftOut { path: cfg.path.clone(), skip: cfg.skip });
         }
         return Err(DataError::Empty(cfg.path.clone()));
     }
@@ -1379,6 +1408,24 @@ mod tests {
         let no_source = write_file(dir.path(), "nosrc.jsonl", "{\"prompt\": [], \"reward_model\": {}}\n");
         let msg = load_jsonl_with(&no_source, &RecordLayout::Verl).unwrap_err().to_string();
         assert!(msg.contains("nosrc.jsonl:1: ") && msg.contains("`prompt`"), "{msg}");
+    }
+
+    #[test]
+    fn a_skipped_range_and_the_problems_before_it_are_disjoint() {
+        let held_out = DataConfig { path: "builtin:arith-eval".into(), count: 100, ..DataConfig::default() };
+        let val = DataConfig { count: 200, skip: 100, ..held_out.clone() };
+        let (h, v) = (load_problems(&held_out).unwrap(), load_problems(&val).unwrap());
+        assert_eq!((h.len(), v.len()), (100, 100));
+        let held: HashSet<String> = h.iter().map(|p| normalize_question(&p.question)).collect();
+        assert!(v.iter().all(|p| !held.contains(&normalize_question(&p.question))));
+        // The 200 generated are the held-out 100 followed by the validation 100.
+        let all = load_problems(&DataConfig { count: 200, ..held_out.clone() }).unwrap();
+        assert_eq!(all[100..], v[..]);
+        // `limit` counts after `skip`.
+        let first = load_problems(&DataConfig { limit: Some(10), ..val.clone() }).unwrap();
+        assert_eq!(first[..], v[..10]);
+        let none = load_problems(&DataConfig { skip: 200, ..val }).unwrap_err().to_string();
+        assert!(none.contains("skip = 200") && none.contains("arith-eval"), "{none}");
     }
 
     #[test]
