@@ -277,7 +277,8 @@ impl TrainConfig {
                     .into(),
             ));
         }
-        if !self.obs_norm_refresh.is_default() && !(self.flavour == Flavour::Brax && self.normalize_obs) {
+        let brax_normaliser = self.flavour == Flavour::Brax && self.normalize_obs;
+        if !(self.obs_norm_refresh.is_default() || brax_normaliser) {
             return Err(config_err(
                 "obs_norm_refresh",
                 "only the brax flavour's in-network normaliser has a refresh to move: it needs flavour = \"brax\" \

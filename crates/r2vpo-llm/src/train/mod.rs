@@ -901,7 +901,7 @@ impl Trainer {
                 m.version_lag_max = m.version_lag_max.max(lag);
             }
             let items: Vec<(&Sample, u64)> = drawn.iter().map(|(s, a)| (s, *a)).collect();
-            let first = (k == 0 && mismatch.is_none()).then(|| metrics::MismatchSums::default());
+            let first = (k == 0 && mismatch.is_none()).then(metrics::MismatchSums::default);
             let measured = self.optimizer_step(&items, &mut hist, &mut acc, first, on_event)?;
             if k == 0 && mismatch.is_none() {
                 mismatch = measured;
@@ -1053,8 +1053,9 @@ impl Trainer {
             if let Some(mm) = mismatch.as_mut() {
                 // Before any update: the learner's log-probs against the
                 // engine's (`old_logp`), on samples of the current version.
-                let (lp, old, mk): (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<Vec<f32>>) =
-                    (fwd.logp.to_vec2()?, t.old_logp.to_vec2()?, t.mask.to_vec2()?);
+                let lp: Vec<Vec<f32>> = fwd.logp.to_vec2()?;
+                let old: Vec<Vec<f32>> = t.old_logp.to_vec2()?;
+                let mk: Vec<Vec<f32>> = t.mask.to_vec2()?;
                 for (i, (s, _)) in part.iter().enumerate() {
                     if s.version == iteration {
                         mm.add_row(&lp[i], &old[i], &mk[i]);
