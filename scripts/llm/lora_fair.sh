@@ -9,7 +9,11 @@
 #
 # Resumable: a run with an eval.jsonl is done and skipped, one with a
 # checkpoint resumes (`llm train --resume`), one without starts again. Runs
-# go two at a time with one thread each (the 2-core machine's cores).
+# already collected into results/llm/lora-fair/ (committed as each pair
+# finishes, so a new machine does not run them again) are copied back
+# first: the picks and the report read only their config.toml and
+# eval.jsonl. Runs go two at a time with one thread each (the 2-core
+# machine's cores).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${R2VPO:-target/release/r2vpo}
@@ -40,6 +44,15 @@ pair() {
 
 mkdir -p "$root"
 date -u
+for done in results/llm/lora-fair/{sweep,final}/*/eval.jsonl; do
+  [ -s "$done" ] || continue
+  src=$(dirname "$done") phase=$(basename "$(dirname "$(dirname "$done")")")
+  out="$root/$phase/$(basename "$src")"
+  if [ ! -s "$out/eval.jsonl" ]; then
+    mkdir -p "$out" && cp "$src"/{config.toml,metrics.jsonl,eval.jsonl} "$out/"
+    echo "collected already: $out"
+  fi
+done
 # 1. The sweep, seed 0, on validation: each method's rate and 4× either side.
 for k in 0 1 2; do
   lr_lora=(5e-5 2e-4 8e-4); lr_full=(5e-6 2e-5 8e-5)
