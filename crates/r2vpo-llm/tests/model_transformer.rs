@@ -441,3 +441,88 @@ fn chunked_scoring_equals_the_training_path_bit_for_bit() {
         assert_eq!(chunked, whole, "chunks of {rows} rows");
     }
 }
+
+/// A model opened for inference with a bf16 spec on the candle backend
+/// holds its weight matrices in bf16 and computes in f32: its scoring and
+/// its KV-cached decoding equal, to f32 summation order, an f32 model whose
+/// weights were rounded to bf16, for every architecture, tied and untied;
+/// the rounding is real (they differ from the unrounded f32 model); and a
+/// weight push is rounded on load the same way.
+#[test]
+fn bf16_weights_for_inference_are_f32_compute_on_rounded_weights() {
+    use r2vpo_llm::backend::open::{open, open_inference, BackendSpec, Opened};
+    use r2vpo_llm::backend::{ComputeDtype, OptimConfig, Policy};
+    use r2vpo_llm::model::source::NamedTensors;
+    use r2vpo_llm::model::{RandomInit, TensorSource};
+    let rounded = |src: &dyn TensorSource| -> NamedTensors {
+        let map = src
+            .names()
+            .into_iter()
+            .map(|n| {
+                let t = src.tensor(&n).unwrap().to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap();
+                (n, t)
+            })
+            .collect();
+        NamedTensors::new("rounded", map)
+    };
+    let spec = BackendSpec { compute_dtype: ComputeDtype::Bf16, ..Default::default() };
+    let f32_spec = BackendSpec::default();
+    let candle = |o: Opened| match o {
+        Opened::Candle(m) => m,
+        #[allow(unreachable_patterns)]
+        _ => panic!("candle spec"),
+    };
+    let rel = |a: &[Vec<f32>], b: &[Vec<f32>]| -> f32 {
+        let (mut d, mut s) = (0f32, 0f32);
+        for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+            d = d.max((x - y).abs());
+            s = s.max(y.abs());
+        }
+        d / s
+    };
+    for arch in ARCHS {
+        for tied in [true, false] {
+            let cfg = tiny(arch, tied);
+            let src = RandomInit::new(cfg.clone(), 11, 0.3);
+            let m16 = candle(open_inference(&spec, &cfg, &src).unwrap());
+            assert!(m16.bf16_weights() && m16.dtype() == DType::BF16, "{arch:?}: bf16 storage");
+            let mr = candle(open(&f32_spec, &cfg, &rounded(&src), OptimConfig::default()).unwrap());
+            let m32 = candle(open(&f32_spec, &cfg, &src, OptimConfig::default()).unwrap());
+            // A learner's bf16 stays mixed precision with f32 masters.
+            let learner = candle(open(&spec, &cfg, &src, OptimConfig::default()).unwrap());
+            assert!(!learner.bf16_weights() && learner.dtype() == DType::F32);
+
+            let (ids, mask, tg) = batch();
+            // Scoring without a graph: the path a server's and an actor's
+            // log-probs take.
+            let score =
+                |m: &Transformer| -> Vec<Vec<f32>> { m.score_logprobs(&ids, &mask, &tg).unwrap().to_vec2().unwrap() };
+            let (s16, sr, s32) = (score(&m16), score(&mr), score(&m32));
+            assert!(rel(&s16, &sr) < 2e-6, "{arch:?} tied {tied}: scoring off by {:e}", rel(&s16, &sr));
+            assert!(rel(&s32, &sr) > 1e-4, "{arch:?}: the weights were not rounded ({:e})", rel(&s32, &sr));
+
+            let decode = |m: &Transformer| -> Vec<Vec<Vec<f32>>> {
+                let mut c = KvCache::new(m, 3);
+                [(0, 5), (5, 1), (6, 1), (7, 1)]
+                    .iter()
+                    .map(|&(a, n)| {
+                        let o = m
+                            .forward_step(&ids.narrow(1, a, n).unwrap(), &mask.narrow(1, a, n).unwrap(), &mut c)
+                            .unwrap();
+                        o.to_vec2().unwrap()
+                    })
+                    .collect()
+            };
+            for (step, (d16, dr)) in decode(&m16).iter().zip(decode(&mr)).enumerate() {
+                assert!(rel(d16, &dr) < 2e-6, "{arch:?} tied {tied} step {step}: decode off by {:e}", rel(d16, &dr));
+            }
+
+            // A push of other weights: rounded to bf16 on load.
+            let src2 = RandomInit::new(cfg.clone(), 12, 0.3);
+            m16.load(&src2).unwrap();
+            let mr2 = candle(open(&f32_spec, &cfg, &rounded(&src2), OptimConfig::default()).unwrap());
+            assert!(m16.bf16_weights(), "a push keeps the storage dtype");
+            assert!(rel(&score(&m16), &score(&mr2)) < 2e-6, "{arch:?}: pushed weights");
+        }
+    }
+}

@@ -90,8 +90,10 @@ pub struct ServeConfig {
     /// Where the torch backend decodes: `cpu`, `cuda` or `cuda:N` (candle
     /// serves on the CPU).
     pub device: String,
-    /// The dtype decoding computes in: `f32`, or `bf16` (logits and
-    /// log-probs stay f32).
+    /// The dtype of the served weights: `f32`, or `bf16` (on the candle
+    /// backend the weight matrices are held in bf16 and the activations,
+    /// KV cache, logits and log-probs are f32; on the torch backend the
+    /// forward computes in bf16 and logits and log-probs are f32).
     pub dtype: String,
 }
 
@@ -232,7 +234,7 @@ impl ServeConfig {
 /// `cfg` names; the error names the option at fault.
 fn on_backend(cfg: &ServeConfig, config: &ModelConfig, source: &dyn TensorSource) -> Result<DecodeModel, ServeError> {
     let spec = cfg.backend_spec()?;
-    match r2vpo_llm::backend::open::open(&spec, config, source, r2vpo_llm::backend::OptimConfig::default()) {
+    match r2vpo_llm::backend::open::open_inference(&spec, config, source) {
         Ok(m) => Ok(m),
         Err(ModelError::Spec { field, message }) => Err(ServeError::Config { field, message }),
         Err(e) => Err(ServeError::Load { path: cfg.model.clone(), message: e.to_string() }),

@@ -70,17 +70,39 @@ impl From<torch::TorchBackend> for Opened {
 /// converted and placed before the next ([`crate::model::source`]). The
 /// optimizer `optim` is used only if the model learns ([`Backend`]).
 pub fn open(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource, optim: OptimConfig) -> Result<Opened> {
+    open_as(spec, config, source, optim, false)
+}
+
+/// [`open`] for a model that never learns (a server's, an actor's, the KL
+/// reference): the same, except that a bf16 spec on the candle backend
+/// stores the weight matrices in bf16 and computes in f32
+/// ([`Transformer::bf16_weights`]): half the memory and half the bytes a
+/// decode step reads, products on [`r2vpo_kernels::bf16w`]. A learner's
+/// bf16 (f32 master weights, forwards in bf16) is [`open`]'s.
+pub fn open_inference(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource) -> Result<Opened> {
+    open_as(spec, config, source, OptimConfig::default(), true)
+}
+
+fn open_as(
+    spec: &BackendSpec,
+    config: &ModelConfig,
+    source: &dyn TensorSource,
+    optim: OptimConfig,
+    inference: bool,
+) -> Result<Opened> {
     let spec_err = |field: &str, message: String| ModelError::Spec { field: field.into(), message };
     spec.kind.check_built()?;
     match spec.kind {
         BackendKind::Candle => {
             let device = crate::backend::candle::open_device(&spec.device).map_err(|m| spec_err("device", m))?;
             let _ = optim;
-            let mut model = Transformer::from_source(config.clone(), source, candle_core::DType::F32, &device)?;
+            let bf16_weights = inference && spec.compute_dtype == ComputeDtype::Bf16 && device.is_cpu();
+            let storage = if bf16_weights { candle_core::DType::BF16 } else { candle_core::DType::F32 };
+            let mut model = Transformer::from_source(config.clone(), source, storage, &device)?;
             if let Some(lora) = &spec.lora {
                 model = model.with_adapters(lora, &AdapterInit::new(config, lora))?;
             }
-            model.set_compute_dtype(spec.compute_dtype.dtype());
+            model.set_compute_dtype(if bf16_weights { candle_core::DType::F32 } else { spec.compute_dtype.dtype() });
             Ok(Opened::Candle(model))
         }
         #[cfg(feature = "torch")]
@@ -110,7 +132,7 @@ pub fn open(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource,
 /// [`open`] for inference only (sampling, scoring: an actor's policy, the
 /// KL reference).
 pub fn open_policy(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource) -> Result<Box<dyn Policy>> {
-    Ok(match open(spec, config, source, OptimConfig::default())? {
+    Ok(match open_inference(spec, config, source)? {
         Opened::Candle(m) => Box::new(m),
         #[cfg(feature = "torch")]
         Opened::Torch(t) => Box::new(t),

@@ -648,6 +648,18 @@ impl Transformer {
         self.compute
     }
 
+    /// Whether inference reads the weight matrices in bf16 and computes
+    /// everything else in f32: a CPU model stored in bf16 and computing in
+    /// f32 (what [`crate::backend::open::open_inference`] opens for a bf16
+    /// spec on the candle backend). The products then run on
+    /// [`r2vpo_kernels::bf16w`], each an f32 dot product of the f32 input
+    /// with the bf16 weights; the activations, the KV cache and the
+    /// log-probs stay f32. A forward that records a graph casts the weights
+    /// to f32 instead.
+    pub fn bf16_weights(&self) -> bool {
+        self.dtype == DType::BF16 && self.compute == DType::F32 && self.device.is_cpu()
+    }
+
     /// The weights a forward uses: the `Var`s themselves (`train`: a graph
     /// is recorded) or detached handles, cast to the compute dtype. The cast
     /// is redone on every call: the optimizer updates the `Var`s in place,
@@ -661,7 +673,18 @@ impl Transformer {
             return Ok(self.params.clone());
         }
         let cast = |t: Tensor| if same { Ok(t) } else { t.to_dtype(to) };
-        let base = |t: &Tensor| cast(if train && !frozen { t.clone() } else { t.detach() });
+        // bf16 weights for inference ([`Transformer::bf16_weights`]): the
+        // matrices are read as they are stored, in bf16, by the products
+        // (`ops::linear`); only the vectors (norms, biases) are cast.
+        let keep = !train && self.bf16_weights();
+        let base = |t: &Tensor| {
+            let t = if train && !frozen { t.clone() } else { t.detach() };
+            if keep && t.rank() == 2 {
+                Ok(t)
+            } else {
+                cast(t)
+            }
+        };
         let adapter = |t: &Tensor| cast(if train { t.clone() } else { t.detach() });
         Ok(self.params.map(&base, &adapter)?)
     }
@@ -950,7 +973,8 @@ impl Transformer {
     fn embed(&self, p: &Params, ids: &Tensor) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         let ids = ids.to_dtype(DType::U32)?.flatten_all()?;
-        Ok(p.embed.index_select(&ids, 0)?.reshape((b * t, self.config.hidden_size))?)
+        // Exact: bf16 rows of a bf16-weight model widened to f32.
+        Ok(p.embed.index_select(&ids, 0)?.to_dtype(self.compute)?.reshape((b * t, self.config.hidden_size))?)
     }
 
     /// The final RMSNorm, reshaped to `(B, T, hidden)`.

@@ -272,9 +272,57 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let f32_2d = |t: &Tensor| t.dtype() == DType::F32 && t.rank() == 2 && t.device().is_cpu();
     if fused_ok(x) && f32_2d(x) && f32_2d(w) {
         x.contiguous()?.apply_op2(&w.contiguous()?, Linear)
+    } else if bf16_weight(x, w) {
+        Ok(linear_bf16w(&x.contiguous()?, &[&w.contiguous()?])?.remove(0))
+    } else if x.dtype() == DType::F32 && w.dtype() == DType::BF16 {
+        // A graph through a bf16 weight (never in r2vpo's own paths): the
+        // widened weight, differentiable.
+        x.matmul(&w.to_dtype(DType::F32)?.t()?)
     } else {
         x.matmul(&w.t()?)
     }
+}
+
+/// Whether `x · wᵀ` is an inference product of an f32 input with a bf16
+/// weight on the CPU ([`r2vpo_kernels::bf16w`]): nothing records a
+/// gradient through it.
+fn bf16_weight(x: &Tensor, w: &Tensor) -> bool {
+    x.dtype() == DType::F32
+        && w.dtype() == DType::BF16
+        && x.rank() == 2
+        && w.rank() == 2
+        && x.device().is_cpu()
+        && w.device().is_cpu()
+        && !x.track_op()
+        && !w.track_op()
+        && !composites_only()
+}
+
+/// `[x · w₁ᵀ, …]` for an f32 `x` and bf16 weights, in one parallel pass of
+/// [`r2vpo_kernels::bf16w::linear`] (contiguous operands).
+fn linear_bf16w(x: &Tensor, ws: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let name = "r2vpo-linear-bf16w";
+    let (m, k) = x.dims2()?;
+    let (xs, xl) = x.storage_and_layout();
+    let xv = f32_data(&xs, xl, name)?;
+    let guards: Vec<_> = ws.iter().map(|w| w.storage_and_layout()).collect();
+    let mut wv = Vec::with_capacity(ws.len());
+    for ((g, l), w) in guards.iter().zip(ws) {
+        let (n, k2) = w.dims2()?;
+        if k2 != k {
+            return Err(Error::Msg(format!("{name}: x (…, {k}) against w {:?}", w.dims())));
+        }
+        let data = match &**g {
+            candle_core::Storage::Cpu(CpuStorage::BF16(d)) => contiguous(d, l, name)?,
+            _ => return Err(Error::Msg(format!("{name}: bf16 CPU weights only"))),
+        };
+        // SAFETY: `half::bf16` is `#[repr(transparent)]` over its `u16`
+        // bits, so the slice reinterprets in place with the same length.
+        let bits = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u16>(), data.len()) };
+        wv.push((bits, n));
+    }
+    let outs = r2vpo_kernels::bf16w::linear(xv, m, k, &wv);
+    outs.into_iter().zip(&wv).map(|(o, &(_, n))| Tensor::from_vec(o, (m, n), x.device())).collect()
 }
 
 /// Whether `x · wᵀ` for these weights goes to the small-row kernel.
@@ -291,6 +339,10 @@ fn small_ok(x: &Tensor, ws: &[&Tensor]) -> Result<bool> {
 /// decode step) the small-row kernel runs them in one parallel pass;
 /// otherwise each is a [`linear`], with the same values to f32 rounding.
 pub fn linear_many(x: &Tensor, ws: &[&Tensor]) -> Result<Vec<Tensor>> {
+    if ws.iter().all(|w| bf16_weight(x, w)) && !ws.is_empty() {
+        let ws: Vec<Tensor> = ws.iter().map(|w| w.contiguous()).collect::<Result<_>>()?;
+        return linear_bf16w(&x.contiguous()?, &ws.iter().collect::<Vec<_>>());
+    }
     if !small_ok(x, ws)? || x.track_op() || ws.iter().any(|w| w.track_op()) {
         return ws.iter().map(|w| linear(x, w)).collect();
     }
