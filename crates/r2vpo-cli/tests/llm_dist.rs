@@ -417,3 +417,107 @@ fn a_killed_rank_ends_the_job_and_the_run_resumes() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(metrics(&run).len(), 8);
 }
+
+/// Evaluation across ranks: every rank decodes its share of the
+/// evaluation's batches (no rank waits out a whole evaluation in a
+/// collective), and rank 0's `eval.jsonl` and per-evaluation reports equal
+/// the one-process run's sample for sample, the response texts in the
+/// same order, at the start and at the end of a run, on 2 and 3 ranks
+/// (6 batches: 3/3 and 2/2/2).
+#[test]
+fn ranks_evaluate_their_shares_and_rank_0_reports_the_one_process_evaluation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ev = [
+        "iterations=1",
+        "eval_at_start=true",
+        "eval_at_end=true",
+        "eval.data.count=12",
+        "eval.k=2",
+        "eval.batch_size=4",
+        "eval.sampling.max_new_tokens=8",
+        "eval.save_responses=true",
+    ];
+    let report = |run: &Path, iter: usize| -> serde_json::Value {
+        let f = run.join("eval").join(format!("iter-{iter:06}.json"));
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+        for timing in ["wall_seconds", "tokens_per_s"] {
+            v.as_object_mut().unwrap().remove(timing);
+        }
+        v
+    };
+    // Each rank's share, on the record: 6 batches of 4 samples dealt in
+    // turn; then the report without it.
+    let shared = |run: &Path, iter: usize| -> (Vec<u64>, serde_json::Value) {
+        let mut v = report(run, iter);
+        let ranks = v.as_object_mut().unwrap().remove("rank_samples").unwrap_or_default();
+        let ranks = ranks.as_array().map_or(vec![], |a| a.iter().map(|x| x.as_u64().unwrap()).collect());
+        (ranks, v)
+    };
+    let evals = |run: &Path| -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(run.join("eval.jsonl")).unwrap();
+        text.lines()
+            .map(|l| {
+                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v.as_object_mut().unwrap().remove("seconds");
+                v
+            })
+            .collect()
+    };
+    let one = tmp.path().join("one");
+    train(&one, 1, &ev, false);
+    let base = evals(&one);
+    assert_eq!(base.len(), 2, "{base:?}");
+    assert_eq!(base[0]["problems"], 12);
+    let texts = report(&one, 1)["problems"].as_array().unwrap().iter().map(|p| p["responses"].clone()).count();
+    assert_eq!(texts, 12);
+    for ranks in [2, 3] {
+        let many = tmp.path().join(format!("ranks-{ranks}"));
+        train(&many, ranks, &ev, false);
+        assert_eq!(evals(&many), base, "{ranks} ranks: eval.jsonl");
+        for iter in [0, 1] {
+            let (split, rest) = shared(&many, iter);
+            let want: Vec<u64> = (0..ranks).map(|r| (0..6).filter(|b| b % ranks == r).count() as u64 * 4).collect();
+            assert_eq!(split, want, "{ranks} ranks: samples per rank after iteration {iter}");
+            assert_eq!(rest, report(&one, iter), "{ranks} ranks: the report after iteration {iter}");
+        }
+        assert!(report(&one, 0).get("rank_samples").is_none(), "one process reports no split");
+    }
+}
+
+/// A rollout that fails under data parallelism (rollout servers that are
+/// gone: rank 0 asks them for the batch) ends every rank at the same point
+/// with the real error, names it on rank 0 with the resume command, and
+/// leaves a checkpoint of the gathered optimizer state; the ranks do not
+/// wait out the collective timeout. Before, rank 0 tried to write a
+/// checkpoint of ungathered ZeRO state and reported that refusal instead,
+/// while rank 1 waited in the broadcast of the batch.
+#[test]
+fn a_failed_rollout_under_data_parallelism_keeps_the_real_error_and_a_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
+    cmd.current_dir(root()).args(["--threads", "1", "launch", "--nproc-per-node", "2", "--master-port", "0", "--"]);
+    cmd.args(["llm", "train", "--quiet", "--no-export", "--config", "configs/llm/gpu-smoke.toml"]);
+    cmd.args(["--out", out.to_str().unwrap()]);
+    let extra = [
+        "rollout.backend=\"http\"",
+        // Nothing listens on port 9.
+        "rollout.urls=[\"http://127.0.0.1:9\"]",
+        "rollout.retries=1",
+        "rollout.backoff_s=0.05",
+        "rollout.connect_timeout_s=2",
+        "dist.timeout_s=600",
+    ];
+    for s in sets(&[]).iter().map(String::as_str).chain(extra) {
+        cmd.args(["--set", s]);
+    }
+    let t0 = std::time::Instant::now();
+    let o = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(t0.elapsed().as_secs() < 120, "the ranks waited {:?}: {err}", t0.elapsed());
+    assert!(err.contains("no rollout server is available"), "the real error: {err}");
+    assert!(!err.contains("optimizer state is sharded"), "not a checkpoint refusal: {err}");
+    assert!(err.contains("continue with: r2vpo llm train --resume"), "{err}");
+    assert!(out.join("checkpoints/latest").exists(), "a checkpoint: {err}");
+}

@@ -60,6 +60,10 @@ pub enum EvalError {
     /// The problem list is empty.
     #[error("no problems to evaluate")]
     NoProblems,
+    /// The data-parallel exchange of the ranks' shares failed
+    /// ([`evaluate_ranks`]).
+    #[error("evaluation across ranks: {0}")]
+    Ranks(String),
     /// Two problems share an id; ids seed the samples, so they must be unique.
     #[error("problem id `{0}` occurs more than once (ids seed the samples, so they must be unique)")]
     DuplicateId(String),
@@ -431,6 +435,11 @@ pub struct EvalReport {
     pub wall_seconds: f64,
     /// Generated tokens per wall-clock second.
     pub tokens_per_s: f64,
+    /// Samples each rank decoded, in rank order, where the ranks of a
+    /// data-parallel job shared the evaluation ([`evaluate_ranks`]); empty
+    /// for one process.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_samples: Vec<usize>,
 }
 
 fn pct(x: f64) -> String {
@@ -478,6 +487,52 @@ pub fn evaluate(
     problems: &[Problem],
     cfg: &EvalConfig,
     progress: &mut dyn FnMut(usize, usize),
+) -> Result<EvalReport, EvalError> {
+    evaluate_on(model, tok, problems, cfg, progress, None)
+}
+
+/// [`evaluate`] on every rank of a data-parallel job: the batches of
+/// `cfg.batch_size` requests (the ones one process would decode, in the same
+/// order) are dealt to the ranks in turn, each rank decodes and verifies its
+/// own, and one exchange at the end (`all_gather_bytes` of each sample's
+/// verdict, answer, length and, with `save_responses`, text) gives every
+/// rank the whole report. Every batch is the one-process batch and every
+/// sample keeps its seed, so the report is the one-process report (tested
+/// on CPU ranks); the ranks wait on each other only for the difference
+/// between their shares, not for a whole evaluation. `progress` counts this
+/// rank's samples. Every rank must call it with the same problems and
+/// configuration.
+pub fn evaluate_ranks(
+    model: &dyn Policy,
+    tok: &Tokenizer,
+    problems: &[Problem],
+    cfg: &EvalConfig,
+    progress: &mut dyn FnMut(usize, usize),
+    group: &mut dyn crate::dist::Group,
+) -> Result<EvalReport, EvalError> {
+    evaluate_on(model, tok, problems, cfg, progress, Some(group))
+}
+
+/// What a rank sends of one sample: enough to build its problem's
+/// [`ProblemResult`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct SampleOutcome {
+    correct: bool,
+    extracted: Option<String>,
+    vote: Option<String>,
+    tokens: usize,
+    truncated: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    text: Option<String>,
+}
+
+fn evaluate_on(
+    model: &dyn Policy,
+    tok: &Tokenizer,
+    problems: &[Problem],
+    cfg: &EvalConfig,
+    progress: &mut dyn FnMut(usize, usize),
+    mut group: Option<&mut dyn crate::dist::Group>,
 ) -> Result<EvalReport, EvalError> {
     cfg.validate()?;
     if problems.is_empty() {
@@ -544,34 +599,77 @@ pub fn evaluate(
             seed: sample_seed(cfg.sampling.seed, &p.id, j),
         }));
     }
-    let total = requests.len();
-    let mut gens = Vec::with_capacity(total);
+    let (rank, world) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.world()));
+    let batches: Vec<&[GenerationRequest]> = requests.chunks(cfg.batch_size).collect();
+    let mine: Vec<usize> = (0..batches.len()).filter(|b| b % world == rank).collect();
+    let total: usize = mine.iter().map(|&b| batches[b].len()).sum();
+    // Each of this rank's batches: (batch index, its samples' outcomes).
+    let mut decoded: Vec<(usize, Vec<SampleOutcome>)> = Vec::with_capacity(mine.len());
+    let mut done = 0;
     progress(0, total);
-    for chunk in requests.chunks(cfg.batch_size) {
-        gens.extend(model.generate(tok, chunk, &cfg.sampling)?);
-        progress(gens.len(), total);
+    for &b in &mine {
+        let gens = model.generate(tok, batches[b], &cfg.sampling)?;
+        let first = b * cfg.batch_size;
+        let outcomes = gens
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let problem = kept[(first + i) / k].0;
+                let v = verify(&g.text, &problem.answer, &cfg.verify);
+                SampleOutcome {
+                    correct: v.correct,
+                    vote: vote_key(&v),
+                    extracted: v.extracted,
+                    tokens: g.token_ids.len(),
+                    truncated: g.finish_reason == FinishReason::Length,
+                    text: cfg.save_responses.then_some(g.text),
+                }
+            })
+            .collect::<Vec<_>>();
+        done += outcomes.len();
+        decoded.push((b, outcomes));
+        progress(done, total);
+    }
+    let mut rank_samples = Vec::new();
+    if let Some(g) = group.as_deref_mut() {
+        let bytes = serde_json::to_vec(&decoded).map_err(|e| EvalError::Ranks(e.to_string()))?;
+        decoded = Vec::with_capacity(batches.len());
+        for (r, part) in g.all_gather_bytes(&bytes).map_err(|e| EvalError::Ranks(e.to_string()))?.iter().enumerate() {
+            let theirs: Vec<(usize, Vec<SampleOutcome>)> = serde_json::from_slice(part)
+                .map_err(|e| EvalError::Ranks(format!("rank {r}'s outcomes do not parse: {e}")))?;
+            rank_samples.push(theirs.iter().map(|(_, o)| o.len()).sum());
+            decoded.extend(theirs);
+        }
+        decoded.sort_by_key(|(b, _)| *b);
+    }
+    let outcomes: Vec<SampleOutcome> = decoded.into_iter().flat_map(|(_, o)| o).collect();
+    if outcomes.len() != requests.len() {
+        return Err(EvalError::Ranks(format!(
+            "{} samples came back for {} requests (the ranks evaluated different problems?)",
+            outcomes.len(),
+            requests.len()
+        )));
     }
 
     let results: Vec<ProblemResult> = kept
         .iter()
         .map(|(p, _)| *p)
-        .zip(gens.chunks(k))
-        .map(|(p, gs)| {
-            let verdicts: Vec<Verdict> = gs.iter().map(|g| verify(&g.text, &p.answer, &cfg.verify)).collect();
-            let votes: Vec<Option<String>> = verdicts.iter().map(vote_key).collect();
+        .zip(outcomes.chunks(k))
+        .map(|(p, os)| {
+            let votes: Vec<Option<String>> = os.iter().map(|o| o.vote.clone()).collect();
             let winner = majority_vote(&votes);
             ProblemResult {
                 id: p.id.clone(),
                 source: p.source.clone(),
                 gold: p.answer.clone(),
-                correct: verdicts.iter().filter(|v| v.correct).count(),
-                sample_correct: verdicts.iter().map(|v| v.correct).collect(),
-                extracted: verdicts.iter().map(|v| v.extracted.clone()).collect(),
-                response_tokens: gs.iter().map(|g| g.token_ids.len()).collect(),
-                truncated: gs.iter().filter(|g| g.finish_reason == FinishReason::Length).count(),
+                correct: os.iter().filter(|o| o.correct).count(),
+                sample_correct: os.iter().map(|o| o.correct).collect(),
+                extracted: os.iter().map(|o| o.extracted.clone()).collect(),
+                response_tokens: os.iter().map(|o| o.tokens).collect(),
+                truncated: os.iter().filter(|o| o.truncated).count(),
                 majority_answer: winner.and_then(|w| votes[w].clone()),
-                majority_correct: winner.is_some_and(|w| verdicts[w].correct),
-                responses: cfg.save_responses.then(|| gs.iter().map(|g| g.text.clone()).collect()),
+                majority_correct: winner.is_some_and(|w| os[w].correct),
+                responses: cfg.save_responses.then(|| os.iter().map(|o| o.text.clone().unwrap_or_default()).collect()),
             }
         })
         .collect();
@@ -585,7 +683,7 @@ pub fn evaluate(
     }
     let per_source: Vec<Summary> = by_source.iter().map(|(s, rs)| Summary::of(s, rs, k, &pass_k)).collect();
     let macro_average = (per_source.len() > 1).then(|| Summary::macro_average(&per_source));
-    let generated_tokens: usize = gens.iter().map(|g| g.token_ids.len()).sum();
+    let generated_tokens: usize = outcomes.iter().map(|o| o.tokens).sum();
     let wall_seconds = t0.elapsed().as_secs_f64();
     Ok(EvalReport {
         model_path: String::new(),
@@ -605,6 +703,7 @@ pub fn evaluate(
         generated_tokens,
         wall_seconds,
         tokens_per_s: generated_tokens as f64 / wall_seconds.max(1e-9),
+        rank_samples,
     })
 }
 

@@ -380,6 +380,11 @@ impl Trainer {
     /// the run ends or rank 0 ends it.
     pub fn follow_learner(&mut self, stop: &AtomicBool, on_event: &mut dyn FnMut(Event)) -> TrainResult<Outcome> {
         self.log_start()?;
+        // Rank 0's start-of-run evaluation, shared (`Trainer::evaluate`).
+        if self.cfg.eval_at_start && !self.progress.evaluated_start {
+            self.evaluate(on_event)?;
+            self.progress.evaluated_start = true;
+        }
         while self.progress.iteration < self.cfg.iterations {
             let Some(g) = super::data_parallel(&mut self.group) else {
                 return Err(TrainError::Config {

@@ -92,6 +92,15 @@ pub enum TrainError {
     /// fail-over).
     #[error(transparent)]
     Rollout(#[from] RolloutError),
+    /// Another rank's rollout failed (a data-parallel job stops on every
+    /// rank together, with that rank's message).
+    #[error("rank {rank}'s rollout failed: {message}")]
+    RolloutOnRank {
+        /// The rank whose rollout failed (the first, when several did).
+        rank: usize,
+        /// Its error.
+        message: String,
+    },
     /// Publishing or fetching weights failed.
     #[error(transparent)]
     Weights(#[from] crate::weights::WeightsError),
@@ -599,24 +608,28 @@ impl Trainer {
     pub fn run(&mut self, stop: &AtomicBool, on_event: &mut dyn FnMut(Event)) -> TrainResult<Outcome> {
         self.log_start()?;
         if self.cfg.eval_at_start && !self.progress.evaluated_start {
-            if self.is_writer() {
-                self.evaluate(on_event)?;
-            }
+            self.evaluate(on_event)?;
             self.progress.evaluated_start = true;
         }
         while self.progress.iteration < self.cfg.iterations {
             let m = match self.iteration(on_event) {
                 Ok(m) => m,
-                Err(TrainError::Rollout(e)) => {
+                Err(e @ (TrainError::Rollout(_) | TrainError::RolloutOnRank { .. })) => {
                     // No server left: keep what was learned, so `--resume`
-                    // continues once a server is back. (Only rank 0 of a
-                    // data-parallel job samples; the others then fail at
-                    // their next collective.)
+                    // continues once a server is back. In a data-parallel
+                    // job every rank is here after the same exchange
+                    // (`iteration`), so the optimizer state is gathered and
+                    // rank 0 writes the checkpoint as after any iteration.
                     self.actor.log_rollout_faults(self.progress.iteration as u64);
                     self.write_actor_events()?;
-                    let p = self.save_checkpoint()?;
-                    on_event(Event::Checkpoint(&p));
-                    return Err(TrainError::Rollout(e));
+                    if let Some(g) = data_parallel(&mut self.group) {
+                        self.backend.gather_optimizer(g)?;
+                    }
+                    if self.is_writer() {
+                        let p = self.save_checkpoint()?;
+                        on_event(Event::Checkpoint(&p));
+                    }
+                    return Err(e);
                 }
                 Err(e) => return Err(e),
             };
@@ -639,10 +652,11 @@ impl Trainer {
         let it = self.progress.iteration;
         let last = it == self.cfg.iterations;
         let writer = self.is_writer();
-        if self.cfg.eval_every > 0 && it.is_multiple_of(self.cfg.eval_every) && !last && writer {
+        // Every rank evaluates (its share of the batches): see `evaluate`.
+        if self.cfg.eval_every > 0 && it.is_multiple_of(self.cfg.eval_every) && !last {
             self.evaluate(on_event)?;
         }
-        if last && self.cfg.eval_at_end && writer {
+        if last && self.cfg.eval_at_end {
             self.evaluate(on_event)?;
         }
         let due = self.cfg.checkpoint_every > 0 && it.is_multiple_of(self.cfg.checkpoint_every);
@@ -701,8 +715,9 @@ impl Trainer {
         let spread = self.cfg.rollout.backend == RolloutBackend::Local;
         if let Some(g) = self.dp().filter(|g| g.rank() != 0 && !spread) {
             let bytes = g.broadcast_bytes(0, Vec::new())?;
-            let (entries, rollout_s): (Vec<GroupEntry>, f64) =
+            let sent: Result<(Vec<GroupEntry>, f64), String> =
                 bincode::deserialize(&bytes).map_err(|e| TrainError::Exchange(format!("rank 0's rollouts: {e}")))?;
+            let (entries, rollout_s) = sent.map_err(|message| TrainError::RolloutOnRank { rank: 0, message })?;
             return self.learn(&entries, rollout_s, t_start, None, on_event);
         }
         let share = match self.dp() {
@@ -713,33 +728,61 @@ impl Trainer {
         let produced =
             self.actor.produce(self.backend.as_ref(), iter as u64, &mut self.progress.data, iter as u64, share);
         self.write_actor_events()?;
-        let mut produced = produced?;
+        let Some(g) = data_parallel(&mut self.group) else {
+            let produced = produced?;
+            let pushed = self.actor.rollout_counters();
+            self.push = (pushed.push_s - pushed_before.push_s, pushed.push_bytes - pushed_before.push_bytes);
+            return self.learn(&produced.entries, produced.rollout_s, t_start, None, on_event);
+        };
+        // A rank whose rollout failed still takes part in the exchange, with
+        // its error in place of its groups: every rank then stops at the same
+        // point with the failing rank's own message (rank 0's report names
+        // it), writes the checkpoint together and leaves no rank waiting in
+        // a collective that will not come.
+        let mut produced = if spread {
+            let mine: Result<(&Vec<usize>, &Vec<GroupEntry>), String> =
+                produced.as_ref().map(|p| (&p.positions, &p.entries)).map_err(|e| e.to_string());
+            let mine = bincode::serialize(&mine)
+                .map_err(|e| TrainError::Exchange(format!("encoding this rank's rollouts: {e}")))?;
+            let mut all: Vec<(usize, GroupEntry)> = Vec::new();
+            let mut counts = Vec::with_capacity(g.world());
+            let mut failed = None;
+            for (r, bytes) in g.all_gather_bytes(&mine)?.iter().enumerate() {
+                let theirs: Result<(Vec<usize>, Vec<GroupEntry>), String> = bincode::deserialize(bytes)
+                    .map_err(|e| TrainError::Exchange(format!("rank {r}'s rollouts: {e}")))?;
+                match theirs {
+                    Ok((at, entries)) => {
+                        counts.push(entries.len());
+                        all.extend(at.into_iter().zip(entries));
+                    }
+                    Err(message) => {
+                        failed.get_or_insert((r, message));
+                    }
+                }
+            }
+            let mut produced = match (produced, failed) {
+                (Err(e), _) => return Err(e),
+                (Ok(_), Some((rank, message))) => return Err(TrainError::RolloutOnRank { rank, message }),
+                (Ok(p), None) => p,
+            };
+            all.sort_by_key(|(k, _)| *k);
+            produced.entries = all.into_iter().map(|(_, e)| e).collect();
+            // The batch is whole when the slowest rank's share arrived.
+            produced.rollout_s = t_start.elapsed().as_secs_f64();
+            self.rank_groups = Some(counts);
+            produced
+        } else {
+            let sent: Result<(&Vec<GroupEntry>, f64), String> =
+                produced.as_ref().map(|p| (&p.entries, p.rollout_s)).map_err(|e| e.to_string());
+            let bytes =
+                bincode::serialize(&sent).map_err(|e| TrainError::Exchange(format!("encoding the rollouts: {e}")))?;
+            g.broadcast_bytes(0, bytes)?;
+            produced?
+        };
         let pushed = self.actor.rollout_counters();
         self.push = (pushed.push_s - pushed_before.push_s, pushed.push_bytes - pushed_before.push_bytes);
-        if let Some(g) = data_parallel(&mut self.group) {
-            if spread {
-                let mine = bincode::serialize(&(&produced.positions, &produced.entries))
-                    .map_err(|e| TrainError::Exchange(format!("encoding this rank's rollouts: {e}")))?;
-                let mut all: Vec<(usize, GroupEntry)> = Vec::new();
-                let mut counts = Vec::with_capacity(g.world());
-                for (r, bytes) in g.all_gather_bytes(&mine)?.iter().enumerate() {
-                    let (at, entries): (Vec<usize>, Vec<GroupEntry>) = bincode::deserialize(bytes)
-                        .map_err(|e| TrainError::Exchange(format!("rank {r}'s rollouts: {e}")))?;
-                    counts.push(entries.len());
-                    all.extend(at.into_iter().zip(entries));
-                }
-                all.sort_by_key(|(k, _)| *k);
-                produced.entries = all.into_iter().map(|(_, e)| e).collect();
-                // The batch is whole when the slowest rank's share arrived.
-                produced.rollout_s = t_start.elapsed().as_secs_f64();
-                self.rank_groups = Some(counts);
-            } else {
-                let bytes = bincode::serialize(&(&produced.entries, produced.rollout_s))
-                    .map_err(|e| TrainError::Exchange(format!("encoding the rollouts: {e}")))?;
-                g.broadcast_bytes(0, bytes)?;
-            }
-        }
-        self.learn(&produced.entries, produced.rollout_s, t_start, None, on_event)
+        let entries = std::mem::take(&mut produced.entries);
+        self.learn(&entries, produced.rollout_s, t_start, None, on_event)
     }
 
     /// Writes the actor's pending `events.jsonl` lines.
@@ -1168,16 +1211,38 @@ impl Trainer {
         Ok(())
     }
 
-    /// Held-out avg@k of the current policy, appended to `eval.jsonl`.
+    /// Held-out avg@k of the current policy, appended to `eval.jsonl`. In
+    /// a data-parallel job every rank calls it at the same point: each
+    /// decodes its share of the evaluation's batches and one exchange gives
+    /// rank 0 the whole report, which it writes
+    /// ([`crate::eval::evaluate_ranks`]). Before, rank 0 evaluated alone while
+    /// the others waited in their next collective, which the paper's
+    /// evaluation (hours of 15k-token answers) outlasts.
     fn evaluate(&mut self, on_event: &mut dyn FnMut(Event)) -> TrainResult<()> {
-        on_event(Event::Phase { iter: self.progress.iteration, name: "eval" });
-        let report = crate::eval::evaluate(
-            self.backend.as_ref(),
-            &self.tok,
-            &self.eval_problems,
-            &self.cfg.eval,
-            &mut |_, _| {},
-        )?;
+        let writer = self.is_writer();
+        if writer {
+            on_event(Event::Phase { iter: self.progress.iteration, name: "eval" });
+        }
+        let report = match data_parallel(&mut self.group) {
+            Some(g) => crate::eval::evaluate_ranks(
+                self.backend.as_ref(),
+                &self.tok,
+                &self.eval_problems,
+                &self.cfg.eval,
+                &mut |_, _| {},
+                g,
+            )?,
+            None => crate::eval::evaluate(
+                self.backend.as_ref(),
+                &self.tok,
+                &self.eval_problems,
+                &self.cfg.eval,
+                &mut |_, _| {},
+            )?,
+        };
+        if !writer {
+            return Ok(());
+        }
         let dir = self.run_dir.join("eval");
         std::fs::create_dir_all(&dir).map_err(|source| TrainError::Io { path: dir.clone(), source })?;
         r2vpo_report::atomic_write_json(&dir.join(format!("iter-{:06}.json", self.progress.iteration)), &report)?;
