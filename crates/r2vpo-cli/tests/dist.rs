@@ -78,7 +78,12 @@ fn launch_runs_three_ranks_that_check_their_collectives() {
     let (out, _) = finish(c, Duration::from_secs(120));
     let log = text(&out);
     assert!(out.status.success(), "{log}");
-    assert!(log.contains("dist check: 3 ranks (3 per node, Torchrun)") && log.contains("| reduce-scatter |"), "{log}");
+    assert!(
+        log.contains("dist check: 3 ranks (3 per node, Torchrun)")
+            && log.contains("| reduce-scatter |")
+            && log.contains("| reduce |"),
+        "{log}"
+    );
     // Unless a count is chosen, the ranks split the cores (as torchrun's
     // OMP_NUM_THREADS=1 keeps N ranks from fighting over them).
     assert!(log.contains("thread(s) per rank"), "{log}");

@@ -454,16 +454,19 @@ pub struct Timing {
     pub seconds: f64,
     /// Bytes each rank moves per call over `seconds` by the nccl-tests
     /// convention ("bus bandwidth": 2(n−1)/n of the buffer for an
-    /// all-reduce, (n−1)/n for all-gather and reduce-scatter), bytes/s.
+    /// all-reduce, (n−1)/n for all-gather, reduce-scatter and reduce), bytes/s.
     pub bus_bytes_per_s: f64,
 }
 
 impl ProcessGroup {
-    /// Checks the collectives the learner uses on this job's ranks and
-    /// times them: all-reduce, broadcast, all-gather and reduce-scatter of
-    /// `numel` f32 values, whose results (small integers, exact in f32)
-    /// are compared with the values worked out in closed form, then
-    /// `iters` timed calls of each, on the CPU (through Gloo) or with
+    /// Checks every collective the learner uses on this job's ranks and
+    /// times the tensor ones: all-reduce, broadcast, all-gather,
+    /// reduce-scatter and reduce (ZeRO-2's) of `numel` f32 values, whose
+    /// results (small integers, exact in f32) are compared with the values
+    /// worked out in closed form, and the host exchanges ([`Group`]'s sums
+    /// of f64 values, all-gather and broadcast of bytes); then `iters`
+    /// timed calls of each tensor collective but the broadcast, on the CPU
+    /// (through Gloo) or with
     /// `cuda` on that GPU (through NCCL: [`ProcessGroup::add_nccl`] first).
     /// An `Err` names the collective, the rank and the first wrong element.
     pub fn self_check(&mut self, numel: usize, iters: usize, cuda: Option<usize>) -> Result<Vec<Timing>> {
@@ -505,18 +508,50 @@ impl ProcessGroup {
         let mut shard = Tensor::zeros([per as i64], opts);
         self.reduce_scatter_sum(&mut shard, &mut input)?;
         expect("reduce-scatter", &shard, &|i| n * ((rank * per + i) % 1024) as f64 + n * (n - 1.0) / 2.0)?;
+        // ZeRO-2 sums each gradient bucket into its owner.
+        let mut t = base() + r;
+        let owner = self.world / 2;
+        self.reduce_sum(&mut t, owner)?;
+        if rank == owner {
+            expect("reduce", &t, &|i| n * (i % 1024) as f64 + n * (n - 1.0) / 2.0)?;
+        }
+        // The host-side exchanges the trainer runs on CPU tensors (rollout
+        // and evaluation shares, statistics, the stop vote), whatever the
+        // tensors' backend.
+        let mut sums = [r, 1.0];
+        self.sum_f64(&mut sums)?;
+        if sums != [n * (n - 1.0) / 2.0, n] {
+            return Err(DistError(format!("sum of host values gave {sums:?} on rank {rank} of {world}")));
+        }
+        let mine_bytes: Vec<u8> = (0..rank + 3).map(|i| (i * 7 + rank) as u8).collect();
+        let gathered = self.all_gather_bytes(&mine_bytes)?;
+        for (q, got) in gathered.iter().enumerate() {
+            let want: Vec<u8> = (0..q + 3).map(|i| (i * 7 + q) as u8).collect();
+            if *got != want {
+                return Err(DistError(format!("all-gather of bytes gave {got:?} from rank {q} on rank {rank}")));
+            }
+        }
+        let said = self.broadcast_bytes(root, if rank == root { b"from the root".to_vec() } else { Vec::new() })?;
+        if said != b"from the root" {
+            return Err(DistError(format!("broadcast of bytes gave {said:?} on rank {rank} of {world}")));
+        }
         self.barrier()?;
 
         let bytes = numel * 4;
         let mut out = Vec::new();
         let frac = (n - 1.0) / n;
-        for (name, factor) in [("all-reduce", 2.0 * frac), ("all-gather", frac), ("reduce-scatter", frac)] {
+        // A reduce moves what a reduce-scatter and a gather move (ring
+        // algorithms): bus bytes (n − 1)/n of the buffer.
+        for (name, factor) in
+            [("all-reduce", 2.0 * frac), ("all-gather", frac), ("reduce-scatter", frac), ("reduce", frac)]
+        {
             self.barrier()?;
             let t0 = std::time::Instant::now();
             for _ in 0..iters {
                 match name {
                     "all-reduce" => self.all_reduce_sum(&mut input)?,
                     "all-gather" => self.all_gather(&mut all, &mut mine)?,
+                    "reduce" => self.reduce_sum(&mut input, owner)?,
                     _ => self.reduce_scatter_sum(&mut shard, &mut input)?,
                 }
             }
