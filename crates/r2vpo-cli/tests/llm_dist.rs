@@ -468,8 +468,11 @@ fn ranks_evaluate_their_shares_and_rank_0_reports_the_one_process_evaluation() {
     let base = evals(&one);
     assert_eq!(base.len(), 2, "{base:?}");
     assert_eq!(base[0]["problems"], 12);
-    let texts = report(&one, 1)["problems"].as_array().unwrap().iter().map(|p| p["responses"].clone()).count();
-    assert_eq!(texts, 12);
+    // 12 problems with their k = 2 response texts, which the ranks' reports
+    // must give in the same order.
+    let problems = report(&one, 1)["problems"].as_array().unwrap().clone();
+    assert_eq!(problems.len(), 12);
+    assert!(problems.iter().all(|p| p["responses"].as_array().is_some_and(|r| r.len() == 2)), "{problems:?}");
     for ranks in [2, 3] {
         let many = tmp.path().join(format!("ranks-{ranks}"));
         train(&many, ranks, &ev, false);
@@ -488,9 +491,9 @@ fn ranks_evaluate_their_shares_and_rank_0_reports_the_one_process_evaluation() {
 /// gone: rank 0 asks them for the batch) ends every rank at the same point
 /// with the real error, names it on rank 0 with the resume command, and
 /// leaves a checkpoint of the gathered optimizer state; the ranks do not
-/// wait out the collective timeout. Before, rank 0 tried to write a
-/// checkpoint of ungathered ZeRO state and reported that refusal instead,
-/// while rank 1 waited in the broadcast of the batch.
+/// wait out the collective timeout. It guards against rank 0 writing a
+/// checkpoint of ungathered ZeRO state and reporting that refusal in place
+/// of the rollout error while rank 1 dies in the broadcast of the batch.
 #[test]
 fn a_failed_rollout_under_data_parallelism_keeps_the_real_error_and_a_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();

@@ -248,7 +248,7 @@ unsafe fn portable(x: &Split, r0: usize, r1: usize, w: &[u16], n: usize, j0: usi
             let mut s = 0f32;
             for q in 0..k {
                 // Not `mul_add`: the reference sums rounded products.
-                s = s + xr[q] * widen(wr[q]);
+                s += xr[q] * widen(wr[q]);
             }
             // SAFETY: i < r1 and j < j1 ≤ n, inside the caller's output.
             unsafe { *y.add(i * n + j) = s };
@@ -353,10 +353,10 @@ mod x86 {
         y: *mut f32,
     ) {
         let t = if W512 { tile512::<MR, NR>(x, w, x.k, i0, j0) } else { tile256::<MR, NR>(x, w, x.k, i0, j0) };
-        for a in 0..MR {
-            for b in 0..NR {
+        for (a, row) in t.iter().enumerate() {
+            for (b, &v) in row.iter().enumerate() {
                 // SAFETY: the caller's rows and columns.
-                unsafe { *y.add((i0 + a) * n + j0 + b) = t[a][b] };
+                unsafe { *y.add((i0 + a) * n + j0 + b) = v };
             }
         }
     }
@@ -580,7 +580,7 @@ mod tests {
                 crate::Matmul::Reference => assert_eq!(k, Kernel::Portable),
                 crate::Matmul::Auto if m >= AMX_MIN_ROWS && Kernel::Amx.runs() => assert_eq!(k, Kernel::Amx),
                 crate::Matmul::Auto => {
-                    let simd = runnable().into_iter().filter(|&k| k != Kernel::Amx).last().unwrap();
+                    let simd = runnable().into_iter().rfind(|&k| k != Kernel::Amx).unwrap();
                     assert_eq!(k, simd, "{m} rows");
                 }
                 _ => {}

@@ -631,7 +631,7 @@ fn evaluate_on(
         progress(done, total);
     }
     let mut rank_samples = Vec::new();
-    if let Some(g) = group.as_deref_mut() {
+    if let Some(g) = group.as_mut() {
         let bytes = serde_json::to_vec(&decoded).map_err(|e| EvalError::Ranks(e.to_string()))?;
         decoded = Vec::with_capacity(batches.len());
         for (r, part) in g.all_gather_bytes(&bytes).map_err(|e| EvalError::Ranks(e.to_string()))?.iter().enumerate() {

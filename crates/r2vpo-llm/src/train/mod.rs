@@ -446,8 +446,9 @@ impl Trainer {
     /// (`GlobalBatch` over every micro-batch) and the ratio statistics that
     /// move λ are gathered from every rank in micro-batch order, so λ is the
     /// same on every rank and a step equals the one-process step on the
-    /// same batch up to the order of floating-point sums. Only rank 0
-    /// evaluates and writes checkpoints; the others' run folder receives
+    /// same batch up to the order of floating-point sums. Every rank
+    /// evaluates its share of each evaluation; only rank 0 writes the
+    /// evaluations and checkpoints, and the others' run folder receives
     /// only their own logs. Every rank must start from the same weights
     /// (the same model files, or the same checkpoint).
     pub fn set_group(&mut self, group: Box<dyn crate::dist::Group>) -> TrainResult<()> {
@@ -1215,9 +1216,11 @@ impl Trainer {
     /// a data-parallel job every rank calls it at the same point: each
     /// decodes its share of the evaluation's batches and one exchange gives
     /// rank 0 the whole report, which it writes
-    /// ([`crate::eval::evaluate_ranks`]). Before, rank 0 evaluated alone while
-    /// the others waited in their next collective, which the paper's
-    /// evaluation (hours of 15k-token answers) outlasts.
+    /// ([`crate::eval::evaluate_ranks`]). Why shared: ranks wait in a
+    /// collective only for the difference between their shares, where a
+    /// rank 0 evaluating alone would hold the others in their next
+    /// collective for the whole evaluation, which the paper's (hours of
+    /// 15k-token answers) outlasts `dist.timeout_s`.
     fn evaluate(&mut self, on_event: &mut dyn FnMut(Event)) -> TrainResult<()> {
         let writer = self.is_writer();
         if writer {
