@@ -465,6 +465,20 @@ fn bf16_weights_for_inference_are_f32_compute_on_rounded_weights() {
             .collect();
         NamedTensors::new("rounded", map)
     };
+    // Which bf16 weight kernels this CPU runs (r2vpo-kernels' unit tests
+    // compare each with f64; this test runs the one the dispatch picks),
+    // on the record `make test` prints.
+    let kernels = r2vpo_kernels::bf16w::Kernel::ALL;
+    let (ran, skipped): (Vec<_>, Vec<_>) = kernels.into_iter().partition(|k| k.runs());
+    let names = |ks: &[r2vpo_kernels::bf16w::Kernel]| ks.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ");
+    r2vpo_report::golden::report(
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+        &format!(
+            "bf16 weight products (r2vpo_kernels::bf16w): kernels run and tested on this CPU: {}; not runnable here: {}",
+            names(&ran),
+            if skipped.is_empty() { "none".into() } else { names(&skipped) }
+        ),
+    );
     let spec = BackendSpec { compute_dtype: ComputeDtype::Bf16, ..Default::default() };
     let f32_spec = BackendSpec::default();
     let candle = |o: Opened| match o {
