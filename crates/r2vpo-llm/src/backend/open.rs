@@ -73,8 +73,8 @@ pub fn open(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource,
     open_as(spec, config, source, optim, false)
 }
 
-/// [`open`] for a model that never learns (a server's, an actor's, the KL
-/// reference): the same, except that a bf16 spec on the candle backend
+/// [`open`] for a server's model, which never learns and answers to no
+/// learner's numerics: the same, except that a bf16 spec on the candle backend
 /// stores the weight matrices in bf16 and computes in f32
 /// ([`Transformer::bf16_weights`]): half the memory and half the bytes a
 /// decode step reads, products on [`r2vpo_kernels::bf16w`]. A learner's
@@ -132,7 +132,11 @@ fn open_as(
 /// [`open`] for inference only (sampling, scoring: an actor's policy, the
 /// KL reference).
 pub fn open_policy(spec: &BackendSpec, config: &ModelConfig, source: &dyn TensorSource) -> Result<Box<dyn Policy>> {
-    Ok(match open_inference(spec, config, source)? {
+    // `open`, not `open_inference`: a trainer's actors and KL reference
+    // compute exactly as its learner does, so a reference equals the
+    // policy at the start and the behaviour log-probs carry no dtype
+    // mismatch.
+    Ok(match open(spec, config, source, OptimConfig::default())? {
         Opened::Candle(m) => Box::new(m),
         #[cfg(feature = "torch")]
         Opened::Torch(t) => Box::new(t),
