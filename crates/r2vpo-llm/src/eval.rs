@@ -488,29 +488,7 @@ pub fn evaluate(
     cfg: &EvalConfig,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<EvalReport, EvalError> {
-    evaluate_on(model, tok, problems, cfg, progress, None)
-}
-
-/// [`evaluate`] on every rank of a data-parallel job: the batches of
-/// `cfg.batch_size` requests (the ones one process would decode, in the same
-/// order) are dealt to the ranks in turn, each rank decodes and verifies its
-/// own, and one exchange at the end (`all_gather_bytes` of each sample's
-/// verdict, answer, length and, with `save_responses`, text) gives every
-/// rank the whole report. Every batch is the one-process batch and every
-/// sample keeps its seed, so the report is the one-process report (tested
-/// on CPU ranks); the ranks wait on each other only for the difference
-/// between their shares, not for a whole evaluation. `progress` counts this
-/// rank's samples. Every rank must call it with the same problems and
-/// configuration.
-pub fn evaluate_ranks(
-    model: &dyn Policy,
-    tok: &Tokenizer,
-    problems: &[Problem],
-    cfg: &EvalConfig,
-    progress: &mut dyn FnMut(usize, usize),
-    group: &mut dyn crate::dist::Group,
-) -> Result<EvalReport, EvalError> {
-    evaluate_on(model, tok, problems, cfg, progress, Some(group))
+    evaluate_ranks(model, tok, problems, cfg, progress, None)
 }
 
 /// What a rank sends of one sample: enough to build its problem's
@@ -526,7 +504,19 @@ struct SampleOutcome {
     text: Option<String>,
 }
 
-fn evaluate_on(
+/// [`evaluate`] on every rank of a data-parallel job (`group`; `None` is
+/// one process, [`evaluate`] itself): the batches of
+/// `cfg.batch_size` requests (the ones one process would decode, in the same
+/// order) are dealt to the ranks in turn, each rank decodes and verifies its
+/// own, and one exchange at the end (`all_gather_bytes` of each sample's
+/// verdict, answer, length and, with `save_responses`, text) gives every
+/// rank the whole report. Every batch is the one-process batch and every
+/// sample keeps its seed, so the report is the one-process report (tested
+/// on CPU ranks); the ranks wait on each other only for the difference
+/// between their shares, not for a whole evaluation. `progress` counts this
+/// rank's samples. Every rank must call it with the same problems and
+/// configuration.
+pub fn evaluate_ranks(
     model: &dyn Policy,
     tok: &Tokenizer,
     problems: &[Problem],

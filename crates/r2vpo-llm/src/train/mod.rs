@@ -1226,23 +1226,14 @@ impl Trainer {
         if writer {
             on_event(Event::Phase { iter: self.progress.iteration, name: "eval" });
         }
-        let report = match data_parallel(&mut self.group) {
-            Some(g) => crate::eval::evaluate_ranks(
-                self.backend.as_ref(),
-                &self.tok,
-                &self.eval_problems,
-                &self.cfg.eval,
-                &mut |_, _| {},
-                g,
-            )?,
-            None => crate::eval::evaluate(
-                self.backend.as_ref(),
-                &self.tok,
-                &self.eval_problems,
-                &self.cfg.eval,
-                &mut |_, _| {},
-            )?,
-        };
+        let report = crate::eval::evaluate_ranks(
+            self.backend.as_ref(),
+            &self.tok,
+            &self.eval_problems,
+            &self.cfg.eval,
+            &mut |_, _| {},
+            data_parallel(&mut self.group),
+        )?;
         if !writer {
             return Ok(());
         }
