@@ -28,8 +28,6 @@
 //! can run is tested against an f64 reference on ragged shapes, forced one
 //! by one with [`linear_on`].
 
-use rayon::prelude::*;
-
 /// The kernels [`linear`] can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
@@ -138,20 +136,8 @@ pub fn linear_on(kernel: Kernel, x: &[f32], m: usize, k: usize, ws: &[(&[u16], u
             unsafe { columns(kernel, &xs, r0, r1, w, n, j0, j1, dst[wi].ptr()) };
         }
     };
-    let threads = rayon::current_num_threads();
-    if threads == 1 || m * total * k < PAR_MIN_MACS {
-        for (wi, w) in ws.iter().enumerate() {
-            block(wi, 0, w.1);
-        }
-    } else {
-        let per = total.div_ceil(threads * 2).next_multiple_of(8).max(8);
-        let tasks: Vec<(usize, usize, usize)> = ws
-            .iter()
-            .enumerate()
-            .flat_map(|(wi, w)| (0..w.1).step_by(per).map(move |j0| (wi, j0, (j0 + per).min(w.1))))
-            .collect();
-        tasks.par_iter().for_each(|&(wi, j0, j1)| block(wi, j0, j1));
-    }
+    let widths: Vec<usize> = ws.iter().map(|w| w.1).collect();
+    crate::column_blocks(&widths, m * total * k, PAR_MIN_MACS, 8, &block);
     for (o, w) in outs.iter_mut().zip(ws) {
         // SAFETY: the tasks cover columns 0..n of every output once, and
         // `columns` writes every row of each of its columns.

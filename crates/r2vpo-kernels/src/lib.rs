@@ -52,6 +52,36 @@ impl<T> Shared<T> {
     }
 }
 
+/// Runs `block(w, j0, j1)` over columns `0..widths[w]` of every output
+/// `w` of a few-row product: on one thread below `par_min` multiply–adds
+/// (`macs`), else as two blocks per thread, each a multiple of `quantum`
+/// columns (fewer, longer weight streams than finer splits: measured at
+/// batch 1, where decode is bound by reading the weights). Shared by
+/// [`small_gemm`] and [`bf16w`], whose outputs are written in place.
+pub(crate) fn column_blocks(
+    widths: &[usize],
+    macs: usize,
+    par_min: usize,
+    quantum: usize,
+    block: &(dyn Fn(usize, usize, usize) + Sync),
+) {
+    let threads = rayon::current_num_threads();
+    if threads == 1 || macs < par_min {
+        for (w, &n) in widths.iter().enumerate() {
+            block(w, 0, n);
+        }
+        return;
+    }
+    let total: usize = widths.iter().sum();
+    let per = total.div_ceil(threads * 2).next_multiple_of(quantum).max(quantum);
+    let tasks: Vec<(usize, usize, usize)> = widths
+        .iter()
+        .enumerate()
+        .flat_map(|(w, &n)| (0..n).step_by(per).map(move |j0| (w, j0, (j0 + per).min(n))))
+        .collect();
+    tasks.par_iter().for_each(|&(w, j0, j1)| block(w, j0, j1));
+}
+
 /// `0..units` in one contiguous range per thread of rayon's pool (fewer
 /// where there are fewer units), in parallel: each thread streams its own
 /// row blocks or column panels ([`avx2`], and r2vpo-llm's AMX kernel).

@@ -13,8 +13,6 @@
 //! not hand-written intrinsics.
 //! Measured gains are in `docs/cpu-speed.md`'s decode rows.
 
-use rayon::prelude::*;
-
 /// Inputs with more rows than this go to candle's matmul: above it each
 /// weight panel is reused enough for packing to pay (measured crossover on
 /// SmolLM2 shapes, `docs/cpu-speed.md`).
@@ -68,7 +66,6 @@ fn linear_f32(x: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Vec<Vec<
         "small_gemm: slices shorter than their shapes"
     );
     let total: usize = ws.iter().map(|w| w.1).sum();
-    let threads = rayon::current_num_threads();
     // Each output is written in place, column block by column block, without
     // being zero-filled first: per-block buffers copied into zeroed outputs
     // were 2.4 % of decode time at batch 32 (memset and memcpy, perf).
@@ -78,22 +75,8 @@ fn linear_f32(x: &[f32], m: usize, k: usize, ws: &[(&[f32], usize)]) -> Vec<Vec<
         let out = Out(dst[wi].0);
         pulp::Arch::new().dispatch(Block { x, w: ws[wi].0, k, m, n: ws[wi].1, j0, j1, out });
     };
-    if threads == 1 || m * total * k < PAR_MIN_MACS {
-        for (wi, w) in ws.iter().enumerate() {
-            block(wi, 0, w.1);
-        }
-    } else {
-        // Two blocks per thread, each a multiple of the widest tile: fewer,
-        // longer weight streams than finer splits (measured at batch 1, where
-        // decode is bound by reading the weights).
-        let per = total.div_ceil(threads * 2).next_multiple_of(NR512).max(NR512);
-        let tasks: Vec<(usize, usize, usize)> = ws
-            .iter()
-            .enumerate()
-            .flat_map(|(wi, w)| (0..w.1).step_by(per).map(move |j0| (wi, j0, (j0 + per).min(w.1))))
-            .collect();
-        tasks.par_iter().for_each(|&(wi, j0, j1)| block(wi, j0, j1));
-    }
+    let widths: Vec<usize> = ws.iter().map(|w| w.1).collect();
+    crate::column_blocks(&widths, m * total * k, PAR_MIN_MACS, NR512, &block);
     for (o, w) in outs.iter_mut().zip(ws) {
         // SAFETY: the blocks above cover columns 0..n of every output once
         // (the tasks split 0..n without overlap), and `Block::tiles` writes
