@@ -101,7 +101,7 @@ test: deps deps-torch
 	  set -o pipefail; $(CARGO) test --workspace --no-fail-fast 2>&1 | tee .deps/test.log; rc=$$?; \
 	  $(TORCH_CPU) LD_LIBRARY_PATH=$(TORCH_LD) $(CARGO) test --no-fail-fast -p r2vpo-llm -p r2vpo-cli \
 	    --features r2vpo-llm/torch,r2vpo-cli/torch --test torch_backend --test torch_cli --test serve \
-	    --test openai_client --test dist_c10d --test dist --test llm_dist --test gpu_check 2>&1 | tee -a .deps/test.log; \
+	    --test openai_client --test dist_c10d --test dist_train --test dist --test llm_dist --test gpu_check 2>&1 | tee -a .deps/test.log; \
 	  trc=$$?; [ $$rc -ne 0 ] || rc=$$trc; \
 	  $(PYTHON) scripts/test_totals.py .deps/test.log $(CHECK_REPORT); \
 	  if [ $$vrc -ne 0 ]; then echo "make test: the vendor check failed (above the test output)" >&2; exit $$vrc; fi; \

@@ -1,6 +1,6 @@
 //! With the `torch` feature, compiles the torch backend's fused-AdamW
 //! shim (`src/backend/fused_adamw.cpp`) and the distributed learner's c10d
-//! shim (`src/dist/c10d.cpp`) against libtorch's headers, found as
+//! shim (`src/parallel/c10d.cpp`) against libtorch's headers, found as
 //! torch-sys finds them (`LIBTORCH`, or `LIBTORCH_INCLUDE`); the c10d shim
 //! also needs Gloo's headers (`GLOO_INCLUDE`, by default `gloo/include`
 //! beside `LIBTORCH`: deps-torch.toml puts them in `.deps/gloo`). With
@@ -16,7 +16,7 @@ fn main() {
 
 fn torch_shim() {
     println!("cargo:rerun-if-changed=src/backend/fused_adamw.cpp");
-    println!("cargo:rerun-if-changed=src/dist/c10d.cpp");
+    println!("cargo:rerun-if-changed=src/parallel/c10d.cpp");
     for v in ["LIBTORCH", "LIBTORCH_INCLUDE", "LIBTORCH_CXX11_ABI", "GLOO_INCLUDE", "CUDA_ROOT"] {
         println!("cargo:rerun-if-env-changed={v}");
     }
@@ -50,7 +50,7 @@ fn torch_shim() {
     // (Caffe2Targets.cmake), without which c10d's headers hide Gloo.
     let mut c10d = cc::Build::new();
     c10d.cpp(true)
-        .file("src/dist/c10d.cpp")
+        .file("src/parallel/c10d.cpp")
         .include(&inc)
         .include(inc.join("torch/csrc/api/include"))
         .include(&gloo)

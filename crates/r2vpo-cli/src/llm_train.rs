@@ -81,7 +81,7 @@ pub fn train(a: &TrainArgs) -> Result<()> {
 pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     // Started by torchrun, srun or `r2vpo launch`: a data-parallel job
     // (docs/distributed.md).
-    let launch = r2vpo_llm::dist::Launch::from_env()?;
+    let launch = r2vpo_llm::parallel::Launch::from_env()?;
     let mut sets = a.run.cfg.sets.clone();
     if a.asynchronous || role == Role::Learn {
         sets.insert(0, "actors.async=true".into());
@@ -299,11 +299,11 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
 }
 
 /// `cfg` as one rank of `launch` trains it, on its own GPU
-/// ([`r2vpo_llm::dist::rank_device`]); config.toml keeps the job's
+/// ([`r2vpo_llm::parallel::rank_device`]); config.toml keeps the job's
 /// `cuda`, so a resumed job maps it again.
-fn for_rank(mut cfg: TrainConfig, launch: Option<&r2vpo_llm::dist::Launch>) -> TrainConfig {
+fn for_rank(mut cfg: TrainConfig, launch: Option<&r2vpo_llm::parallel::Launch>) -> TrainConfig {
     if let Some(l) = launch {
-        cfg.model.device = r2vpo_llm::dist::rank_device(&cfg.model.device, l.local_rank);
+        cfg.model.device = r2vpo_llm::parallel::rank_device(&cfg.model.device, l.local_rank);
     }
     cfg
 }
@@ -311,7 +311,7 @@ fn for_rank(mut cfg: TrainConfig, launch: Option<&r2vpo_llm::dist::Launch>) -> T
 /// Joins the data-parallel job `launch` describes, after checking that
 /// every rank runs the same binary and the same resolved config.
 #[cfg(feature = "torch")]
-fn join_job(launch: &r2vpo_llm::dist::Launch, cfg: &TrainConfig) -> Result<Box<dyn r2vpo_llm::dist::Group>> {
+fn join_job(launch: &r2vpo_llm::parallel::Launch, cfg: &TrainConfig) -> Result<Box<dyn r2vpo_llm::parallel::Group>> {
     if cfg.model.backend != r2vpo_llm::train::BackendKind::Torch {
         bail!(
             "started as rank {} of {}: data-parallel training runs on the torch backend; set model.backend = \
@@ -320,20 +320,21 @@ fn join_job(launch: &r2vpo_llm::dist::Launch, cfg: &TrainConfig) -> Result<Box<d
             launch.world_size
         );
     }
-    let mut pg = r2vpo_llm::dist::c10d::ProcessGroup::join(launch, Duration::from_secs_f64(cfg.dist.timeout_s))?;
-    if cfg.model.device.starts_with("cuda") {
-        // The gradients, parameters and moments live on the GPUs.
-        pg.add_nccl()?;
-    }
-    pg.agree("binary", &crate::dist_cmd::binary_hash()?)?;
     let text = config::to_toml(cfg)?;
     use sha2::Digest;
-    pg.agree("config", &format!("{:x}", sha2::Sha256::digest(text.as_bytes()))[..16])?;
+    let config_hash = format!("{:x}", sha2::Sha256::digest(text.as_bytes()))[..16].to_string();
+    // The gradients, parameters and moments live on the GPUs with cuda.
+    let pg = r2vpo_llm::parallel::c10d::ProcessGroup::join_checked(
+        launch,
+        Duration::from_secs_f64(cfg.dist.timeout_s),
+        cfg.model.device.starts_with("cuda"),
+        &[("config", &config_hash)],
+    )?;
     Ok(Box::new(pg))
 }
 
 #[cfg(not(feature = "torch"))]
-fn join_job(launch: &r2vpo_llm::dist::Launch, _: &TrainConfig) -> Result<Box<dyn r2vpo_llm::dist::Group>> {
+fn join_job(launch: &r2vpo_llm::parallel::Launch, _: &TrainConfig) -> Result<Box<dyn r2vpo_llm::parallel::Group>> {
     bail!(
         "started as rank {} of {}, but this r2vpo was built without the torch backend, on which data-parallel \
          training runs: build it with `make build-torch` (or `make build-gpu`)",
@@ -347,7 +348,7 @@ fn join_job(launch: &r2vpo_llm::dist::Launch, _: &TrainConfig) -> Result<Box<dyn
 /// groups rank 0 takes from its queue), writing nothing into the run folder (its own logs go to a
 /// temporary folder, removed at the end); rank 0 reports, evaluates,
 /// checkpoints and exports.
-fn follow(cfg: TrainConfig, dir: &Path, resume: bool, group: Box<dyn r2vpo_llm::dist::Group>) -> Result<()> {
+fn follow(cfg: TrainConfig, dir: &Path, resume: bool, group: Box<dyn r2vpo_llm::parallel::Group>) -> Result<()> {
     let scratch = std::env::temp_dir().join(format!("r2vpo-rank{}-{}", group.rank(), std::process::id()));
     let started = if resume { Trainer::resume_follower(cfg, dir, &scratch) } else { Trainer::new(cfg, &scratch) };
     let rank = group.rank();

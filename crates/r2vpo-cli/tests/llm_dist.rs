@@ -122,6 +122,14 @@ fn assert_same(one: &Path, many: &Path, what: &str) {
     // Each rank's peak memory, on rank 0's record.
     let rss = b.last().unwrap()["rank_peak_rss_mib"].as_array().cloned().unwrap_or_default();
     assert!(!rss.is_empty() && rss.iter().all(|v| v.as_f64().unwrap() > 10.0), "{what}: {rss:?}");
+    // Each rank trained its share of the tokens, which add up to the
+    // step's (a rank that trained every micro-batch would report all).
+    for x in &b {
+        let tokens: Vec<u64> = x["rank_train_tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        let all = x["trained_tokens"].as_u64().unwrap();
+        assert_eq!(tokens.iter().sum::<u64>(), all, "{what}: {x}");
+        assert!(tokens.len() == 1 || tokens.iter().all(|&t| t < all), "{what}: {x}");
+    }
     // Each rank sampled its calls' groups (a resumed run's ranks may
     // change from one iteration to the next).
     for x in b.iter().filter(|x| x["queue"].is_null()) {

@@ -522,7 +522,7 @@ pub fn evaluate_ranks(
     problems: &[Problem],
     cfg: &EvalConfig,
     progress: &mut dyn FnMut(usize, usize),
-    mut group: Option<&mut dyn crate::dist::Group>,
+    mut group: Option<&mut dyn crate::parallel::Group>,
 ) -> Result<EvalReport, EvalError> {
     cfg.validate()?;
     if problems.is_empty() {

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use r2vpo_llm::dist::c10d::{ProcessGroup, Store};
+use r2vpo_llm::parallel::c10d::{ProcessGroup, Store};
 use tch::{Kind, Tensor};
 
 const TIMEOUT: Duration = Duration::from_secs(20);

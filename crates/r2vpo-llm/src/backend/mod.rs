@@ -284,7 +284,7 @@ where
     Ok((fwd, value, extra))
 }
 /// What one rank of a data-parallel job keeps of the optimizer state after
-/// [`Backend::shard_optimizer`], in values (elements), with what all ranks
+/// [`Sharding::shard_optimizer`], in values (elements), with what all ranks
 /// keep together.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShardSizes {
@@ -313,68 +313,11 @@ pub trait Backend: Policy {
     /// to the accumulated gradients.
     fn backward(&mut self, dlogp: &Tensor, dentropy: Option<&Tensor>) -> Result<()>;
 
-    /// Sums the accumulated gradients over the ranks of a data-parallel
-    /// job, so every rank steps with the whole batch's gradient (each rank
-    /// accumulated its share of the micro-batches, with the loss already
-    /// normalised by the whole batch's counts). A backend that cannot
-    /// refuses a group of more than one rank.
-    fn sync_grads(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
-        if group.world() > 1 {
-            return Err(ModelError::Spec {
-                field: "model.backend".into(),
-                message: format!(
-                    "{} does not train data-parallel; a job of {} ranks needs backend = \"torch\"",
-                    self.describe(),
-                    group.world()
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    /// ZeRO stage 2, at the end of each round of micro-batches (one per
-    /// rank): sums every rank's gradients into the rank that steps each
-    /// parameter and drops them on the others, so between rounds a rank
-    /// holds only its share of the gradients. Takes the place of
-    /// [`Backend::sync_grads`]; needs [`Backend::shard_optimizer`] first.
-    fn reduce_grads(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
-        Err(ModelError::Spec {
-            field: "dist.zero_stage".into(),
-            message: format!("{} cannot shard its gradients over {} ranks", self.describe(), group.world()),
-        })
-    }
-
-    /// Keeps the optimizer state only for this rank's share of the
-    /// parameters (ZeRO stage 1 over `world` ranks): AdamW's moments and,
-    /// where the model computes in a narrower kind than its f32 masters
-    /// (bf16), the masters themselves, the other ranks' parameters being
-    /// held in the compute kind only. [`Backend::step`] then steps only
-    /// this rank's parameters, and [`Backend::sync_params`] sends them to
-    /// the others. State already held for other ranks' parameters is
-    /// dropped.
-    fn shard_optimizer(&mut self, rank: usize, world: usize) -> Result<ShardSizes> {
-        let _ = rank;
-        Err(ModelError::Spec {
-            field: "dist.zero_stage".into(),
-            message: format!("{} cannot shard its optimizer state over {world} ranks", self.describe()),
-        })
-    }
-
-    /// After a sharded step, every rank's parameters become their owners'
-    /// (a no-op unsharded).
-    fn sync_params(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
-        let _ = group;
-        Ok(())
-    }
-
-    /// Before rank 0 writes a checkpoint of a sharded optimizer: every rank
-    /// sends its moments, and its f32 masters where they are sharded, so
-    /// rank 0's next [`Backend::save_optimizer`] writes every moment and
-    /// its exports (until the weights next change) carry every master
-    /// (a no-op unsharded).
-    fn gather_optimizer(&mut self, group: &mut dyn crate::dist::Group) -> Result<()> {
-        let _ = group;
-        Ok(())
+    /// The backend's data-parallel half, where it trains as one rank of a
+    /// job (`None`: it trains in one process only, and a launched job on it
+    /// is refused by name).
+    fn sharding(&mut self) -> Option<&mut dyn Sharding> {
+        None
     }
 
     /// The L2 norm of the accumulated gradients, in f64 (`NaN`/`inf`
@@ -408,4 +351,45 @@ pub trait Backend: Policy {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// The data-parallel half of a backend (ZeRO's mechanics): what one rank
+/// of a job does with its gradients, parameters and optimizer state so
+/// that every rank steps as one process would. The trainer's side (which
+/// micro-batches are a rank's, when each of these is called) is
+/// `train::data_parallel`; the collectives are the [`crate::parallel::Group`]'s.
+pub trait Sharding {
+    /// Sums the accumulated gradients over the ranks, so every rank steps
+    /// with the whole batch's gradient (each rank accumulated its share of
+    /// the micro-batches, with the loss already normalised by the whole
+    /// batch's counts).
+    fn sync_grads(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()>;
+
+    /// ZeRO stage 2, at the end of each round of micro-batches (one per
+    /// rank): sums every rank's gradients into the rank that steps each
+    /// parameter and drops them on the others, so between rounds a rank
+    /// holds only its share of the gradients. Takes the place of
+    /// [`Sharding::sync_grads`]; needs [`Sharding::shard_optimizer`] first.
+    fn reduce_grads(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()>;
+
+    /// Keeps the optimizer state only for this rank's share of the
+    /// parameters (ZeRO stage 1 over `world` ranks): AdamW's moments and,
+    /// where the model computes in a narrower kind than its f32 masters
+    /// (bf16), the masters themselves, the other ranks' parameters being
+    /// held in the compute kind only. [`Backend::step`] then steps only
+    /// this rank's parameters, and [`Sharding::sync_params`] sends them to
+    /// the others. State already held for other ranks' parameters is
+    /// dropped.
+    fn shard_optimizer(&mut self, rank: usize, world: usize) -> Result<ShardSizes>;
+
+    /// After a sharded step, every rank's parameters become their owners'
+    /// (a no-op unsharded).
+    fn sync_params(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()>;
+
+    /// Before rank 0 writes a checkpoint of a sharded optimizer: every rank
+    /// sends its moments, and its f32 masters where they are sharded, so
+    /// rank 0's next [`Backend::save_optimizer`] writes every moment and
+    /// its exports (until the weights next change) carry every master
+    /// (a no-op unsharded).
+    fn gather_optimizer(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()>;
 }

@@ -386,15 +386,13 @@ impl Trainer {
             self.progress.evaluated_start = true;
         }
         while self.progress.iteration < self.cfg.iterations {
-            let Some(g) = super::data_parallel(&mut self.group) else {
+            if self.dp.is_writer() {
                 return Err(TrainError::Config {
                     field: "dist".into(),
                     message: "a follower needs the job's other ranks".into(),
                 });
-            };
-            let bytes = g.broadcast_bytes(0, Vec::new())?;
-            let lead: Lead =
-                bincode::deserialize(&bytes).map_err(|e| TrainError::Exchange(format!("rank 0's queue batch: {e}")))?;
+            }
+            let lead: Lead = self.dp.receive("queue batch")?;
             match lead {
                 Lead::Batch { taken, queue, position } => {
                     let t_start = Instant::now();
@@ -405,7 +403,7 @@ impl Trainer {
                     }
                 }
                 Lead::End { fault } => {
-                    self.backend.gather_optimizer(g)?;
+                    self.dp.before_checkpoint(self.backend.as_mut())?;
                     return match fault {
                         None => Ok(Outcome::Stopped),
                         Some(f) => Err(TrainError::Queue(format!("rank 0 ended the run: {f}"))),
@@ -419,10 +417,7 @@ impl Trainer {
     /// Rank 0 of a data-parallel asynchronous learner: sends `lead` to the
     /// other ranks (nothing alone).
     fn lead(&mut self, lead: &Lead) -> TrainResult<()> {
-        if let Some(g) = super::data_parallel(&mut self.group) {
-            let bytes = bincode::serialize(lead).map_err(|e| TrainError::Exchange(format!("encoding a lead: {e}")))?;
-            g.broadcast_bytes(0, bytes)?;
-        }
+        self.dp.send(lead, "a lead")?;
         Ok(())
     }
 
@@ -431,9 +426,7 @@ impl Trainer {
     /// state first.
     fn end_with_checkpoint(&mut self, fault: Option<String>) -> TrainResult<std::path::PathBuf> {
         self.lead(&Lead::End { fault })?;
-        if let Some(g) = super::data_parallel(&mut self.group) {
-            self.backend.gather_optimizer(g)?;
-        }
+        self.dp.before_checkpoint(self.backend.as_mut())?;
         self.save_checkpoint()
     }
 

@@ -132,6 +132,11 @@ pub struct IterMetrics {
     /// iteration's prompt groups each rank sampled, in rank order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_rollout_groups: Option<Vec<usize>>,
+    /// Data-parallel runs only: the response tokens each rank ran forward
+    /// and backward this iteration (its share of every step's
+    /// micro-batches), in rank order; they add up to `trained_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_train_tokens: Option<Vec<u64>>,
     /// How far the rollout engine's log-probs are from the learner's on
     /// the same tokens before any update (`None` in older logs).
     #[serde(default, skip_serializing_if = "Option::is_none")]

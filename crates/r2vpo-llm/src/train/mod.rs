@@ -19,6 +19,7 @@ pub mod actor;
 pub mod asynchronous;
 pub mod checkpoint;
 pub mod config;
+mod data_parallel;
 pub mod metrics;
 
 use std::path::{Path, PathBuf};
@@ -109,7 +110,7 @@ pub enum TrainError {
     Queue(String),
     /// A collective of a data-parallel job failed (a rank died or hung).
     #[error("data-parallel job: {0}")]
-    Dist(#[from] crate::dist::DistError),
+    Dist(#[from] crate::parallel::DistError),
     /// Data-parallel state that could not be exchanged.
     #[error("data-parallel job: {0}")]
     Exchange(String),
@@ -338,12 +339,9 @@ pub struct Trainer {
     hists: JsonlWriter,
     events: JsonlWriter,
     tb: Option<TensorBoardWriter>,
-    /// The ranks of a data-parallel job ([`Trainer::set_group`]); `None`
-    /// trains alone.
-    group: Option<Box<dyn crate::dist::Group>>,
-    /// How many groups each rank sampled for the iteration under way (a
-    /// data-parallel job sampling in-process), for its metrics.
-    rank_groups: Option<Vec<usize>>,
+    /// This trainer's place among the ranks of its job and what a step
+    /// does across them ([`Trainer::set_group`]); alone, a group of one.
+    dp: data_parallel::DataParallel,
     /// Seconds and bytes of this iteration's weight push, for its metrics.
     push: (f64, u64),
 }
@@ -430,8 +428,7 @@ impl Trainer {
             replay,
             progress,
             run_dir: run_dir.to_path_buf(),
-            group: None,
-            rank_groups: None,
+            dp: data_parallel::DataParallel::alone(),
             push: (0.0, 0),
         })
     }
@@ -451,41 +448,28 @@ impl Trainer {
     /// evaluations and checkpoints, and the others' run folder receives
     /// only their own logs. Every rank must start from the same weights
     /// (the same model files, or the same checkpoint).
-    pub fn set_group(&mut self, group: Box<dyn crate::dist::Group>) -> TrainResult<()> {
-        let mut group = group;
-        if self.cfg.dist.zero_stage >= 1 {
-            let sizes = self.backend.shard_optimizer(group.rank(), group.world())?;
+    pub fn set_group(&mut self, group: Box<dyn crate::parallel::Group>) -> TrainResult<()> {
+        let (dp, sharded) = data_parallel::DataParallel::join(group, self.backend.as_mut(), self.cfg.dist.zero_stage)?;
+        self.dp = dp;
+        if let (Some(data_parallel::ShardRecord { per_rank: held, sizes }), true) = (sharded, self.dp.is_writer()) {
             // What each rank keeps, on the record (rank 0's events).
-            let mine = [sizes.moments as u64, sizes.masters as u64].map(u64::to_le_bytes).concat();
-            let held: Vec<[u64; 2]> = group
-                .all_gather_bytes(&mine)?
-                .iter()
-                .map(|b| {
-                    let word = |k: usize| {
-                        u64::from_le_bytes(b.get(8 * k..8 * k + 8).and_then(|w| w.try_into().ok()).unwrap_or([0; 8]))
-                    };
-                    [word(0), word(1)]
-                })
-                .collect();
-            if group.rank() == 0 {
-                self.events.write(&serde_json::json!({
-                    "event": "optimizer_sharded",
-                    "zero_stage": self.cfg.dist.zero_stage,
-                    "moment_values_per_rank": held.iter().map(|h| h[0]).collect::<Vec<_>>(),
-                    "moment_values_total": sizes.moments_total,
-                    "master_values_per_rank": held.iter().map(|h| h[1]).collect::<Vec<_>>(),
-                    "master_values_total": sizes.masters_total,
-                }))?;
-            }
+            self.events.write(&serde_json::json!({
+                "event": "optimizer_sharded",
+                "zero_stage": self.cfg.dist.zero_stage,
+                "moment_values_per_rank": held.iter().map(|h| h.moments).collect::<Vec<_>>(),
+                "moment_values_total": sizes.moments_total,
+                "master_values_per_rank": held.iter().map(|h| h.masters).collect::<Vec<_>>(),
+                "master_values_total": sizes.masters_total,
+            }))?;
         }
         // Sampler calls are dealt to ranks whole (a call's groups share one
         // decode batch), so a batch of fewer calls than ranks leaves ranks
         // idle while the others sample: said once, with the setting that
         // spreads it.
-        let (world, g) = (group.world(), self.cfg.group_size);
+        let (world, g) = (self.dp.world(), self.cfg.group_size);
         let per_call = crate::rollout::local_groups_per_call(self.cfg.rollout_batch, g);
         let sampling = BatchShare::sampling_ranks(self.cfg.prompts_per_iter, per_call, world);
-        if group.rank() == 0 && self.cfg.rollout.backend == RolloutBackend::Local && sampling < world {
+        if self.dp.is_writer() && self.cfg.rollout.backend == RolloutBackend::Local && sampling < world {
             let p = self.cfg.prompts_per_iter;
             let most = BatchShare::rollout_batch_for_every_rank(p, g, world);
             let remedy = match most {
@@ -508,11 +492,10 @@ impl Trainer {
                 "rollout_batch_for_every_rank": most,
             }))?;
         }
-        if group.rank() != 0 {
+        if !self.dp.is_writer() {
             // Every rank meets the same over-long prompts; rank 0 says so.
             self.actor.set_warning_handler(|_| {});
         }
-        self.group = Some(group);
         Ok(())
     }
 
@@ -523,7 +506,7 @@ impl Trainer {
             "event": "run_started",
             "iteration": self.progress.iteration,
             "learner": self.backend.describe(),
-            "ranks": self.group.as_ref().map_or(1, |g| g.world()),
+            "ranks": self.dp.world(),
         }))?;
         Ok(())
     }
@@ -531,12 +514,7 @@ impl Trainer {
     /// Whether this process writes the run's checkpoints and evaluations:
     /// rank 0 of a data-parallel job, or a trainer alone.
     pub fn is_writer(&self) -> bool {
-        self.group.as_ref().is_none_or(|g| g.rank() == 0)
-    }
-
-    /// The ranks of this job other than a lone trainer's.
-    fn dp(&mut self) -> Option<&mut dyn crate::dist::Group> {
-        data_parallel(&mut self.group)
+        self.dp.is_writer()
     }
 
     /// The resolved config.
@@ -623,9 +601,7 @@ impl Trainer {
                     // rank 0 writes the checkpoint as after any iteration.
                     self.actor.log_rollout_faults(self.progress.iteration as u64);
                     self.write_actor_events()?;
-                    if let Some(g) = data_parallel(&mut self.group) {
-                        self.backend.gather_optimizer(g)?;
-                    }
+                    self.dp.before_checkpoint(self.backend.as_mut())?;
                     if self.is_writer() {
                         let p = self.save_checkpoint()?;
                         on_event(Event::Checkpoint(&p));
@@ -661,18 +637,11 @@ impl Trainer {
             self.evaluate(on_event)?;
         }
         let due = self.cfg.checkpoint_every > 0 && it.is_multiple_of(self.cfg.checkpoint_every);
-        let mut stopping = stop.load(Ordering::SeqCst);
-        if let Some(g) = self.dp() {
-            // A signal reaches the ranks at different moments: they stop
-            // together, after the same iteration, if any rank was asked to.
-            let mut asked = [f64::from(u8::from(stopping))];
-            g.sum_f64(&mut asked)?;
-            stopping = asked[0] > 0.0;
-        }
+        // A signal reaches the ranks at different moments: they stop
+        // together, after the same iteration, if any rank was asked to.
+        let stopping = self.dp.any(stop.load(Ordering::SeqCst))?;
         if due || last || stopping {
-            if let Some(g) = data_parallel(&mut self.group) {
-                self.backend.gather_optimizer(g)?;
-            }
+            self.dp.before_checkpoint(self.backend.as_mut())?;
         }
         if (due || last || stopping) && writer {
             let p = self.save_checkpoint()?;
@@ -713,73 +682,17 @@ impl Trainer {
         let iter = self.progress.iteration;
         let t_start = Instant::now();
         on_event(Event::Phase { iter, name: "rollout" });
+        // In a data-parallel job that samples in-process each rank samples
+        // its share; with rollout servers rank 0 asks for the whole batch.
         let spread = self.cfg.rollout.backend == RolloutBackend::Local;
-        if let Some(g) = self.dp().filter(|g| g.rank() != 0 && !spread) {
-            let bytes = g.broadcast_bytes(0, Vec::new())?;
-            let sent: Result<(Vec<GroupEntry>, f64), String> =
-                bincode::deserialize(&bytes).map_err(|e| TrainError::Exchange(format!("rank 0's rollouts: {e}")))?;
-            let (entries, rollout_s) = sent.map_err(|message| TrainError::RolloutOnRank { rank: 0, message })?;
-            return self.learn(&entries, rollout_s, t_start, None, on_event);
-        }
-        let share = match self.dp() {
-            Some(g) if spread => BatchShare { rank: g.rank(), world: g.world() },
-            _ => BatchShare::WHOLE,
-        };
+        let share =
+            if spread { BatchShare { rank: self.dp.rank(), world: self.dp.world() } } else { BatchShare::WHOLE };
         let pushed_before = self.actor.rollout_counters();
-        let produced =
-            self.actor.produce(self.backend.as_ref(), iter as u64, &mut self.progress.data, iter as u64, share);
+        let produced = self.dp.samples(spread).then(|| {
+            self.actor.produce(self.backend.as_ref(), iter as u64, &mut self.progress.data, iter as u64, share)
+        });
         self.write_actor_events()?;
-        let Some(g) = data_parallel(&mut self.group) else {
-            let produced = produced?;
-            let pushed = self.actor.rollout_counters();
-            self.push = (pushed.push_s - pushed_before.push_s, pushed.push_bytes - pushed_before.push_bytes);
-            return self.learn(&produced.entries, produced.rollout_s, t_start, None, on_event);
-        };
-        // A rank whose rollout failed still takes part in the exchange, with
-        // its error in place of its groups: every rank then stops at the same
-        // point with the failing rank's own message (rank 0's report names
-        // it), writes the checkpoint together and leaves no rank waiting in
-        // a collective that will not come.
-        let mut produced = if spread {
-            let mine: Result<(&Vec<usize>, &Vec<GroupEntry>), String> =
-                produced.as_ref().map(|p| (&p.positions, &p.entries)).map_err(|e| e.to_string());
-            let mine = bincode::serialize(&mine)
-                .map_err(|e| TrainError::Exchange(format!("encoding this rank's rollouts: {e}")))?;
-            let mut all: Vec<(usize, GroupEntry)> = Vec::new();
-            let mut counts = Vec::with_capacity(g.world());
-            let mut failed = None;
-            for (r, bytes) in g.all_gather_bytes(&mine)?.iter().enumerate() {
-                let theirs: Result<(Vec<usize>, Vec<GroupEntry>), String> = bincode::deserialize(bytes)
-                    .map_err(|e| TrainError::Exchange(format!("rank {r}'s rollouts: {e}")))?;
-                match theirs {
-                    Ok((at, entries)) => {
-                        counts.push(entries.len());
-                        all.extend(at.into_iter().zip(entries));
-                    }
-                    Err(message) => {
-                        failed.get_or_insert((r, message));
-                    }
-                }
-            }
-            let mut produced = match (produced, failed) {
-                (Err(e), _) => return Err(e),
-                (Ok(_), Some((rank, message))) => return Err(TrainError::RolloutOnRank { rank, message }),
-                (Ok(p), None) => p,
-            };
-            all.sort_by_key(|(k, _)| *k);
-            produced.entries = all.into_iter().map(|(_, e)| e).collect();
-            // The batch is whole when the slowest rank's share arrived.
-            produced.rollout_s = t_start.elapsed().as_secs_f64();
-            self.rank_groups = Some(counts);
-            produced
-        } else {
-            let sent: Result<(&Vec<GroupEntry>, f64), String> =
-                produced.as_ref().map(|p| (&p.entries, p.rollout_s)).map_err(|e| e.to_string());
-            let bytes =
-                bincode::serialize(&sent).map_err(|e| TrainError::Exchange(format!("encoding the rollouts: {e}")))?;
-            g.broadcast_bytes(0, bytes)?;
-            produced?
-        };
+        let mut produced = self.dp.exchange_rollouts(produced, spread, || t_start.elapsed().as_secs_f64())?;
         let pushed = self.actor.rollout_counters();
         self.push = (pushed.push_s - pushed_before.push_s, pushed.push_bytes - pushed_before.push_bytes);
         let entries = std::mem::take(&mut produced.entries);
@@ -976,12 +889,10 @@ impl Trainer {
             train_tokens_per_s: acc.tokens as f64 / train_s.max(1e-9),
             iteration_s,
         };
-        m.rank_rollout_groups = self.rank_groups.take();
-        if let Some(g) = self.dp() {
-            let mine = crate::dist::peak_rss_mib().unwrap_or(f64::NAN);
-            let all = g.all_gather_bytes(&mine.to_le_bytes())?;
-            m.rank_peak_rss_mib =
-                Some(all.iter().map(|b| f64::from_le_bytes(b.as_slice().try_into().unwrap_or([0; 8]))).collect());
+        if let Some(r) = self.dp.rank_record()? {
+            m.rank_peak_rss_mib = Some(r.peak_rss_mib);
+            m.rank_train_tokens = Some(r.train_tokens);
+            m.rank_rollout_groups = r.rollout_groups;
         }
         for h in hist.finish(iter) {
             self.hists.write(&h)?;
@@ -1029,25 +940,17 @@ impl Trainer {
         let masks: Vec<&Tensor> = packed.iter().map(|t| &t.mask).collect();
         let global = GlobalBatch::from_masks(&masks)?.with_horizon(self.cfg.sampling.max_new_tokens as f64);
         let agg = self.cfg.objective.aggregation;
-        let mut stats = Vec::with_capacity(parts.len());
         let mut loss_total = 0.0f64;
         let mut ref_kl = 0.0f64;
         let mut tokens = 0usize;
         let entropy_coef = self.cfg.entropy_coef;
-        // In a data-parallel job each rank takes every world-th micro-batch
-        // (the normaliser `global` above covers them all); what the step
-        // reports and what moves λ is gathered below.
-        let (rank, world) = self.dp().map_or((0, 1), |g| (g.rank(), g.world()));
-        // ZeRO-2: after each round of `world` micro-batches (one per rank)
-        // the gradients go to their owners instead of once at the end.
-        let zero2 = self.group.is_some() && self.cfg.dist.zero_stage == 2;
-        let ends_round = |k: usize| zero2 && (k % world == world - 1 || k + 1 == parts.len());
+        // In a data-parallel job each rank takes its share of the
+        // micro-batches (the normaliser `global` above covers them all);
+        // what the step reports and what moves λ is gathered below.
         let mut shares: Vec<Share> = Vec::new();
         for (k, (part, t)) in parts.iter().zip(&packed).enumerate() {
-            if k % world != rank {
-                if ends_round(k) {
-                    self.reduce_round()?;
-                }
+            if !self.dp.owns(k) {
+                self.dp.after_micro_batch(k, parts.len(), self.backend.as_mut())?;
                 continue;
             }
             // Forward on the backend, then the loss on the log-probs as
@@ -1106,51 +1009,20 @@ impl Trainer {
                     }
                 }
             }
-            tokens += t.mask.sum_all()?.to_scalar::<f32>()? as usize;
+            let mine = t.mask.sum_all()?.to_scalar::<f32>()? as usize;
+            tokens += mine;
+            self.dp.trained(mine);
             shares.push(Share { part: k, stats: out_stats, rows });
-            if ends_round(k) {
-                self.reduce_round()?;
-            }
+            self.dp.after_micro_batch(k, parts.len(), self.backend.as_mut())?;
         }
-        if let Some(g) = data_parallel(&mut self.group) {
-            if !zero2 {
-                self.backend.sync_grads(g)?;
-            }
-            let mm = mismatch.unwrap_or_default();
-            let mut sums = [loss_total, ref_kl, tokens as f64, mm.tokens, mm.abs, mm.sq_dev];
-            g.sum_f64(&mut sums)?;
-            (loss_total, ref_kl, tokens) = (sums[0], sums[1], sums[2] as usize);
-            if let Some(mm) = mismatch.as_mut() {
-                (mm.tokens, mm.abs, mm.sq_dev) = (sums[3], sums[4], sums[5]);
-                for b in g.all_gather_bytes(&mm.max.to_le_bytes())? {
-                    mm.max = mm.max.max(f64::from_le_bytes(b.as_slice().try_into().unwrap_or([0; 8])));
-                }
-            }
-            let mine = bincode::serialize(&shares)
-                .map_err(|e| TrainError::Exchange(format!("encoding the step's statistics: {e}")))?;
-            shares = Vec::new();
-            for (r, bytes) in g.all_gather_bytes(&mine)?.iter().enumerate() {
-                let theirs: Vec<Share> = bincode::deserialize(bytes)
-                    .map_err(|e| TrainError::Exchange(format!("rank {r}'s step statistics: {e}")))?;
-                shares.extend(theirs);
-            }
-            shares.sort_by_key(|s| s.part);
-        }
-        // In micro-batch order, as one process sees them.
-        for s in shares {
-            for (age, row) in s.rows {
-                hist.add(age, row.into_iter());
-            }
-            stats.push(s.stats);
-        }
-        let mut norm = self.backend.grad_norm()?;
-        if let Some(g) = data_parallel(&mut self.group).filter(|_| zero2) {
-            // Each rank holds its share of the gradients: the global norm
-            // is the root of the summed squares.
-            let mut sq = [norm * norm];
-            g.sum_f64(&mut sq)?;
-            norm = sq[0].sqrt();
-        }
+        self.dp.sum_gradients(self.backend.as_mut())?;
+        // The step's figures over every rank's micro-batches.
+        let StepFigures { loss: loss_total, ref_kl, tokens, mismatch, stats } = self.step_figures(
+            StepFigures { loss: loss_total, ref_kl, tokens, mismatch, stats: Vec::new() },
+            shares,
+            hist,
+        )?;
+        let norm = self.dp.global_norm(self.backend.grad_norm()?)?;
         if !loss_total.is_finite() || !norm.is_finite() {
             // The step is not taken, so λ does not learn from it either.
             let merged = RatioStats::merge(&stats);
@@ -1181,9 +1053,7 @@ impl Trainer {
         }
         self.progress.bad_steps = 0;
         let lr = self.backend.step(self.cfg.optim.clip_scale(norm))?;
-        if let Some(g) = data_parallel(&mut self.group) {
-            self.backend.sync_params(g)?;
-        }
+        self.dp.after_step(self.backend.as_mut())?;
         self.progress.steps += 1;
         let merged = self.learner.after_step(&stats)?;
         let mean_age = items.iter().map(|(_, a)| *a as f64).sum::<f64>() / items.len() as f64;
@@ -1232,7 +1102,7 @@ impl Trainer {
             &self.eval_problems,
             &self.cfg.eval,
             &mut |_, _| {},
-            data_parallel(&mut self.group),
+            self.dp.launched_group(),
         )?;
         if !writer {
             return Ok(());
@@ -1271,6 +1141,16 @@ impl From<PromptError> for TrainError {
     }
 }
 
+/// What an optimizer step reports: its loss, KL to the reference, trained
+/// tokens, rollout–trainer mismatch and per-micro-batch ratio statistics.
+struct StepFigures {
+    loss: f64,
+    ref_kl: f64,
+    tokens: usize,
+    mismatch: Option<metrics::MismatchSums>,
+    stats: Vec<RatioStats>,
+}
+
 /// One micro-batch's part of a step, as a data-parallel rank sends it to
 /// the others: its ratio statistics and (when histograms are on) each
 /// row's age and unmasked ratios.
@@ -1283,23 +1163,36 @@ struct Share {
 }
 
 impl Trainer {
-    /// ZeRO-2's end of a round of micro-batches: the gradients go to the
-    /// ranks that step them ([`crate::backend::Backend::reduce_grads`]).
-    fn reduce_round(&mut self) -> TrainResult<()> {
-        if let Some(g) = data_parallel(&mut self.group) {
-            self.backend.reduce_grads(g)?;
+    /// A step's figures over every rank's micro-batches, from this rank's
+    /// (`mine`, without statistics) and its `shares`: the loss, the KL to
+    /// the reference and the tokens summed, the rollout–trainer mismatch
+    /// summed (its maximum the ranks'), and the ratio statistics in
+    /// micro-batch order (as one process sees them), whose histogram rows
+    /// go into `hist`. Alone, this rank's.
+    fn step_figures(
+        &mut self,
+        mine: StepFigures,
+        shares: Vec<Share>,
+        hist: &mut metrics::HistogramSet,
+    ) -> TrainResult<StepFigures> {
+        let StepFigures { loss, ref_kl, tokens, mut mismatch, .. } = mine;
+        let mm = mismatch.unwrap_or_default();
+        let mut sums = [loss, ref_kl, tokens as f64, mm.tokens, mm.abs, mm.sq_dev];
+        self.dp.sum(&mut sums)?;
+        if let Some(mm) = mismatch.as_mut() {
+            (mm.tokens, mm.abs, mm.sq_dev) = (sums[3], sums[4], sums[5]);
+            mm.max = self.dp.gather(mm.max, "the mismatch maximum")?.into_iter().fold(mm.max, f64::max);
         }
-        Ok(())
-    }
-}
-
-/// The job's group when it is one (a launched job of one rank too: it runs
-/// the data-parallel path, as torchrun's jobs of one do): a borrow of the
-/// field alone, so the backend can be borrowed beside it.
-pub(super) fn data_parallel(group: &mut Option<Box<dyn crate::dist::Group>>) -> Option<&mut dyn crate::dist::Group> {
-    match group {
-        Some(g) => Some(g.as_mut()),
-        None => None,
+        let mut all: Vec<Share> = self.dp.gather(shares, "the step's statistics")?.into_iter().flatten().collect();
+        all.sort_by_key(|s| s.part);
+        let mut stats = Vec::with_capacity(all.len());
+        for s in all {
+            for (age, row) in s.rows {
+                hist.add(age, row.into_iter());
+            }
+            stats.push(s.stats);
+        }
+        Ok(StepFigures { loss: sums[0], ref_kl: sums[1], tokens: sums[2] as usize, mismatch, stats })
     }
 }
 

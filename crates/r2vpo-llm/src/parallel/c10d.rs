@@ -1,6 +1,6 @@
 //! torch.distributed's process groups from Rust: a TCPStore rendezvous and
 //! collectives on libtorch tensors, through the C++ shim
-//! `src/dist/c10d.cpp` (libtorch exports c10d; tch-rs binds none of it).
+//! `src/parallel/c10d.cpp` (libtorch exports c10d; tch-rs binds none of it).
 //!
 //! Collectives are libtorch's own — Gloo on CPU tensors and, built with
 //! the `nccl` feature, NCCL on CUDA tensors, as torch.distributed's
@@ -301,6 +301,30 @@ impl ProcessGroup {
             }
         };
         Self::over(store, "r2vpo/", launch.rank, launch.world_size, timeout)
+    }
+
+    /// Joins the job `launch` describes as one rank of a training job:
+    /// [`ProcessGroup::join`], NCCL beside Gloo where the tensors live on
+    /// GPUs (`nccl`), then every rank checks that all run the same binary
+    /// ([`super::binary_hash`]) and agree on each of `agreements` (what,
+    /// value: a hash of the resolved config), naming the first that
+    /// differs.
+    pub fn join_checked(
+        launch: &Launch,
+        timeout: Duration,
+        nccl: bool,
+        agreements: &[(&str, &str)],
+    ) -> Result<ProcessGroup> {
+        let mut pg = Self::join(launch, timeout)?;
+        if nccl {
+            pg.add_nccl()?;
+        }
+        let binary = super::binary_hash().map_err(|e| DistError(format!("hashing the running binary: {e}")))?;
+        pg.agree("binary", &binary)?;
+        for (what, value) in agreements {
+            pg.agree(what, value)?;
+        }
+        Ok(pg)
     }
 
     /// A Gloo group of `world` ranks over `store`, its keys under `name`.

@@ -10,6 +10,8 @@
 
 #[cfg(feature = "torch")]
 pub mod c10d;
+#[cfg(feature = "torch")]
+pub mod local_job;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -31,8 +33,8 @@ impl std::error::Error for DistError {}
 /// on host values and byte strings, and (with the `torch` feature) on
 /// libtorch tensors for the backend's gradients. Every rank calls the same
 /// collectives in the same order; each returns once all ranks have, or
-/// fails after the group's timeout. The one implementation is
-/// [`c10d::ProcessGroup`].
+/// fails after the group's timeout. The implementations are
+/// [`c10d::ProcessGroup`] and, for a process alone, [`Solo`].
 pub trait Group: Send {
     /// This process's rank.
     fn rank(&self) -> usize;
@@ -62,6 +64,59 @@ pub trait Group: Send {
     /// others' `t` is left with unspecified values.
     #[cfg(feature = "torch")]
     fn reduce_tensor(&mut self, t: &mut tch::Tensor, root: usize) -> Result<(), DistError>;
+}
+
+/// The group of one process alone: every collective returns this rank's
+/// own values (a sum over one rank, a gather of one part, a broadcast from
+/// itself), so code written for ranks runs unchanged without a job.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Solo;
+
+impl Group for Solo {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn world(&self) -> usize {
+        1
+    }
+
+    fn sum_f64(&mut self, _: &mut [f64]) -> Result<(), DistError> {
+        Ok(())
+    }
+
+    fn all_gather_bytes(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
+        Ok(vec![mine.to_vec()])
+    }
+
+    fn broadcast_bytes(&mut self, root: usize, bytes: Vec<u8>) -> Result<Vec<u8>, DistError> {
+        solo_root(root)?;
+        Ok(bytes)
+    }
+
+    #[cfg(feature = "torch")]
+    fn sum_tensor(&mut self, _: &mut tch::Tensor) -> Result<(), DistError> {
+        Ok(())
+    }
+
+    #[cfg(feature = "torch")]
+    fn broadcast_tensor(&mut self, _: &mut tch::Tensor, root: usize) -> Result<(), DistError> {
+        solo_root(root)
+    }
+
+    #[cfg(feature = "torch")]
+    fn reduce_tensor(&mut self, _: &mut tch::Tensor, root: usize) -> Result<(), DistError> {
+        solo_root(root)
+    }
+}
+
+/// A collective rooted at a rank a group of one does not have.
+fn solo_root(root: usize) -> Result<(), DistError> {
+    if root == 0 {
+        Ok(())
+    } else {
+        Err(DistError(format!("rank {root} is the root of a collective in a group of one process")))
+    }
 }
 
 /// A launch variable that is missing, unparsable or inconsistent, named.
@@ -127,6 +182,22 @@ pub struct Launch {
 }
 
 impl Launch {
+    /// A process alone as a job of one: rank 0 of 1, hosting its own store
+    /// on any free loopback port (what `r2vpo dist check` joins when no
+    /// launcher started it).
+    pub fn alone() -> Launch {
+        Launch {
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            local_world_size: 1,
+            master_addr: "127.0.0.1".into(),
+            master_port: 0,
+            rendezvous: Rendezvous::RankZeroHosts,
+            launcher: Launcher::Env,
+        }
+    }
+
     /// Reads this process's environment: `None` when no launcher set it
     /// (neither `RANK`/`WORLD_SIZE` nor Slurm's task variables), a
     /// single-process run.
@@ -238,6 +309,18 @@ impl Launch {
             launcher,
         }))
     }
+}
+
+/// The first 16 hex digits of the running binary's SHA-256: ranks that
+/// run different builds would compute different things, so a job's ranks
+/// agree on it before they train ([`c10d::ProcessGroup::join_checked`]).
+pub fn binary_hash() -> std::io::Result<String> {
+    use sha2::Digest;
+    let exe = std::env::current_exe()?;
+    let mut h = sha2::Sha256::new();
+    let mut f = std::fs::File::open(&exe)?;
+    std::io::copy(&mut f, &mut h)?;
+    Ok(format!("{:x}", h.finalize())[..16].to_string())
 }
 
 /// This process's peak resident memory so far in MiB (Linux's `VmHWM`),
@@ -379,6 +462,19 @@ mod tests {
         assert_eq!(rank_device("cuda", 3), "cuda:3");
         assert_eq!(rank_device("cuda:1", 3), "cuda:1");
         assert_eq!(rank_device("cpu", 3), "cpu");
+    }
+
+    #[test]
+    fn a_group_of_one_returns_its_own_values() {
+        let mut g = Solo;
+        let mut v = [1.5, -2.0];
+        g.sum_f64(&mut v).unwrap();
+        assert_eq!(v, [1.5, -2.0]);
+        assert_eq!(g.all_gather_bytes(b"ab").unwrap(), vec![b"ab".to_vec()]);
+        assert_eq!(g.broadcast_bytes(0, b"cd".to_vec()).unwrap(), b"cd".to_vec());
+        let e = g.broadcast_bytes(1, Vec::new()).unwrap_err().0;
+        assert!(e.contains("rank 1") && e.contains("group of one"), "{e}");
+        assert_eq!((g.rank(), g.world()), (0, 1));
     }
 
     #[test]

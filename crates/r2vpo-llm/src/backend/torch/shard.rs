@@ -1,0 +1,230 @@
+//! The torch backend's data-parallel half ([`Sharding`]): ZeRO's
+//! mechanics on libtorch tensors. Which rank owns each parameter (balanced
+//! by values at [`Sharding::shard_optimizer`]), the gradient sum or
+//! reduction into owners, the owners' parameters sent after a step, and
+//! the optimizer state gathered into rank 0 before a checkpoint; the
+//! collectives go through [`crate::parallel::Group`], in buckets of at most
+//! 32 Mi values ([`crate::parallel::buckets`]).
+
+use std::collections::HashMap;
+
+use tch::{Kind, Tensor as T};
+
+use super::{guarded, set_grad, unflatten_into, Shard, TorchBackend};
+use crate::backend::{ShardSizes, Sharding};
+use crate::model::{ModelError, Result};
+
+impl Sharding for TorchBackend {
+    fn shard_optimizer(&mut self, rank: usize, world: usize) -> Result<ShardSizes> {
+        let st = self.lock();
+        // Each parameter to the rank holding the fewest values so far, in
+        // order: balanced to within one tensor, the same on every rank.
+        let mut load = vec![0usize; world.max(1)];
+        let mut owner = vec![0usize; st.params.len()];
+        for (i, p) in st.params.iter().enumerate() {
+            if self.learns(i) {
+                let r = (0..load.len()).min_by_key(|&r| (load[r], r)).unwrap_or(0);
+                owner[i] = r;
+                load[r] += p.numel();
+            }
+        }
+        let total: usize = load.iter().sum();
+        let mine = load.get(rank).copied().unwrap_or(0);
+        let masters = world > 1 && self.kind != Kind::Float;
+        drop(st);
+        self.shard = Some(Shard { rank, owner, masters });
+        let mut st = self.lock();
+        guarded("torch optimizer shards", || {
+            tch::no_grad(|| {
+                for i in 0..st.params.len() {
+                    if !self.steps_here(i) && self.learns(i) {
+                        // Moments loaded for every parameter (a resumed run)
+                        // keep only this rank's.
+                        if !st.m.is_empty() {
+                            st.m[i] = T::zeros([0], (Kind::Float, self.device));
+                            st.v[i] = T::zeros([0], (Kind::Float, self.device));
+                        }
+                        if self.remote(i) {
+                            // Another rank's master: held in the compute kind.
+                            st.params[i] = st.params[i].detach().to_kind(self.kind).set_requires_grad(true);
+                        }
+                    }
+                }
+            });
+            Ok(())
+        })?;
+        drop(st);
+        self.changed();
+        Ok(ShardSizes {
+            moments: 2 * mine,
+            moments_total: 2 * total,
+            masters: if masters { mine } else { total },
+            masters_total: total,
+        })
+    }
+
+    fn sync_params(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()> {
+        let Some(shard) = &self.shard else { return Ok(()) };
+        let (owner, rank, masters) = (shard.owner.clone(), shard.rank, shard.masters);
+        let mut st = self.lock();
+        let (device, kind) = (self.device, self.kind);
+        tch::no_grad(|| -> Result<()> {
+            // Each owner's parameters go out in buckets, one collective per
+            // bucket as in `sync_grads`: the f32 masters, or with sharded
+            // masters their casts to the compute kind (what the others hold).
+            let runs = self.by_owner(&owner);
+            for (from, ids) in runs {
+                for b in crate::parallel::buckets(ids.iter().map(|&i| st.params[i].numel() as i64)) {
+                    let ps: Vec<T> = ids[b]
+                        .iter()
+                        .map(|&i| if masters { st.params[i].detach().to_kind(kind) } else { st.params[i].detach() })
+                        .collect();
+                    let flat: Vec<T> = ps.iter().map(|p| p.reshape([-1])).collect();
+                    let mut bucket = T::cat(&flat, 0).to_device(device);
+                    group.broadcast_tensor(&mut bucket, from).map_err(|e| {
+                        ModelError::Torch(format!("sending rank {from}'s parameters to the others: {e}"))
+                    })?;
+                    if from != rank {
+                        unflatten_into(&bucket, &ps);
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        st.pending = None;
+        drop(st);
+        self.changed();
+        Ok(())
+    }
+
+    fn gather_optimizer(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()> {
+        let Some(shard) = &self.shard else { return Ok(()) };
+        let (owner, rank, masters) = (shard.owner.clone(), shard.rank, shard.masters);
+        let mut st = self.lock();
+        self.ensure_moments(&mut st)?;
+        let mut gathered: Vec<(T, T)> = Vec::with_capacity(st.params.len());
+        let mut copies: HashMap<usize, T> = HashMap::new();
+        let empty = || T::zeros([0], (Kind::Float, self.device));
+        tch::no_grad(|| -> Result<()> {
+            for (i, &from) in owner.iter().enumerate() {
+                if !self.learns(i) {
+                    gathered.push((empty(), empty()));
+                    continue;
+                }
+                // One tensor at a time: only rank 0 keeps what it receives.
+                let shape = st.params[i].size();
+                let mut send = |own: Option<&T>, what: &str| -> Result<T> {
+                    let mut t = match own {
+                        Some(own) if from == rank => own.shallow_clone(),
+                        _ => T::zeros(shape.as_slice(), (Kind::Float, self.device)),
+                    };
+                    group
+                        .broadcast_tensor(&mut t, from)
+                        .map_err(|e| ModelError::Torch(format!("gathering {}'s {what}: {e}", self.names[i])))?;
+                    Ok(if rank == 0 { t } else { empty() })
+                };
+                let m = send(Some(&st.m[i]), "first moment")?;
+                let v = send(Some(&st.v[i]), "second moment")?;
+                gathered.push((m, v));
+                if masters && from != 0 {
+                    let master = if from == rank { Some(st.params[i].detach()) } else { None };
+                    let t = send(master.as_ref(), "master weight")?;
+                    if rank == 0 {
+                        copies.insert(i, t);
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        if rank == 0 {
+            st.gathered = Some(gathered);
+            st.masters = copies;
+        }
+        Ok(())
+    }
+
+    fn reduce_grads(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()> {
+        let Some(shard) = &self.shard else {
+            return Err(ModelError::Spec {
+                field: "dist.zero_stage".into(),
+                message: "gradients are sharded over the optimizer's shards: shard_optimizer first".into(),
+            });
+        };
+        let (owner, rank) = (shard.owner.clone(), shard.rank);
+        let mut st = self.lock();
+        let device = self.device;
+        tch::no_grad(|| -> Result<()> {
+            let runs = self.by_owner(&owner);
+            for (to, ids) in runs {
+                for b in crate::parallel::buckets(ids.iter().map(|&i| st.params[i].numel() as i64)) {
+                    let ids = &ids[b];
+                    let grads: Vec<T> = ids.iter().map(|&i| self.grad_of(&st, i)).collect();
+                    // A rank that ran no backward in this round adds zeros.
+                    let flat: Vec<T> = ids
+                        .iter()
+                        .zip(&grads)
+                        .map(|(&i, g)| {
+                            if g.defined() {
+                                g.to_kind(Kind::Float).reshape([-1])
+                            } else {
+                                T::zeros([st.params[i].numel() as i64], (Kind::Float, device))
+                            }
+                        })
+                        .collect();
+                    let mut bucket = T::cat(&flat, 0).to_device(device);
+                    group.reduce_tensor(&mut bucket, to).map_err(|e| {
+                        ModelError::Torch(format!("summing gradients into rank {to}, their owner: {e}"))
+                    })?;
+                    let mut off = 0;
+                    for (&i, g) in ids.iter().zip(&grads) {
+                        let k = st.params[i].numel() as i64;
+                        if to == rank {
+                            let sum = bucket.narrow(0, off, k).view_as(&st.params[i]);
+                            if g.defined() {
+                                g.shallow_clone().copy_(&sum);
+                            } else {
+                                let mut sum = sum.to_kind(st.params[i].kind());
+                                set_grad(&mut st.params[i], &mut sum)?;
+                            }
+                        } else if self.remote(i) {
+                            st.grads[i] = None;
+                        } else {
+                            set_grad(&mut st.params[i], &mut T::new())?;
+                        }
+                        off += k;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn sync_grads(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()> {
+        let mut st = self.lock();
+        let device = self.device;
+        let dist = |e: crate::parallel::DistError| ModelError::Torch(format!("summing gradients over the ranks: {e}"));
+        tch::no_grad(|| -> Result<()> {
+            let trainable: Vec<usize> = (0..st.params.len()).filter(|&i| st.params[i].requires_grad()).collect();
+            // A rank that ran no backward this step holds no gradient: it
+            // adds zeros.
+            for &i in &trainable {
+                if self.remote(i) {
+                    if st.grads[i].is_none() {
+                        st.grads[i] = Some(T::zeros(st.params[i].size(), (Kind::Float, device)));
+                    }
+                } else if !st.params[i].grad().defined() {
+                    let mut zeros = st.params[i].zeros_like();
+                    set_grad(&mut st.params[i], &mut zeros)?;
+                }
+            }
+            for b in crate::parallel::buckets(trainable.iter().map(|&i| st.params[i].numel() as i64)) {
+                let grads: Vec<T> = trainable[b].iter().map(|&i| self.grad_of(&st, i)).collect();
+                let flat: Vec<T> = grads.iter().map(|g| g.to_kind(Kind::Float).reshape([-1])).collect();
+                let mut bucket = T::cat(&flat, 0).to_device(device);
+                group.sum_tensor(&mut bucket).map_err(dist)?;
+                unflatten_into(&bucket, &grads);
+            }
+            Ok(())
+        })
+    }
+}
