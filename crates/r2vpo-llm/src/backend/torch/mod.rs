@@ -269,8 +269,17 @@ struct State {
     masters: HashMap<usize, T>,
     m: Vec<T>,
     v: Vec<T>,
+    /// A checkpoint's optimizer file, mapped by [`Backend::load_optimizer`]
+    /// and read by [`TorchBackend::ensure_moments`].
+    saved: Option<Saved>,
     steps: u64,
     pending: Option<Pending>,
+}
+
+/// A checkpoint's optimizer state, mapped and checked but not yet read.
+struct Saved {
+    file: candle_core::safetensors::MmapedSafetensors,
+    path: std::path::PathBuf,
 }
 
 /// The libtorch learner and its policy.
@@ -521,6 +530,7 @@ impl TorchBackend {
                 gathered: None,
                 grads: (0..params.len()).map(|_| None).collect(),
                 masters: HashMap::new(),
+                saved: None,
                 params,
                 m: Vec::new(),
                 v: Vec::new(),
@@ -834,17 +844,28 @@ impl TorchBackend {
         casts.1.iter().map(T::shallow_clone).collect()
     }
 
-    /// AdamW's moments, allocated at first use, for the parameters that
-    /// learn (a frozen base gets empty placeholders).
+    /// AdamW's moments, made at first use for the parameters this rank
+    /// steps (the others get empty placeholders): read from a loaded
+    /// checkpoint's mapped file ([`Backend::load_optimizer`]), else zeros.
     fn ensure_moments(&self, st: &mut State) -> Result<()> {
-        if st.m.is_empty() {
-            let zeros = |(i, p): (usize, &T)| {
-                if self.steps_here(i) { p.f_zeros_like() } else { T::f_zeros([0], (Kind::Float, self.device)) }
-                    .map_err(torch_err)
-            };
-            st.m = st.params.iter().enumerate().map(zeros).collect::<Result<Vec<_>>>()?;
-            st.v = st.params.iter().enumerate().map(zeros).collect::<Result<Vec<_>>>()?;
+        if !st.m.is_empty() {
+            return Ok(());
         }
+        let saved = st.saved.take();
+        let moment = |(i, p): (usize, &T), pre: &str| -> Result<T> {
+            if !self.steps_here(i) {
+                return T::f_zeros([0], (Kind::Float, self.device)).map_err(torch_err);
+            }
+            let Some(Saved { file, path }) = &saved else { return p.f_zeros_like().map_err(torch_err) };
+            let err = |m: String| ModelError::Format { path: path.clone(), message: m };
+            let name = format!("{pre}.{}", self.names[i]);
+            let view = file.get(&name).map_err(|e| err(format!("`{name}`: {e}")))?;
+            T::f_from_data_size(view.data(), &p.size(), Kind::Float)
+                .and_then(|t| t.f_to_device(self.device))
+                .map_err(|e| err(format!("`{name}`: {e}")))
+        };
+        st.m = st.params.iter().enumerate().map(|ip| moment(ip, "m")).collect::<Result<Vec<_>>>()?;
+        st.v = st.params.iter().enumerate().map(|ip| moment(ip, "v")).collect::<Result<Vec<_>>>()?;
         Ok(())
     }
 
@@ -867,7 +888,12 @@ impl TorchBackend {
                 .map(|(i, n)| {
                     let w = params[i].detach().to_kind(Kind::Float);
                     let w = match merged.get(&i) {
-                        Some(&(a, b)) => w + params[b].detach().matmul(&params[a].detach()) * scale,
+                        // Rank 0's gathered copies of other ranks' adapters
+                        // are in host memory; the base is on the device.
+                        Some(&(a, b)) => {
+                            let on = |t: &T| t.detach().to_device(w.device());
+                            &w + on(&params[b]).matmul(&on(&params[a])) * scale
+                        }
                         None => w,
                     };
                     Ok((n.clone(), to_candle(&w)?))
@@ -1189,7 +1215,6 @@ impl Backend for TorchBackend {
     fn save_optimizer(&self, path: &Path) -> Result<()> {
         let mut st = self.lock();
         self.ensure_moments(&mut st)?;
-        let mut map = HashMap::new();
         let gathered = st.gathered.take();
         if self.shard.is_some() && gathered.is_none() {
             return Err(ModelError::Spec {
@@ -1199,19 +1224,21 @@ impl Backend for TorchBackend {
                     .into(),
             });
         }
+        // libtorch's safetensors writer copies one tensor at a time to host
+        // while the file is written: no second copy of the state forms.
+        let mut named: Vec<(String, T)> = Vec::new();
+        for (i, n) in self.names.iter().enumerate().filter(|&(i, _)| self.learns(i)) {
+            let (m, v) = match &gathered {
+                Some(g) => (&g[i].0, &g[i].1),
+                None => (&st.m[i], &st.v[i]),
+            };
+            named.push((format!("m.{n}"), m.shallow_clone()));
+            named.push((format!("v.{n}"), v.shallow_clone()));
+        }
         guarded("torch optimizer state", || {
-            for (i, n) in self.names.iter().enumerate().filter(|&(i, _)| self.learns(i)) {
-                let (m, v) = match &gathered {
-                    Some(g) => (&g[i].0, &g[i].1),
-                    None => (&st.m[i], &st.v[i]),
-                };
-                map.insert(format!("m.{n}"), to_candle(m)?);
-                map.insert(format!("v.{n}"), to_candle(v)?);
-            }
-            Ok(())
-        })?;
-        candle_core::safetensors::save(&map, path)
-            .map_err(|e| ModelError::Format { path: path.to_path_buf(), message: e.to_string() })
+            T::write_safetensors(&named, path)
+                .map_err(|e| ModelError::Format { path: path.to_path_buf(), message: e.to_string() })
+        })
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -1223,20 +1250,28 @@ impl Backend for TorchBackend {
 
     fn load_optimizer(&mut self, path: &Path, steps: u64) -> Result<()> {
         let err = |m: String| ModelError::Format { path: path.to_path_buf(), message: m };
-        let map = candle_core::safetensors::load(path, &candle_core::Device::Cpu).map_err(|e| err(e.to_string()))?;
+        // Mapped, not read: every name and shape is checked here from the
+        // header, and each tensor is read when its owner first needs it
+        // (`ensure_moments`, after a data-parallel job has dealt the
+        // shards), so a rank reads only the moments it steps.
+        let file = unsafe { candle_core::safetensors::MmapedSafetensors::new(path) }.map_err(|e| err(e.to_string()))?;
         let mut st = self.lock();
-        self.ensure_moments(&mut st)?;
-        for (i, n) in self.names.iter().enumerate().filter(|&(i, _)| self.steps_here(i)) {
-            for (pre, moments) in [("m", 0), ("v", 1)] {
-                let t = map.get(&format!("{pre}.{n}")).ok_or_else(|| err(format!("missing `{pre}.{n}`")))?;
-                let slot = if moments == 0 { &mut st.m[i] } else { &mut st.v[i] };
-                let want: Vec<usize> = slot.size().iter().map(|&d| d as usize).collect();
-                if t.dims() != want.as_slice() {
-                    return Err(err(format!("`{pre}.{n}` has shape {:?}, model has {want:?}", t.dims())));
+        for (i, n) in self.names.iter().enumerate().filter(|&(i, _)| self.learns(i)) {
+            let want: Vec<usize> = st.params[i].size().iter().map(|&d| d as usize).collect();
+            for pre in ["m", "v"] {
+                let name = format!("{pre}.{n}");
+                let t = file.get(&name).map_err(|_| err(format!("missing `{name}`")))?;
+                if t.shape() != want.as_slice() {
+                    return Err(err(format!("`{name}` has shape {:?}, model has {want:?}", t.shape())));
                 }
-                *slot = to_torch(t, self.device)?;
+                if t.dtype() != safetensors::Dtype::F32 {
+                    return Err(err(format!("`{name}` is {:?}; optimizer moments are F32", t.dtype())));
+                }
             }
         }
+        st.m.clear();
+        st.v.clear();
+        st.saved = Some(Saved { file, path: path.to_path_buf() });
         st.steps = steps;
         Ok(())
     }

@@ -2,7 +2,8 @@
 //! mechanics on libtorch tensors. Which rank owns each parameter (balanced
 //! by values at [`Sharding::shard_optimizer`]), the gradient sum or
 //! reduction into owners, the owners' parameters sent after a step, and
-//! the optimizer state gathered into rank 0 before a checkpoint; the
+//! the optimizer state gathered into rank 0's host memory before a
+//! checkpoint; the
 //! collectives go through [`crate::parallel::Group`], in buckets of at most
 //! 32 Mi values ([`crate::parallel::buckets`]).
 
@@ -121,7 +122,15 @@ impl Sharding for TorchBackend {
                     group
                         .broadcast_tensor(&mut t, from)
                         .map_err(|e| ModelError::Torch(format!("gathering {}'s {what}: {e}", self.names[i])))?;
-                    Ok(if rank == 0 { t } else { empty() })
+                    // Rank 0 moves what it receives to host memory at once,
+                    // so its device never holds more than its own state and
+                    // one tensor in flight (all of it would be ≈ 86 GB for
+                    // an 8B model on 8 ranks); its own stay where they are.
+                    Ok(match (rank, from == rank) {
+                        (0, true) => t,
+                        (0, false) => t.f_to_device(tch::Device::Cpu).map_err(super::torch_err)?,
+                        _ => empty(),
+                    })
                 };
                 let m = send(Some(&st.m[i]), "first moment")?;
                 let v = send(Some(&st.v[i]), "second moment")?;
