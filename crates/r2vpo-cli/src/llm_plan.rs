@@ -171,6 +171,18 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         a.device_gib,
         100.0 * total / a.device_gib
     );
+    let t = &p.transients;
+    println!(
+        "checkpoint: + {:.2} GiB on each rank's device (one tensor in flight); rank 0's host memory holds the other \
+         ranks' optimizer state until the file is written: {:.2} GiB",
+        gib(t.device_in_flight),
+        gib(t.rank0_host_checkpoint)
+    );
+    println!(
+        "resume: each rank reads {:.2} GiB of the optimizer file (the moments it steps, mapped) + {:.2} GiB in flight",
+        gib(t.resume_read),
+        gib(t.device_in_flight)
+    );
     if let Some(path) = &a.json {
         let out = serde_json::json!({ "shape": shape, "input": format!("{input:?}"), "plan": p, "device_gib": a.device_gib, "fits": total <= a.device_gib });
         r2vpo_report::atomic_write_json(path, &out)?;

@@ -122,6 +122,21 @@ fn assert_same(one: &Path, many: &Path, what: &str) {
     // Each rank's peak memory, on rank 0's record.
     let rss = b.last().unwrap()["rank_peak_rss_mib"].as_array().cloned().unwrap_or_default();
     assert!(!rss.is_empty() && rss.iter().all(|v| v.as_f64().unwrap() > 10.0), "{what}: {rss:?}");
+    // And what its checkpoints cost each rank (the run ends with one).
+    let events = std::fs::read_to_string(many.join("events.jsonl")).unwrap();
+    let ckpt: Vec<serde_json::Value> = events
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["event"] == "checkpoint_memory")
+        .collect();
+    assert!(!ckpt.is_empty(), "{what}: no checkpoint_memory event");
+    for c in &ckpt {
+        let peaks = c["rank_peak_rss_mib"].as_array().unwrap();
+        assert!(!peaks.is_empty() && peaks.iter().all(|v| v.as_f64().unwrap() > 10.0), "{what}: {c}");
+    }
+    // The last is the last run's (a resumed run may have another size).
+    let last = ckpt.last().unwrap()["rank_peak_rss_mib"].as_array().unwrap().len();
+    assert_eq!(last, rss.len(), "{what}: {}", ckpt.last().unwrap());
     // Each rank trained its share of the tokens, which add up to the
     // step's (a rank that trained every micro-batch would report all).
     for x in &b {

@@ -80,6 +80,27 @@ pub struct Plan {
     pub rows: Vec<PlanRow>,
     /// Their sum.
     pub total: u64,
+    /// Beside a checkpoint or a resume, on top of the model state (the
+    /// step's activations are gone by then).
+    pub transients: Transients,
+}
+
+/// What a checkpoint and a resume add to a rank, in bytes (the torch
+/// backend's data-parallel learner: optimizer state gathered into rank 0's
+/// host memory one tensor at a time, and on resume each rank reading only
+/// the moments it steps from the mapped file).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Transients {
+    /// On every rank's device during a checkpoint or a resume: one f32
+    /// tensor in flight, the largest (the embedding).
+    pub device_in_flight: u64,
+    /// In rank 0's host memory during a checkpoint: the other ranks'
+    /// moments (and f32 masters, when sharded) until the file is written
+    /// (0 unsharded: rank 0 writes its own state tensor by tensor).
+    pub rank0_host_checkpoint: u64,
+    /// Read by each rank from the mapped optimizer file on resume: its own
+    /// moments (the pages stay in the page cache, reclaimable).
+    pub resume_read: u64,
 }
 
 /// The model's parameter count: embeddings, every layer's projections and
@@ -155,7 +176,23 @@ pub fn plan(cfg: &ModelConfig, input: &PlanInput) -> Plan {
     let logit_rows = input.lm_head_chunk.map_or(input.response_tokens, |c| c.min(input.response_tokens)) as u64;
     rows.push(PlanRow { what: "logits and log-softmax (f32)", bytes: 2 * 4 * logit_rows * cfg.vocab_size as u64 });
     let total = rows.iter().map(|r| r.bytes).sum();
-    Plan { parameters: p, trainable, rows, total }
+    // The optimizer state a checkpoint carries: AdamW's two f32 moments of
+    // what learns, and with bf16 compute under sharding the f32 masters
+    // the other ranks own.
+    let moments = 8 * trainable;
+    let sharded = z >= 1 && n > 1;
+    let masters = if sharded && input.bf16 { 4 * trainable } else { 0 };
+    let largest = 4 * (cfg.vocab_size * cfg.hidden_size).max(cfg.hidden_size * cfg.intermediate_size) as u64;
+    let transients = Transients {
+        // Under LoRA what moves is adapters: r × the widest projection side.
+        device_in_flight: match &input.lora {
+            Some(l) => 4 * (l.rank * cfg.hidden_size.max(cfg.intermediate_size)) as u64,
+            None => largest,
+        },
+        rank0_host_checkpoint: if sharded { (moments + masters) - (moments + masters).div_ceil(n) } else { 0 },
+        resume_read: share(moments, sharded),
+    };
+    Plan { parameters: p, trainable, rows, total, transients }
 }
 
 #[cfg(test)]
@@ -206,6 +243,35 @@ mod tests {
         assert!((state(8, 1) - (6.0 + 12.0 / 8.0)).abs() < 1e-3);
         assert!((state(8, 2) - (2.0 + 16.0 / 8.0)).abs() < 1e-3);
         assert!((state(8, 3) - 18.0 / 8.0).abs() < 1e-3);
+    }
+
+    /// A checkpoint of the 8B recipe on 8 ranks: one embedding in flight
+    /// on each device, the other seven ranks' moments and masters (12
+    /// bytes per parameter, 7/8 of them) on rank 0's host, and on resume
+    /// each rank reads its eighth of the moments; unsharded, nothing
+    /// gathers and each rank reads all.
+    #[test]
+    fn checkpoint_and_resume_transients_follow_the_shards() {
+        let cfg = shape("qwen3-8b.json");
+        let p = parameters(&cfg);
+        let input = |world_size, zero_stage| PlanInput {
+            world_size,
+            zero_stage,
+            micro_batch_tokens: 0,
+            response_tokens: 0,
+            seq_len: 0,
+            checkpointing: true,
+            lm_head_chunk: None,
+            lora: None,
+            bf16: true,
+            materialised_attention: false,
+        };
+        let t = plan(&cfg, &input(8, 1)).transients;
+        assert_eq!(t.device_in_flight, 4 * 151_936 * 4096);
+        assert_eq!(t.rank0_host_checkpoint, 12 * p - (12 * p).div_ceil(8));
+        assert_eq!(t.resume_read, (8 * p).div_ceil(8));
+        let t = plan(&cfg, &input(8, 0)).transients;
+        assert_eq!((t.rank0_host_checkpoint, t.resume_read), (0, 8 * p));
     }
 
     /// LoRA's trainable count is the adapters' tensors (every projection

@@ -137,7 +137,8 @@ fn assert_same_run(one: &[IterMetrics], many: &[IterMetrics], what: &str) {
 }
 
 /// 2 and 3 ranks (shares 2/2 and 2/1/1 of each step's four micro-batches)
-/// train what one process trains under ZeRO 0, 1 and 2, with rewards and
+/// train what one process trains under ZeRO 0, 1 and 2 (and ZeRO-2 with
+/// checkpointed layers, reducing during the backward), with rewards and
 /// advantages that vary; each rank ran its share's tokens only, and every
 /// rank ends with the weights rank 0 checkpoints.
 #[test]
@@ -147,10 +148,14 @@ fn ranks_with_varying_advantages_train_what_one_process_trains() {
     alone(&config(1), &one_dir);
     let one = read_metrics(&one_dir);
     let w1 = checkpoint_weights(&one_dir);
-    for (world, zero) in [(2, 0), (3, 1), (3, 2)] {
-        let what = format!("{world} ranks, ZeRO-{zero}");
-        let dir = tmp.path().join(format!("ranks{world}-zero{zero}"));
-        let per_rank = ranks(&config(zero), &dir, world);
+    // With checkpointed layers ZeRO-2 reduces each layer's gradients
+    // during the backward; at 3 ranks the last round of each step has one
+    // micro-batch, so two ranks join its reduces with zeros.
+    for (world, zero, layered) in [(2, 0, false), (3, 1, false), (3, 2, false), (2, 2, true), (3, 2, true)] {
+        let what = format!("{world} ranks, ZeRO-{zero}{}", if layered { ", checkpointed layers" } else { "" });
+        let dir = tmp.path().join(format!("ranks{world}-zero{zero}-{layered}"));
+        let cfg = TrainConfig { activation_checkpointing: layered, ..config(zero) };
+        let per_rank = ranks(&cfg, &dir, world);
         let many = read_metrics(&dir);
         assert_same_run(&one, &many, &what);
         for (a, b) in one.iter().zip(&many) {

@@ -372,6 +372,15 @@ pub trait Sharding {
     /// [`Sharding::sync_grads`]; needs [`Sharding::shard_optimizer`] first.
     fn reduce_grads(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()>;
 
+    /// ZeRO stage 2 without a whole gradient set: from now on each
+    /// [`Backend::backward`] sums every layer's gradients into their owners
+    /// over `group` as soon as that layer's backward is done, and drops
+    /// them on the others, in the order [`Sharding::reduce_grads`] uses (so
+    /// a rank without a micro-batch in a round joins with zeros through
+    /// it). False where this backend's backward is one graph (no gradient
+    /// checkpointing): the round's [`Sharding::reduce_grads`] does it then.
+    fn reduce_in_backward(&mut self, group: Box<dyn crate::parallel::Group>) -> bool;
+
     /// Keeps the optimizer state only for this rank's share of the
     /// parameters (ZeRO stage 1 over `world` ranks): AdamW's moments and,
     /// where the model computes in a narrower kind than its f32 masters

@@ -110,6 +110,63 @@ impl Group for Solo {
     }
 }
 
+/// One group used from two places, one call at a time on one thread: the
+/// trainer's [`crate::train`] data-parallel plan, and the torch backend's
+/// backward under ZeRO-2, which sums each layer's gradients into their
+/// owners as soon as that layer's are complete
+/// ([`crate::backend::Sharding::reduce_in_backward`]). Both hold a clone;
+/// the calls keep the order every rank makes them in.
+#[derive(Clone)]
+pub struct Shared(std::sync::Arc<std::sync::Mutex<Box<dyn Group>>>);
+
+impl Shared {
+    /// `group`, to be shared.
+    pub fn new(group: Box<dyn Group>) -> Self {
+        Self(std::sync::Arc::new(std::sync::Mutex::new(group)))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Box<dyn Group>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Group for Shared {
+    fn rank(&self) -> usize {
+        self.lock().rank()
+    }
+
+    fn world(&self) -> usize {
+        self.lock().world()
+    }
+
+    fn sum_f64(&mut self, values: &mut [f64]) -> Result<(), DistError> {
+        self.lock().sum_f64(values)
+    }
+
+    fn all_gather_bytes(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
+        self.lock().all_gather_bytes(mine)
+    }
+
+    fn broadcast_bytes(&mut self, root: usize, bytes: Vec<u8>) -> Result<Vec<u8>, DistError> {
+        self.lock().broadcast_bytes(root, bytes)
+    }
+
+    #[cfg(feature = "torch")]
+    fn sum_tensor(&mut self, t: &mut tch::Tensor) -> Result<(), DistError> {
+        self.lock().sum_tensor(t)
+    }
+
+    #[cfg(feature = "torch")]
+    fn broadcast_tensor(&mut self, t: &mut tch::Tensor, root: usize) -> Result<(), DistError> {
+        self.lock().broadcast_tensor(t, root)
+    }
+
+    #[cfg(feature = "torch")]
+    fn reduce_tensor(&mut self, t: &mut tch::Tensor, root: usize) -> Result<(), DistError> {
+        self.lock().reduce_tensor(t, root)
+    }
+}
+
 /// A collective rooted at a rank a group of one does not have.
 fn solo_root(root: usize) -> Result<(), DistError> {
     if root == 0 {
@@ -323,8 +380,15 @@ pub fn binary_hash() -> std::io::Result<String> {
     Ok(format!("{:x}", h.finalize())[..16].to_string())
 }
 
-/// This process's peak resident memory so far in MiB (Linux's `VmHWM`),
-/// `None` where /proc does not say.
+/// Starts [`peak_rss_mib`] again from the resident set now (Linux ≥ 4.0:
+/// `5` into /proc/self/clear_refs); false where the kernel refuses, and
+/// the peak then runs on from the process's start.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// This process's peak resident memory in MiB (Linux's `VmHWM`) since its
+/// start or the last [`reset_peak_rss`], `None` where /proc does not say.
 pub fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.split_whitespace().next()?.parse().ok()?;

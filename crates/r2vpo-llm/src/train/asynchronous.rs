@@ -403,7 +403,7 @@ impl Trainer {
                     }
                 }
                 Lead::End { fault } => {
-                    self.dp.before_checkpoint(self.backend.as_mut())?;
+                    self.checkpoint()?;
                     return match fault {
                         None => Ok(Outcome::Stopped),
                         Some(f) => Err(TrainError::Queue(format!("rank 0 ended the run: {f}"))),
@@ -426,8 +426,7 @@ impl Trainer {
     /// state first.
     fn end_with_checkpoint(&mut self, fault: Option<String>) -> TrainResult<std::path::PathBuf> {
         self.lead(&Lead::End { fault })?;
-        self.dp.before_checkpoint(self.backend.as_mut())?;
-        self.save_checkpoint()
+        self.checkpoint()?.ok_or_else(|| TrainError::Queue("only rank 0 ends an asynchronous run".into()))
     }
 
     /// Runs the remaining iterations asynchronously: `actors.count` actor

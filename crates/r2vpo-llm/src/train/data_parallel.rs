@@ -29,6 +29,10 @@ pub(crate) struct DataParallel {
     launched: bool,
     /// ZeRO stage of a launched job (0 alone).
     zero_stage: u8,
+    /// ZeRO-2 whose backend reduces each layer's gradients during the
+    /// backward ([`Sharding::reduce_in_backward`]): a round's reduce is
+    /// then only for a rank that ran no backward in it.
+    backward_reduces: bool,
     /// Tokens this rank ran forward and backward in the iteration under
     /// way, for `rank_train_tokens`.
     trained_tokens: u64,
@@ -63,7 +67,14 @@ pub(crate) struct RankRecord {
 impl DataParallel {
     /// A trainer alone: a group of one, nothing sharded.
     pub fn alone() -> Self {
-        Self { group: Box::new(Solo), launched: false, zero_stage: 0, trained_tokens: 0, rollout_groups: None }
+        Self {
+            group: Box::new(Solo),
+            launched: false,
+            zero_stage: 0,
+            backward_reduces: false,
+            trained_tokens: 0,
+            rollout_groups: None,
+        }
     }
 
     /// This trainer as one rank of `group`, with `backend`'s optimizer
@@ -75,7 +86,14 @@ impl DataParallel {
         backend: &mut dyn Backend,
         zero_stage: u8,
     ) -> TrainResult<(Self, Option<ShardRecord>)> {
-        let mut dp = Self { group, launched: true, zero_stage, trained_tokens: 0, rollout_groups: None };
+        let mut dp = Self {
+            group,
+            launched: true,
+            zero_stage,
+            backward_reduces: false,
+            trained_tokens: 0,
+            rollout_groups: None,
+        };
         let world = dp.world();
         if backend.sharding().is_none() {
             return Err(TrainError::Config {
@@ -91,6 +109,11 @@ impl DataParallel {
         }
         let rank = dp.rank();
         let sizes = sharding(backend)?.shard_optimizer(rank, world)?;
+        if zero_stage == 2 {
+            let shared = crate::parallel::Shared::new(std::mem::replace(&mut dp.group, Box::new(Solo)));
+            dp.group = Box::new(shared.clone());
+            dp.backward_reduces = sharding(backend)?.reduce_in_backward(Box::new(shared));
+        }
         let mine = [sizes.moments as u64, sizes.masters as u64];
         let per_rank = dp
             .gather(mine, "the optimizer shards")?
@@ -147,7 +170,12 @@ impl DataParallel {
     pub fn after_micro_batch(&mut self, k: usize, parts: usize, backend: &mut dyn Backend) -> TrainResult<()> {
         let world = self.world();
         if self.zero2() && (k % world == world - 1 || k + 1 == parts) {
-            sharding(backend)?.reduce_grads(self.group.as_mut())?;
+            // This rank's micro-batch of the round, if it had one, reduced
+            // its gradients layer by layer during its backward.
+            let reduced = self.backward_reduces && k - k % world + self.rank() < parts;
+            if !reduced {
+                sharding(backend)?.reduce_grads(self.group.as_mut())?;
+            }
         }
         Ok(())
     }
@@ -186,6 +214,27 @@ impl DataParallel {
             sharding(backend)?.sync_params(self.group.as_mut())?;
         }
         Ok(())
+    }
+
+    /// Starts this rank's peak resident memory again, at the start of a
+    /// phase [`DataParallel::phase_peaks`] reports.
+    pub fn begin_phase(&self) {
+        if self.launched {
+            crate::parallel::reset_peak_rss();
+        }
+    }
+
+    /// Each rank's peak resident memory (MiB) since
+    /// [`DataParallel::begin_phase`], in rank order (`None` alone): what a
+    /// checkpoint cost each rank. Every rank calls it; the peak starts
+    /// again after it.
+    pub fn phase_peaks(&mut self, what: &str) -> TrainResult<Option<Vec<f64>>> {
+        if !self.launched {
+            return Ok(None);
+        }
+        let rss = crate::parallel::peak_rss_mib().unwrap_or(f64::NAN);
+        crate::parallel::reset_peak_rss();
+        Ok(Some(self.gather(rss, what)?))
     }
 
     /// Before rank 0 writes a checkpoint: every rank sends its share of
@@ -332,6 +381,9 @@ impl DataParallel {
             return Ok(None);
         }
         let rss = crate::parallel::peak_rss_mib().unwrap_or(f64::NAN);
+        // The next record's peak is its own iteration's (and what ran
+        // between: an evaluation), not the largest since the start.
+        crate::parallel::reset_peak_rss();
         let all = self.gather((rss, tokens), "the ranks' records")?;
         Ok(Some(RankRecord {
             peak_rss_mib: all.iter().map(|r| r.0).collect(),

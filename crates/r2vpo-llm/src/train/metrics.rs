@@ -124,8 +124,10 @@ pub struct IterMetrics {
     /// Asynchronous runs only: the queue's side of the iteration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueMetrics>,
-    /// Data-parallel runs only: each rank's peak resident memory so far
-    /// (MiB, Linux's `VmHWM`), in rank order.
+    /// Data-parallel runs only: each rank's peak resident memory (MiB,
+    /// Linux's `VmHWM`) since the previous iteration's record, in rank
+    /// order: this iteration's, with an evaluation before it; the first
+    /// after a start or a resume includes the loading.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_peak_rss_mib: Option<Vec<f64>>,
     /// Data-parallel runs that sample in-process only: how many of the

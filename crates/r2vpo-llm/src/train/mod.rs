@@ -601,9 +601,7 @@ impl Trainer {
                     // rank 0 writes the checkpoint as after any iteration.
                     self.actor.log_rollout_faults(self.progress.iteration as u64);
                     self.write_actor_events()?;
-                    self.dp.before_checkpoint(self.backend.as_mut())?;
-                    if self.is_writer() {
-                        let p = self.save_checkpoint()?;
+                    if let Some(p) = self.checkpoint()? {
                         on_event(Event::Checkpoint(&p));
                     }
                     return Err(e);
@@ -628,7 +626,6 @@ impl Trainer {
         on_event(Event::Iteration(m));
         let it = self.progress.iteration;
         let last = it == self.cfg.iterations;
-        let writer = self.is_writer();
         // Every rank evaluates (its share of the batches): see `evaluate`.
         if self.cfg.eval_every > 0 && it.is_multiple_of(self.cfg.eval_every) && !last {
             self.evaluate(on_event)?;
@@ -641,13 +638,32 @@ impl Trainer {
         // together, after the same iteration, if any rank was asked to.
         let stopping = self.dp.any(stop.load(Ordering::SeqCst))?;
         if due || last || stopping {
-            self.dp.before_checkpoint(self.backend.as_mut())?;
-        }
-        if (due || last || stopping) && writer {
-            let p = self.save_checkpoint()?;
-            on_event(Event::Checkpoint(&p));
+            if let Some(p) = self.checkpoint()? {
+                on_event(Event::Checkpoint(&p));
+            }
         }
         Ok((stopping && !last).then_some(Outcome::Stopped))
+    }
+
+    /// A checkpoint: every rank gives its share of the optimizer state and
+    /// rank 0 writes it (its folder returned there, `None` on the others).
+    /// In a data-parallel job every rank calls it, and each rank's peak
+    /// resident memory during it goes on rank 0's events
+    /// (`checkpoint_memory`): the transient a checkpoint costs a rank.
+    fn checkpoint(&mut self) -> TrainResult<Option<PathBuf>> {
+        self.dp.begin_phase();
+        self.dp.before_checkpoint(self.backend.as_mut())?;
+        let path = if self.is_writer() { Some(self.save_checkpoint()?) } else { None };
+        if let Some(peaks) = self.dp.phase_peaks("the ranks' checkpoint memory")? {
+            if self.is_writer() {
+                self.events.write(&serde_json::json!({
+                    "event": "checkpoint_memory",
+                    "iteration": self.progress.iteration,
+                    "rank_peak_rss_mib": peaks,
+                }))?;
+            }
+        }
+        Ok(path)
     }
 
     /// Tensors for one micro-batch, in the layout `share_prompt_prefix` picks.

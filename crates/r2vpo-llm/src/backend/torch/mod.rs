@@ -272,6 +272,9 @@ struct State {
     /// A checkpoint's optimizer file, mapped by [`Backend::load_optimizer`]
     /// and read by [`TorchBackend::ensure_moments`].
     saved: Option<Saved>,
+    /// ZeRO-2's group where the backward reduces each layer's gradients
+    /// as it completes them ([`super::Sharding::reduce_in_backward`]).
+    reducer: Option<Box<dyn crate::parallel::Group>>,
     steps: u64,
     pending: Option<Pending>,
 }
@@ -531,6 +534,7 @@ impl TorchBackend {
                 grads: (0..params.len()).map(|_| None).collect(),
                 masters: HashMap::new(),
                 saved: None,
+                reducer: None,
                 params,
                 m: Vec::new(),
                 v: Vec::new(),
@@ -542,6 +546,16 @@ impl TorchBackend {
             cpu: candle_core::Device::Cpu,
             shard: None,
         })
+    }
+
+    /// Every parameter of decoder layer `li`: its projections, biases and
+    /// norms, and its adapters where it has them.
+    fn layer_params(&self, li: usize) -> Vec<usize> {
+        let l = &self.layout.layers[li];
+        let mut ids = vec![l.in_norm, l.q, l.k, l.v, l.o, l.post_norm, l.gate, l.up, l.down];
+        ids.extend([l.q_b, l.k_b, l.v_b, l.o_b, l.q_norm, l.k_norm].into_iter().flatten());
+        ids.extend(self.layout.adapters[li].iter().flatten().flat_map(|&(a, b)| [a, b]));
+        ids
     }
 
     /// Whether parameter `i` learns.
@@ -1075,18 +1089,32 @@ impl Backend for TorchBackend {
                 (hs * &g_hs).sum(Kind::Float).backward();
                 self.harvest(&mut st)?;
                 let mut g = top.grad();
-                for li in (0..inputs.len()).rev() {
-                    let x = inputs[li].detach().set_requires_grad(true);
+                drop(top);
+                let units = if st.reducer.is_some() { self.backward_units() } else { Vec::new() };
+                // Each layer's saved input is dropped once its backward is
+                // done, and under ZeRO-2 its gradients go to their owners
+                // at once: no whole gradient set forms.
+                let mut li = inputs.len();
+                while let Some(saved) = inputs.pop() {
+                    li -= 1;
+                    let x = saved.detach().set_requires_grad(true);
+                    drop(saved);
                     let y = self.layer(&p, li, &x, &pend.ctx);
                     (y * &g).sum(Kind::Float).backward();
                     self.harvest(&mut st)?;
                     g = x.grad();
+                    if let Some(unit) = units.get(self.layout.layers.len() - 1 - li) {
+                        self.reduce_now(&mut st, unit)?;
+                    }
                 }
                 // A frozen embedding (a LoRA base) has nothing to learn.
                 if self.learns(self.layout.embed) {
                     let x0 = self.embed(&p, &pend.ids);
                     (x0 * &g).sum(Kind::Float).backward();
                     self.harvest(&mut st)?;
+                }
+                if let Some(rest) = units.last() {
+                    self.reduce_now(&mut st, rest)?;
                 }
             }
             Ok(())

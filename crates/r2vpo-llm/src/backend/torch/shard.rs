@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use tch::{Kind, Tensor as T};
 
-use super::{guarded, set_grad, unflatten_into, Shard, TorchBackend};
+use super::{guarded, set_grad, unflatten_into, Shard, State, TorchBackend};
 use crate::backend::{ShardSizes, Sharding};
 use crate::model::{ModelError, Result};
 
@@ -153,59 +153,25 @@ impl Sharding for TorchBackend {
     }
 
     fn reduce_grads(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()> {
-        let Some(shard) = &self.shard else {
+        if self.shard.is_none() {
             return Err(ModelError::Spec {
                 field: "dist.zero_stage".into(),
                 message: "gradients are sharded over the optimizer's shards: shard_optimizer first".into(),
             });
-        };
-        let (owner, rank) = (shard.owner.clone(), shard.rank);
+        }
         let mut st = self.lock();
-        let device = self.device;
-        tch::no_grad(|| -> Result<()> {
-            let runs = self.by_owner(&owner);
-            for (to, ids) in runs {
-                for b in crate::parallel::buckets(ids.iter().map(|&i| st.params[i].numel() as i64)) {
-                    let ids = &ids[b];
-                    let grads: Vec<T> = ids.iter().map(|&i| self.grad_of(&st, i)).collect();
-                    // A rank that ran no backward in this round adds zeros.
-                    let flat: Vec<T> = ids
-                        .iter()
-                        .zip(&grads)
-                        .map(|(&i, g)| {
-                            if g.defined() {
-                                g.to_kind(Kind::Float).reshape([-1])
-                            } else {
-                                T::zeros([st.params[i].numel() as i64], (Kind::Float, device))
-                            }
-                        })
-                        .collect();
-                    let mut bucket = T::cat(&flat, 0).to_device(device);
-                    group.reduce_tensor(&mut bucket, to).map_err(|e| {
-                        ModelError::Torch(format!("summing gradients into rank {to}, their owner: {e}"))
-                    })?;
-                    let mut off = 0;
-                    for (&i, g) in ids.iter().zip(&grads) {
-                        let k = st.params[i].numel() as i64;
-                        if to == rank {
-                            let sum = bucket.narrow(0, off, k).view_as(&st.params[i]);
-                            if g.defined() {
-                                g.shallow_clone().copy_(&sum);
-                            } else {
-                                let mut sum = sum.to_kind(st.params[i].kind());
-                                set_grad(&mut st.params[i], &mut sum)?;
-                            }
-                        } else if self.remote(i) {
-                            st.grads[i] = None;
-                        } else {
-                            set_grad(&mut st.params[i], &mut T::new())?;
-                        }
-                        off += k;
-                    }
-                }
-            }
-            Ok(())
-        })
+        for unit in self.backward_units() {
+            self.reduce_unit(&mut st, &unit, group)?;
+        }
+        Ok(())
+    }
+
+    fn reduce_in_backward(&mut self, group: Box<dyn crate::parallel::Group>) -> bool {
+        if !self.opts.checkpointing || self.shard.is_none() {
+            return false;
+        }
+        self.lock().reducer = Some(group);
+        true
     }
 
     fn sync_grads(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()> {
@@ -232,6 +198,99 @@ impl Sharding for TorchBackend {
                 let mut bucket = T::cat(&flat, 0).to_device(device);
                 group.sum_tensor(&mut bucket).map_err(dist)?;
                 unflatten_into(&bucket, &grads);
+            }
+            Ok(())
+        })
+    }
+}
+
+impl TorchBackend {
+    /// The parameters that learn, in the units a checkpointed backward
+    /// completes their gradients in: each decoder layer from the last to
+    /// the first, then the rest (embedding, final norm, LM head: a tied
+    /// embedding's gradient is complete only at the very end). Both ways of
+    /// reducing (during the backward and [`Sharding::reduce_grads`]) go
+    /// unit by unit in this order, so every rank makes the same
+    /// collectives.
+    pub(super) fn backward_units(&self) -> Vec<Vec<usize>> {
+        let mut seen = vec![false; self.names.len()];
+        let mut units: Vec<Vec<usize>> = Vec::with_capacity(self.layout.layers.len() + 1);
+        for li in (0..self.layout.layers.len()).rev() {
+            let unit: Vec<usize> = self.layer_params(li).into_iter().filter(|&i| self.learns(i)).collect();
+            for &i in &unit {
+                seen[i] = true;
+            }
+            units.push(unit);
+        }
+        units.push((0..self.names.len()).filter(|&i| !seen[i] && self.learns(i)).collect());
+        units
+    }
+
+    /// During a backward under ZeRO-2 ([`Sharding::reduce_in_backward`]):
+    /// `unit`'s gradients, just completed, to their owners.
+    pub(super) fn reduce_now(&self, st: &mut State, unit: &[usize]) -> Result<()> {
+        let Some(mut group) = st.reducer.take() else { return Ok(()) };
+        let done = self.reduce_unit(st, unit, group.as_mut());
+        st.reducer = Some(group);
+        done
+    }
+
+    /// Sums the gradients of `ids` into the ranks that step them, a reduce
+    /// per bucket of one owner's parameters, and drops them on the other
+    /// ranks (a rank that ran no backward for them adds zeros).
+    pub(super) fn reduce_unit(
+        &self,
+        st: &mut State,
+        ids: &[usize],
+        group: &mut dyn crate::parallel::Group,
+    ) -> Result<()> {
+        let Some(shard) = &self.shard else { return Ok(()) };
+        let (owner, rank) = (&shard.owner, shard.rank);
+        let device = self.device;
+        let mut runs: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+        for &i in ids {
+            runs.entry(owner[i]).or_default().push(i);
+        }
+        tch::no_grad(|| -> Result<()> {
+            for (to, ids) in runs {
+                for b in crate::parallel::buckets(ids.iter().map(|&i| st.params[i].numel() as i64)) {
+                    let ids = &ids[b];
+                    let grads: Vec<T> = ids.iter().map(|&i| self.grad_of(st, i)).collect();
+                    let flat: Vec<T> = ids
+                        .iter()
+                        .zip(&grads)
+                        .map(|(&i, g)| {
+                            if g.defined() {
+                                g.to_kind(Kind::Float).reshape([-1])
+                            } else {
+                                T::zeros([st.params[i].numel() as i64], (Kind::Float, device))
+                            }
+                        })
+                        .collect();
+                    let mut bucket = T::cat(&flat, 0).to_device(device);
+                    drop(flat);
+                    group.reduce_tensor(&mut bucket, to).map_err(|e| {
+                        ModelError::Torch(format!("summing gradients into rank {to}, their owner: {e}"))
+                    })?;
+                    let mut off = 0;
+                    for (&i, g) in ids.iter().zip(&grads) {
+                        let k = st.params[i].numel() as i64;
+                        if to == rank {
+                            let sum = bucket.narrow(0, off, k).view_as(&st.params[i]);
+                            if g.defined() {
+                                g.shallow_clone().copy_(&sum);
+                            } else {
+                                let mut sum = sum.to_kind(st.params[i].kind());
+                                set_grad(&mut st.params[i], &mut sum)?;
+                            }
+                        } else if self.remote(i) {
+                            st.grads[i] = None;
+                        } else {
+                            set_grad(&mut st.params[i], &mut T::new())?;
+                        }
+                        off += k;
+                    }
+                }
             }
             Ok(())
         })
