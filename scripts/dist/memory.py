@@ -13,10 +13,13 @@ sharding) dominates a step on a machine of 24 GiB running three ranks.
 Every configuration runs under `r2vpo launch` (one rank too), with
 checkpointed layers, so each rank reports its own peaks:
 
-* step: `rank_peak_rss_mib` of iteration 2 (each rank's `VmHWM`, reset at
-  the previous iteration's record): the steady step, moments allocated;
-* checkpoint: the `checkpoint_memory` event after iteration 2 (reset
-  before the optimizer gather, read after rank 0's write);
+* iteration: `rank_peak_rss_mib` of iteration 2 (each rank's `VmHWM`,
+  reset at the previous iteration's record): the rollout (rank 0 alone
+  samples this batch of one sampler call) and the step, moments allocated;
+* checkpoint: the `checkpoint_memory` event after iteration 2: each
+  rank's resident memory when the checkpoint began and its peak during it
+  (from the optimizer gather to rank 0's write); their difference is what
+  a checkpoint adds to a rank;
 * resume: `rank_peak_rss_mib` of iteration 3 of the same run resumed
   (`--resume`, iterations = 3): loading the checkpoint's weights, mapping
   its optimizer file, reading the moments a rank steps, and the step.
@@ -25,7 +28,7 @@ checkpointed layers, so each rank reports its own peaks:
 `optimizer_sharded` event; all of them unsharded). `plan` is `llm plan`'s
 per-rank total for the same run (weights, gradients, moments, activations,
 logits); a process's own footprint (libtorch, the tokenizer, the data, the
-sampler's cache) comes on top of it, so the table also gives step − plan,
+sampler's cache) comes on top of it, so the table also gives iteration − plan,
 which should stay about constant across rows if the plan's model-state
 terms are right.
 """
@@ -108,6 +111,7 @@ def measure(bin_: Path, shape: Path, ranks: int, zero: int, max_new: int, tmp: P
         "step_mib": fresh[1]["rank_peak_rss_mib"],
         "first_iteration_mib": fresh[0]["rank_peak_rss_mib"],
         "checkpoint_mib": ckpt[-1]["rank_peak_rss_mib"],
+        "checkpoint_start_mib": ckpt[-1]["rank_start_rss_mib"],
         "resume_mib": resumed[2]["rank_peak_rss_mib"],
         "moment_values_per_rank": shard["moment_values_per_rank"] if shard else None,
         "loss": [m["loss"] for m in resumed],
@@ -146,13 +150,15 @@ def main() -> None:
     print(f"Random Qwen3-0.6B widths, {args.layers} layers ({params / 1e6:.1f} M parameters), torch backend on the "
           f"CPU, f32, checkpointed layers, micro-batches of 1 sequence (prompt + {args.max_new_tokens} tokens), "
           f"{os.cpu_count()} cores; MiB per rank")
-    print("| ranks | ZeRO | owned optimizer state | step | checkpoint | resume | plan (step) | step − plan |")
-    print("|---:|---:|---|---|---|---|---:|---|")
+    print("| ranks | ZeRO | owned optimizer state | iteration | checkpoint: peak − start | resume | resume − iteration "
+          "| plan (step) | iteration − plan |")
+    print("|---:|---:|---|---|---|---|---|---:|---|")
     fmt = lambda xs: ", ".join(f"{x:.0f}" for x in xs)  # noqa: E731
     for r in rows:
-        print(f"| {r['ranks']} | {r['zero']} | {fmt(r['owned_mib'])} | {fmt(r['step_mib'])} | "
-              f"{fmt(r['checkpoint_mib'])} | {fmt(r['resume_mib'])} | {r['plan_mib']:.0f} | "
-              f"{fmt(x - r['plan_mib'] for x in r['step_mib'])} |")
+        ckpt = ", ".join(f"{p:.0f} − {s:.0f}" for p, s in zip(r["checkpoint_mib"], r["checkpoint_start_mib"]))
+        print(f"| {r['ranks']} | {r['zero']} | {fmt(r['owned_mib'])} | {fmt(r['step_mib'])} | {ckpt} | "
+              f"{fmt(r['resume_mib'])} | {fmt(a - b for a, b in zip(r['resume_mib'], r['step_mib']))} | "
+              f"{r['plan_mib']:.0f} | {fmt(x - r['plan_mib'] for x in r['step_mib'])} |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "memory.json").write_text(json.dumps({"layers": args.layers, "max_new_tokens": args.max_new_tokens,
                                                       "rows": rows}, indent=1) + "\n")

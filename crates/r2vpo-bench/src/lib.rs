@@ -6,6 +6,7 @@
 //! writes its JSON result; the CLI only dispatches to them. Speed claims
 //! come from these tables, never from timed assertions in tests.
 
+pub mod backend_args;
 pub mod control;
 pub mod objectives;
 pub mod queue;

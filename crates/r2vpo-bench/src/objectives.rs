@@ -121,6 +121,9 @@ pub struct LlmArgs {
     /// Where the JSON results go.
     #[arg(long, default_value = "runs/bench/llm.json")]
     pub out: PathBuf,
+    /// The backend that decodes.
+    #[command(flatten)]
+    pub engine: crate::backend_args::BackendArgs,
     /// Sequences in the training-step comparison (0 skips it).
     #[arg(long, default_value_t = 4)]
     pub train_batch: usize,
@@ -240,18 +243,19 @@ fn train_step_overhead(
 /// Generation throughput of the LLM stack: sampled decode with a KV cache at
 /// the paper's training temperature, on a chat-formatted prompt.
 pub fn llm(a: &LlmArgs) -> Result<()> {
-    use r2vpo_llm::{backend::candle::load_model, chat::ChatTemplate, sample, tokenizer::Tokenizer};
+    use r2vpo_llm::{chat::ChatTemplate, sample, tokenizer::Tokenizer};
     let path = if a.model.exists() { a.model.clone() } else { PathBuf::from(".deps").join(&a.model) };
-    let model = load_model(&path, DType::F32, &Device::Cpu)?;
+    let model = a.engine.open(&path)?;
     let tok = Tokenizer::load(&path)?;
     let prompt = ChatTemplate::from_tokenizer(&tok)?.prompt("What is 12 + 7? Think step by step.", None)?;
     let ids = tok.encode(&prompt, false)?;
     let rows = sample::bench_generate(&model, &ids, &a.batches, a.new_tokens, &sample::SamplingConfig::default())?;
     println!(
-        "decode throughput, {} ({} parameters), f32 (prefill's products: {}), {} threads, {}-token prompt, {} new \
-         tokens, T = 1",
+        "decode throughput, {} ({} parameters), {} (candle's prefill products: {}), {} threads, {}-token prompt, \
+         {} new tokens, T = 1",
         path.display(),
-        model.num_parameters(),
+        r2vpo_llm::plan::parameters(r2vpo_llm::decode::Decoder::config(&model)),
+        a.engine.describe(),
         r2vpo_kernels::dispatch::path(),
         std::env::var("RAYON_NUM_THREADS").unwrap_or_default(),
         ids.len(),
@@ -261,7 +265,22 @@ pub fn llm(a: &LlmArgs) -> Result<()> {
     for r in &rows {
         println!("| {} | {:.2} | {:.1} |", r.batch, r.seconds, r.tokens_per_s);
     }
-    let steps = if a.train_batch > 0 && a.train_tokens > 0 { train_step_overhead(&model, &ids, a)? } else { vec![] };
+    // The objectives' step overhead is measured on candle's autograd (the
+    // learner's objective runs on candle tensors whichever backend computes
+    // the model); `bench step --backend torch` times the torch learner.
+    let steps = match &model {
+        r2vpo_llm::backend::open::Opened::Candle(m) if a.train_batch > 0 && a.train_tokens > 0 => {
+            train_step_overhead(m, &ids, a)?
+        }
+        _ if a.train_batch > 0 && a.train_tokens > 0 => {
+            eprintln!(
+                "the objectives' step overhead is measured with --backend candle; skipped on {}",
+                a.engine.describe()
+            );
+            vec![]
+        }
+        _ => vec![],
+    };
     if let [grpo, r2, ..] = steps.as_slice() {
         println!(
             "\npolicy-gradient step (forward + objective + backward), {} × ({} prompt + {} response) tokens, median of {}",

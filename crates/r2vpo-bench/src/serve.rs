@@ -8,7 +8,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device};
 use serde::Serialize;
 
 /// `r2vpo bench serve` arguments.
@@ -53,9 +52,10 @@ pub struct ServeBenchArgs {
     /// With --peer: samples per request, one or more (`--n` is then unused).
     #[arg(long, value_delimiter = ',', default_value = "1,8")]
     pub ns: Vec<usize>,
-    /// With --peer: `r2vpo serve --dtype` (f32 or bf16).
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    /// The backend the server and the in-process sampler decode on
+    /// (`r2vpo serve --backend --device --dtype`).
+    #[command(flatten)]
+    pub engine: crate::backend_args::BackendArgs,
     /// With --peer: turns per point (each server measured this many
     /// times, alternately); the table gives the medians.
     #[arg(long, default_value_t = 2)]
@@ -129,8 +129,8 @@ struct Row {
 
 /// `r2vpo bench serve`.
 pub fn serve(a: &ServeBenchArgs) -> Result<()> {
-    use r2vpo_llm::{backend::candle::load_model, chat::ChatTemplate, sample, tokenizer::Tokenizer};
-    let model = load_model(&a.model, DType::F32, &Device::Cpu)?;
+    use r2vpo_llm::{chat::ChatTemplate, sample, tokenizer::Tokenizer};
+    let model = a.engine.open(&a.model)?;
     let tok = Tokenizer::load(&a.model)?;
     let prompt = ChatTemplate::from_tokenizer(&tok)?.prompt("What is 12 + 7? Think step by step.", None)?;
     let ids = tok.encode(&prompt, false)?;
@@ -138,7 +138,7 @@ pub fn serve(a: &ServeBenchArgs) -> Result<()> {
     let mut child = Command::new(std::env::current_exe()?)
         .args(["--threads", &threads, "serve", "--port", "0", "--max-batch", &a.max_batch.to_string(), "--model"])
         .arg(&a.model)
-        .args(["--dtype", &a.dtype])
+        .args(["--backend", &a.engine.backend, "--device", &a.engine.device, "--dtype", &a.engine.dtype])
         .args(a.rescore_logprobs.then_some("--rescore-logprobs"))
         .stdout(Stdio::piped())
         .spawn()
@@ -190,8 +190,10 @@ pub fn serve(a: &ServeBenchArgs) -> Result<()> {
     let _ = child.wait();
     result?;
     println!(
-        "r2vpo serve{} vs the in-process sampler, {} ({} threads), {}-token prompt, n = {}, {} new tokens, T = 1",
+        "r2vpo serve{} vs the in-process sampler, both on {}, {} ({} threads), {}-token prompt, n = {}, {} new \
+         tokens, T = 1",
         if a.rescore_logprobs { " --rescore-logprobs" } else { "" },
+        a.engine.describe(),
         a.model.display(),
         threads,
         ids.len(),
@@ -246,9 +248,9 @@ fn against_peer(
         }
     }
     println!(
-        "r2vpo serve --dtype {} vs {} at {peer}, {} ({threads} threads), {}-token prompt, {} new tokens, T = 1, \
+        "r2vpo serve ({}) vs {} at {peer}, {} ({threads} threads), {}-token prompt, {} new tokens, T = 1, \
          EOS ignored, median of {} turns",
-        a.dtype,
+        a.engine.describe(),
         a.peer_name,
         a.model.display(),
         ids.len(),

@@ -10,12 +10,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Device};
 use indicatif::{ProgressBar, ProgressStyle};
 use toml::Value;
 
-use r2vpo_llm::backend::candle::load_model;
-use r2vpo_llm::eval::{evaluate, load_eval_problems, EvalConfig, EvalReport};
+use r2vpo_llm::backend::open::{open_inference, BackendSpec};
+use r2vpo_llm::backend::{BackendKind, ComputeDtype};
+use r2vpo_llm::eval::{evaluate_ranks, load_eval_problems, EvalConfig, EvalReport};
+use r2vpo_llm::parallel::{Group, Launch};
 use r2vpo_llm::tokenizer::Tokenizer;
 use r2vpo_report::edge::{open_run_folder, Existing};
 
@@ -52,6 +53,38 @@ pub struct EvalArgs {
     /// (sets `benchmarks`).
     #[arg(long = "benchmark", value_name = "NAME=PATH")]
     pub benchmarks: Vec<String>,
+    /// The compute backend that decodes: candle (this project's CPU
+    /// kernels) or torch (libtorch; a binary built by `make build-torch` or
+    /// `make build-gpu`).
+    #[arg(long, default_value = "candle", value_parser = ["candle", "torch"])]
+    pub backend: String,
+    /// Where it decodes: cpu, cuda or cuda:N (each rank of a launched job
+    /// takes `cuda:LOCAL_RANK` for cuda).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// The dtype decoding computes in: f32, or bf16 (bf16 weights; logits
+    /// and log-probs stay f32).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    pub dtype: String,
+    /// Under torchrun, srun or `r2vpo launch`: seconds a rank waits for the
+    /// others at the exchange that ends the evaluation (the difference
+    /// between two ranks' shares).
+    #[arg(long, default_value_t = 1800.0)]
+    pub dist_timeout: f64,
+}
+
+impl EvalArgs {
+    /// The backend `--backend`, `--device` and `--dtype` describe, on
+    /// this rank's device when launched; the error names the option.
+    fn spec(&self, launch: Option<&r2vpo_llm::parallel::Launch>) -> Result<BackendSpec> {
+        let kind: BackendKind = self.backend.parse().map_err(|m: String| anyhow::anyhow!("--backend {m}"))?;
+        let compute_dtype: ComputeDtype = self.dtype.parse().map_err(|m: String| anyhow::anyhow!("--dtype {m}"))?;
+        let device = match launch {
+            Some(l) => r2vpo_llm::parallel::rank_device(&self.device, l.local_rank),
+            None => self.device.clone(),
+        };
+        Ok(BackendSpec { kind, device, compute_dtype, checkpointing: false, lora: None })
+    }
 }
 
 /// Loads an [`EvalConfig`] ([`config::load`]: the serialised default, the
@@ -172,14 +205,24 @@ fn serde_plain<T: serde::Serialize>(v: &T) -> String {
 /// model's context are skipped (or, with `overlong_prompts = "truncate"`,
 /// truncated) with a `warning:` line each on stderr and a count; if no
 /// problem is left the command fails (exit status 1) saying why.
+/// Where and how `llm eval` runs: the model, the backend it decodes on,
+/// and (launched) the job's group, rank 0 alone writing the run folder.
+struct Runner<'a> {
+    model_path: &'a Path,
+    spec: BackendSpec,
+    group: Option<Box<dyn Group>>,
+}
+
 fn run_eval(
-    model_path: &Path,
+    runner: Runner<'_>,
     cfg: &EvalConfig,
     out: &Path,
     existing: Existing,
     command: &str,
     quiet: bool,
-) -> Result<EvalReport> {
+) -> Result<Option<EvalReport>> {
+    let Runner { model_path, spec, mut group } = runner;
+    let writer = group.as_ref().is_none_or(|g| g.rank() == 0);
     let what = if cfg.benchmarks.is_empty() {
         format!("data `{}` (config table `[data]`)", cfg.data.path)
     } else {
@@ -191,14 +234,26 @@ fn run_eval(
     }
     let problems = loaded.problems;
     let hint = if model_path == Path::new(DEFAULT_MODEL) { " (run `make deps`)" } else { "" };
-    let model = load_model(model_path, DType::F32, &Device::Cpu).with_context(|| format!("loading the model{hint}"))?;
+    let (model_cfg, source) =
+        r2vpo_llm::model::source::open(model_path).with_context(|| format!("loading the model{hint}"))?;
+    let model = open_inference(&spec, &model_cfg, source.as_ref())
+        .with_context(|| {
+            format!("opening {} on {:?} {} {:?}", model_path.display(), spec.kind, spec.device, spec.compute_dtype)
+        })?
+        .into_policy();
+    drop(source);
     // The errors below name the file they could not read.
     let tok = Tokenizer::load(model_path).context("loading its tokenizer")?;
-    let run = open_run_folder(out, existing)?;
-    // Written first, so an interrupted evaluation still says what it was.
-    run.write_config(&config::to_toml(cfg)?)?;
+    let run = if writer {
+        let run = open_run_folder(out, existing)?;
+        // Written first, so an interrupted evaluation still says what it was.
+        run.write_config(&config::to_toml(cfg)?)?;
+        Some(run)
+    } else {
+        None
+    };
 
-    let bar = if quiet {
+    let bar = if quiet || !writer {
         ProgressBar::hidden()
     } else {
         ProgressBar::new(0).with_style(
@@ -207,12 +262,20 @@ fn run_eval(
         )
     };
     let t0 = Instant::now();
-    let mut report = evaluate(&model, &tok, &problems, cfg, &mut |done, total| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-        bar.set_message(format!("{:.2} samples/s", done as f64 / t0.elapsed().as_secs_f64().max(1e-9)));
-    })?;
+    let mut report = evaluate_ranks(
+        model.as_ref(),
+        &tok,
+        &problems,
+        cfg,
+        &mut |done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+            bar.set_message(format!("{:.2} samples/s", done as f64 / t0.elapsed().as_secs_f64().max(1e-9)));
+        },
+        group.as_deref_mut().map(|g| g as &mut dyn Group),
+    )?;
     bar.finish_and_clear();
+    let Some(run) = run else { return Ok(None) };
     for (list, verb) in [(&report.skipped_prompts, "skipped"), (&report.truncated_prompts, "truncated")] {
         for p in list {
             eprintln!(
@@ -234,7 +297,30 @@ fn run_eval(
     report.model_path = model_path.display().to_string();
     r2vpo_report::atomic_write_json(&run.join("eval.json"), &report)?;
     r2vpo_report::atomic_write_string(&run.join("eval.md"), &markdown(&report, command))?;
-    Ok(report)
+    Ok(Some(report))
+}
+
+/// Joins the evaluation job `launch` describes: every rank must run the
+/// same binary on the same model, backend and configuration. Only host
+/// values cross ranks (each sample's verdict), so Gloo alone carries them.
+#[cfg(feature = "torch")]
+fn join_job(launch: &Launch, a: &EvalArgs, cfg: &EvalConfig) -> Result<Box<dyn Group>> {
+    use sha2::Digest;
+    let what = format!("{}\n{} {} {}\n{}", a.model.display(), a.backend, a.device, a.dtype, config::to_toml(cfg)?);
+    let hash = format!("{:x}", sha2::Sha256::digest(what.as_bytes()))[..16].to_string();
+    let timeout = std::time::Duration::from_secs_f64(a.dist_timeout);
+    let pg = r2vpo_llm::parallel::c10d::ProcessGroup::join_checked(launch, timeout, false, &[("eval", &hash)])?;
+    Ok(Box::new(pg))
+}
+
+#[cfg(not(feature = "torch"))]
+fn join_job(launch: &Launch, _: &EvalArgs, _: &EvalConfig) -> Result<Box<dyn Group>> {
+    anyhow::bail!(
+        "started as rank {} of {}, but this r2vpo was built without libtorch, whose c10d joins the ranks: build it \
+         with `make build-torch` (or `make build-gpu`)",
+        launch.rank,
+        launch.world_size
+    )
 }
 
 /// `r2vpo llm eval`.
@@ -242,7 +328,14 @@ pub fn eval(a: &EvalArgs) -> Result<()> {
     let cfg = resolve(a)?;
     let out =
         a.run.out.clone().unwrap_or_else(|| PathBuf::from(format!("runs/llm/eval-{}", utc_stamp(SystemTime::now()))));
-    let report = run_eval(&a.model, &cfg, &out, a.run.existing(), &command_line(), a.run.quiet)?;
+    // Started by torchrun, srun or `r2vpo launch` as one of several
+    // ranks: each evaluates its share (docs/distributed.md).
+    let launch = Launch::from_env()?.filter(|l| l.world_size > 1);
+    let group = launch.as_ref().map(|l| join_job(l, a, &cfg)).transpose()?;
+    let runner = Runner { model_path: &a.model, spec: a.spec(launch.as_ref())?, group };
+    let Some(report) = run_eval(runner, &cfg, &out, a.run.existing(), &command_line(), a.run.quiet)? else {
+        return Ok(());
+    };
     print!("{}", report.to_markdown());
     println!(
         "{} samples, {} tokens in {:.1} s ({:.1} tokens/s)",
@@ -291,7 +384,16 @@ mod tests {
             k: None,
             limit: None,
             benchmarks: Vec::new(),
+            backend: "candle".into(),
+            device: "cpu".into(),
+            dtype: "f32".into(),
+            dist_timeout: 1800.0,
         }
+    }
+
+    /// One process on candle's CPU f32, `llm eval`'s default.
+    fn alone(model: &Path) -> Runner<'_> {
+        Runner { model_path: model, spec: args().spec(None).unwrap(), group: None }
     }
 
     fn sets(v: &[&str]) -> Vec<String> {
@@ -390,7 +492,7 @@ mod tests {
             load_config(None, &sets(&["k=2", "data.limit=2", "sampling.max_new_tokens=4", "batch_size=3"])).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("ev");
-        let rep = run_eval(&model, &cfg, &out, Existing::Refuse, "r2vpo llm eval --k 2", true)
+        let rep = run_eval(alone(&model), &cfg, &out, Existing::Refuse, "r2vpo llm eval --k 2", true)
             .unwrap_or_else(|e| panic!("{e:#} (run `make deps`)"));
         assert_eq!((rep.overall.problems, rep.overall.samples), (2, 4));
         assert_eq!(rep.overall.truncated_fraction, 1.0, "4 tokens cannot finish an answer");
@@ -407,9 +509,9 @@ mod tests {
             EvalConfig { verify: VerifyConfig { format: AnswerFormat::Auto, ..cfg.verify.clone() }, ..cfg.clone() };
         assert!(no_answer_warning(&auto, &rep).is_none());
         // Issue #17: an existing evaluation is not overwritten silently.
-        let e = format!("{:#}", run_eval(&model, &cfg, &out, Existing::Refuse, "", true).unwrap_err());
+        let e = format!("{:#}", run_eval(alone(&model), &cfg, &out, Existing::Refuse, "", true).unwrap_err());
         assert!(e.contains("output folder") && e.contains("--overwrite"), "{e}");
-        run_eval(&model, &cfg, &out, Existing::Overwrite, "", true).unwrap();
+        run_eval(alone(&model), &cfg, &out, Existing::Overwrite, "", true).unwrap();
     }
 
     /// Issue #17: a 10 MB row, a ≈10k-token question (context 8192) and a
@@ -428,7 +530,7 @@ mod tests {
         let cfg =
             load_config(None, &sets(&["k=1", "sampling.max_new_tokens=4", &format!("data.path={path}")])).unwrap();
         let t0 = Instant::now();
-        let rep = run_eval(&model, &cfg, &dir.path().join("ev"), Existing::Refuse, "r2vpo llm eval", true)
+        let rep = run_eval(alone(&model), &cfg, &dir.path().join("ev"), Existing::Refuse, "r2vpo llm eval", true)
             .unwrap_or_else(|e| panic!("{e:#} (run `make deps`)"));
         assert!(t0.elapsed().as_secs() < 60, "{:?}", t0.elapsed());
         assert_eq!(rep.problems.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["rows:3"]);
@@ -437,12 +539,16 @@ mod tests {
         // The issue's command: `--data huge.jsonl --k 1 --limit 1`.
         std::fs::write(&data, format!("{huge}\n")).unwrap();
         let cfg = load_config(None, &sets(&["k=1", "data.limit=1", &format!("data.path={path}")])).unwrap();
-        let e =
-            format!("{:#}", run_eval(&model, &cfg, &dir.path().join("ev2"), Existing::Refuse, "", true).unwrap_err());
+        let e = format!(
+            "{:#}",
+            run_eval(alone(&model), &cfg, &dir.path().join("ev2"), Existing::Refuse, "", true).unwrap_err()
+        );
         assert!(e.contains("rows.jsonl:1:") && e.contains("no usable problems"), "{e}");
         std::fs::write(&data, format!("{long}\n")).unwrap();
-        let e =
-            format!("{:#}", run_eval(&model, &cfg, &dir.path().join("ev3"), Existing::Refuse, "", true).unwrap_err());
+        let e = format!(
+            "{:#}",
+            run_eval(alone(&model), &cfg, &dir.path().join("ev3"), Existing::Refuse, "", true).unwrap_err()
+        );
         assert!(e.contains("all 1 problem(s) skipped") && e.contains("`rows:1`"), "{e}");
     }
 }

@@ -90,7 +90,22 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         sets.push("export=false".into());
     }
     let command = if role == Role::Learn { "learn" } else { "train" };
-    let (cfg, dir, resume) = match &a.resume {
+    // A launcher's restart (torchrun --max-restarts, a requeued Slurm job)
+    // runs the same command again: it continues the run it started, from
+    // its newest checkpoint, or starts it afresh if it stopped before one.
+    let restarted = launch.as_ref().is_some_and(|l| l.restart > 0) && a.resume.is_none();
+    let restart_from = match (&a.run.out, restarted) {
+        (Some(out), true) if r2vpo_llm::train::checkpoint::latest(out)?.is_some() => {
+            eprintln!(
+                "restart {} of the job: resuming {} from its newest checkpoint",
+                launch.as_ref().map_or(0, |l| l.restart),
+                out.display()
+            );
+            Some(out.clone())
+        }
+        _ => None,
+    };
+    let (cfg, dir, resume) = match a.resume.as_ref().or(restart_from.as_ref()) {
         Some(dir) => {
             let file = dir.join("config.toml");
             if !file.exists() {
@@ -146,7 +161,18 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
             cfg.actors.count
         );
     }
-    let existing = if resume { Existing::Resume } else { a.run.existing() };
+    let existing = match (resume, restarted) {
+        (true, _) => Existing::Resume,
+        // Restarted before its first checkpoint: the folder is this job's.
+        (false, true) if r2vpo_llm::train::checkpoint::latest(&dir)?.is_none() => Existing::Overwrite,
+        (false, true) => bail!(
+            "restarted by the launcher, and {} holds checkpoints of this run; give the run folder as --out (or \
+             --resume {}) so a restart continues it",
+            dir.display(),
+            dir.display()
+        ),
+        (false, false) => a.run.existing(),
+    };
     let fresh_folder = !dir.exists();
     // Held until this process ends: a second `--resume` or `--overwrite`
     // of a live run is refused before it touches the folder or the stream.

@@ -547,3 +547,35 @@ fn a_failed_rollout_under_data_parallelism_keeps_the_real_error_and_a_checkpoint
     assert!(err.contains("continue with: r2vpo llm train --resume"), "{err}");
     assert!(out.join("checkpoints/latest").exists(), "a checkpoint: {err}");
 }
+
+/// A launcher's restart (torchrun `--max-restarts`, a requeued Slurm job)
+/// runs the same command again, with `TORCHELASTIC_RESTART_COUNT` (or
+/// `SLURM_RESTART_COUNT`) above 0: it continues the run from its newest
+/// checkpoint, and what was logged stays as it was.
+#[test]
+fn a_restarted_job_continues_its_run_with_the_same_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    // What an attempt that died after iteration 2's checkpoint leaves.
+    train(&run_dir, 1, &["iterations=2"], false);
+    let before = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    let restart = |out: &Path| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_r2vpo"));
+        cmd.current_dir(root()).args(["--threads", "1", "llm", "train", "--quiet", "--no-export"]);
+        cmd.args(["--config", "configs/llm/gpu-smoke.toml"]);
+        cmd.args(["--out", out.to_str().unwrap()]);
+        for s in sets(&["iterations=3"]) {
+            cmd.args(["--set", &s]);
+        }
+        for (k, v) in [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("TORCHELASTIC_RESTART_COUNT", "1")] {
+            cmd.env(k, v);
+        }
+        cmd.env("MASTER_ADDR", "127.0.0.1").output().unwrap()
+    };
+    let o = restart(&run_dir);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.contains("resuming"), "{err}");
+    let after = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    assert!(after.starts_with(&before), "the first attempt's lines changed:\n{before}\n{after}");
+    assert_eq!(after.lines().count(), 3);
+}

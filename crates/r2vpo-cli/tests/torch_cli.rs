@@ -202,3 +202,43 @@ fn a_bf16_folder_reaches_the_torch_backend_without_whole_model_host_copies() {
     assert!(ratio < 1.2, "peak RSS grew {ratio:.2}× the f32 parameters (bf16 folder)");
     assert!(gguf_ratio < 1.35, "peak RSS grew {gguf_ratio:.2}× the f32 parameters (GGUF)");
 }
+
+/// `llm eval` opens its model through the backend factory: on libtorch it
+/// reports what candle reports, sample for sample (the samplers agree
+/// token for token, `torch_backend.rs`), and as two ranks of a launched
+/// job, each decoding its share of the batches, rank 0 writes that same
+/// report and says who decoded what.
+#[test]
+fn llm_eval_runs_on_either_backend_and_as_ranks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::tiny_dir(&tmp.path().join("model"), 5);
+    let eval = |name: &str, extra: &[&str], launched: bool| -> serde_json::Value {
+        let out = tmp.path().join(name);
+        let mut args = vec!["--threads", "1"];
+        if launched {
+            args.extend(["launch", "--nproc-per-node", "2", "--master-port", "0", "--"]);
+        }
+        args.extend(["llm", "eval", "--quiet", "--model", model.to_str().unwrap(), "--k", "2", "--limit", "6"]);
+        for s in ["sampling.max_new_tokens=12", "save_responses=true", "batch_size=4"] {
+            args.extend(["--set", s]);
+        }
+        args.extend(["--out", out.to_str().unwrap()]);
+        args.extend(extra);
+        let (ok, log) = r2vpo(&args);
+        assert!(ok, "{log}");
+        serde_json::from_str(&std::fs::read_to_string(out.join("eval.json")).unwrap()).unwrap()
+    };
+    let candle = eval("candle", &[], false);
+    let torch = eval("torch", &["--backend", "torch"], false);
+    assert_eq!(candle["problems"].as_array().map(Vec::len), Some(6), "{candle}");
+    assert_eq!(torch["problems"], candle["problems"], "libtorch's report differs from candle's");
+    let ranks = eval("ranks", &["--backend", "torch"], true);
+    assert_eq!(ranks["problems"], torch["problems"], "two ranks' report differs from one process's");
+    // 12 requests in batches of 4: rank 0 decoded two batches, rank 1 one.
+    let shares: Vec<u64> = ranks["rank_samples"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(shares, [8, 4], "{}", ranks["rank_samples"]);
+    // Bad input names the flag.
+    let (ok, log) =
+        r2vpo(&["llm", "eval", "--model", model.to_str().unwrap(), "--device", "tpu", "--backend", "torch"]);
+    assert!(!ok && log.contains("tpu"), "{log}");
+}

@@ -106,7 +106,14 @@ pub struct Transients {
 /// The model's parameter count: embeddings, every layer's projections and
 /// norms (Qwen3's q/k norms included), the final norm and an untied LM head.
 pub fn parameters(cfg: &ModelConfig) -> u64 {
-    let (h, i, v) = (cfg.hidden_size as u64, cfg.intermediate_size as u64, cfg.vocab_size as u64);
+    let (h, v) = (cfg.hidden_size as u64, cfg.vocab_size as u64);
+    let head = if cfg.tie_word_embeddings { 0 } else { v * h };
+    v * h + cfg.num_hidden_layers as u64 * layer_parameters(cfg) + h + head
+}
+
+/// One decoder layer's parameters: its projections, norms and biases.
+pub fn layer_parameters(cfg: &ModelConfig) -> u64 {
+    let (h, i) = (cfg.hidden_size as u64, cfg.intermediate_size as u64);
     let (q, kv) = ((cfg.num_attention_heads * cfg.head_dim()) as u64, (cfg.kv_heads() * cfg.head_dim()) as u64);
     let mut layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h;
     if cfg.qkv_bias() {
@@ -118,8 +125,7 @@ pub fn parameters(cfg: &ModelConfig) -> u64 {
     if cfg.qk_norm() {
         layer += 2 * cfg.head_dim() as u64;
     }
-    let head = if cfg.tie_word_embeddings { 0 } else { v * h };
-    v * h + cfg.num_hidden_layers as u64 * layer + h + head
+    layer
 }
 
 /// LoRA parameters of rank `r` on every attention (q, k, v, o) and MLP
@@ -154,6 +160,19 @@ pub fn plan(cfg: &ModelConfig, input: &PlanInput) -> Plan {
                 rows.push(PlanRow { what: "master weights (f32)", bytes: share(4 * p, z >= 1) });
             }
             rows.push(PlanRow { what: "gradients (f32)", bytes: share(4 * p, z >= 2) });
+            if z >= 2 && n > 1 {
+                // Whole on every rank until reduced: with checkpointed
+                // layers one layer's and the embedding's and head's (done
+                // only at the backward's end); else the whole set, reduced
+                // after the backward.
+                let (v, h) = (cfg.vocab_size as u64, cfg.hidden_size as u64);
+                let whole = if input.checkpointing {
+                    layer_parameters(cfg) + v * h * if cfg.tie_word_embeddings { 1 } else { 2 }
+                } else {
+                    p
+                };
+                rows.push(PlanRow { what: "gradients in flight (f32, until reduced)", bytes: 4 * whole });
+            }
             rows.push(PlanRow { what: "AdamW moments (f32 m, v)", bytes: share(8 * p, z >= 1) });
             p
         }
@@ -241,7 +260,10 @@ mod tests {
         };
         assert!((state(1, 0) - 18.0).abs() < 1e-6);
         assert!((state(8, 1) - (6.0 + 12.0 / 8.0)).abs() < 1e-3);
-        assert!((state(8, 2) - (2.0 + 16.0 / 8.0)).abs() < 1e-3);
+        // ZeRO-2 with checkpointed layers: one layer's gradients and the
+        // (untied) embedding's and head's whole until reduced.
+        let in_flight = 4.0 * (layer_parameters(&cfg) + 2 * 151_936 * 4096) as f64 / p;
+        assert!((state(8, 2) - (2.0 + 16.0 / 8.0) - in_flight).abs() < 1e-3);
         assert!((state(8, 3) - 18.0 / 8.0).abs() < 1e-3);
     }
 

@@ -111,3 +111,21 @@ fn a_missing_rank_or_store_times_out_with_an_error() {
     let e = Store::connect("127.0.0.1", port, "", None, Duration::from_secs(2)).err().expect("nothing listens");
     assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
 }
+
+/// The libtorch loaded here is the one the shim was built against (the
+/// pinned wheel), and a loaded libtorch of another version, or one that
+/// does not say, is refused with both versions named; a local version
+/// suffix (`+cu130`) does not count.
+#[test]
+fn a_libtorch_of_another_version_is_refused_before_joining() {
+    use r2vpo_llm::parallel::c10d::{check_torch_version, torch_versions_agree};
+    check_torch_version().unwrap();
+    let config =
+        |v: &str| format!("PyTorch built with:\n  - Build settings: BLAS_INFO=mkl, TORCH_VERSION={v}, USE_CUDA=ON,\n");
+    torch_versions_agree("2.11.0", &config("2.11.0")).unwrap();
+    torch_versions_agree("2.11.0", &config("2.11.0+cu130")).unwrap();
+    let e = torch_versions_agree("2.11.0", &config("2.10.1")).unwrap_err().to_string();
+    assert!(e.contains("2.11.0") && e.contains("2.10.1") && e.contains("LD_LIBRARY_PATH"), "{e}");
+    let e = torch_versions_agree("2.11.0", "PyTorch built with:\n").unwrap_err().to_string();
+    assert!(e.contains("does not say"), "{e}");
+}

@@ -65,6 +65,17 @@ impl From<torch::TorchBackend> for Opened {
     }
 }
 
+impl Opened {
+    /// The model as a [`Policy`] (sampling and scoring).
+    pub fn into_policy(self) -> Box<dyn Policy> {
+        match self {
+            Opened::Candle(m) => Box::new(m),
+            #[cfg(feature = "torch")]
+            Opened::Torch(t) => Box::new(t),
+        }
+    }
+}
+
 /// Opens `config`'s model with the weights of `source` as `spec` asks:
 /// the one place a backend is chosen. Each tensor is read from `source`,
 /// converted and placed before the next ([`crate::model::source`]). The
@@ -136,11 +147,7 @@ pub fn open_policy(spec: &BackendSpec, config: &ModelConfig, source: &dyn Tensor
     // compute exactly as its learner does, so a reference equals the
     // policy at the start and the behaviour log-probs carry no dtype
     // mismatch.
-    Ok(match open(spec, config, source, OptimConfig::default())? {
-        Opened::Candle(m) => Box::new(m),
-        #[cfg(feature = "torch")]
-        Opened::Torch(t) => Box::new(t),
-    })
+    Ok(open(spec, config, source, OptimConfig::default())?.into_policy())
 }
 
 /// [`open`] for learning, with AdamW `optim`.

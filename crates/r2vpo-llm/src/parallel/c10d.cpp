@@ -20,13 +20,17 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <ATen/Version.h>
 #include <c10/util/Logging.h>
+#include <torch/headeronly/version.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -65,6 +69,27 @@ int guarded(char *err, int err_len, F f) {
 // Sets libtorch's log threshold (c10's FLAGS_caffe2_log_level: 0 INFO,
 // 1 WARNING, 2 ERROR, 3 FATAL), which c10d's own messages obey too.
 extern "C" void r2vpo_c10d_log_level(int level) { FLAGS_caffe2_log_level = level; }
+
+// The libtorch this shim was compiled against (its headers' version, as
+// "MAJOR.MINOR.PATCH") and the build description of the libtorch loaded
+// at run time (at::show_config, whose build settings carry
+// TORCH_VERSION), each copied into its buffer, NUL-terminated.
+extern "C" void r2vpo_c10d_torch_versions(char *compiled, int compiled_len, char *runtime, int runtime_len) {
+    std::string c = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                    std::to_string(TORCH_VERSION_PATCH);
+    std::string r;
+    try {
+        r = at::show_config();
+    } catch (const std::exception &e) {
+        r = std::string("at::show_config failed: ") + e.what();
+    }
+    for (auto [s, buf, len] : {std::tuple{&c, compiled, compiled_len}, std::tuple{&r, runtime, runtime_len}}) {
+        if (len <= 0) continue;
+        size_t n = std::min(s->size(), static_cast<size_t>(len - 1));
+        std::memcpy(buf, s->data(), n);
+        buf[n] = 0;
+    }
+}
 
 // A TCPStore at host:port: its server when `is_server`, else a client.
 // With `world` > 0 it counts itself among `world` workers, and a server

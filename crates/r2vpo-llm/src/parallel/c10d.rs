@@ -17,6 +17,7 @@ use super::{Group, Launch, Rendezvous};
 
 unsafe extern "C" {
     fn r2vpo_c10d_log_level(level: c_int);
+    fn r2vpo_c10d_torch_versions(compiled: *mut c_char, compiled_len: c_int, runtime: *mut c_char, runtime_len: c_int);
     fn r2vpo_c10d_store(
         host: *const c_char,
         port: c_int,
@@ -315,6 +316,7 @@ impl ProcessGroup {
         nccl: bool,
         agreements: &[(&str, &str)],
     ) -> Result<ProcessGroup> {
+        check_torch_version()?;
         let mut pg = Self::join(launch, timeout)?;
         if nccl {
             pg.add_nccl()?;
@@ -648,5 +650,48 @@ impl Group for ProcessGroup {
 
     fn reduce_tensor(&mut self, t: &mut Tensor, root: usize) -> Result<()> {
         self.reduce_sum(t, root)
+    }
+}
+
+/// The libtorch the c10d shim was compiled against and the one loaded now
+/// agree on their version: a rank whose library path reaches another
+/// libtorch (a Python environment's torch, a cluster module) would
+/// otherwise call into a C++ ABI it was not built for. Checked before a
+/// rank joins ([`ProcessGroup::join_checked`]).
+pub fn check_torch_version() -> Result<()> {
+    let (mut compiled, mut runtime) = (vec![0u8; 64], vec![0u8; 16 * 1024]);
+    // SAFETY: both buffers outlive the call, which writes at most len
+    // bytes into each, NUL-terminated.
+    unsafe {
+        r2vpo_c10d_torch_versions(
+            compiled.as_mut_ptr().cast(),
+            compiled.len() as c_int,
+            runtime.as_mut_ptr().cast(),
+            runtime.len() as c_int,
+        )
+    };
+    let text = |b: &[u8]| String::from_utf8_lossy(&b[..b.iter().position(|&c| c == 0).unwrap_or(b.len())]).into_owned();
+    torch_versions_agree(&text(&compiled), &text(&runtime))
+}
+
+/// [`check_torch_version`]'s comparison: `compiled` ("2.11.0") against the
+/// `TORCH_VERSION=` build setting in `config` (`at::show_config`), whose
+/// local part (`+cu130`) does not count.
+pub fn torch_versions_agree(compiled: &str, config: &str) -> Result<()> {
+    let loaded = config
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .find_map(|w| w.strip_prefix("TORCH_VERSION="))
+        .map(|v| v.split('+').next().unwrap_or(v).to_string());
+    match loaded {
+        Some(v) if v == compiled => Ok(()),
+        Some(v) => Err(DistError(format!(
+            "this r2vpo's c10d layer was built against libtorch {compiled}, but the libtorch loaded at run time is {v}: \
+             point LD_LIBRARY_PATH at the libtorch it was built with (`make build-torch`/`make build-gpu` put its \
+             path in the binary; docs/distributed.md, \"library paths\")"
+        ))),
+        None => Err(DistError(format!(
+            "the libtorch loaded at run time does not say its version (no TORCH_VERSION in at::show_config); this \
+             r2vpo's c10d layer was built against libtorch {compiled}"
+        ))),
     }
 }

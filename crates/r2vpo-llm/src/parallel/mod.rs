@@ -236,6 +236,11 @@ pub struct Launch {
     pub rendezvous: Rendezvous,
     /// Which variables this was read from.
     pub launcher: Launcher,
+    /// How many times the launcher restarted the job before this attempt
+    /// (torchrun's `TORCHELASTIC_RESTART_COUNT` under `--max-restarts`,
+    /// Slurm's `SLURM_RESTART_COUNT` for a requeued job; 0 otherwise): a
+    /// restarted `llm train` resumes its run folder.
+    pub restart: u32,
 }
 
 impl Launch {
@@ -252,6 +257,7 @@ impl Launch {
             master_port: 0,
             rendezvous: Rendezvous::RankZeroHosts,
             launcher: Launcher::Env,
+            restart: 0,
         }
     }
 
@@ -364,6 +370,10 @@ impl Launch {
             master_port,
             rendezvous,
             launcher,
+            restart: ["TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"]
+                .iter()
+                .find_map(|k| get(k).and_then(|v| v.parse().ok()))
+                .unwrap_or(0),
         }))
     }
 }
@@ -390,8 +400,17 @@ pub fn reset_peak_rss() -> bool {
 /// This process's peak resident memory in MiB (Linux's `VmHWM`) since its
 /// start or the last [`reset_peak_rss`], `None` where /proc does not say.
 pub fn peak_rss_mib() -> Option<f64> {
+    status_mib("VmHWM:")
+}
+
+/// This process's resident memory now in MiB (Linux's `VmRSS`).
+pub fn rss_mib() -> Option<f64> {
+    status_mib("VmRSS:")
+}
+
+fn status_mib(key: &str) -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.split_whitespace().next()?.parse().ok()?;
+    let kib: f64 = status.lines().find_map(|l| l.strip_prefix(key))?.split_whitespace().next()?.parse().ok()?;
     Some(kib / 1024.0)
 }
 
@@ -458,6 +477,7 @@ mod tests {
         assert_eq!((l.rank, l.world_size, l.local_rank, l.local_world_size), (2, 4, 2, 4));
         assert_eq!(l.rendezvous, Rendezvous::AgentStore { prefix: "/worker/attempt_1".into() });
         assert_eq!((l.master_addr.as_str(), l.master_port, l.launcher), ("127.0.0.1", 29511, Launcher::Torchrun));
+        assert_eq!(l.restart, 1, "the second attempt of a torchrun job");
     }
 
     /// srun's variables, with the address exported by the batch script.

@@ -36,6 +36,9 @@ pub(crate) struct DataParallel {
     /// Tokens this rank ran forward and backward in the iteration under
     /// way, for `rank_train_tokens`.
     trained_tokens: u64,
+    /// Resident memory (MiB) when the phase under way began
+    /// ([`DataParallel::begin_phase`]).
+    phase_start_mib: f64,
     /// How many groups each rank sampled for the iteration under way (a
     /// launched job sampling in-process), for `rank_rollout_groups`.
     rollout_groups: Option<Vec<usize>>,
@@ -73,6 +76,7 @@ impl DataParallel {
             zero_stage: 0,
             backward_reduces: false,
             trained_tokens: 0,
+            phase_start_mib: f64::NAN,
             rollout_groups: None,
         }
     }
@@ -92,6 +96,7 @@ impl DataParallel {
             zero_stage,
             backward_reduces: false,
             trained_tokens: 0,
+            phase_start_mib: f64::NAN,
             rollout_groups: None,
         };
         let world = dp.world();
@@ -218,23 +223,24 @@ impl DataParallel {
 
     /// Starts this rank's peak resident memory again, at the start of a
     /// phase [`DataParallel::phase_peaks`] reports.
-    pub fn begin_phase(&self) {
+    pub fn begin_phase(&mut self) {
         if self.launched {
+            self.phase_start_mib = crate::parallel::rss_mib().unwrap_or(f64::NAN);
             crate::parallel::reset_peak_rss();
         }
     }
 
-    /// Each rank's peak resident memory (MiB) since
-    /// [`DataParallel::begin_phase`], in rank order (`None` alone): what a
+    /// Each rank's resident memory at [`DataParallel::begin_phase`] and
+    /// its peak since (MiB), in rank order (`None` alone): what a
     /// checkpoint cost each rank. Every rank calls it; the peak starts
     /// again after it.
-    pub fn phase_peaks(&mut self, what: &str) -> TrainResult<Option<Vec<f64>>> {
+    pub fn phase_peaks(&mut self, what: &str) -> TrainResult<Option<Vec<(f64, f64)>>> {
         if !self.launched {
             return Ok(None);
         }
         let rss = crate::parallel::peak_rss_mib().unwrap_or(f64::NAN);
         crate::parallel::reset_peak_rss();
-        Ok(Some(self.gather(rss, what)?))
+        Ok(Some(self.gather((self.phase_start_mib, rss), what)?))
     }
 
     /// Before rank 0 writes a checkpoint: every rank sends its share of

@@ -648,18 +648,19 @@ impl Trainer {
     /// A checkpoint: every rank gives its share of the optimizer state and
     /// rank 0 writes it (its folder returned there, `None` on the others).
     /// In a data-parallel job every rank calls it, and each rank's peak
-    /// resident memory during it goes on rank 0's events
-    /// (`checkpoint_memory`): the transient a checkpoint costs a rank.
+    /// resident memory when it began and its peak during it go on rank 0's
+    /// events (`checkpoint_memory`): the transient a checkpoint costs a rank.
     fn checkpoint(&mut self) -> TrainResult<Option<PathBuf>> {
         self.dp.begin_phase();
         self.dp.before_checkpoint(self.backend.as_mut())?;
         let path = if self.is_writer() { Some(self.save_checkpoint()?) } else { None };
-        if let Some(peaks) = self.dp.phase_peaks("the ranks' checkpoint memory")? {
+        if let Some(mem) = self.dp.phase_peaks("the ranks' checkpoint memory")? {
             if self.is_writer() {
                 self.events.write(&serde_json::json!({
                     "event": "checkpoint_memory",
                     "iteration": self.progress.iteration,
-                    "rank_peak_rss_mib": peaks,
+                    "rank_start_rss_mib": mem.iter().map(|m| m.0).collect::<Vec<_>>(),
+                    "rank_peak_rss_mib": mem.iter().map(|m| m.1).collect::<Vec<_>>(),
                 }))?;
             }
         }
