@@ -6,8 +6,9 @@ same shape and settings; a Markdown table on stdout and `memory.json`.
 
     python3 scripts/dist/memory.py --bin target/torch/release/r2vpo --out results/bench/dist-memory-<date>
 
-The model is random, of Qwen3-0.6B's widths and vocabulary with fewer
-layers (`--layers`, default 8: 281 M parameters), so that model state
+The model is random, of Qwen3-0.6B's widths with fewer layers (`--layers`,
+default 8) and the embedded SmolLM2 tokenizer's vocabulary of 49,152 (176 M
+parameters, tied embeddings), so that model state
 (f32 weights, gradients and AdamW's moments, 16 bytes per parameter before
 sharding) dominates a step on a machine of 24 GiB running three ranks.
 Every configuration runs under `r2vpo launch` (one rank too), with
@@ -132,7 +133,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("R2VPO_BENCH_TMP")) as t:
         tmp = Path(t)
         shape = tmp / "shape.json"
-        shape.write_text(json.dumps({**base_shape, "num_hidden_layers": args.layers}))
+        # The embedded tokenizer's vocabulary, which a random model takes
+        # (`model.random`), so `llm plan` plans the model that trains.
+        shape.write_text(json.dumps({**base_shape, "num_hidden_layers": args.layers, "vocab_size": 49152}))
         for zero in [int(z) for z in args.zero.split(",")]:
             for ranks in [int(r) for r in args.ranks.split(",")]:
                 if zero > 0 and ranks == 1:
@@ -147,7 +150,7 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     params = rows[0]["parameters"]
-    print(f"Random Qwen3-0.6B widths, {args.layers} layers ({params / 1e6:.1f} M parameters), torch backend on the "
+    print(f"Random Qwen3-0.6B widths, {args.layers} layers, vocabulary 49152 ({params / 1e6:.1f} M parameters), torch backend on the "
           f"CPU, f32, checkpointed layers, micro-batches of 1 sequence (prompt + {args.max_new_tokens} tokens), "
           f"{os.cpu_count()} cores; MiB per rank")
     print("| ranks | ZeRO | owned optimizer state | iteration | checkpoint: peak − start | resume | resume − iteration "

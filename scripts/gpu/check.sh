@@ -87,8 +87,9 @@ fi
 # terminal and $OUT/NAME.log, and its exit code and seconds to
 # $OUT/status.txt. With PEAK=1 it also samples the GPU memory in use every
 # 0.1 s (all compute processes: the phases run one at a time) and writes the
-# peak MiB to $OUT/NAME-peak-mib (nothing where there is no nvidia-smi, as
-# in the dry run).
+# peak MiB to $OUT/NAME-peak-mib, and each process's own peak (a launched
+# job's ranks) to $OUT/NAME-peak-per-process-mib (nothing where there is no
+# nvidia-smi, as in the dry run).
 failed=0
 # Nothing of an earlier check is left to be read as this one's.
 rm -f "$OUT"/*.json "$OUT"/*.jsonl "$OUT"/*-peak-mib "$OUT"/*.log "$OUT"/summary.md
@@ -101,13 +102,21 @@ phase() {
     timeout "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1 &
     local pid=$!
     if [ "${PEAK:-0}" = 1 ] && command -v nvidia-smi >/dev/null; then
+        # Also each process's own peak (a launched job's ranks, one per
+        # GPU): "pid mib" lines in NAME-peak-per-process-mib.
+        local -A per=()
+        local apps p u
         while kill -0 $pid 2>/dev/null; do
-            m=$(nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits 2>/dev/null \
-                | awk '{s += $1} END {print s + 0}')
+            apps=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null)
+            m=$(echo "$apps" | awk -F', *' 'NF == 2 {s += $2} END {print s + 0}')
             [ -n "$m" ] && [ "$m" -gt "$peak" ] && peak=$m
+            while IFS=', ' read -r p u; do
+                [ -n "$p" ] && [ -n "$u" ] && [ "$u" -gt "${per[$p]:-0}" ] && per[$p]=$u
+            done <<< "$apps"
             sleep 0.1
         done
         echo "$peak" > "$OUT/$name-peak-mib"
+        for p in "${!per[@]}"; do echo "$p ${per[$p]}"; done > "$OUT/$name-peak-per-process-mib"
     fi
     wait $pid; rc=$?
     echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/status.txt"
@@ -297,6 +306,9 @@ if [ $tbin = 1 ]; then
     PEAK=1 phase train-torch-dist1 300 "$TBIN" launch --nproc-per-node 1 --master-port 0 -- "${smoke[@]}" \
         --set model.backend=torch --out "$W/torch-dist1"
     [ -f "$W/torch-dist1/metrics.jsonl" ] && cp "$W/torch-dist1/metrics.jsonl" "$OUT/train-torch-dist1-metrics.jsonl"
+    # Each rank's host peak per iteration and during its checkpoint.
+    [ -f "$W/torch-dist1/events.jsonl" ] && grep -h '"checkpoint_memory"' "$W/torch-dist1/events.jsonl" \
+        > "$OUT/train-torch-dist1-checkpoint-memory.jsonl" || true
 fi
 PEAK=1 phase train-e2e 180 "$BIN" "${smoke[@]}" --out "$W/e2e"
 [ -f "$W/e2e/metrics.jsonl" ] && cp "$W/e2e/metrics.jsonl" "$OUT/train-e2e-metrics.jsonl"

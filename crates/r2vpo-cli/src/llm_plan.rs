@@ -173,8 +173,8 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     );
     let t = &p.transients;
     println!(
-        "checkpoint: + {:.2} GiB on each rank's device (one tensor in flight); rank 0's host memory holds the other \
-         ranks' optimizer state until the file is written: {:.2} GiB",
+        "checkpoint: + {:.2} GiB on each rank's device (one tensor in flight); on rank 0's host: {:.2} GiB (the \
+         tensor being written, and with sharded bf16 masters the other ranks' f32 masters for the model file)",
         gib(t.device_in_flight),
         gib(t.rank0_host_checkpoint)
     );

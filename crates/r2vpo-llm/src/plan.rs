@@ -86,17 +86,18 @@ pub struct Plan {
 }
 
 /// What a checkpoint and a resume add to a rank, in bytes (the torch
-/// backend's data-parallel learner: optimizer state gathered into rank 0's
-/// host memory one tensor at a time, and on resume each rank reading only
-/// the moments it steps from the mapped file).
+/// backend's data-parallel learner: each moment sent to rank 0 and written
+/// to the file as it arrives, the model file written from the f32 masters
+/// tensor by tensor, and on resume each rank reading only the moments it
+/// steps from the mapped file).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Transients {
     /// On every rank's device during a checkpoint or a resume: one f32
     /// tensor in flight, the largest (the embedding).
     pub device_in_flight: u64,
-    /// In rank 0's host memory during a checkpoint: the other ranks'
-    /// moments (and f32 masters, when sharded) until the file is written
-    /// (0 unsharded: rank 0 writes its own state tensor by tensor).
+    /// In rank 0's host memory during a checkpoint: the tensor being
+    /// written, and with sharded f32 masters (bf16 compute) the other
+    /// ranks' masters, which the model file is written from.
     pub rank0_host_checkpoint: u64,
     /// Read by each rank from the mapped optimizer file on resume: its own
     /// moments (the pages stay in the page cache, reclaimable).
@@ -195,20 +196,21 @@ pub fn plan(cfg: &ModelConfig, input: &PlanInput) -> Plan {
     let logit_rows = input.lm_head_chunk.map_or(input.response_tokens, |c| c.min(input.response_tokens)) as u64;
     rows.push(PlanRow { what: "logits and log-softmax (f32)", bytes: 2 * 4 * logit_rows * cfg.vocab_size as u64 });
     let total = rows.iter().map(|r| r.bytes).sum();
-    // The optimizer state a checkpoint carries: AdamW's two f32 moments of
-    // what learns, and with bf16 compute under sharding the f32 masters
-    // the other ranks own.
+    // AdamW's two f32 moments of what learns; with bf16 compute under
+    // sharding the other ranks' f32 masters come to rank 0 for the model
+    // file (under LoRA the checkpoint holds the adapters instead).
     let moments = 8 * trainable;
     let sharded = z >= 1 && n > 1;
-    let masters = if sharded && input.bf16 { 4 * trainable } else { 0 };
+    let masters = if sharded && input.bf16 && input.lora.is_none() { 4 * p - (4 * p).div_ceil(n) } else { 0 };
     let largest = 4 * (cfg.vocab_size * cfg.hidden_size).max(cfg.hidden_size * cfg.intermediate_size) as u64;
+    // Under LoRA what moves is adapters: r × the widest projection side.
+    let in_flight = match &input.lora {
+        Some(l) => 4 * (l.rank * cfg.hidden_size.max(cfg.intermediate_size)) as u64,
+        None => largest,
+    };
     let transients = Transients {
-        // Under LoRA what moves is adapters: r × the widest projection side.
-        device_in_flight: match &input.lora {
-            Some(l) => 4 * (l.rank * cfg.hidden_size.max(cfg.intermediate_size)) as u64,
-            None => largest,
-        },
-        rank0_host_checkpoint: if sharded { (moments + masters) - (moments + masters).div_ceil(n) } else { 0 },
+        device_in_flight: in_flight,
+        rank0_host_checkpoint: in_flight + masters,
         resume_read: share(moments, sharded),
     };
     Plan { parameters: p, trainable, rows, total, transients }
@@ -268,10 +270,10 @@ mod tests {
     }
 
     /// A checkpoint of the 8B recipe on 8 ranks: one embedding in flight
-    /// on each device, the other seven ranks' moments and masters (12
-    /// bytes per parameter, 7/8 of them) on rank 0's host, and on resume
-    /// each rank reads its eighth of the moments; unsharded, nothing
-    /// gathers and each rank reads all.
+    /// on each device, and on rank 0's host the tensor being written and
+    /// the other seven ranks' f32 masters (4 bytes per parameter, 7/8 of
+    /// them) for the model file; on resume each rank reads its eighth of
+    /// the moments. Unsharded, nothing gathers and each rank reads all.
     #[test]
     fn checkpoint_and_resume_transients_follow_the_shards() {
         let cfg = shape("qwen3-8b.json");
@@ -290,10 +292,10 @@ mod tests {
         };
         let t = plan(&cfg, &input(8, 1)).transients;
         assert_eq!(t.device_in_flight, 4 * 151_936 * 4096);
-        assert_eq!(t.rank0_host_checkpoint, 12 * p - (12 * p).div_ceil(8));
+        assert_eq!(t.rank0_host_checkpoint, t.device_in_flight + 4 * p - (4 * p).div_ceil(8));
         assert_eq!(t.resume_read, (8 * p).div_ceil(8));
         let t = plan(&cfg, &input(8, 0)).transients;
-        assert_eq!((t.rank0_host_checkpoint, t.resume_read), (0, 8 * p));
+        assert_eq!((t.rank0_host_checkpoint, t.resume_read), (t.device_in_flight, 8 * p));
     }
 
     /// LoRA's trainable count is the adapters' tensors (every projection

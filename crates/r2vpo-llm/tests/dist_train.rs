@@ -101,6 +101,13 @@ fn weights(file: &Path) -> Vec<f32> {
     names.iter().flat_map(|n| t[*n].flatten_all().unwrap().to_vec1::<f32>().unwrap()).collect()
 }
 
+/// The newest checkpoint's optimizer state, by name.
+fn checkpoint_moments(run: &Path) -> std::collections::HashMap<String, candle_core::Tensor> {
+    let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
+    let file = run.join("checkpoints").join(latest.trim()).join("optimizer.safetensors");
+    candle_core::safetensors::load(file, &candle_core::Device::Cpu).unwrap()
+}
+
 fn checkpoint_weights(run: &Path) -> Vec<f32> {
     let latest = std::fs::read_to_string(run.join("checkpoints/latest")).unwrap();
     weights(&run.join("checkpoints").join(latest.trim()).join("model.safetensors"))
@@ -177,6 +184,21 @@ fn ranks_with_varying_advantages_train_what_one_process_trains() {
         assert!(worst < 1e-5, "{what}: weights differ from one process's by {worst}");
         for (r, wr) in per_rank.iter().enumerate() {
             assert_eq!(wr, &w, "{what}: rank {r}'s weights are rank 0's checkpoint");
+        }
+        // The optimizer file rank 0 wrote as the owners sent their moments
+        // holds one process's moments, name for name.
+        let (m1, mn) = (checkpoint_moments(&one_dir), checkpoint_moments(&dir));
+        assert_eq!(m1.len(), mn.len(), "{what}: optimizer tensors");
+        for (name, a) in &m1 {
+            let b = mn.get(name).unwrap_or_else(|| panic!("{what}: no `{name}` in the ranks' optimizer file"));
+            assert_eq!(a.dims(), b.dims(), "{what}: {name}");
+            let (a, b) = (
+                a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            );
+            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let worst = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(scale > 0.0 && worst <= 1e-3 * scale, "{what}: {name} differs by {worst} at scale {scale}");
         }
     }
 }

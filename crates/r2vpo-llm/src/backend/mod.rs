@@ -158,6 +158,14 @@ pub trait Policy: Send + Sync {
     /// updates do not reach it).
     fn export(&self, version: u64) -> Result<Weights>;
 
+    /// Writes the weights as f32 safetensors under Hugging Face names to
+    /// `path` (a checkpoint's `model.safetensors`): [`Policy::export`]'s
+    /// tensors, which a backend may stream to the file one at a time
+    /// instead of copying the whole model first.
+    fn save_weights(&self, path: &Path, version: u64) -> Result<()> {
+        self.export(version)?.save_safetensors(path)
+    }
+
     /// Writes the model as a Hugging Face folder (`config.json` and f32
     /// `model.safetensors`) into `dir`, creating it.
     fn save_hf(&self, dir: &Path) -> Result<()> {
@@ -395,10 +403,17 @@ pub trait Sharding {
     /// (a no-op unsharded).
     fn sync_params(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()>;
 
-    /// Before rank 0 writes a checkpoint of a sharded optimizer: every rank
-    /// sends its moments, and its f32 masters where they are sharded, so
-    /// rank 0's next [`Backend::save_optimizer`] writes every moment and
-    /// its exports (until the weights next change) carry every master
-    /// (a no-op unsharded).
+    /// Before rank 0 writes a checkpoint of a sharded optimizer whose f32
+    /// masters are sharded (bf16 compute): every rank sends its masters,
+    /// so rank 0's exports (until the weights next change) carry every
+    /// master (a no-op otherwise).
     fn gather_optimizer(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()>;
+
+    /// A checkpoint's optimizer file of a sharded optimizer, in
+    /// [`Backend::save_optimizer`]'s layout: every rank calls it, each
+    /// moment goes from its owner to rank 0 one tensor at a time, and rank
+    /// 0 (`path` given there, `None` on the others) writes it to `path`
+    /// as it arrives, so no rank holds more than its own state and one
+    /// tensor. Unsharded, rank 0 saves its own state.
+    fn write_optimizer(&mut self, group: &mut dyn crate::parallel::Group, path: Option<&Path>) -> Result<()>;
 }

@@ -79,15 +79,18 @@ impl Trainer {
             }
             _ => {
                 let w = tmp.join("model.safetensors");
-                let weights = self.backend.export(self.progress.iteration as u64)?;
-                weights.save_safetensors(&w).map_err(|e| ckpt_err(&w, e.to_string()))?;
+                self.backend
+                    .save_weights(&w, self.progress.iteration as u64)
+                    .map_err(|e| ckpt_err(&w, e.to_string()))?;
                 w
             }
         };
         let c = tmp.join("config.json");
         std::fs::write(&c, self.backend.config().to_json_string() + "\n").map_err(io(&c))?;
         let o = tmp.join("optimizer.safetensors");
-        self.backend.save_optimizer(&o)?;
+        // Under sharding the other ranks send their moments meanwhile
+        // (`Trainer::checkpoint`).
+        self.dp.write_optimizer(self.backend.as_mut(), Some(&o))?;
         let state = State {
             format: FORMAT,
             progress: self.progress.clone(),

@@ -243,8 +243,23 @@ impl DataParallel {
         Ok(Some(self.gather((self.phase_start_mib, rss), what)?))
     }
 
-    /// Before rank 0 writes a checkpoint: every rank sends its share of
-    /// the optimizer state (a no-op unsharded). Every rank calls it.
+    /// The optimizer file of a checkpoint: rank 0 writes it to `path`
+    /// (given there, `None` on the others) as every rank sends its share
+    /// ([`Sharding::write_optimizer`]); alone or unsharded, the backend
+    /// saves its own. Every rank of a job calls it, after
+    /// [`DataParallel::before_checkpoint`].
+    pub fn write_optimizer(&mut self, backend: &mut dyn Backend, path: Option<&std::path::Path>) -> TrainResult<()> {
+        if self.launched && self.zero_stage > 0 {
+            sharding(backend)?.write_optimizer(self.group.as_mut(), path)?;
+        } else if let Some(p) = path {
+            backend.save_optimizer(p)?;
+        }
+        Ok(())
+    }
+
+    /// Before rank 0 writes a checkpoint: every rank sends its sharded f32
+    /// masters, which rank 0's export of the model needs (a no-op
+    /// otherwise). Every rank calls it.
     pub fn before_checkpoint(&mut self, backend: &mut dyn Backend) -> TrainResult<()> {
         if self.launched {
             sharding(backend)?.gather_optimizer(self.group.as_mut())?;

@@ -653,7 +653,12 @@ impl Trainer {
     fn checkpoint(&mut self) -> TrainResult<Option<PathBuf>> {
         self.dp.begin_phase();
         self.dp.before_checkpoint(self.backend.as_mut())?;
-        let path = if self.is_writer() { Some(self.save_checkpoint()?) } else { None };
+        let path = if self.is_writer() {
+            Some(self.save_checkpoint()?)
+        } else {
+            self.dp.write_optimizer(self.backend.as_mut(), None)?;
+            None
+        };
         if let Some(mem) = self.dp.phase_peaks("the ranks' checkpoint memory")? {
             if self.is_writer() {
                 self.events.write(&serde_json::json!({

@@ -252,9 +252,6 @@ struct Pending {
 
 /// Everything mutable, behind the backend's mutex.
 struct State {
-    /// Rank 0's copy of every rank's moments, from
-    /// [`Backend::gather_optimizer`] until the next checkpoint writes them.
-    gathered: Option<Vec<(T, T)>>,
     /// The parameters, requiring gradients where they learn, in
     /// [`expected_params`] order: the f32 master weights, except another
     /// rank's parameters when the masters are sharded (held in the compute
@@ -530,7 +527,6 @@ impl TorchBackend {
             opts,
             optim,
             state: Mutex::new(State {
-                gathered: None,
                 grads: (0..params.len()).map(|_| None).collect(),
                 masters: HashMap::new(),
                 saved: None,
@@ -965,6 +961,29 @@ impl Policy for TorchBackend {
         guarded("torch export", || self.export_from(&self.held_masters(&st), version))
     }
 
+    fn save_weights(&self, path: &Path, version: u64) -> Result<()> {
+        if self.lora.is_some() {
+            // Merged weights are new tensors: export makes them.
+            return self.export(version)?.save_safetensors(path);
+        }
+        // The f32 masters themselves (and rank 0's host copies of the
+        // others'), each copied to host as the file is written: no whole
+        // f32 copy of the model forms (≈ 32 GB for an 8B model).
+        let st = self.lock();
+        let held = self.held_masters(&st);
+        let named: Vec<(String, T)> = (0..self.n_base)
+            .map(|i| {
+                let t = held[i].detach();
+                (self.names[i].clone(), if t.kind() == Kind::Float { t } else { t.to_kind(Kind::Float) })
+            })
+            .collect();
+        guarded("torch weights", || {
+            T::write_safetensors(&named, path)
+                .map_err(|e| ModelError::Format { path: path.to_path_buf(), message: e.to_string() })
+        })?;
+        crate::model::save::readable(path)
+    }
+
     fn load(&self, weights: &dyn TensorSource) -> Result<()> {
         let mut st = self.lock();
         guarded("torch load", || {
@@ -1241,27 +1260,22 @@ impl Backend for TorchBackend {
     }
 
     fn save_optimizer(&self, path: &Path) -> Result<()> {
-        let mut st = self.lock();
-        self.ensure_moments(&mut st)?;
-        let gathered = st.gathered.take();
-        if self.shard.is_some() && gathered.is_none() {
+        if self.shard.is_some() {
             return Err(ModelError::Spec {
                 field: "dist.zero_stage".into(),
-                message: "the optimizer state is sharded over the ranks: a checkpoint needs every rank's moments \
-                          (Backend::gather_optimizer first)"
+                message: "the optimizer state is sharded over the ranks: every rank writes its share through \
+                          Sharding::write_optimizer"
                     .into(),
             });
         }
+        let mut st = self.lock();
+        self.ensure_moments(&mut st)?;
         // libtorch's safetensors writer copies one tensor at a time to host
         // while the file is written: no second copy of the state forms.
         let mut named: Vec<(String, T)> = Vec::new();
         for (i, n) in self.names.iter().enumerate().filter(|&(i, _)| self.learns(i)) {
-            let (m, v) = match &gathered {
-                Some(g) => (&g[i].0, &g[i].1),
-                None => (&st.m[i], &st.v[i]),
-            };
-            named.push((format!("m.{n}"), m.shallow_clone()));
-            named.push((format!("v.{n}"), v.shallow_clone()));
+            named.push((format!("m.{n}"), st.m[i].shallow_clone()));
+            named.push((format!("v.{n}"), st.v[i].shallow_clone()));
         }
         guarded("torch optimizer state", || {
             T::write_safetensors(&named, path)

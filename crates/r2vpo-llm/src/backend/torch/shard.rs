@@ -1,13 +1,15 @@
 //! The torch backend's data-parallel half ([`Sharding`]): ZeRO's
 //! mechanics on libtorch tensors. Which rank owns each parameter (balanced
 //! by values at [`Sharding::shard_optimizer`]), the gradient sum or
-//! reduction into owners, the owners' parameters sent after a step, and
-//! the optimizer state gathered into rank 0's host memory before a
-//! checkpoint; the
-//! collectives go through [`crate::parallel::Group`], in buckets of at most
-//! 32 Mi values ([`crate::parallel::buckets`]).
+//! reduction into owners (after a round, or layer by layer during a
+//! checkpointed backward), the owners' parameters sent after a step, and a
+//! checkpoint's optimizer state streamed into rank 0's file tensor by
+//! tensor; the collectives go through [`crate::parallel::Group`], in
+//! buckets of at most 32 Mi values ([`crate::parallel::buckets`]).
 
 use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
 
 use tch::{Kind, Tensor as T};
 
@@ -100,56 +102,76 @@ impl Sharding for TorchBackend {
 
     fn gather_optimizer(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()> {
         let Some(shard) = &self.shard else { return Ok(()) };
-        let (owner, rank, masters) = (shard.owner.clone(), shard.rank, shard.masters);
+        if !shard.masters {
+            return Ok(());
+        }
+        let (owner, rank) = (shard.owner.clone(), shard.rank);
         let mut st = self.lock();
-        self.ensure_moments(&mut st)?;
-        let mut gathered: Vec<(T, T)> = Vec::with_capacity(st.params.len());
         let mut copies: HashMap<usize, T> = HashMap::new();
-        let empty = || T::zeros([0], (Kind::Float, self.device));
         tch::no_grad(|| -> Result<()> {
             for (i, &from) in owner.iter().enumerate() {
-                if !self.learns(i) {
-                    gathered.push((empty(), empty()));
+                if !self.learns(i) || from == 0 {
                     continue;
                 }
-                // One tensor at a time: only rank 0 keeps what it receives.
-                let shape = st.params[i].size();
-                let mut send = |own: Option<&T>, what: &str| -> Result<T> {
-                    let mut t = match own {
-                        Some(own) if from == rank => own.shallow_clone(),
-                        _ => T::zeros(shape.as_slice(), (Kind::Float, self.device)),
-                    };
-                    group
-                        .broadcast_tensor(&mut t, from)
-                        .map_err(|e| ModelError::Torch(format!("gathering {}'s {what}: {e}", self.names[i])))?;
-                    // Rank 0 moves what it receives to host memory at once,
-                    // so its device never holds more than its own state and
-                    // one tensor in flight (all of it would be ≈ 86 GB for
-                    // an 8B model on 8 ranks); its own stay where they are.
-                    Ok(match (rank, from == rank) {
-                        (0, true) => t,
-                        (0, false) => t.f_to_device(tch::Device::Cpu).map_err(super::torch_err)?,
-                        _ => empty(),
-                    })
+                let mut t = if from == rank {
+                    st.params[i].detach().shallow_clone()
+                } else {
+                    T::zeros(st.params[i].size().as_slice(), (Kind::Float, self.device))
                 };
-                let m = send(Some(&st.m[i]), "first moment")?;
-                let v = send(Some(&st.v[i]), "second moment")?;
-                gathered.push((m, v));
-                if masters && from != 0 {
-                    let master = if from == rank { Some(st.params[i].detach()) } else { None };
-                    let t = send(master.as_ref(), "master weight")?;
-                    if rank == 0 {
-                        copies.insert(i, t);
-                    }
+                group
+                    .broadcast_tensor(&mut t, from)
+                    .map_err(|e| ModelError::Torch(format!("gathering {}'s master weight: {e}", self.names[i])))?;
+                // Rank 0 moves what it receives to host memory at once, so
+                // its device never holds more than its own state and one
+                // tensor in flight.
+                if rank == 0 {
+                    copies.insert(i, t.f_to_device(tch::Device::Cpu).map_err(super::torch_err)?);
                 }
             }
             Ok(())
         })?;
         if rank == 0 {
-            st.gathered = Some(gathered);
             st.masters = copies;
         }
         Ok(())
+    }
+
+    fn write_optimizer(&mut self, group: &mut dyn crate::parallel::Group, path: Option<&Path>) -> Result<()> {
+        let Some(shard) = &self.shard else {
+            return path.map_or(Ok(()), |p| crate::backend::Backend::save_optimizer(self, p));
+        };
+        let (owner, rank) = (shard.owner.clone(), shard.rank);
+        let mut st = self.lock();
+        self.ensure_moments(&mut st)?;
+        let learn: Vec<usize> = (0..st.params.len()).filter(|&i| self.learns(i)).collect();
+        let entries: Vec<(String, Vec<i64>)> = learn
+            .iter()
+            .flat_map(|&i| ["m", "v"].map(|pre| (format!("{pre}.{}", self.names[i]), st.params[i].size())))
+            .collect();
+        let mut file = match (path, rank) {
+            (Some(p), 0) => Some(StreamedSafetensors::create(p, &entries)?),
+            _ => None,
+        };
+        tch::no_grad(|| -> Result<()> {
+            for &i in &learn {
+                let from = owner[i];
+                for (own, what) in [(&st.m[i], "first moment"), (&st.v[i], "second moment")] {
+                    let mut t = if from == rank {
+                        own.shallow_clone()
+                    } else {
+                        T::zeros(st.params[i].size().as_slice(), (Kind::Float, self.device))
+                    };
+                    group
+                        .broadcast_tensor(&mut t, from)
+                        .map_err(|e| ModelError::Torch(format!("sending {}'s {what} to rank 0: {e}", self.names[i])))?;
+                    if let Some(f) = file.as_mut() {
+                        f.write(&t)?;
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        file.map_or(Ok(()), StreamedSafetensors::finish)
     }
 
     fn reduce_grads(&mut self, group: &mut dyn crate::parallel::Group) -> Result<()> {
@@ -294,5 +316,78 @@ impl TorchBackend {
             }
             Ok(())
         })
+    }
+}
+
+/// A safetensors file written one tensor at a time, in the order the
+/// tensors arrive: the header (every name, shape and offset, known before
+/// the first byte) first, then each tensor's f32 values as they come.
+///
+/// Hand-written because both writers at hand need every tensor's bytes up
+/// front, in an order of their own (`safetensors::serialize_to_file` sorts
+/// by dtype and name before asking each view for its data; tch's writer
+/// takes a list of tensors): here each moment comes out of a collective,
+/// in parameter order, and is written and dropped before the next one is
+/// received, so rank 0 holds one tensor where it held every other rank's
+/// state (measured on CPU ranks: results/bench/dist-memory-*). The file is
+/// the format's: an 8-byte little-endian header length, the JSON header
+/// padded with spaces to 8 bytes, the data with contiguous offsets; the
+/// readers check it (`MmapedSafetensors`, tested by every resume).
+struct StreamedSafetensors {
+    out: std::io::BufWriter<std::fs::File>,
+    path: std::path::PathBuf,
+    /// The byte length each tensor must have, in the order they come.
+    lengths: Vec<usize>,
+    next: usize,
+}
+
+impl StreamedSafetensors {
+    fn create(path: &Path, entries: &[(String, Vec<i64>)]) -> Result<Self> {
+        let err = |m: String| ModelError::Format { path: path.to_path_buf(), message: m };
+        let mut header = serde_json::Map::new();
+        let (mut offset, mut lengths) = (0usize, Vec::with_capacity(entries.len()));
+        for (name, shape) in entries {
+            let len = 4 * shape.iter().product::<i64>() as usize;
+            header.insert(
+                name.clone(),
+                serde_json::json!({ "dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len] }),
+            );
+            offset += len;
+            lengths.push(len);
+        }
+        let mut json = serde_json::to_string(&header).map_err(|e| err(e.to_string()))?.into_bytes();
+        json.resize(json.len().div_ceil(8) * 8, b' ');
+        let f = std::fs::File::create(path).map_err(|e| err(e.to_string()))?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, f);
+        out.write_all(&(json.len() as u64).to_le_bytes())
+            .and_then(|_| out.write_all(&json))
+            .map_err(|e| err(e.to_string()))?;
+        Ok(Self { out, path: path.to_path_buf(), lengths, next: 0 })
+    }
+
+    /// The next tensor's values (f32, any device).
+    fn write(&mut self, t: &T) -> Result<()> {
+        let err = |m: String| ModelError::Format { path: self.path.clone(), message: m };
+        let want = *self.lengths.get(self.next).ok_or_else(|| err("more tensors than the header names".into()))?;
+        let t = t.f_to_kind(Kind::Float).and_then(|t| t.f_contiguous()).map_err(super::torch_err)?;
+        let n = t.numel();
+        if 4 * n != want {
+            return Err(err(format!("tensor {} has {} bytes, its header entry {want}", self.next, 4 * n)));
+        }
+        let mut bytes = vec![0u8; 4 * n];
+        t.f_copy_data_u8(&mut bytes, n).map_err(super::torch_err)?;
+        self.out.write_all(&bytes).map_err(|e| err(e.to_string()))?;
+        self.next += 1;
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<()> {
+        if self.next != self.lengths.len() {
+            return Err(ModelError::Format {
+                path: self.path.clone(),
+                message: format!("{} of {} tensors written", self.next, self.lengths.len()),
+            });
+        }
+        self.out.flush().map_err(|e| ModelError::Format { path: self.path.clone(), message: e.to_string() })
     }
 }
