@@ -262,11 +262,11 @@ mod tests {
         };
         assert!((state(1, 0) - 18.0).abs() < 1e-6);
         assert!((state(8, 1) - (6.0 + 12.0 / 8.0)).abs() < 1e-3);
-        // ZeRO-2 with checkpointed layers: one layer's gradients and the
-        // (untied) embedding's and head's whole until reduced.
+        // ZeRO-2 and 3 with checkpointed layers: one layer's gradients and
+        // the (untied) embedding's and head's whole until reduced.
         let in_flight = 4.0 * (layer_parameters(&cfg) + 2 * 151_936 * 4096) as f64 / p;
         assert!((state(8, 2) - (2.0 + 16.0 / 8.0) - in_flight).abs() < 1e-3);
-        assert!((state(8, 3) - 18.0 / 8.0).abs() < 1e-3);
+        assert!((state(8, 3) - 18.0 / 8.0 - in_flight).abs() < 1e-3);
     }
 
     /// A checkpoint of the 8B recipe on 8 ranks: one embedding in flight
