@@ -31,7 +31,9 @@ What it checks, each against the raw file named:
   of README.md) against each run's eval.jsonl, metrics.jsonl and
   iter-000015.json;
 - results/bench/dist-cpu-2026-11-29/README.md and docs/distributed.md
-  against ranks-f32.json and ranks-bf16.json (GiB = MiB / 1024).
+  against ranks-f32.json and ranks-bf16.json (GiB = MiB / 1024);
+- results/bench/dist-memory-*/README.md (table and prose) against
+  memory.json.
 
 How: each figure is found by a regular expression anchored on the words
 around it (whitespace-insensitive, so re-wrapping a paragraph does not
@@ -1045,6 +1047,54 @@ def check_dist(c):
         c.num(g, "3 ranks bf16 update", m[6], ratios["bf16"][3][1])
 
 
+def check_dist_memory(c):
+    """The per-rank memory table and prose against memory.json."""
+    bench = "results/bench/dist-memory-2026-12-07-intel-xeon-avx512-amx"
+    f = f"{bench}/README.md"
+    rows = json.loads((ROOT / bench / "memory.json").read_text())["rows"]
+    table = c.table(f, r"\| ranks \| ZeRO \| owned", "memory table")
+    if table is not None:
+        if len(table) != len(rows):
+            c.fail(f, f"memory table: {len(table)} rows, memory.json {len(rows)}")
+        for cells, r in zip(table, rows):
+            what = f"{r['ranks']} rank(s), ZeRO-{r['zero']}"
+            c.same(f, f"{what}: ranks", cells[0], r["ranks"])
+            c.same(f, f"{what}: ZeRO", cells[1], r["zero"])
+            c.seq(f, f"{what}: owned MiB", cells[2], r["owned_mib"], label="rank")
+            c.seq(f, f"{what}: iteration MiB", cells[3], r["step_mib"], label="rank")
+            ck = [x.split(" − ") for x in cells[4].split(", ")]
+            c.seq(f, f"{what}: checkpoint peak", ", ".join(x[0] for x in ck), r["checkpoint_mib"], label="rank")
+            c.seq(f, f"{what}: checkpoint start", ", ".join(x[-1] for x in ck), r["checkpoint_start_mib"], label="rank")
+            c.seq(f, f"{what}: resume MiB", cells[5], r["resume_mib"], label="rank")
+            c.seq(f, f"{what}: resume − iteration", cells[6],
+                  [a - b for a, b in zip(r["resume_mib"], r["step_mib"])], label="rank")
+            c.num(f, f"{what}: plan MiB", cells[7], r["plan_mib"])
+            c.seq(f, f"{what}: iteration − plan", cells[8], [x - r["plan_mib"] for x in r["step_mib"]], label="rank")
+    off = lambda zs: [s - r["plan_mib"] for r in rows if r["zero"] in zs for s in r["step_mib"]]  # noqa: E731
+    m = c.find(f, rf"stays ({N})–({N}) MiB above", "offset at ZeRO 0 and 1")
+    if m:
+        c.rng(f, "iteration − plan at ZeRO 0-1", m[1], m[2], off((0, 1)))
+    m = c.find(f, rf"At ZeRO-2 the offset is ({N})–({N}) MiB", "offset at ZeRO-2")
+    if m:
+        c.rng(f, "iteration − plan at ZeRO-2", m[1], m[2], off((2,)))
+    m = c.find(f, rf"peaks rise by ({N})–({N}) MiB", "checkpoint rise")
+    if m:
+        c.rng(f, "checkpoint rise of ranks > 0", m[1], m[2],
+              [p - s for r in rows if r["zero"] > 0 for p, s in list(zip(r["checkpoint_mib"], r["checkpoint_start_mib"]))[1:]])
+    rise = lambda ranks, zs: [a - b for r in rows if r["zero"] in zs and r["ranks"] in ranks  # noqa: E731
+                              for a, b in zip(r["resume_mib"], r["step_mib"])]
+    m = c.find(f, rf"steady one by ({N})–({N}) MiB at ZeRO-0 \(owned ({N})\), ({N})–({N}) at 2 ranks ZeRO-1 \(owned "
+                  rf"({N})–({N})\), ({N})–({N}) at 3 \(owned ({N})–({N})\), and at most ({N}) at ZeRO-2", "resume rise")
+    if m:
+        c.rng(f, "resume rise at ZeRO-0", m[1], m[2], rise((1, 2, 3), (0,)))
+        c.num(f, "owned at ZeRO-0", m[3], rows[0]["owned_mib"][0])
+        c.rng(f, "resume rise at 2 ranks ZeRO-1", m[4], m[5], rise((2,), (1,)))
+        c.rng(f, "owned at 2 ranks ZeRO-1", m[6], m[7], [x for r in rows if (r["ranks"], r["zero"]) == (2, 1) for x in r["owned_mib"]])
+        c.rng(f, "resume rise at 3 ranks ZeRO-1", m[8], m[9], rise((3,), (1,)))
+        c.rng(f, "owned at 3 ranks ZeRO-1", m[10], m[11], [x for r in rows if (r["ranks"], r["zero"]) == (3, 1) for x in r["owned_mib"]])
+        c.num(f, "largest resume rise at ZeRO-2", m[12], max(rise((2, 3), (2,))))
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -1053,7 +1103,7 @@ def main():
     t0 = time.perf_counter()
     c = Checker(verbose)
     for step in (check_geometry, check_top_control, check_hparams_readme, check_analysis, check_final_returns,
-                 check_llm, check_dist):
+                 check_llm, check_dist, check_dist_memory):
         try:
             step(c)
         except Exception as e:  # a raw file missing or reshaped is a failure, not a crash

@@ -14,7 +14,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use toml::Value;
 
 use r2vpo_llm::backend::open::{open_inference, BackendSpec};
-use r2vpo_llm::backend::{BackendKind, ComputeDtype};
 use r2vpo_llm::eval::{evaluate_ranks, load_eval_problems, EvalConfig, EvalReport};
 use r2vpo_llm::parallel::{Group, Launch};
 use r2vpo_llm::tokenizer::Tokenizer;
@@ -53,19 +52,11 @@ pub struct EvalArgs {
     /// (sets `benchmarks`).
     #[arg(long = "benchmark", value_name = "NAME=PATH")]
     pub benchmarks: Vec<String>,
-    /// The compute backend that decodes: candle (this project's CPU
-    /// kernels) or torch (libtorch; a binary built by `make build-torch` or
-    /// `make build-gpu`).
-    #[arg(long, default_value = "candle", value_parser = ["candle", "torch"])]
-    pub backend: String,
-    /// Where it decodes: cpu, cuda or cuda:N (each rank of a launched job
-    /// takes `cuda:LOCAL_RANK` for cuda).
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    /// The dtype decoding computes in: f32, or bf16 (bf16 weights; logits
-    /// and log-probs stay f32).
-    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
-    pub dtype: String,
+    /// The backend that decodes (`--backend`, `--device`, `--dtype`, as
+    /// `r2vpo serve`'s); each rank of a launched job takes
+    /// `cuda:LOCAL_RANK` for `cuda`.
+    #[command(flatten)]
+    pub engine: r2vpo_bench::backend_args::BackendArgs,
     /// Under torchrun, srun or `r2vpo launch`: seconds a rank waits for the
     /// others at the exchange that ends the evaluation (the difference
     /// between two ranks' shares).
@@ -77,13 +68,11 @@ impl EvalArgs {
     /// The backend `--backend`, `--device` and `--dtype` describe, on
     /// this rank's device when launched; the error names the option.
     fn spec(&self, launch: Option<&r2vpo_llm::parallel::Launch>) -> Result<BackendSpec> {
-        let kind: BackendKind = self.backend.parse().map_err(|m: String| anyhow::anyhow!("--backend {m}"))?;
-        let compute_dtype: ComputeDtype = self.dtype.parse().map_err(|m: String| anyhow::anyhow!("--dtype {m}"))?;
-        let device = match launch {
-            Some(l) => r2vpo_llm::parallel::rank_device(&self.device, l.local_rank),
-            None => self.device.clone(),
-        };
-        Ok(BackendSpec { kind, device, compute_dtype, checkpointing: false, lora: None })
+        let mut spec = self.engine.spec()?;
+        if let Some(l) = launch {
+            spec.device = r2vpo_llm::parallel::rank_device(&spec.device, l.local_rank);
+        }
+        Ok(spec)
     }
 }
 
@@ -306,7 +295,7 @@ fn run_eval(
 #[cfg(feature = "torch")]
 fn join_job(launch: &Launch, a: &EvalArgs, cfg: &EvalConfig) -> Result<Box<dyn Group>> {
     use sha2::Digest;
-    let what = format!("{}\n{} {} {}\n{}", a.model.display(), a.backend, a.device, a.dtype, config::to_toml(cfg)?);
+    let what = format!("{}\n{}\n{}", a.model.display(), a.engine.describe(), config::to_toml(cfg)?);
     let hash = format!("{:x}", sha2::Sha256::digest(what.as_bytes()))[..16].to_string();
     let timeout = std::time::Duration::from_secs_f64(a.dist_timeout);
     let pg = r2vpo_llm::parallel::c10d::ProcessGroup::join_checked(launch, timeout, false, &[("eval", &hash)])?;
@@ -384,9 +373,11 @@ mod tests {
             k: None,
             limit: None,
             benchmarks: Vec::new(),
-            backend: "candle".into(),
-            device: "cpu".into(),
-            dtype: "f32".into(),
+            engine: r2vpo_bench::backend_args::BackendArgs {
+                backend: "candle".into(),
+                device: "cpu".into(),
+                dtype: "f32".into(),
+            },
             dist_timeout: 1800.0,
         }
     }
@@ -493,7 +484,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("ev");
         let rep = run_eval(alone(&model), &cfg, &out, Existing::Refuse, "r2vpo llm eval --k 2", true)
-            .unwrap_or_else(|e| panic!("{e:#} (run `make deps`)"));
+            .unwrap_or_else(|e| panic!("{e:#} (run `make deps`)"))
+            .expect("one process writes its report");
         assert_eq!((rep.overall.problems, rep.overall.samples), (2, 4));
         assert_eq!(rep.overall.truncated_fraction, 1.0, "4 tokens cannot finish an answer");
         let json: EvalReport = serde_json::from_str(&std::fs::read_to_string(out.join("eval.json")).unwrap()).unwrap();
@@ -531,7 +523,8 @@ mod tests {
             load_config(None, &sets(&["k=1", "sampling.max_new_tokens=4", &format!("data.path={path}")])).unwrap();
         let t0 = Instant::now();
         let rep = run_eval(alone(&model), &cfg, &dir.path().join("ev"), Existing::Refuse, "r2vpo llm eval", true)
-            .unwrap_or_else(|e| panic!("{e:#} (run `make deps`)"));
+            .unwrap_or_else(|e| panic!("{e:#} (run `make deps`)"))
+            .expect("one process writes its report");
         assert!(t0.elapsed().as_secs() < 60, "{:?}", t0.elapsed());
         assert_eq!(rep.problems.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["rows:3"]);
         assert_eq!(rep.skipped_prompts.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["rows:2"]);

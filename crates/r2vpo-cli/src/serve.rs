@@ -59,18 +59,9 @@ pub struct ServeArgs {
     /// Version reported for the initial weights.
     #[arg(long, default_value = "0")]
     pub weight_version: String,
-    /// The compute backend that decodes: candle (this project's CPU
-    /// kernels) or torch (libtorch; a binary built by `make build-torch` or
-    /// `make build-gpu`).
-    #[arg(long, default_value = "candle", value_parser = ["candle", "torch"])]
-    pub backend: String,
-    /// Where the torch backend decodes: cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    /// The dtype decoding computes in: f32, or bf16 (logits and log-probs
-    /// stay f32).
-    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
-    pub dtype: String,
+    /// The backend that decodes (`--backend`, `--device`, `--dtype`).
+    #[command(flatten)]
+    pub engine: r2vpo_bench::backend_args::BackendArgs,
 }
 
 /// `r2vpo serve`.
@@ -96,9 +87,9 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         },
         weight_version: a.weight_version.clone(),
         rescore_logprobs: a.rescore_logprobs,
-        backend: a.backend.clone(),
-        device: a.device.clone(),
-        dtype: a.dtype.clone(),
+        backend: a.engine.backend.clone(),
+        device: a.engine.device.clone(),
+        dtype: a.engine.dtype.clone(),
     };
     r2vpo_serve::serve(cfg)?;
     Ok(())

@@ -237,6 +237,23 @@ mod tests {
         }
     }
 
+    /// A plan of model state alone (no tokens), bf16 with checkpointed
+    /// layers, over `world_size` ranks at `zero_stage`.
+    fn state_only(world_size: usize, zero_stage: u8) -> PlanInput {
+        PlanInput {
+            world_size,
+            zero_stage,
+            micro_batch_tokens: 0,
+            response_tokens: 0,
+            seq_len: 0,
+            checkpointing: true,
+            lm_head_chunk: None,
+            lora: None,
+            bf16: true,
+            materialised_attention: false,
+        }
+    }
+
     /// Model state per parameter with bf16 compute and f32 gradients: 18
     /// bytes on one rank (147 GB for Qwen3-8B); Megatron's distributed
     /// optimizer (ZeRO-1) 6 + 12/N; ZeRO-2 2 + 16/N (2 + 14/N where the
@@ -245,21 +262,7 @@ mod tests {
     fn zero_stages_shard_as_megatron_says() {
         let cfg = shape("qwen3-8b.json");
         let p = parameters(&cfg) as f64;
-        let state = |world_size, zero_stage| {
-            let input = PlanInput {
-                world_size,
-                zero_stage,
-                micro_batch_tokens: 0,
-                response_tokens: 0,
-                seq_len: 0,
-                checkpointing: true,
-                lm_head_chunk: None,
-                lora: None,
-                bf16: true,
-                materialised_attention: false,
-            };
-            plan(&cfg, &input).total as f64 / p
-        };
+        let state = |world_size, zero_stage| plan(&cfg, &state_only(world_size, zero_stage)).total as f64 / p;
         assert!((state(1, 0) - 18.0).abs() < 1e-6);
         assert!((state(8, 1) - (6.0 + 12.0 / 8.0)).abs() < 1e-3);
         // ZeRO-2 and 3 with checkpointed layers: one layer's gradients and
@@ -278,23 +281,11 @@ mod tests {
     fn checkpoint_and_resume_transients_follow_the_shards() {
         let cfg = shape("qwen3-8b.json");
         let p = parameters(&cfg);
-        let input = |world_size, zero_stage| PlanInput {
-            world_size,
-            zero_stage,
-            micro_batch_tokens: 0,
-            response_tokens: 0,
-            seq_len: 0,
-            checkpointing: true,
-            lm_head_chunk: None,
-            lora: None,
-            bf16: true,
-            materialised_attention: false,
-        };
-        let t = plan(&cfg, &input(8, 1)).transients;
+        let t = plan(&cfg, &state_only(8, 1)).transients;
         assert_eq!(t.device_in_flight, 4 * 151_936 * 4096);
         assert_eq!(t.rank0_host_checkpoint, t.device_in_flight + 4 * p - (4 * p).div_ceil(8));
         assert_eq!(t.resume_read, (8 * p).div_ceil(8));
-        let t = plan(&cfg, &input(8, 0)).transients;
+        let t = plan(&cfg, &state_only(8, 0)).transients;
         assert_eq!((t.rank0_host_checkpoint, t.resume_read), (t.device_in_flight, 8 * p));
     }
 
