@@ -570,11 +570,15 @@ impl TorchBackend {
         self.learns(i) && self.shard.as_ref().is_some_and(|s| s.masters && s.owner[i] != s.rank)
     }
 
-    /// The parameters that learn, grouped by the rank that steps them
-    /// (`owner[i]`), each group in parameter order.
-    fn by_owner(&self, owner: &[usize]) -> std::collections::BTreeMap<usize, Vec<usize>> {
+    /// The parameters `ids` that learn, grouped by the rank that steps
+    /// them (`owner[i]`), each group in the order given.
+    fn by_owner(
+        &self,
+        owner: &[usize],
+        ids: impl IntoIterator<Item = usize>,
+    ) -> std::collections::BTreeMap<usize, Vec<usize>> {
         let mut runs: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
-        for i in (0..owner.len()).filter(|&i| self.learns(i)) {
+        for i in ids.into_iter().filter(|&i| self.learns(i)) {
             runs.entry(owner[i]).or_default().push(i);
         }
         runs

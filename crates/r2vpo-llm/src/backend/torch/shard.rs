@@ -75,7 +75,7 @@ impl Sharding for TorchBackend {
             // Each owner's parameters go out in buckets, one collective per
             // bucket as in `sync_grads`: the f32 masters, or with sharded
             // masters their casts to the compute kind (what the others hold).
-            let runs = self.by_owner(&owner);
+            let runs = self.by_owner(&owner, 0..owner.len());
             for (from, ids) in runs {
                 for b in crate::parallel::buckets(ids.iter().map(|&i| st.params[i].numel() as i64)) {
                     let ps: Vec<T> = ids[b]
@@ -113,14 +113,9 @@ impl Sharding for TorchBackend {
                 if !self.learns(i) || from == 0 {
                     continue;
                 }
-                let mut t = if from == rank {
-                    st.params[i].detach().shallow_clone()
-                } else {
-                    T::zeros(st.params[i].size().as_slice(), (Kind::Float, self.device))
-                };
-                group
-                    .broadcast_tensor(&mut t, from)
-                    .map_err(|e| ModelError::Torch(format!("gathering {}'s master weight: {e}", self.names[i])))?;
+                let shape = st.params[i].size();
+                let what = || format!("{}'s master weight", self.names[i]);
+                let t = self.sent_by_owner(group, &st.params[i].detach(), &shape, from, &what)?;
                 // Rank 0 moves what it receives to host memory at once, so
                 // its device never holds more than its own state and one
                 // tensor in flight.
@@ -155,15 +150,10 @@ impl Sharding for TorchBackend {
         tch::no_grad(|| -> Result<()> {
             for &i in &learn {
                 let from = owner[i];
-                for (own, what) in [(&st.m[i], "first moment"), (&st.v[i], "second moment")] {
-                    let mut t = if from == rank {
-                        own.shallow_clone()
-                    } else {
-                        T::zeros(st.params[i].size().as_slice(), (Kind::Float, self.device))
-                    };
-                    group
-                        .broadcast_tensor(&mut t, from)
-                        .map_err(|e| ModelError::Torch(format!("sending {}'s {what} to rank 0: {e}", self.names[i])))?;
+                let shape = st.params[i].size();
+                for (own, moment) in [(&st.m[i], "first moment"), (&st.v[i], "second moment")] {
+                    let what = || format!("{}'s {moment}", self.names[i]);
+                    let t = self.sent_by_owner(group, own, &shape, from, &what)?;
                     if let Some(f) = file.as_mut() {
                         f.write(&t)?;
                     }
@@ -248,6 +238,25 @@ impl TorchBackend {
         units
     }
 
+    /// An f32 tensor of `shape` from its owner `from` to every rank: the
+    /// owner sends `own`, the others receive into a buffer of their own.
+    /// `what` names it in an error.
+    fn sent_by_owner(
+        &self,
+        group: &mut dyn crate::parallel::Group,
+        own: &T,
+        shape: &[i64],
+        from: usize,
+        what: &dyn Fn() -> String,
+    ) -> Result<T> {
+        let rank = self.shard.as_ref().map_or(0, |s| s.rank);
+        let mut t = if from == rank { own.shallow_clone() } else { T::zeros(shape, (Kind::Float, self.device)) };
+        group
+            .broadcast_tensor(&mut t, from)
+            .map_err(|e| ModelError::Torch(format!("sending {} from rank {from}: {e}", what())))?;
+        Ok(t)
+    }
+
     /// During a backward under ZeRO-2 ([`Sharding::reduce_in_backward`]):
     /// `unit`'s gradients, just completed, to their owners.
     pub(super) fn reduce_now(&self, st: &mut State, unit: &[usize]) -> Result<()> {
@@ -267,12 +276,9 @@ impl TorchBackend {
         group: &mut dyn crate::parallel::Group,
     ) -> Result<()> {
         let Some(shard) = &self.shard else { return Ok(()) };
-        let (owner, rank) = (&shard.owner, shard.rank);
+        let rank = shard.rank;
         let device = self.device;
-        let mut runs: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
-        for &i in ids {
-            runs.entry(owner[i]).or_default().push(i);
-        }
+        let runs = self.by_owner(&shard.owner, ids.iter().copied());
         tch::no_grad(|| -> Result<()> {
             for (to, ids) in runs {
                 for b in crate::parallel::buckets(ids.iter().map(|&i| st.params[i].numel() as i64)) {
