@@ -526,3 +526,58 @@ fn attention_reads_cache_views_in_f32() {
     let err = ops::attention(&q, &k, &v, &mask, t + 1).unwrap_err().to_string();
     assert!(err.contains("attention") && err.contains("mask"), "{err}");
 }
+
+/// Packed causal attention against each sequence's own matmul–softmax–
+/// matmul, in value and in all three gradients, and against finite
+/// differences: sequences shorter and longer than one block of query
+/// rows, an empty one, GQA groups; f64 and f32.
+#[test]
+fn packed_attention_matches_each_sequence_alone() {
+    for &(hk, g, d, ref lens) in &[(2usize, 3usize, 8usize, vec![70usize, 3, 0, 130, 1]), (1, 2, 4, vec![5, 4])] {
+        let n: usize = lens.iter().sum();
+        let cu: Vec<usize> = std::iter::once(0)
+            .chain(lens.iter().scan(0, |a, &l| {
+                *a += l;
+                Some(*a)
+            }))
+            .collect();
+        let (c1, c2) = (cu.clone(), cu.clone());
+        let f = move |x: &[Tensor]| ops::attention_varlen(&x[0], &x[1], &x[2], &c1).unwrap();
+        let c = move |x: &[Tensor]| ops::attention_varlen_composite(&x[0], &x[1], &x[2], &c2).unwrap();
+        for dtype in [DType::F64, DType::F32] {
+            let inputs = [
+                pseudo(&[1, hk, g * n, d], 0.3, dtype),
+                pseudo(&[1, hk, n, d], 1.1, dtype),
+                pseudo(&[1, hk, n, d], 2.3, dtype),
+            ];
+            compare(&f, &c, &inputs, if dtype == DType::F64 { 1e-10 } else { 1e-4 });
+            if n < 10 && dtype == DType::F64 {
+                check_fd(&f, &inputs, 1e-6);
+            }
+        }
+        // The composite is itself each sequence alone: the first sequence's
+        // rows equal a plain causal attention over it.
+        let inputs = [
+            pseudo(&[1, hk, g * n, d], 0.3, DType::F64),
+            pseudo(&[1, hk, n, d], 1.1, DType::F64),
+            pseudo(&[1, hk, n, d], 2.3, DType::F64),
+        ];
+        let l0 = lens[0];
+        let q0 = inputs[0].reshape((1, hk, g, n, d)).unwrap().narrow(3, 0, l0).unwrap().contiguous().unwrap();
+        let alone = ops::attention_composite(
+            &q0.reshape((1, hk, g * l0, d)).unwrap(),
+            &inputs[1].narrow(2, 0, l0).unwrap().contiguous().unwrap(),
+            &inputs[2].narrow(2, 0, l0).unwrap().contiguous().unwrap(),
+            &causal_mask(1, l0, l0, 0, DType::F64),
+            l0,
+        )
+        .unwrap();
+        let packed = f(&inputs).reshape((1, hk, g, n, d)).unwrap().narrow(3, 0, l0).unwrap();
+        assert!(max_abs_diff(&packed.reshape((1, hk, g * l0, d)).unwrap(), &alone) < 1e-10);
+    }
+    // Bounds that do not cover the keys are refused with the shapes.
+    let q = pseudo(&[1, 1, 6, 4], 0.1, DType::F32);
+    let k = pseudo(&[1, 1, 6, 4], 0.2, DType::F32);
+    let err = ops::attention_varlen(&q, &k, &k, &[0, 2, 5]).unwrap_err().to_string();
+    assert!(err.contains("attention_varlen") && err.contains("[0, 2, 5]"), "{err}");
+}

@@ -17,6 +17,52 @@ pub enum Inputs {
     },
     /// Each distinct prompt once ([`SharedPrompts`]).
     Prefixed(SharedPrompts),
+    /// Every sample laid end to end without padding ([`PackedSequences`]).
+    Packed(PackedSequences),
+}
+
+/// A micro-batch's samples, prompt then response, laid end to end in one
+/// row of `N = Σ (prompt + response)` tokens with no padding: the layers'
+/// products run on real tokens only, each sample's positions restart at 0
+/// and its attention sees only itself (block-diagonal causal attention,
+/// [`crate::backend::candle::ops::attention_varlen`]). verl's
+/// `use_remove_padding`, OpenRLHF's and prime-rl's packing do the same.
+/// The LM head runs only on the rows that predict a response token, and
+/// their log-probs land in the micro-batch's `(B, R)` tail layout, so the
+/// loss, its aggregation and every per-token tensor are the padded
+/// layout's.
+pub struct PackedSequences {
+    /// Token ids `(1, N)`, u32.
+    pub ids: Tensor,
+    /// Sequence bounds: sample `i` occupies `cu[i]..cu[i + 1]`.
+    pub cu: Vec<usize>,
+    /// The packed position whose output predicts each response token,
+    /// sample by sample `(S,)` u32, `S = Σ response lengths`.
+    pub scored: Tensor,
+    /// Those response tokens `(S,)` u32.
+    pub targets: Tensor,
+    /// Each slot of the flattened `(B, R)` tail: its row in `scored`, or
+    /// `S` (a zero appended) for a slot left of a shorter response
+    /// `(B·R,)` u32.
+    pub to_tail: Tensor,
+    /// Each scored row's slot in the flattened `(B, R)` tail `(S,)` u32.
+    pub from_tail: Tensor,
+}
+
+impl PackedSequences {
+    /// Values of the scored rows `(S,)` (log-probs, entropies) in the
+    /// micro-batch's tail layout `(B, R)`, 0 at padding slots;
+    /// differentiable (an `index_select`, whose backward adds back).
+    pub fn to_tail(&self, flat: &Tensor, b: usize, r: usize) -> candle_core::Result<Tensor> {
+        let zero = Tensor::zeros(1, flat.dtype(), flat.device())?;
+        Tensor::cat(&[flat, &zero], 0)?.index_select(&self.to_tail, 0)?.reshape((b, r))
+    }
+
+    /// A tail-layout tensor `(B, R)` (a loss's gradient) as the scored
+    /// rows' values `(S,)`.
+    pub fn from_tail(&self, tail: &Tensor) -> candle_core::Result<Tensor> {
+        tail.flatten_all()?.index_select(&self.from_tail, 0)
+    }
 }
 
 /// Each distinct prompt once, minus its last token, in `prefix_ids (U, P)`;
@@ -171,6 +217,50 @@ pub fn pack_prefixed(samples: &[&Sample], pad_id: u32, device: &Device) -> candl
         rows,
         suffix_ids: Tensor::from_vec(sids, (b, w), device)?,
         suffix_attention: Tensor::from_vec(satt, (b, w), device)?,
+    });
+    with_tail(inputs, samples, tail, device)
+}
+
+/// Packs `samples` end to end without padding ([`Inputs::Packed`]); falls
+/// back to [`pack`] when a prompt is empty (its first response token would
+/// have no context to be scored from).
+pub fn pack_sequences(samples: &[&Sample], pad_id: u32, device: &Device) -> candle_core::Result<MicroBatch> {
+    if samples.is_empty() || samples.iter().any(|s| s.prompt_ids.is_empty()) {
+        return pack(samples, pad_id, device);
+    }
+    let b = samples.len();
+    let tail = samples.iter().map(|s| s.response_ids.len()).max().unwrap_or(0).max(1);
+    let n: usize = samples.iter().map(|s| s.prompt_ids.len() + s.response_ids.len()).sum();
+    let s_total: usize = samples.iter().map(|s| s.response_ids.len()).sum();
+    let mut ids = Vec::with_capacity(n);
+    let mut cu = vec![0usize];
+    let (mut scored, mut targets, mut from_tail) =
+        (Vec::with_capacity(s_total), Vec::with_capacity(s_total), Vec::with_capacity(s_total));
+    let mut to_tail = vec![s_total as u32; b * tail];
+    for (i, s) in samples.iter().enumerate() {
+        let (c0, p, r) = (ids.len(), s.prompt_ids.len(), s.response_ids.len());
+        ids.extend_from_slice(&s.prompt_ids);
+        ids.extend_from_slice(&s.response_ids);
+        cu.push(ids.len());
+        for k in 0..r {
+            let slot = i * tail + tail - r + k;
+            to_tail[slot] = scored.len() as u32;
+            from_tail.push(slot as u32);
+            scored.push((c0 + p - 1 + k) as u32);
+            targets.push(s.response_ids[k]);
+        }
+    }
+    let v = |x: Vec<u32>| {
+        let len = x.len();
+        Tensor::from_vec(x, len, device)
+    };
+    let inputs = Inputs::Packed(PackedSequences {
+        ids: Tensor::from_vec(ids, (1, n), device)?,
+        cu,
+        scored: v(scored)?,
+        targets: v(targets)?,
+        to_tail: v(to_tail)?,
+        from_tail: v(from_tail)?,
     });
     with_tail(inputs, samples, tail, device)
 }

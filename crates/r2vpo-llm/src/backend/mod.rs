@@ -141,6 +141,13 @@ pub trait Policy: Send + Sync {
         false
     }
 
+    /// Whether micro-batches may lay their samples end to end without
+    /// padding ([`batch::pack_sequences`]); a backend that cannot is given
+    /// padded rows.
+    fn packs_sequences(&self) -> bool {
+        false
+    }
+
     /// log π of the response columns of `batch`, `(B, R)`, without a graph
     /// (recomputed behaviour log-probs, the reference policy's).
     fn score(&self, batch: &MicroBatch) -> Result<Tensor>;

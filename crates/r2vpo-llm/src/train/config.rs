@@ -518,6 +518,21 @@ pub struct TrainConfig {
     /// order of a sum. A layout of the candle backend: the torch backend
     /// always packs whole rows.
     pub share_prompt_prefix: bool,
+    /// Lay each micro-batch's samples end to end without padding, each
+    /// attending only to itself (`crate::backend::batch::PackedSequences`),
+    /// instead of left-padded rows: the layers run on real tokens only.
+    /// The same log-probs, loss and gradients up to float rounding
+    /// (tested for every aggregation mode). Where the backend packs (candle)
+    /// it takes precedence over `share_prompt_prefix`; the torch backend
+    /// takes padded rows either way.
+    pub pack_sequences: bool,
+    /// Cut micro-batches by tokens instead of rows (verl's dynamic batch
+    /// size): each micro-batch takes samples, longest first, while the
+    /// tokens its layout computes (the sum when packed; rows × longest when
+    /// padded) stay within this budget; a longer sample goes alone. In a
+    /// data-parallel job the micro-batches are dealt so that the ranks'
+    /// token totals balance. 0: `micro_batch_size` rows each, in order.
+    pub max_tokens_per_micro_batch: usize,
     /// Gradient checkpointing per decoder layer: the forward keeps only each
     /// layer's input, the backward recomputes one layer at a time, and the
     /// LM head runs in chunks of rows
@@ -607,6 +622,8 @@ impl Default for TrainConfig {
             minibatch_size: 32,
             micro_batch_size: 8,
             share_prompt_prefix: true,
+            pack_sequences: false,
+            max_tokens_per_micro_batch: 0,
             activation_checkpointing: false,
             objective: ObjectiveConfig::default(),
             dual: DualConfig::llm_default(),
@@ -759,6 +776,12 @@ impl TrainConfig {
                 "activation_checkpointing",
                 "needs share_prompt_prefix = false: a shared prompt's keys and values feed every layer of every \
                  row, which per-layer recomputation cannot split",
+            ));
+        }
+        if self.activation_checkpointing && self.pack_sequences && self.model.backend == BackendKind::Candle {
+            return Err(bad(
+                "activation_checkpointing",
+                "needs pack_sequences = false on the candle backend (its checkpointed backward takes padded rows)",
             ));
         }
         if self.activation_checkpointing && self.entropy_coef != 0.0 {

@@ -21,6 +21,7 @@ pub mod checkpoint;
 pub mod config;
 mod data_parallel;
 pub mod metrics;
+mod micro_batch;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -672,23 +673,47 @@ impl Trainer {
         Ok(path)
     }
 
-    /// Tensors for one micro-batch, in the layout `share_prompt_prefix` picks.
+    /// The micro-batch layout: packed where asked and the backend packs,
+    /// else shared prompts where asked and the backend shares them, else
+    /// padded rows.
+    fn layout(&self) -> micro_batch::Layout {
+        if self.cfg.pack_sequences && self.backend.packs_sequences() {
+            micro_batch::Layout::Packed
+        } else if self.cfg.share_prompt_prefix && self.backend.shares_prompt_prefix() {
+            micro_batch::Layout::Prefixed
+        } else {
+            micro_batch::Layout::Padded
+        }
+    }
+
+    /// Tensors for one micro-batch, in [`Trainer::layout`].
     fn pack(&self, samples: &[&Sample], dev: &candle_core::Device) -> candle_core::Result<batch::MicroBatch> {
         let pad = self.tok.pad_token_id();
-        if self.cfg.share_prompt_prefix && self.backend.shares_prompt_prefix() {
-            batch::pack_prefixed(samples, pad, dev)
-        } else {
-            batch::pack(samples, pad, dev)
+        match self.layout() {
+            micro_batch::Layout::Packed => batch::pack_sequences(samples, pad, dev),
+            micro_batch::Layout::Prefixed => batch::pack_prefixed(samples, pad, dev),
+            micro_batch::Layout::Padded => batch::pack(samples, pad, dev),
         }
+    }
+
+    /// The micro-batches of `samples` as index lists
+    /// ([`micro_batch::plan`]), dealt over `world` ranks.
+    fn micro_batches(&self, samples: &[&Sample], world: usize) -> Vec<Vec<usize>> {
+        let lens: Vec<usize> = samples.iter().map(|s| s.prompt_ids.len() + s.response_ids.len()).collect();
+        let (rows, budget) = (self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch);
+        micro_batch::plan(&lens, self.layout(), rows, budget, world)
     }
 
     /// Per-response log-probs of `samples` under `policy` (no graph).
     fn score(&self, policy: &dyn Policy, samples: &[&Sample]) -> TrainResult<Vec<Vec<f32>>> {
-        let mut out = Vec::with_capacity(samples.len());
-        for part in samples.chunks(self.cfg.micro_batch_size) {
-            let t = self.pack(part, policy.device())?;
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); samples.len()];
+        for idx in self.micro_batches(samples, 1) {
+            let part: Vec<&Sample> = idx.iter().map(|&i| samples[i]).collect();
+            let t = self.pack(&part, policy.device())?;
             let lp = policy.score(&t)?;
-            out.extend(batch::unpack_responses(&lp, part)?);
+            for (i, row) in idx.into_iter().zip(batch::unpack_responses(&lp, &part)?) {
+                out[i] = row;
+            }
         }
         Ok(out)
     }
@@ -950,11 +975,16 @@ impl Trainer {
         let iteration = self.progress.iteration as u64;
         let dev = self.backend.device().clone();
         let mut items = items.to_vec();
-        if self.cfg.share_prompt_prefix && self.backend.shares_prompt_prefix() {
+        if self.layout() == micro_batch::Layout::Prefixed {
             // Keep each prompt's samples in as few micro-batches as possible.
             items.sort_by_key(|(s, _)| s.problem);
         }
-        let parts: Vec<&[(&Sample, u64)]> = items.chunks(self.cfg.micro_batch_size).collect();
+        let samples: Vec<&Sample> = items.iter().map(|(s, _)| *s).collect();
+        let parts: Vec<Vec<(&Sample, u64)>> = self
+            .micro_batches(&samples, self.dp.world())
+            .into_iter()
+            .map(|idx| idx.into_iter().map(|i| items[i]).collect())
+            .collect();
         let packed: Vec<batch::MicroBatch> = parts
             .iter()
             .map(|p| self.pack(&p.iter().map(|(s, _)| *s).collect::<Vec<_>>(), &dev))

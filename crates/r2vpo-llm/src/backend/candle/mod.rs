@@ -54,10 +54,15 @@ impl Policy for Transformer {
         true
     }
 
+    fn packs_sequences(&self) -> bool {
+        true
+    }
+
     fn score(&self, batch: &MicroBatch) -> Result<Tensor> {
         on_pool(|| match &batch.inputs {
             Inputs::Padded { ids, attention } => self.score_tail_logprobs(ids, attention, batch.tail),
             Inputs::Prefixed(shared) => self.score_prefixed_tail_logprobs(&shared.as_rows()),
+            Inputs::Packed(packed) => self.score_packed_tail_logprobs(packed, batch.mask.dim(0)?, batch.tail),
         })
     }
 
@@ -164,6 +169,10 @@ impl Policy for CandleBackend {
         true
     }
 
+    fn packs_sequences(&self) -> bool {
+        true
+    }
+
     fn score(&self, batch: &MicroBatch) -> Result<Tensor> {
         Policy::score(&self.model, batch)
     }
@@ -219,11 +228,13 @@ impl Backend for CandleBackend {
                     let logp = match inputs {
                         Inputs::Padded { ids, attention } => m.tail_logprobs(ids, attention, batch.tail)?,
                         Inputs::Prefixed(shared) => m.prefixed_tail_logprobs(&shared.as_rows())?,
+                        Inputs::Packed(packed) => m.packed_tail_logprobs(packed, batch.mask.dim(0)?, batch.tail)?,
                     };
                     let ent = if entropy {
                         Some(match inputs {
                             Inputs::Padded { ids, attention } => m.tail_entropy(ids, attention, batch.tail)?,
                             Inputs::Prefixed(shared) => m.prefixed_tail_entropy(&shared.as_rows())?,
+                            Inputs::Packed(packed) => m.packed_tail_entropy(packed, batch.mask.dim(0)?, batch.tail)?,
                         })
                     } else {
                         None

@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 
 use super::ops;
-pub use crate::backend::batch::PrefixedRows;
+pub use crate::backend::batch::{PackedSequences, PrefixedRows};
 use crate::model::lora::{check_adapter, merged, peft_name, Factor, LoraConfig, LoraTarget};
 use crate::model::source::{check, NamedTensors, RandomInit, TensorSource};
 use crate::model::{expected_params, ModelConfig, ModelError, Result};
@@ -884,6 +884,51 @@ impl Transformer {
         Ok((hs, targets))
     }
 
+    /// [`Transformer::tail_logprobs`] for a packed micro-batch (see
+    /// [`PackedSequences`]): the log-probabilities of every response token,
+    /// in the `(B, r)` tail layout (0 left of a shorter response), with the
+    /// layers run on the samples' own tokens only.
+    pub fn packed_tail_logprobs(&self, batch: &PackedSequences, b: usize, r: usize) -> Result<Tensor> {
+        let p = self.weights(true)?;
+        let (hs, targets) = self.packed_hidden(&p, batch)?;
+        let flat = ops::log_prob_gather(&self.head(&p, &hs)?, &targets)?;
+        Ok(batch.to_tail(&flat, b, r)?)
+    }
+
+    /// [`Transformer::packed_tail_logprobs`] on detached weights (no graph).
+    pub fn score_packed_tail_logprobs(&self, batch: &PackedSequences, b: usize, r: usize) -> Result<Tensor> {
+        let p = self.detached()?;
+        let (hs, targets) = self.packed_hidden(&p, batch)?;
+        Ok(batch.to_tail(&self.chunked_logprobs(&p, &hs, &targets)?, b, r)?)
+    }
+
+    /// [`Transformer::tail_entropy`] at the positions
+    /// [`Transformer::packed_tail_logprobs`] scores, `(B, r)`.
+    pub fn packed_tail_entropy(&self, batch: &PackedSequences, b: usize, r: usize) -> Result<Tensor> {
+        let p = self.weights(true)?;
+        let (hs, _) = self.packed_hidden(&p, batch)?;
+        let lsm = candle_nn::ops::log_softmax(&self.head(&p, &hs)?, candle_core::D::Minus1)?;
+        let ent = lsm.exp()?.mul(&lsm)?.sum(candle_core::D::Minus1)?.neg()?;
+        Ok(batch.to_tail(&ent, b, r)?)
+    }
+
+    /// The final hidden states `(S, hidden)` that predict the packed
+    /// batch's response tokens, and those tokens `(S,)`.
+    fn packed_hidden(&self, p: &Params, batch: &PackedSequences) -> Result<(Tensor, Tensor)> {
+        let n = batch.ids.dim(1)?;
+        if batch.ids.dims() != [1, n] || batch.cu.last() != Some(&n) {
+            return Err(candle_core::Error::Msg(format!(
+                "packed ids {:?} with sequence bounds ending at {:?}",
+                batch.ids.dims(),
+                batch.cu.last()
+            ))
+            .into());
+        }
+        let c = self.packed_ctx(&batch.cu)?;
+        let h = self.stack(p, &batch.ids, &c, None)?.reshape((n, self.config.hidden_size))?;
+        Ok((h.index_select(&batch.scored, 0)?, batch.targets.clone()))
+    }
+
     /// Logits `(B, T, V)` for every position, on detached weights.
     pub fn forward_logits(&self, input_ids: &Tensor, attention_mask: &Tensor) -> Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
@@ -1018,7 +1063,29 @@ impl Transformer {
         let (cos, sin) = self.rope_tables(&pos)?;
         let scale = 1.0 / (self.config.head_dim() as f64).sqrt();
         let (cos_q, sin_q) = ((&cos * scale)?, (&sin * scale)?);
-        Ok(StackCtx { b, t, tk, mask, cos, sin, cos_q, sin_q, decode_attention: false, shared })
+        Ok(StackCtx { b, t, tk, keys: Keys::Mask(mask), cos, sin, cos_q, sin_q, decode_attention: false, shared })
+    }
+
+    /// The [`StackCtx`] of one packed row ([`PackedSequences`]): each
+    /// sequence's positions from 0, and no mask (the attention's bounds).
+    fn packed_ctx(&self, cu: &[usize]) -> Result<StackCtx> {
+        let n = *cu.last().unwrap_or(&0);
+        let pos: Vec<usize> = cu.windows(2).flat_map(|w| 0..w[1] - w[0]).collect();
+        let (cos, sin) = self.rope_tables(&[pos])?;
+        let scale = 1.0 / (self.config.head_dim() as f64).sqrt();
+        let (cos_q, sin_q) = ((&cos * scale)?, (&sin * scale)?);
+        Ok(StackCtx {
+            b: 1,
+            t: n,
+            tk: n,
+            keys: Keys::Packed(cu.to_vec()),
+            cos,
+            sin,
+            cos_q,
+            sin_q,
+            decode_attention: false,
+            shared: Vec::new(),
+        })
     }
 
     /// Decoder layer `li` on `x (B·T, hidden)`, appending its keys and
@@ -1055,10 +1122,16 @@ impl Transformer {
         // GQA without repeat_kv: the g query heads sharing a kv head are
         // stacked along the sequence axis of one matmul.
         let q = q.reshape((b, nkv, g * t, hd))?;
-        let fast = if c.decode_attention { ops::attention_no_grad(&q, &k, &v, &c.mask, t, &c.shared)? } else { None };
-        let attn = match fast {
-            Some(a) => a,
-            None => ops::attention(&q, &k, &v, &c.mask, t)?,
+        let attn = match &c.keys {
+            Keys::Packed(cu) => ops::attention_varlen(&q, &k, &v, cu)?,
+            Keys::Mask(mask) => {
+                let fast =
+                    if c.decode_attention { ops::attention_no_grad(&q, &k, &v, mask, t, &c.shared)? } else { None };
+                match fast {
+                    Some(a) => a,
+                    None => ops::attention(&q, &k, &v, mask, t)?,
+                }
+            }
         };
         let attn = attn.reshape((b, nh, t, hd))?.transpose(1, 2)?.contiguous()?.reshape((b * t, nh * hd))?;
         let mut o = self.projections(&attn, l, &[(&l.o, LoraTarget::OProj)])?.remove(0);
@@ -1264,8 +1337,8 @@ struct StackCtx {
     t: usize,
     /// Keys: cached + new.
     tk: usize,
-    /// Additive mask `(B, 1, 1, T, TK)`.
-    mask: Tensor,
+    /// Which keys each query sees.
+    keys: Keys,
     cos: Tensor,
     sin: Tensor,
     /// The queries' tables, `cos` and `sin` times `1/√head_dim`: RoPE is
@@ -1278,6 +1351,16 @@ struct StackCtx {
     decode_attention: bool,
     /// The cache's rows that share columns ([`KvCache`]'s `shared`).
     shared: Vec<(usize, usize)>,
+}
+
+/// Which keys each query of a stack pass sees.
+enum Keys {
+    /// An additive mask `(B, 1, 1, T, TK)` (rows, padding, a cache).
+    Mask(Tensor),
+    /// One row of sequences laid end to end, sequence `s` at
+    /// `cu[s]..cu[s + 1]`, each causal within itself
+    /// ([`ops::attention_varlen`]).
+    Packed(Vec<usize>),
 }
 
 /// A `(B, T)` mask tensor as rows of 0/1 bytes.

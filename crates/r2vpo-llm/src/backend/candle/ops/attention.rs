@@ -393,3 +393,262 @@ impl CustomOp3 for Attention {
         Ok((Some(wrap(dq, q.dims())?), Some(wrap(dk, k.dims())?), Some(wrap(dv, v.dims())?)))
     }
 }
+
+/// Causal attention over packed sequences (FlashAttention's "varlen" form,
+/// `flash_attn_varlen_func`): `q (1, Hkv, G·N, D)` already scaled, `k, v
+/// (1, Hkv, N, D)`, where the `N` positions are sequences laid end to end,
+/// sequence `s` at `cu[s]..cu[s + 1]` (`cu[0] = 0`, the last entry `N`).
+/// Each position attends to the positions of its own sequence up to
+/// itself and nothing else, so no mask is stored: a packed micro-batch of
+/// `N` tokens costs `Σ Lₛ²/2` scores where a dense mask would cost `N²`
+/// entries and padded rows `B·W²`. Returns `(1, Hkv, G·N, D)`.
+///
+/// On the CPU in f32/f64 it is one op whose work units are (kv head,
+/// sequence) pairs, each [`attention`]'s blocks of query rows over only
+/// the keys its rows see; elsewhere it is [`attention_varlen_composite`].
+pub fn attention_varlen(q: &Tensor, k: &Tensor, v: &Tensor, cu: &[usize]) -> Result<Tensor> {
+    varlen_dims(q, k, v, cu)?;
+    let same = [k, v].iter().all(|x| x.dtype() == q.dtype() && x.device().is_cpu());
+    if !(fused_ok(q) && same) {
+        return attention_varlen_composite(q, k, v, cu);
+    }
+    q.contiguous()?.apply_op3(&k.contiguous()?, &v.contiguous()?, VarlenAttention { cu: cu.to_vec() })
+}
+
+/// [`attention_varlen`] from candle ops: each sequence's queries, keys and
+/// values cut out and given to [`attention_composite`] with a causal mask.
+pub fn attention_varlen_composite(q: &Tensor, k: &Tensor, v: &Tensor, cu: &[usize]) -> Result<Tensor> {
+    let (hk, g, n, d) = varlen_dims(q, k, v, cu)?;
+    let q5 = q.reshape((1, hk, g, n, d))?;
+    let mut outs = Vec::with_capacity(cu.len() - 1);
+    for s in cu.windows(2) {
+        let (c0, l) = (s[0], s[1] - s[0]);
+        if l == 0 {
+            continue;
+        }
+        let qs = q5.narrow(3, c0, l)?.contiguous()?.reshape((1, hk, g * l, d))?;
+        let (ks, vs) = (k.narrow(2, c0, l)?.contiguous()?, v.narrow(2, c0, l)?.contiguous()?);
+        let hidden: Vec<f32> = (0..l * l).map(|x| if x % l > x / l { -1e9 } else { 0.0 }).collect();
+        let mask = Tensor::from_vec(hidden, (1, 1, 1, l, l), q.device())?.to_dtype(q.dtype())?;
+        outs.push(attention_composite(&qs, &ks, &vs, &mask, l)?.reshape((1, hk, g, l, d))?);
+    }
+    Tensor::cat(&outs, 3)?.reshape((1, hk, g * n, d))
+}
+
+/// `(Hkv, G, N, D)` of a packed attention's operands, or an error naming
+/// their shapes and the sequence bounds.
+fn varlen_dims(q: &Tensor, k: &Tensor, v: &Tensor, cu: &[usize]) -> Result<(usize, usize, usize, usize)> {
+    let (one, hk, gn, d) = q.dims4()?;
+    let n = k.dim(2)?;
+    let bounds_ok = cu.len() >= 2 && cu[0] == 0 && cu.last() == Some(&n) && cu.windows(2).all(|w| w[0] <= w[1]);
+    if one != 1 || n == 0 || gn % n != 0 || k.dims4()? != (1, hk, n, d) || v.dims4()? != (1, hk, n, d) || !bounds_ok {
+        return Err(Error::Msg(format!(
+            "attention_varlen: q {:?}, k {:?}, v {:?} with sequence bounds {cu:?} (from 0 to the key count, \
+             non-decreasing)",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        )));
+    }
+    Ok((hk, gn / n, n, d))
+}
+
+/// The packed op: `q`, `k`, `v` are its arguments, the bounds a constant.
+struct VarlenAttention {
+    cu: Vec<usize>,
+}
+
+/// Shapes of a packed attention: kv heads, query heads per kv head, packed
+/// positions, head width.
+#[derive(Clone, Copy)]
+struct Packed {
+    hk: usize,
+    g: usize,
+    n: usize,
+    d: usize,
+}
+
+impl Packed {
+    /// The (kv head, sequence) work units with a non-empty sequence.
+    fn units(&self, cu: &[usize]) -> Vec<(usize, usize, usize)> {
+        (0..self.hk).flat_map(|h| cu.windows(2).filter(|w| w[1] > w[0]).map(move |w| (h, w[0], w[1] - w[0]))).collect()
+    }
+}
+
+/// `s (n × kn) = softmax(q_rows · k[..kn]ᵀ)` over the keys each row sees:
+/// row `i` (query `i0 + i` of its sequence) sees keys `0..=i0 + i`, the
+/// others get probability 0, as an additive mask would give them.
+fn causal_probs<T: Float>(s: &mut [T], q: &[T], k: &[T], d: usize, (n, i0, kn): (usize, usize, usize)) {
+    mm((n, kn, d), s, kn, false, q, (d, 1), k, (1, d));
+    for (i, row) in s.chunks_exact_mut(kn).enumerate() {
+        let (seen, hidden) = row.split_at_mut(i0 + i + 1);
+        let mx = T::row_max(seen);
+        let inv = T::ONE / T::exp_shifted(seen, mx);
+        seen.iter_mut().for_each(|x| *x = *x * inv);
+        hidden.fill(T::ZERO);
+    }
+}
+
+fn varlen_fwd<T: Float>(q: &[T], k: &[T], v: &[T], cu: &[usize], p: Packed) -> Vec<T> {
+    let Packed { hk, g, n, d } = p;
+    let units = p.units(cu);
+    let rows = attention_rows();
+    let parts: Vec<Vec<T>> = units
+        .par_iter()
+        .map(|&(h, c0, l)| {
+            let (kr, vr) = (&k[(h * n + c0) * d..], &v[(h * n + c0) * d..]);
+            let mut o = vec![T::ZERO; g * l * d];
+            let mut s = vec![T::ZERO; rows.min(l) * l];
+            for gi in 0..g {
+                let qr = &q[((h * g + gi) * n + c0) * d..];
+                for i0 in (0..l).step_by(rows) {
+                    let (nr, kn) = (rows.min(l - i0), (i0 + rows).min(l));
+                    let s = &mut s[..nr * kn];
+                    causal_probs(s, &qr[i0 * d..], kr, d, (nr, i0, kn));
+                    mm((nr, d, kn), &mut o[(gi * l + i0) * d..], d, false, s, (kn, 1), vr, (d, 1));
+                }
+            }
+            o
+        })
+        .collect();
+    let mut out = vec![T::ZERO; hk * g * n * d];
+    for (&(h, c0, l), o) in units.iter().zip(parts) {
+        for gi in 0..g {
+            out[((h * g + gi) * n + c0) * d..][..l * d].copy_from_slice(&o[gi * l * d..(gi + 1) * l * d]);
+        }
+    }
+    out
+}
+
+/// The gradients `(dq, dk, dv)` of [`varlen_fwd`] for the upstream `dout`,
+/// per (kv head, sequence) as [`attention_bwd`] computes them per row.
+fn varlen_bwd<T: Float>(q: &[T], k: &[T], v: &[T], dout: &[T], cu: &[usize], p: Packed) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let Packed { hk, g, n, d } = p;
+    let units = p.units(cu);
+    let rows = attention_rows();
+    let parts: Vec<(Vec<T>, Vec<T>, Vec<T>)> = units
+        .par_iter()
+        .map(|&(h, c0, l)| {
+            let (kr, vr) = (&k[(h * n + c0) * d..], &v[(h * n + c0) * d..]);
+            let (mut dq, mut dk, mut dv) = (vec![T::ZERO; g * l * d], vec![T::ZERO; l * d], vec![T::ZERO; l * d]);
+            let cap = rows.min(l) * l;
+            let (mut s, mut dp) = (vec![T::ZERO; cap], vec![T::ZERO; cap]);
+            for gi in 0..g {
+                let at = ((h * g + gi) * n + c0) * d;
+                let (qr, gr) = (&q[at..], &dout[at..]);
+                for i0 in (0..l).step_by(rows) {
+                    let (nr, kn) = (rows.min(l - i0), (i0 + rows).min(l));
+                    let (s, dp) = (&mut s[..nr * kn], &mut dp[..nr * kn]);
+                    let (qb, gb) = (&qr[i0 * d..], &gr[i0 * d..]);
+                    causal_probs(s, qb, kr, d, (nr, i0, kn));
+                    mm((kn, d, nr), &mut dv, d, true, s, (1, kn), gb, (d, 1));
+                    mm((nr, kn, d), dp, kn, false, gb, (d, 1), vr, (1, d));
+                    for (pr, dr) in s.chunks_exact(kn).zip(dp.chunks_exact_mut(kn)) {
+                        let dot: T = pr.iter().zip(dr.iter()).map(|(&p, &x)| p * x).sum();
+                        dr.iter_mut().zip(pr).for_each(|(x, &p)| *x = p * (*x - dot));
+                    }
+                    mm((nr, d, kn), &mut dq[(gi * l + i0) * d..], d, false, dp, (kn, 1), kr, (d, 1));
+                    mm((kn, d, nr), &mut dk, d, true, dp, (1, kn), qb, (d, 1));
+                }
+            }
+            (dq, dk, dv)
+        })
+        .collect();
+    let mut dq = vec![T::ZERO; hk * g * n * d];
+    let mut dk = vec![T::ZERO; hk * n * d];
+    let mut dv = vec![T::ZERO; hk * n * d];
+    for (&(h, c0, l), (q1, k1, v1)) in units.iter().zip(parts) {
+        for gi in 0..g {
+            dq[((h * g + gi) * n + c0) * d..][..l * d].copy_from_slice(&q1[gi * l * d..(gi + 1) * l * d]);
+        }
+        dk[(h * n + c0) * d..][..l * d].copy_from_slice(&k1);
+        dv[(h * n + c0) * d..][..l * d].copy_from_slice(&v1);
+    }
+    (dq, dk, dv)
+}
+
+impl VarlenAttention {
+    fn packed(&self, q: &Layout, k: &Layout) -> Result<Packed> {
+        let (_, hk, gn, d) = q.shape().dims4()?;
+        let n = k.dims()[2];
+        Ok(Packed { hk, g: gn / n, n, d })
+    }
+}
+
+impl CustomOp3 for VarlenAttention {
+    fn name(&self) -> &'static str {
+        "r2vpo-attention-varlen"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let n = self.name();
+        let p = self.packed(l1, l2)?;
+        let out = match (s1, s2, s3) {
+            (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v)) => CpuStorage::F32(varlen_fwd(
+                contiguous(q, l1, n)?,
+                contiguous(k, l2, n)?,
+                contiguous(v, l3, n)?,
+                &self.cu,
+                p,
+            )),
+            (CpuStorage::F64(q), CpuStorage::F64(k), CpuStorage::F64(v)) => CpuStorage::F64(varlen_fwd(
+                contiguous(q, l1, n)?,
+                contiguous(k, l2, n)?,
+                contiguous(v, l3, n)?,
+                &self.cu,
+                p,
+            )),
+            _ => return Err(unsupported(n, s1)),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let n = self.name();
+        let grad = grad.contiguous()?;
+        let (qs, ql) = q.storage_and_layout();
+        let (ks, kl) = k.storage_and_layout();
+        let (vs, vl) = v.storage_and_layout();
+        let (gs, gl) = grad.storage_and_layout();
+        let p = self.packed(ql, kl)?;
+        use candle_core::Storage::Cpu;
+        let dev = q.device();
+        let (dq, dk, dv) = match (&*qs, &*ks, &*vs, &*gs) {
+            (Cpu(CpuStorage::F32(q)), Cpu(CpuStorage::F32(k)), Cpu(CpuStorage::F32(v)), Cpu(CpuStorage::F32(g))) => {
+                let c = |s, l| contiguous(s, l, n);
+                let (a, b, e) = varlen_bwd(c(q, ql)?, c(k, kl)?, c(v, vl)?, c(g, gl)?, &self.cu, p);
+                (
+                    Tensor::from_vec(a, ql.dims(), dev)?,
+                    Tensor::from_vec(b, kl.dims(), dev)?,
+                    Tensor::from_vec(e, vl.dims(), dev)?,
+                )
+            }
+            (Cpu(CpuStorage::F64(q)), Cpu(CpuStorage::F64(k)), Cpu(CpuStorage::F64(v)), Cpu(CpuStorage::F64(g))) => {
+                let c = |s, l| contiguous(s, l, n);
+                let (a, b, e) = varlen_bwd(c(q, ql)?, c(k, kl)?, c(v, vl)?, c(g, gl)?, &self.cu, p);
+                (
+                    Tensor::from_vec(a, ql.dims(), dev)?,
+                    Tensor::from_vec(b, kl.dims(), dev)?,
+                    Tensor::from_vec(e, vl.dims(), dev)?,
+                )
+            }
+            _ => return Err(Error::Msg(format!("{n}: backward needs f32 or f64 CPU tensors of one dtype"))),
+        };
+        Ok((Some(dq), Some(dk), Some(dv)))
+    }
+}
