@@ -9,6 +9,7 @@
 pub mod backend_args;
 pub mod control;
 pub mod objectives;
+pub mod packing;
 pub mod queue;
 pub mod serve;
 pub mod step;

@@ -527,7 +527,7 @@ impl Turns {
 
 /// This process's resident set now and its peak since the last
 /// [`reset_peak`], in GiB (`VmRSS`, `VmHWM` of /proc/self/status).
-fn rss() -> Result<(f64, f64)> {
+pub(crate) fn rss() -> Result<(f64, f64)> {
     let status = std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
     let kib = |key: &str| -> Result<f64> {
         let line =
@@ -540,7 +540,7 @@ fn rss() -> Result<(f64, f64)> {
 }
 
 /// Resets `VmHWM` to the current resident set (Linux ≥ 4.0).
-fn reset_peak() -> Result<()> {
+pub(crate) fn reset_peak() -> Result<()> {
     std::fs::write("/proc/self/clear_refs", "5").context("resetting the peak (/proc/self/clear_refs)")
 }
 

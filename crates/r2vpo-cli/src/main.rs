@@ -269,6 +269,10 @@ enum BenchCmd {
     /// model of any Hugging Face shape on cpu or cuda, or `--check` its
     /// log-probs and gradients against the CPU's.
     Step(r2vpo_bench::step::StepBenchArgs),
+    /// One training step over the same samples in each micro-batch layout
+    /// (padded rows, shared prompts, packed; by rows and by a token budget),
+    /// with response lengths like a reasoning model's.
+    Packing(r2vpo_bench::packing::PackingBenchArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -351,6 +355,7 @@ fn run(cli: Cli) -> Result<()> {
             BenchCmd::Serve(a) => r2vpo_bench::serve::serve(&a),
             BenchCmd::Async(a) => r2vpo_bench::queue::bench(&a),
             BenchCmd::Step(a) => r2vpo_bench::step::step(&a),
+            BenchCmd::Packing(a) => r2vpo_bench::packing::packing(&a),
         },
         Command::Serve(a) => serve::serve(&a),
         Command::Config(ConfigCmd::Show(a)) => config_show(&a),

@@ -8,7 +8,7 @@
 
 /// How a micro-batch's tokens are laid out, which decides what it costs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Layout {
+pub enum Layout {
     /// Rows left-padded to the longest: `rows × longest` tokens.
     Padded,
     /// Each distinct prompt once, responses padded to the longest
@@ -46,7 +46,7 @@ impl Layout {
 /// being `world` consecutive ones): largest first, in a snake over the
 /// ranks (0..world, then back), so each round holds micro-batches of like
 /// size and each rank's total tokens come out close to every other's.
-pub(crate) fn plan(lens: &[usize], layout: Layout, rows: usize, budget: usize, world: usize) -> Vec<Vec<usize>> {
+pub fn plan(lens: &[usize], layout: Layout, rows: usize, budget: usize, world: usize) -> Vec<Vec<usize>> {
     let mut parts: Vec<Vec<usize>> = if budget == 0 {
         (0..lens.len()).collect::<Vec<_>>().chunks(rows.max(1)).map(<[usize]>::to_vec).collect()
     } else {

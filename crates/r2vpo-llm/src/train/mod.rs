@@ -21,7 +21,7 @@ pub mod checkpoint;
 pub mod config;
 mod data_parallel;
 pub mod metrics;
-mod micro_batch;
+pub mod micro_batch;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
