@@ -21,13 +21,13 @@ use r2vpo::aggregate::GlobalBatch;
 use r2vpo::objective::{ObjectiveConfig, PolicyBatch};
 use r2vpo::seed::splitmix64;
 use r2vpo::stats::median;
-use r2vpo_llm::backend::batch::{self, MicroBatch};
+use r2vpo_llm::backend::batch::{self, Inputs, MicroBatch};
 use r2vpo_llm::backend::candle::{CandleBackend, Transformer};
 use r2vpo_llm::backend::{forward_backward, Backend};
 use r2vpo_llm::experience::Sample;
 use r2vpo_llm::model::ModelConfig;
 use r2vpo_llm::train::config::OptimConfig;
-use r2vpo_llm::train::micro_batch::{plan, Layout};
+use r2vpo_llm::train::micro_batch::{plan, Item, Layout};
 
 use crate::step::{reset_peak, rss};
 
@@ -93,7 +93,8 @@ pub struct PackingBenchArgs {
 struct Row {
     layout: String,
     micro_batches: usize,
-    /// Tokens the layers compute (real and padding), and the padding share.
+    /// Tokens the layers compute (a shared prompt once, padding included),
+    /// and the share of them that is padding.
     computed_tokens: usize,
     padding_frac: f64,
     /// Step seconds per repetition, and their median.
@@ -112,7 +113,8 @@ struct Out {
     shape: String,
     threads: usize,
     samples: usize,
-    real_tokens: usize,
+    /// Σ (prompt + response) over the samples.
+    samples_tokens: usize,
     response_lengths: Vec<usize>,
     rows: Vec<Row>,
 }
@@ -179,41 +181,43 @@ fn layouts(a: &PackingBenchArgs) -> Result<Vec<(String, Layout, usize)>> {
         .collect())
 }
 
-/// Tokens the layers compute for one micro-batch in `layout`.
-fn computed(layout: Layout, part: &[&Sample]) -> usize {
-    let lens = part.iter().map(|s| s.prompt_ids.len() + s.response_ids.len());
-    match layout {
-        Layout::Prefixed => {
-            let mut distinct: Vec<&[u32]> = Vec::new();
-            for s in part {
-                let pre = &s.prompt_ids[..s.prompt_ids.len() - 1];
-                if !distinct.contains(&pre) {
-                    distinct.push(pre);
-                }
-            }
-            let p = distinct.iter().map(|d| d.len()).max().unwrap_or(0);
-            let r = part.iter().map(|s| s.response_ids.len()).max().unwrap_or(0);
-            distinct.len() * p + part.len() * (r + 1)
-        }
-        _ => layout.cost(lens),
-    }
+/// Padding positions of a micro-batch (mask zeros; none packed).
+fn padding(mb: &MicroBatch) -> Result<usize> {
+    let zeros = |m: &Tensor| -> Result<usize> {
+        Ok(m.elem_count() - m.to_dtype(DType::F32)?.sum_all()?.to_scalar::<f32>()? as usize)
+    };
+    Ok(match &mb.inputs {
+        Inputs::Padded { attention, .. } => zeros(attention)?,
+        Inputs::Prefixed(p) => zeros(&p.prefix_attention)? + zeros(&p.suffix_attention)?,
+        Inputs::Packed(_) => 0,
+    })
 }
 
-/// The micro-batches of `layout` over `samples`, as the trainer forms them.
-fn micro_batches(samples: &[Sample], layout: Layout, budget: usize, rows: usize) -> Result<(Vec<MicroBatch>, usize)> {
-    let lens: Vec<usize> = samples.iter().map(|s| s.prompt_ids.len() + s.response_ids.len()).collect();
+/// The micro-batches of `layout` over `samples`, as the trainer forms them,
+/// the tokens their layers compute and how many of those are padding.
+fn micro_batches(
+    samples: &[Sample],
+    layout: Layout,
+    budget: usize,
+    rows: usize,
+) -> Result<(Vec<MicroBatch>, usize, usize)> {
+    let items: Vec<Item> = samples
+        .iter()
+        .map(|s| Item { prompt_key: s.problem, prompt: s.prompt_ids.len(), response: s.response_ids.len() })
+        .collect();
     let mut mbs = Vec::new();
-    let mut tokens = 0;
-    for idx in plan(&lens, layout, rows, budget, 1) {
+    let (mut tokens, mut pad) = (0, 0);
+    for idx in plan(&items, layout, rows, budget, 1) {
         let part: Vec<&Sample> = idx.iter().map(|&i| &samples[i]).collect();
-        tokens += computed(layout, &part);
+        tokens += layout.cost(idx.iter().map(|&i| &items[i]));
         mbs.push(match layout {
             Layout::Padded => batch::pack(&part, 0, &Device::Cpu)?,
             Layout::Prefixed => batch::pack_prefixed(&part, 0, &Device::Cpu)?,
             Layout::Packed => batch::pack_sequences(&part, 0, &Device::Cpu)?,
         });
+        pad += padding(mbs.last().expect("pushed"))?;
     }
-    Ok((mbs, tokens))
+    Ok((mbs, tokens, pad))
 }
 
 /// One step over `mbs`: each micro-batch's forward, R²VPO (λ 0.05, behaviour
@@ -253,7 +257,7 @@ pub fn packing(a: &PackingBenchArgs) -> Result<()> {
     let threads = rayon::current_num_threads();
     println!(
         "bench packing: {} ({} threads), {} samples ({} prompts × {}), prompt {} tokens, responses {} \
-         (sorted: {:?}), {real} real tokens",
+         (sorted: {:?}), {real} tokens of prompt + response over the samples",
         a.shape.display(),
         threads,
         samples.len(),
@@ -268,10 +272,10 @@ pub fn packing(a: &PackingBenchArgs) -> Result<()> {
         }
     );
     let ls = layouts(a)?;
-    let prepared: Vec<(Vec<MicroBatch>, usize)> =
+    let prepared: Vec<(Vec<MicroBatch>, usize, usize)> =
         ls.iter().map(|(_, l, b)| micro_batches(&samples, *l, *b, a.rows)).collect::<Result<_>>()?;
     // Warm-up: the allocator and the kernels' first calls, every shape once.
-    for (mbs, _) in &prepared {
+    for (mbs, ..) in &prepared {
         step(&mut be, mbs, &optim)?;
     }
     let mut times = vec![Vec::new(); ls.len()];
@@ -293,12 +297,12 @@ pub fn packing(a: &PackingBenchArgs) -> Result<()> {
         .map(|(k, (name, _, _))| {
             // Against padded rows where they ran, else the first layout.
             let mut ratios: Vec<f64> = times[k].iter().zip(&times[0]).map(|(t, p)| t / p).collect();
-            let (mbs, tokens) = &prepared[k];
+            let (mbs, tokens, pad) = &prepared[k];
             Row {
                 layout: name.clone(),
                 micro_batches: mbs.len(),
                 computed_tokens: *tokens,
-                padding_frac: 1.0 - real as f64 / *tokens as f64,
+                padding_frac: *pad as f64 / *tokens as f64,
                 step_s: times[k].clone(),
                 median_s: median(&mut times[k].clone()),
                 vs_padded: median(&mut ratios),
@@ -327,7 +331,7 @@ pub fn packing(a: &PackingBenchArgs) -> Result<()> {
         shape: a.shape.display().to_string(),
         threads,
         samples: samples.len(),
-        real_tokens: real,
+        samples_tokens: real,
         response_lengths: lens,
         rows,
     };

@@ -528,22 +528,30 @@ fn attention_reads_cache_views_in_f32() {
 }
 
 /// Packed causal attention against each sequence's own matmul–softmax–
-/// matmul, in value and in all three gradients, and against finite
-/// differences: sequences shorter and longer than one block of query
-/// rows, an empty one, GQA groups; f64 and f32.
+/// matmul (its prefix's keys then its own), in value and in all three
+/// gradients, and against finite differences: sequences shorter and
+/// longer than one block of query rows, an empty one, prompts shared as
+/// prefixes by several sequences, GQA groups; f64 and f32.
 #[test]
 fn packed_attention_matches_each_sequence_alone() {
-    for &(hk, g, d, ref lens) in &[(2usize, 3usize, 8usize, vec![70usize, 3, 0, 130, 1]), (1, 2, 4, vec![5, 4])] {
-        let n: usize = lens.iter().sum();
-        let cu: Vec<usize> = std::iter::once(0)
-            .chain(lens.iter().scan(0, |a, &l| {
-                *a += l;
-                Some(*a)
-            }))
-            .collect();
-        let (c1, c2) = (cu.clone(), cu.clone());
-        let f = move |x: &[Tensor]| ops::attention_varlen(&x[0], &x[1], &x[2], &c1).unwrap();
-        let c = move |x: &[Tensor]| ops::attention_varlen_composite(&x[0], &x[1], &x[2], &c2).unwrap();
+    use ops::Seq;
+    // (length, index of the earlier sequence that is its prefix).
+    let cases: [(usize, usize, usize, Vec<(usize, Option<usize>)>); 3] = [
+        (2, 3, 8, vec![(70, None), (3, Some(0)), (0, None), (130, Some(0)), (1, None), (9, Some(4))]),
+        (1, 2, 4, vec![(5, None), (4, None)]),
+        (1, 2, 4, vec![(3, None), (2, Some(0)), (3, Some(0))]),
+    ];
+    for (hk, g, d, spec) in cases {
+        let mut seqs: Vec<Seq> = Vec::new();
+        for &(len, pre) in &spec {
+            let start = seqs.last().map_or(0, |s| s.start + s.len);
+            let prefix = pre.map_or((0, 0), |j| (seqs[j].start, seqs[j].len));
+            seqs.push(Seq { start, len, prefix });
+        }
+        let n: usize = spec.iter().map(|s| s.0).sum();
+        let (s1, s2) = (seqs.clone(), seqs.clone());
+        let f = move |x: &[Tensor]| ops::attention_varlen(&x[0], &x[1], &x[2], &s1).unwrap();
+        let c = move |x: &[Tensor]| ops::attention_varlen_composite(&x[0], &x[1], &x[2], &s2).unwrap();
         for dtype in [DType::F64, DType::F32] {
             let inputs = [
                 pseudo(&[1, hk, g * n, d], 0.3, dtype),
@@ -562,7 +570,7 @@ fn packed_attention_matches_each_sequence_alone() {
             pseudo(&[1, hk, n, d], 1.1, DType::F64),
             pseudo(&[1, hk, n, d], 2.3, DType::F64),
         ];
-        let l0 = lens[0];
+        let l0 = spec[0].0;
         let q0 = inputs[0].reshape((1, hk, g, n, d)).unwrap().narrow(3, 0, l0).unwrap().contiguous().unwrap();
         let alone = ops::attention_composite(
             &q0.reshape((1, hk, g * l0, d)).unwrap(),
@@ -575,9 +583,10 @@ fn packed_attention_matches_each_sequence_alone() {
         let packed = f(&inputs).reshape((1, hk, g, n, d)).unwrap().narrow(3, 0, l0).unwrap();
         assert!(max_abs_diff(&packed.reshape((1, hk, g * l0, d)).unwrap(), &alone) < 1e-10);
     }
-    // Bounds that do not cover the keys are refused with the shapes.
+    // Sequences that do not tile the keys are refused with the shapes.
     let q = pseudo(&[1, 1, 6, 4], 0.1, DType::F32);
     let k = pseudo(&[1, 1, 6, 4], 0.2, DType::F32);
-    let err = ops::attention_varlen(&q, &k, &k, &[0, 2, 5]).unwrap_err().to_string();
-    assert!(err.contains("attention_varlen") && err.contains("[0, 2, 5]"), "{err}");
+    let short = [Seq { start: 0, len: 2, prefix: (0, 0) }, Seq { start: 2, len: 3, prefix: (0, 2) }];
+    let err = ops::attention_varlen(&q, &k, &k, &short).unwrap_err().to_string();
+    assert!(err.contains("attention_varlen") && err.contains("tile"), "{err}");
 }

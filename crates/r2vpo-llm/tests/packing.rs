@@ -36,16 +36,18 @@ fn rel(a: &[f32], b: &[f32], floor: f32) -> f32 {
 }
 
 /// Six samples whose prompts and responses span 1 to 40 tokens, in two
-/// micro-batches of three: every row but the longest is padded.
+/// micro-batches of three, each holding two samples of one prompt (packed
+/// once, then shared): every row but the longest is padded.
 fn samples(vocab: u32) -> Vec<Sample> {
     let t = |n: usize, k: u32| (0..n as u32).map(|i| (i * 37 + k * 11 + 3) % vocab).collect::<Vec<u32>>();
-    let shapes = [(5, 4), (2, 40), (9, 1), (1, 12), (30, 3), (3, 25)];
+    // (problem, prompt tokens, response tokens)
+    let shapes = [(0, 5, 4), (0, 5, 40), (1, 9, 1), (2, 1, 12), (3, 30, 3), (3, 30, 25)];
     shapes
         .iter()
         .enumerate()
-        .map(|(i, &(p, r))| Sample {
-            problem: i / 2,
-            prompt_ids: t(p, 2 * i as u32),
+        .map(|(i, &(problem, p, r))| Sample {
+            problem,
+            prompt_ids: t(p, 2 * problem as u32),
             response_ids: t(r, 2 * i as u32 + 1),
             reward: 0.0,
             correct: false,
@@ -126,7 +128,12 @@ fn packed_micro_batches_equal_padded_rows() {
         let s = samples(cfg.vocab_size as u32);
         let parts: Vec<Vec<&Sample>> = s.chunks(3).map(|c| c.iter().collect()).collect();
         let (padded, packed) = (micro_batches(&parts, false), micro_batches(&parts, true));
-        assert!(packed.iter().all(|m| matches!(m.inputs, Inputs::Packed(_))));
+        for m in &packed {
+            let Inputs::Packed(p) = &m.inputs else { panic!("packed") };
+            // Two prompts (one shared by two samples) and three responses.
+            assert_eq!(p.seqs.len(), 5, "{:?}", p.seqs);
+            assert_eq!(p.seqs.iter().filter(|s| s.prefix.1 > 0).count(), 3);
+        }
         for (a, b) in padded.iter().zip(&packed) {
             assert_eq!(flat(&a.mask), flat(&b.mask), "the same tail layout");
         }
@@ -207,4 +214,32 @@ fn the_trainer_packs_by_token_budget() {
         assert!((x - y).abs() <= 1e-5 * x.abs().max(0.1), "{what}: {x} vs {y}");
     }
     assert!(packed.iter().all(|m| m.loss.is_finite() && m.skipped_steps == 0));
+}
+
+/// Gradient checkpointing on packed micro-batches: the same log-probs and
+/// gradients as the whole graph (the recomputed layers run the same kernels
+/// on the same inputs; only the order of the gradient sums differs).
+#[test]
+fn checkpointed_packed_equals_the_whole_graph() {
+    for (name, cfg) in configs() {
+        let s = samples(cfg.vocab_size as u32);
+        let refs: Vec<&Sample> = s.iter().collect();
+        let mb = batch::pack_sequences(&refs, 0, &Device::Cpu).unwrap();
+        let mut out = Vec::new();
+        for checkpointing in [false, true] {
+            let m = Transformer::new_random_with_std(cfg.clone(), 5, 0.1, DType::F32, &Device::Cpu).unwrap();
+            let mut be = CandleBackend::new(m, optim(), checkpointing).unwrap();
+            let f = be.forward(&mb, false).unwrap();
+            let n = mb.mask.elem_count();
+            let seed: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let dlogp = (Tensor::from_vec(seed, mb.mask.dims(), &Device::Cpu).unwrap() * &mb.mask).unwrap();
+            be.backward(&dlogp, None).unwrap();
+            out.push((flat(&f.logp), be.gradients().unwrap()));
+        }
+        assert_eq!(out[0].0, out[1].0, "{name}: the same forward arithmetic");
+        for (n, g) in &out[0].1 {
+            let d = rel(&flat(&out[1].1[n]), &flat(g), 1e-6);
+            assert!(d < 1e-5, "{name}: checkpointed gradient of {n} differs by {d:e}");
+        }
+    }
 }

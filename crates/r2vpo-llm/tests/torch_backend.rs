@@ -538,3 +538,63 @@ fn the_engine_decodes_on_libtorch_as_on_candle() {
         assert_eq!(g.top_logprobs.len(), w.top_logprobs.len());
     }
 }
+
+/// Packed sequences on libtorch (the samples end to end, causal attention
+/// a sequence at a time) against padded rows on libtorch and packed rows
+/// on candle: log-probs, entropies and gradients, with the whole graph and
+/// checkpointed, on every architecture.
+#[test]
+fn packed_sequences_match_padded_rows_and_candle() {
+    for (name, cfg) in configs() {
+        let vocab = cfg.vocab_size as u32;
+        let t = |n: usize, k: u32| (0..n as u32).map(|i| (i * 37 + k * 11 + 3) % vocab).collect::<Vec<u32>>();
+        // The last sample shares the first one's prompt: packed once.
+        let s = [
+            sample(&t(5, 1), &t(4, 2)),
+            sample(&t(2, 3), &t(7, 4)),
+            sample(&t(9, 5), &t(1, 6)),
+            sample(&t(5, 1), &t(3, 8)),
+        ];
+        let refs: Vec<&Sample> = s.iter().collect();
+        let padded = batch::pack(&refs, 0, &Device::Cpu).unwrap();
+        let packed = batch::pack_sequences(&refs, 0, &Device::Cpu).unwrap();
+        assert!(matches!(packed.inputs, batch::Inputs::Packed(_)));
+        let (dlogp, _) = seeds(&padded);
+        let mut grads = Vec::new();
+        for (what, mb, checkpointing) in
+            [("padded", &padded, false), ("packed", &packed, false), ("packed, checkpointed", &packed, true)]
+        {
+            let mut be = torch(&cfg, checkpointing);
+            let f = be.forward(mb, !checkpointing).unwrap();
+            let want = CandleBackend::new(model(&cfg), optim(), false).unwrap().forward(&packed, true).unwrap();
+            assert_close(
+                &format!("{name} {what}: log-probs"),
+                &masked(&f.logp, &mb.mask),
+                &masked(&want.logp, &packed.mask),
+                BOUND,
+            );
+            if let Some(e) = &f.entropy {
+                let want = want.entropy.as_ref().unwrap();
+                assert_close(
+                    &format!("{name} {what}: entropy"),
+                    &masked(e, &mb.mask),
+                    &masked(want, &packed.mask),
+                    BOUND,
+                );
+            }
+            if mb.mask.dims() == padded.mask.dims() && what != "padded" {
+                assert!(
+                    flat(&f.logp).iter().zip(flat(&mb.mask)).all(|(v, m)| m > 0.0 || *v == 0.0),
+                    "{name} {what}: padding slots hold 0"
+                );
+            }
+            // The log-probs' gradient only: the checkpointed pass has no
+            // entropy bonus to take back.
+            be.backward(&dlogp, None).unwrap();
+            grads.push(be.gradients().unwrap());
+        }
+        assert_grads_close(&format!("{name}: packed against padded"), &grads[1], &grads[0], BOUND);
+        assert_grads_close(&format!("{name}: checkpointed packed"), &grads[2], &grads[1], 1e-6);
+        assert_eq!(torch(&cfg, false).score(&packed).unwrap().dims(), packed.mask.dims());
+    }
+}

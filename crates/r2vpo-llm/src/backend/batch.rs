@@ -21,21 +21,43 @@ pub enum Inputs {
     Packed(PackedSequences),
 }
 
-/// A micro-batch's samples, prompt then response, laid end to end in one
-/// row of `N = Σ (prompt + response)` tokens with no padding: the layers'
-/// products run on real tokens only, each sample's positions restart at 0
-/// and its attention sees only itself (block-diagonal causal attention,
-/// [`crate::backend::candle::ops::attention_varlen`]). verl's
-/// `use_remove_padding`, OpenRLHF's and prime-rl's packing do the same.
-/// The LM head runs only on the rows that predict a response token, and
-/// their log-probs land in the micro-batch's `(B, R)` tail layout, so the
-/// loss, its aggregation and every per-token tensor are the padded
+/// One sequence of a packed row: positions `start..start + len`, causal
+/// within themselves, after the keys of an earlier span `prefix` (start,
+/// length; length 0 for none) that each of its queries sees whole. A prompt
+/// is a sequence; each of its responses is another, whose prefix is the
+/// prompt and whose token positions continue from the prompt's length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seq {
+    /// First packed position.
+    pub start: usize,
+    /// Positions.
+    pub len: usize,
+    /// The span `(start, length)` of earlier positions every query of this
+    /// sequence sees (its prompt), length 0 for none.
+    pub prefix: (usize, usize),
+}
+
+/// A micro-batch's samples laid end to end in one row with no padding:
+/// each distinct prompt once, then each of its responses, attending to the
+/// prompt and causally to itself (block-diagonal attention with a shared
+/// prefix, [`crate::backend::candle::ops::attention_varlen`]). The layers'
+/// products run on real tokens only, and a group of G samples of one
+/// prompt runs the prompt once. verl's `use_remove_padding`, OpenRLHF's
+/// and prime-rl's packing pack the same way (without the prompt shared).
+/// The LM head runs only on the rows that predict a response token (a
+/// prompt's last row predicts the first token of each of its responses),
+/// and their log-probs land in the micro-batch's `(B, R)` tail layout, so
+/// the loss, its aggregation and every per-token tensor are the padded
 /// layout's.
+#[derive(Clone)]
 pub struct PackedSequences {
     /// Token ids `(1, N)`, u32.
     pub ids: Tensor,
-    /// Sequence bounds: sample `i` occupies `cu[i]..cu[i + 1]`.
-    pub cu: Vec<usize>,
+    /// The sequences, tiling `0..N` in order.
+    pub seqs: Vec<Seq>,
+    /// Each packed position's token position (RoPE): a prompt's from 0, a
+    /// response's from its prompt's length.
+    pub positions: Vec<usize>,
     /// The packed position whose output predicts each response token,
     /// sample by sample `(S,)` u32, `S = Σ response lengths`.
     pub scored: Tensor,
@@ -221,42 +243,73 @@ pub fn pack_prefixed(samples: &[&Sample], pad_id: u32, device: &Device) -> candl
     with_tail(inputs, samples, tail, device)
 }
 
-/// Packs `samples` end to end without padding ([`Inputs::Packed`]); falls
-/// back to [`pack`] when a prompt is empty (its first response token would
-/// have no context to be scored from).
+/// Packs `samples` end to end without padding ([`Inputs::Packed`]), each
+/// distinct prompt once, in order of first appearance; falls back to
+/// [`pack`] when a prompt is empty (its first response token would have no
+/// context to be scored from).
 pub fn pack_sequences(samples: &[&Sample], pad_id: u32, device: &Device) -> candle_core::Result<MicroBatch> {
     if samples.is_empty() || samples.iter().any(|s| s.prompt_ids.is_empty()) {
         return pack(samples, pad_id, device);
     }
     let b = samples.len();
     let tail = samples.iter().map(|s| s.response_ids.len()).max().unwrap_or(0).max(1);
-    let n: usize = samples.iter().map(|s| s.prompt_ids.len() + s.response_ids.len()).sum();
-    let s_total: usize = samples.iter().map(|s| s.response_ids.len()).sum();
-    let mut ids = Vec::with_capacity(n);
-    let mut cu = vec![0usize];
-    let (mut scored, mut targets, mut from_tail) =
-        (Vec::with_capacity(s_total), Vec::with_capacity(s_total), Vec::with_capacity(s_total));
-    let mut to_tail = vec![s_total as u32; b * tail];
+    // Each distinct prompt, with its samples in order.
+    let mut prompts: Vec<(&[u32], Vec<usize>)> = Vec::new();
     for (i, s) in samples.iter().enumerate() {
-        let (c0, p, r) = (ids.len(), s.prompt_ids.len(), s.response_ids.len());
-        ids.extend_from_slice(&s.prompt_ids);
-        ids.extend_from_slice(&s.response_ids);
-        cu.push(ids.len());
-        for k in 0..r {
-            let slot = i * tail + tail - r + k;
-            to_tail[slot] = scored.len() as u32;
-            from_tail.push(slot as u32);
-            scored.push((c0 + p - 1 + k) as u32);
-            targets.push(s.response_ids[k]);
+        match prompts.iter_mut().find(|(p, _)| *p == s.prompt_ids.as_slice()) {
+            Some((_, rows)) => rows.push(i),
+            None => prompts.push((&s.prompt_ids, vec![i])),
         }
     }
+    let s_total: usize = samples.iter().map(|s| s.response_ids.len()).sum();
+    let (mut ids, mut seqs, mut positions) = (Vec::new(), Vec::new(), Vec::new());
+    let mut scored = vec![0u32; s_total];
+    let mut targets = vec![0u32; s_total];
+    let mut to_tail = vec![s_total as u32; b * tail];
+    let mut from_tail = vec![0u32; s_total];
+    // Scored rows go in sample order, whatever the packing order.
+    let first: Vec<usize> = samples
+        .iter()
+        .scan(0, |at, s| {
+            let f = *at;
+            *at += s.response_ids.len();
+            Some(f)
+        })
+        .collect();
+    for (prompt, rows) in &prompts {
+        let (p0, pl) = (ids.len(), prompt.len());
+        ids.extend_from_slice(prompt);
+        positions.extend(0..pl);
+        seqs.push(Seq { start: p0, len: pl, prefix: (0, 0) });
+        for &i in rows {
+            let s = samples[i];
+            let (c0, r) = (ids.len(), s.response_ids.len());
+            if r == 0 {
+                continue;
+            }
+            ids.extend_from_slice(&s.response_ids);
+            positions.extend(pl..pl + r);
+            seqs.push(Seq { start: c0, len: r, prefix: (p0, pl) });
+            for k in 0..r {
+                let (row, slot) = (first[i] + k, i * tail + tail - r + k);
+                to_tail[slot] = row as u32;
+                from_tail[row] = slot as u32;
+                // The prompt's last position predicts the first response
+                // token; each response position the one after it.
+                scored[row] = if k == 0 { (p0 + pl - 1) as u32 } else { (c0 + k - 1) as u32 };
+                targets[row] = s.response_ids[k];
+            }
+        }
+    }
+    let n = ids.len();
     let v = |x: Vec<u32>| {
         let len = x.len();
         Tensor::from_vec(x, len, device)
     };
     let inputs = Inputs::Packed(PackedSequences {
         ids: Tensor::from_vec(ids, (1, n), device)?,
-        cu,
+        seqs,
+        positions,
         scored: v(scored)?,
         targets: v(targets)?,
         to_tail: v(to_tail)?,

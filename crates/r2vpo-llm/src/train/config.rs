@@ -522,9 +522,9 @@ pub struct TrainConfig {
     /// attending only to itself (`crate::backend::batch::PackedSequences`),
     /// instead of left-padded rows: the layers run on real tokens only.
     /// The same log-probs, loss and gradients up to float rounding
-    /// (tested for every aggregation mode). Where the backend packs (candle)
-    /// it takes precedence over `share_prompt_prefix`; the torch backend
-    /// takes padded rows either way.
+    /// (tested for every aggregation mode, on both backends). It takes
+    /// precedence over `share_prompt_prefix`, and works with
+    /// `activation_checkpointing`.
     pub pack_sequences: bool,
     /// Cut micro-batches by tokens instead of rows (verl's dynamic batch
     /// size): each micro-batch takes samples, longest first, while the
@@ -771,17 +771,15 @@ impl TrainConfig {
         if self.ref_kl.coef.is_nan() || self.ref_kl.coef < 0.0 {
             return Err(bad("ref_kl.coef", "must be non-negative"));
         }
-        if self.activation_checkpointing && self.share_prompt_prefix && self.model.backend == BackendKind::Candle {
+        if self.activation_checkpointing
+            && self.share_prompt_prefix
+            && !self.pack_sequences
+            && self.model.backend == BackendKind::Candle
+        {
             return Err(bad(
                 "activation_checkpointing",
                 "needs share_prompt_prefix = false: a shared prompt's keys and values feed every layer of every \
                  row, which per-layer recomputation cannot split",
-            ));
-        }
-        if self.activation_checkpointing && self.pack_sequences && self.model.backend == BackendKind::Candle {
-            return Err(bad(
-                "activation_checkpointing",
-                "needs pack_sequences = false on the candle backend (its checkpointed backward takes padded rows)",
             ));
         }
         if self.activation_checkpointing && self.entropy_coef != 0.0 {

@@ -699,9 +699,16 @@ impl Trainer {
     /// The micro-batches of `samples` as index lists
     /// ([`micro_batch::plan`]), dealt over `world` ranks.
     fn micro_batches(&self, samples: &[&Sample], world: usize) -> Vec<Vec<usize>> {
-        let lens: Vec<usize> = samples.iter().map(|s| s.prompt_ids.len() + s.response_ids.len()).collect();
+        let items: Vec<micro_batch::Item> = samples
+            .iter()
+            .map(|s| micro_batch::Item {
+                prompt_key: s.problem,
+                prompt: s.prompt_ids.len(),
+                response: s.response_ids.len(),
+            })
+            .collect();
         let (rows, budget) = (self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro_batch);
-        micro_batch::plan(&lens, self.layout(), rows, budget, world)
+        micro_batch::plan(&items, self.layout(), rows, budget, world)
     }
 
     /// Per-response log-probs of `samples` under `policy` (no graph).
@@ -975,7 +982,7 @@ impl Trainer {
         let iteration = self.progress.iteration as u64;
         let dev = self.backend.device().clone();
         let mut items = items.to_vec();
-        if self.layout() == micro_batch::Layout::Prefixed {
+        if self.layout() != micro_batch::Layout::Padded {
             // Keep each prompt's samples in as few micro-batches as possible.
             items.sort_by_key(|(s, _)| s.problem);
         }

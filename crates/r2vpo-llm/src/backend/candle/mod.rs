@@ -212,7 +212,7 @@ impl Backend for CandleBackend {
         let m = &self.model;
         let (pending, out) = on_pool(|| -> Result<_> {
             Ok(match (&batch.inputs, self.checkpointing) {
-                (Inputs::Padded { ids, attention }, true) => {
+                (inputs @ (Inputs::Padded { .. } | Inputs::Packed(_)), true) => {
                     if entropy {
                         return Err(candle_core::Error::Msg(
                             "the entropy bonus is not checkpointed (activation_checkpointing needs entropy_coef = 0)"
@@ -220,7 +220,11 @@ impl Backend for CandleBackend {
                         )
                         .into());
                     }
-                    let pass = m.checkpointed_tail(ids, attention, batch.tail)?;
+                    let pass = match inputs {
+                        Inputs::Packed(packed) => m.checkpointed_packed(packed, batch.mask.dim(0)?, batch.tail)?,
+                        Inputs::Padded { ids, attention } => m.checkpointed_tail(ids, attention, batch.tail)?,
+                        Inputs::Prefixed(_) => unreachable!("matched above"),
+                    };
                     let logp = pass.logprobs().clone();
                     (Pending::Checkpointed(pass), Forward { logp, entropy: None })
                 }

@@ -916,15 +916,7 @@ impl Transformer {
     /// batch's response tokens, and those tokens `(S,)`.
     fn packed_hidden(&self, p: &Params, batch: &PackedSequences) -> Result<(Tensor, Tensor)> {
         let n = batch.ids.dim(1)?;
-        if batch.ids.dims() != [1, n] || batch.cu.last() != Some(&n) {
-            return Err(candle_core::Error::Msg(format!(
-                "packed ids {:?} with sequence bounds ending at {:?}",
-                batch.ids.dims(),
-                batch.cu.last()
-            ))
-            .into());
-        }
-        let c = self.packed_ctx(&batch.cu)?;
+        let c = self.packed_ctx(batch)?;
         let h = self.stack(p, &batch.ids, &c, None)?.reshape((n, self.config.hidden_size))?;
         Ok((h.index_select(&batch.scored, 0)?, batch.targets.clone()))
     }
@@ -1068,17 +1060,24 @@ impl Transformer {
 
     /// The [`StackCtx`] of one packed row ([`PackedSequences`]): each
     /// sequence's positions from 0, and no mask (the attention's bounds).
-    fn packed_ctx(&self, cu: &[usize]) -> Result<StackCtx> {
-        let n = *cu.last().unwrap_or(&0);
-        let pos: Vec<usize> = cu.windows(2).flat_map(|w| 0..w[1] - w[0]).collect();
-        let (cos, sin) = self.rope_tables(&[pos])?;
+    fn packed_ctx(&self, batch: &PackedSequences) -> Result<StackCtx> {
+        let n = batch.ids.dim(1)?;
+        if batch.ids.dims() != [1, n] || batch.positions.len() != n {
+            return Err(candle_core::Error::Msg(format!(
+                "packed ids {:?} with {} positions",
+                batch.ids.dims(),
+                batch.positions.len()
+            ))
+            .into());
+        }
+        let (cos, sin) = self.rope_tables(std::slice::from_ref(&batch.positions))?;
         let scale = 1.0 / (self.config.head_dim() as f64).sqrt();
         let (cos_q, sin_q) = ((&cos * scale)?, (&sin * scale)?);
         Ok(StackCtx {
             b: 1,
             t: n,
             tk: n,
-            keys: Keys::Packed(cu.to_vec()),
+            keys: Keys::Packed(batch.seqs.clone()),
             cos,
             sin,
             cos_q,
@@ -1123,7 +1122,7 @@ impl Transformer {
         // stacked along the sequence axis of one matmul.
         let q = q.reshape((b, nkv, g * t, hd))?;
         let attn = match &c.keys {
-            Keys::Packed(cu) => ops::attention_varlen(&q, &k, &v, cu)?,
+            Keys::Packed(seqs) => ops::attention_varlen(&q, &k, &v, seqs)?,
             Keys::Mask(mask) => {
                 let fast =
                     if c.decode_attention { ops::attention_no_grad(&q, &k, &v, mask, t, &c.shared)? } else { None };
@@ -1197,6 +1196,35 @@ impl Transformer {
         if r == 0 || r >= w {
             return Err(candle_core::Error::Msg(format!("tail length {r} must be in 1..{w} for width {w}")).into());
         }
+        let rows = mask_rows(attention_mask, b, w)?;
+        let c = self.stack_ctx(input_ids, &rows, None)?;
+        let targets = input_ids.narrow(1, w - r, r)?.to_dtype(DType::U32)?.flatten_all()?;
+        self.checkpointed(input_ids, c, Scored::Tail { r }, targets, (b, r))
+    }
+
+    /// [`Transformer::checkpointed_tail`] for a packed micro-batch of `b`
+    /// samples whose longest response is `r` (see
+    /// [`Transformer::packed_tail_logprobs`]): the log-probs `(b, r)` in the
+    /// tail layout, for [`Transformer::checkpointed_backward`].
+    pub fn checkpointed_packed(&self, batch: &PackedSequences, b: usize, r: usize) -> Result<CheckpointedTail> {
+        let c = self.packed_ctx(batch)?;
+        let scored = Scored::Packed { scored: batch.scored.clone(), from_tail: batch.from_tail.clone() };
+        let mut pass = self.checkpointed(&batch.ids, c, scored, batch.targets.clone(), (b, r))?;
+        pass.logp = batch.to_tail(&pass.logp, b, r)?;
+        Ok(pass)
+    }
+
+    /// The forward half of gradient checkpointing over `ids` in the stack
+    /// context `c`, scoring `targets` at the rows `scored` selects: the
+    /// log-probs as the head gives them (`(b, r)` for a tail, `(S,)` packed).
+    fn checkpointed(
+        &self,
+        input_ids: &Tensor,
+        c: StackCtx,
+        scored: Scored,
+        targets: Tensor,
+        (b, r): (usize, usize),
+    ) -> Result<CheckpointedTail> {
         // The layers' gradients land in buffers allocated before any
         // activation: kept as the backward's own tensors, each would pin
         // the allocator pages around it, and the resident set grew by a
@@ -1213,8 +1241,6 @@ impl Transformer {
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<_>>()?;
-        let rows = mask_rows(attention_mask, b, w)?;
-        let c = self.stack_ctx(input_ids, &rows, None)?;
         let det = self.detached()?;
         // Forward without a graph, keeping each layer's input.
         let mut inputs = vec![self.embed(&det, input_ids)?];
@@ -1224,11 +1250,23 @@ impl Transformer {
         }
         // The head's input rows; their log-probs without a graph.
         let top = inputs.pop().expect("the embedding at least");
-        let h = self.final_norm(&det, &top, &c)?;
-        let hs = h.narrow(1, w - r - 1, r)?.contiguous()?.reshape((b * r, self.config.hidden_size))?;
-        let targets = input_ids.narrow(1, w - r, r)?.to_dtype(DType::U32)?.flatten_all()?;
-        let logp = self.chunked_logprobs(&det, &hs, &targets)?.reshape((b, r))?;
-        Ok(CheckpointedTail { input_ids: input_ids.clone(), bufs, c, inputs, top, targets, logp })
+        let hs = self.scored_rows(&det, &top, &c, &scored)?;
+        let mut logp = self.chunked_logprobs(&det, &hs, &targets)?;
+        if let Scored::Tail { .. } = scored {
+            logp = logp.reshape((b, r))?;
+        }
+        Ok(CheckpointedTail { input_ids: input_ids.clone(), bufs, c, inputs, top, targets, scored, logp })
+    }
+
+    /// The final norm's rows `(rows, hidden)` that `scored` selects from the
+    /// last layer's output `top`.
+    fn scored_rows(&self, p: &Params, top: &Tensor, c: &StackCtx, scored: &Scored) -> Result<Tensor> {
+        let h = self.final_norm(p, top, c)?;
+        let hsz = self.config.hidden_size;
+        Ok(match scored {
+            Scored::Tail { r } => h.narrow(1, c.t - r - 1, *r)?.contiguous()?.reshape((c.b * r, hsz))?,
+            Scored::Packed { scored, .. } => h.reshape((c.b * c.t, hsz))?.index_select(scored, 0)?,
+        })
     }
 
     /// The backward half of gradient checkpointing: the gradients of every
@@ -1239,20 +1277,20 @@ impl Transformer {
         pass: CheckpointedTail,
         dlogp: &Tensor,
     ) -> Result<candle_core::backprop::GradStore> {
-        let CheckpointedTail { input_ids, bufs, c, mut inputs, top, targets, logp } = pass;
-        let (b, r) = logp.dims2()?;
+        let CheckpointedTail { input_ids, bufs, c, mut inputs, top, targets, scored, logp } = pass;
         drop(logp);
-        let dlogp = dlogp.flatten_all()?;
+        let dlogp = match &scored {
+            Scored::Tail { .. } => dlogp.flatten_all()?,
+            Scored::Packed { from_tail, .. } => dlogp.flatten_all()?.index_select(from_tail, 0)?,
+        };
         // `p` computes (cast to the compute dtype); `vars` are the `Var`s the
         // gradients are keyed by (the same tensors when nothing is cast).
         let (p, vars) = (&self.weights(true)?, &self.params);
-        let w = input_ids.dim(1)?;
         // The head, from the last layer's output as a leaf, a chunk of rows
         // at a time, weighted by the log-probs' gradient.
         let top = Var::from_tensor(&top)?;
-        let h = self.final_norm(p, top.as_tensor(), &c)?;
-        let n_rows = b * r;
-        let hs = h.narrow(1, w - r - 1, r)?.contiguous()?.reshape((n_rows, self.config.hidden_size))?;
+        let hs = self.scored_rows(p, top.as_tensor(), &c, &scored)?;
+        let n_rows = hs.dim(0)?;
         let mut g: Option<Tensor> = None;
         // Only the weights' gradients are kept: candle's store also holds
         // gradients of constant inputs (masks, tables), never read.
@@ -1274,7 +1312,7 @@ impl Transformer {
             }
         }
         let mut g = g.expect("at least one row");
-        drop((h, hs, top));
+        drop((hs, top));
         // Back through the layers, one recomputed at a time.
         for (li, l) in p.layers.iter().enumerate().rev() {
             let x = Var::from_tensor(&inputs.pop().expect("one input per layer"))?;
@@ -1310,7 +1348,17 @@ pub struct CheckpointedTail {
     inputs: Vec<Tensor>,
     top: Tensor,
     targets: Tensor,
+    scored: Scored,
     logp: Tensor,
+}
+
+/// Which rows of a checkpointed pass the head scores.
+enum Scored {
+    /// The last `r` positions of every row (padded rows).
+    Tail { r: usize },
+    /// The packed rows `scored`, whose slots in the `(B, R)` tail are
+    /// `from_tail` ([`PackedSequences`]).
+    Packed { scored: Tensor, from_tail: Tensor },
 }
 
 impl CheckpointedTail {
@@ -1357,10 +1405,9 @@ struct StackCtx {
 enum Keys {
     /// An additive mask `(B, 1, 1, T, TK)` (rows, padding, a cache).
     Mask(Tensor),
-    /// One row of sequences laid end to end, sequence `s` at
-    /// `cu[s]..cu[s + 1]`, each causal within itself
-    /// ([`ops::attention_varlen`]).
-    Packed(Vec<usize>),
+    /// One row of sequences laid end to end, each causal within itself
+    /// after its prefix ([`ops::attention_varlen`]).
+    Packed(Vec<ops::Seq>),
 }
 
 /// A `(B, T)` mask tensor as rows of 0/1 bytes.

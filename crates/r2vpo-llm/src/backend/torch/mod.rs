@@ -224,8 +224,8 @@ struct Ctx {
     b: i64,
     /// New tokens per row (`W` of a whole pass).
     t: i64,
-    /// `(B, 1, T, cached + T)`, in the compute kind.
-    mask: T,
+    /// Which keys each query sees.
+    keys: Keys,
     /// `(B, 1, T, D/2)`, in the compute kind.
     cos: T,
     sin: T,
@@ -233,6 +233,25 @@ struct Ctx {
     /// rotated queries come out scaled for the attention.
     cos_q: T,
     sin_q: T,
+}
+
+/// Which keys each query of a pass sees.
+enum Keys {
+    /// An additive mask `(B, 1, T, cached + T)` in the compute kind.
+    Mask(T),
+    /// One row of sequences laid end to end, each causal within itself
+    /// after its prefix ([`crate::backend::batch::PackedSequences`]).
+    Packed(Vec<crate::backend::batch::Seq>),
+}
+
+/// The rows of the stack's output that the head scores, and where their
+/// values go in the micro-batch's `(B, R)` tail.
+enum Scored {
+    /// The last `r` positions of every row (padded rows).
+    Tail(i64),
+    /// The packed positions `rows` of `packed`, a micro-batch of `b`
+    /// samples whose longest response is `r`.
+    Packed { rows: T, packed: crate::backend::batch::PackedSequences, b: usize, r: usize },
 }
 
 /// What the last forward left for the backward.
@@ -244,9 +263,9 @@ struct Pending {
     inputs: Vec<T>,
     ctx: Ctx,
     ids: T,
-    /// The scored tokens, `(B·R,)`.
+    /// The scored tokens, `(B·R,)` or `(S,)` packed.
     targets: T,
-    r: i64,
+    scored: Scored,
     entropy: bool,
 }
 
@@ -702,11 +721,44 @@ impl TorchBackend {
         Ok(Ctx {
             b: bi,
             t: ti,
-            mask: up(&add, &[bi, 1, ti, tki])?,
+            keys: Keys::Mask(up(&add, &[bi, 1, ti, tki])?),
             cos_q: up(&scaled(&cos), &[bi, 1, ti, hi])?,
             sin_q: up(&scaled(&sin), &[bi, 1, ti, hi])?,
             cos: up(&cos, &[bi, 1, ti, hi])?,
             sin: up(&sin, &[bi, 1, ti, hi])?,
+        })
+    }
+
+    /// The context of one packed row ([`crate::backend::batch::PackedSequences`]):
+    /// each sequence's positions from 0, and its bounds for the attention.
+    fn packed_ctx(&self, batch: &crate::backend::batch::PackedSequences) -> Result<Ctx> {
+        let n = batch.positions.len() as i64;
+        let half = self.inv_freq.len();
+        let scale = (1.0 / (self.config.head_dim() as f64).sqrt()) as f32;
+        let (mut cos, mut sin) = (Vec::with_capacity(n as usize * half), Vec::with_capacity(n as usize * half));
+        for &p in &batch.positions {
+            for &f in &self.inv_freq {
+                let a = p as f32 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        let up = |v: &[f32]| -> Result<T> {
+            T::f_from_slice(v)
+                .and_then(|x| x.f_view([1, 1, n, half as i64]))
+                .and_then(|x| x.f_to_device(self.device))
+                .and_then(|x| x.f_to_kind(self.kind))
+                .map_err(torch_err)
+        };
+        let scaled = |v: &[f32]| v.iter().map(|x| x * scale).collect::<Vec<f32>>();
+        Ok(Ctx {
+            b: 1,
+            t: n,
+            keys: Keys::Packed(batch.seqs.clone()),
+            cos_q: up(&scaled(&cos))?,
+            sin_q: up(&scaled(&sin))?,
+            cos: up(&cos)?,
+            sin: up(&sin)?,
         })
     }
 
@@ -754,7 +806,38 @@ impl TorchBackend {
             Some(cache) => cache.push(li, &k, &v),
             None => (k, v),
         };
-        let attn = T::scaled_dot_product_attention(&q, &k, &v, Some(&c.mask), 0.0, false, 1.0, nkv != nh);
+        let gqa = nkv != nh;
+        let attn = match &c.keys {
+            Keys::Mask(mask) => T::scaled_dot_product_attention(&q, &k, &v, Some(mask), 0.0, false, 1.0, gqa),
+            // libtorch's attention a sequence at a time: its FlashAttention
+            // varlen kernel (`_flash_attention_forward` with cumulative
+            // lengths) is CUDA-only, outside tch's API and has no shared
+            // prefix, so this is the portable form; the products outside
+            // the attention run on the packed row whole.
+            Keys::Packed(seqs) => {
+                let parts: Vec<T> = seqs
+                    .iter()
+                    .filter(|sq| sq.len > 0)
+                    .map(|sq| {
+                        let (c0, l, p0, pl) = (sq.start as i64, sq.len as i64, sq.prefix.0 as i64, sq.prefix.1 as i64);
+                        let qs = q.narrow(2, c0, l);
+                        if pl == 0 {
+                            let (ks, vs) = (k.narrow(2, c0, l), v.narrow(2, c0, l));
+                            return T::scaled_dot_product_attention(&qs, &ks, &vs, None::<&T>, 0.0, true, 1.0, gqa);
+                        }
+                        let ks = T::cat(&[k.narrow(2, p0, pl), k.narrow(2, c0, l)], 2);
+                        let vs = T::cat(&[v.narrow(2, p0, pl), v.narrow(2, c0, l)], 2);
+                        // The prefix whole, then causal: key j is seen by
+                        // query i when j ≤ pl + i.
+                        let opts = (Kind::Int64, q.device());
+                        let seen =
+                            T::arange(pl + l, opts).unsqueeze(0).le_tensor(&(T::arange(l, opts) + pl).unsqueeze(1));
+                        T::scaled_dot_product_attention(&qs, &ks, &vs, Some(&seen), 0.0, false, 1.0, gqa)
+                    })
+                    .collect();
+                T::cat(&parts, 2)
+            }
+        };
         let attn = attn.transpose(1, 2).contiguous().view([c.b * c.t, nh * hd]);
         let x = x + self.proj(p, &attn, l.o, l.o_b, li, LoraTarget::OProj);
         let h2 = self.rms(&x, &p[l.post_norm]);
@@ -763,11 +846,15 @@ impl TorchBackend {
         &x + self.proj(p, &(gate.silu() * up), l.down, None, li, LoraTarget::DownProj)
     }
 
-    /// The final norm's rows that predict the last `r` tokens, `(B·r, hidden)`.
-    fn tail_rows(&self, p: &[T], top: &T, c: &Ctx, r: i64) -> T {
+    /// The final norm's rows that `scored` selects: those that predict the
+    /// last `r` tokens `(B·r, hidden)`, or the packed rows `(S, hidden)`.
+    fn tail_rows(&self, p: &[T], top: &T, c: &Ctx, scored: &Scored) -> T {
         let hsz = self.config.hidden_size as i64;
-        let h = self.rms(top, &p[self.layout.norm]).view([c.b, c.t, hsz]);
-        h.narrow(1, c.t - r - 1, r).contiguous().view([c.b * r, hsz])
+        let h = self.rms(top, &p[self.layout.norm]);
+        match scored {
+            Scored::Tail(r) => h.view([c.b, c.t, hsz]).narrow(1, c.t - r - 1, *r).contiguous().view([c.b * r, hsz]),
+            Scored::Packed { rows, .. } => h.view([c.b * c.t, hsz]).index_select(0, rows),
+        }
     }
 
     fn head_weight<'a>(&self, p: &'a [T]) -> &'a T {
@@ -800,7 +887,7 @@ impl TorchBackend {
 
     /// The stack up to the head's rows: with a graph (`keep` = false), or
     /// without one keeping each layer's input (`keep`).
-    fn stack(&self, p: &[T], ids: &T, c: &Ctx, r: i64, keep: bool) -> (T, Vec<T>) {
+    fn stack(&self, p: &[T], ids: &T, c: &Ctx, scored: &Scored, keep: bool) -> (T, Vec<T>) {
         let mut x = self.embed(p, ids);
         let mut inputs = Vec::new();
         for li in 0..self.layout.layers.len() {
@@ -809,19 +896,33 @@ impl TorchBackend {
             }
             x = self.layer(p, li, &x, c);
         }
-        let hs = self.tail_rows(p, &x, c, r);
+        let hs = self.tail_rows(p, &x, c, scored);
         if keep {
             inputs.push(x);
         }
         (hs, inputs)
     }
 
-    /// Token ids, targets and the context of a padded micro-batch.
-    fn inputs(&self, batch: &MicroBatch) -> Result<(T, T, Ctx, i64)> {
-        let Inputs::Padded { ids, attention } = &batch.inputs else {
-            return Err(ModelError::Torch(
-                "the torch backend takes whole left-padded rows (share_prompt_prefix = false)".into(),
-            ));
+    /// Token ids, targets, the context and the scored rows of a padded or
+    /// packed micro-batch.
+    fn inputs(&self, batch: &MicroBatch) -> Result<(T, T, Ctx, Scored)> {
+        let (ids, attention) = match &batch.inputs {
+            Inputs::Padded { ids, attention } => (ids, attention),
+            Inputs::Packed(packed) => {
+                let ids = ids_to_torch(&packed.ids, self.device)?;
+                let c = self.packed_ctx(packed)?;
+                let targets = ids_to_torch(&packed.targets, self.device)?;
+                let rows = ids_to_torch(&packed.scored, self.device)?.to_kind(Kind::Int64);
+                let (b, r) = (batch.mask.dim(0)?, batch.tail);
+                return Ok((ids, targets, c, Scored::Packed { rows, packed: packed.clone(), b, r }));
+            }
+            Inputs::Prefixed(_) => {
+                return Err(ModelError::Torch(
+                    "the torch backend takes padded rows or packed sequences, not shared prompts \
+                     (share_prompt_prefix = false)"
+                        .into(),
+                ))
+            }
         };
         let r = batch.tail as i64;
         let w = ids.dim(1)? as i64;
@@ -831,12 +932,29 @@ impl TorchBackend {
         let ids = ids_to_torch(ids, self.device)?;
         let c = self.ctx(attention)?;
         let targets = ids.narrow(1, w - r, r).reshape([-1]);
-        Ok((ids, targets, c, r))
+        Ok((ids, targets, c, Scored::Tail(r)))
     }
 
     /// A `(B, R)` f32 candle tensor of the backend's values.
     fn values(&self, t: &T, b: i64, r: i64) -> Result<candle_core::Tensor> {
         to_candle(&t.view([b, r]))
+    }
+
+    /// The head's values for `scored` rows as a `(B, R)` f32 candle tensor
+    /// (0 at a packed micro-batch's padding slots).
+    fn scored_values(&self, t: &T, c: &Ctx, scored: &Scored) -> Result<candle_core::Tensor> {
+        match scored {
+            Scored::Tail(r) => self.values(t, c.b, *r),
+            Scored::Packed { packed, b, r, .. } => Ok(packed.to_tail(&to_candle(t)?, *b, *r)?),
+        }
+    }
+
+    /// A loss's gradient `(B, R)` as the scored rows' `(B·R,)` or `(S,)`.
+    fn scored_grad(&self, g: &candle_core::Tensor, scored: &Scored) -> Result<T> {
+        match scored {
+            Scored::Tail(_) => Ok(to_torch(g, self.device)?.view([-1])),
+            Scored::Packed { packed, .. } => to_torch(&packed.from_tail(g)?, self.device),
+        }
     }
 
     /// Marks the weights changed: the inference casts are stale.
@@ -936,18 +1054,22 @@ impl Policy for TorchBackend {
         format!("torch {dev} {kind}")
     }
 
+    fn packs_sequences(&self) -> bool {
+        true
+    }
+
     fn score(&self, batch: &MicroBatch) -> Result<candle_core::Tensor> {
         guarded("torch score", || {
-            let (ids, targets, c, r) = self.inputs(batch)?;
+            let (ids, targets, c, scored) = self.inputs(batch)?;
             let st = self.lock();
             // The casts decoding uses: made once per change of the weights,
             // not once per scored micro-batch.
             let p = self.inference_params(&st);
             let lp = tch::no_grad(|| {
-                let (hs, _) = self.stack(&p, &ids, &c, r, false);
+                let (hs, _) = self.stack(&p, &ids, &c, &scored, false);
                 self.head_values(&p, &hs, &targets, false).0
             });
-            self.values(&lp, c.b, r)
+            self.scored_values(&lp, &c, &scored)
         })
     }
 
@@ -1052,7 +1174,7 @@ impl Backend for TorchBackend {
             ));
         }
         guarded("torch forward", || {
-            let (ids, targets, c, r) = self.inputs(batch)?;
+            let (ids, targets, c, scored) = self.inputs(batch)?;
             let mut st = self.lock();
             let p = if self.opts.checkpointing {
                 tch::no_grad(|| self.compute_params(&st.params))
@@ -1060,16 +1182,16 @@ impl Backend for TorchBackend {
                 self.compute_params(&st.params)
             };
             let (hs, inputs) = if self.opts.checkpointing {
-                tch::no_grad(|| self.stack(&p, &ids, &c, r, true))
+                tch::no_grad(|| self.stack(&p, &ids, &c, &scored, true))
             } else {
-                self.stack(&p, &ids, &c, r, false)
+                self.stack(&p, &ids, &c, &scored, false)
             };
             let (lp, ent) = tch::no_grad(|| self.head_values(&p, &hs.detach(), &targets, entropy));
             let out = Forward {
-                logp: self.values(&lp, c.b, r)?,
-                entropy: ent.as_ref().map(|e| self.values(e, c.b, r)).transpose()?,
+                logp: self.scored_values(&lp, &c, &scored)?,
+                entropy: ent.as_ref().map(|e| self.scored_values(e, &c, &scored)).transpose()?,
             };
-            st.pending = Some(Pending { hs, inputs, ctx: c, ids, targets, r, entropy });
+            st.pending = Some(Pending { hs, inputs, ctx: c, ids, targets, scored, entropy });
             Ok(out)
         })
     }
@@ -1078,9 +1200,9 @@ impl Backend for TorchBackend {
         guarded("torch backward", || {
             let mut st = self.lock();
             let pend = st.pending.take().ok_or_else(|| ModelError::Torch("backward without a forward".into()))?;
-            let g_lp = to_torch(dlogp, self.device)?.view([-1]);
+            let g_lp = self.scored_grad(dlogp, &pend.scored)?;
             let g_ent = match (pend.entropy, dentropy) {
-                (true, Some(d)) => Some(to_torch(d, self.device)?.view([-1])),
+                (true, Some(d)) => Some(self.scored_grad(d, &pend.scored)?),
                 _ => None,
             };
             let p = self.compute_params(&st.params);
@@ -1108,7 +1230,7 @@ impl Backend for TorchBackend {
                 // Checkpointed: the final norm, then one layer at a time.
                 let mut inputs = pend.inputs;
                 let top = inputs.pop().expect("the last layer's output").set_requires_grad(true);
-                let hs = self.tail_rows(&p, &top, &pend.ctx, pend.r);
+                let hs = self.tail_rows(&p, &top, &pend.ctx, &pend.scored);
                 (hs * &g_hs).sum(Kind::Float).backward();
                 self.harvest(&mut st)?;
                 let mut g = top.grad();

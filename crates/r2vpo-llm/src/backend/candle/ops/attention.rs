@@ -394,57 +394,65 @@ impl CustomOp3 for Attention {
     }
 }
 
+pub use crate::backend::batch::Seq;
+
 /// Causal attention over packed sequences (FlashAttention's "varlen" form,
-/// `flash_attn_varlen_func`): `q (1, Hkv, G·N, D)` already scaled, `k, v
-/// (1, Hkv, N, D)`, where the `N` positions are sequences laid end to end,
-/// sequence `s` at `cu[s]..cu[s + 1]` (`cu[0] = 0`, the last entry `N`).
-/// Each position attends to the positions of its own sequence up to
-/// itself and nothing else, so no mask is stored: a packed micro-batch of
-/// `N` tokens costs `Σ Lₛ²/2` scores where a dense mask would cost `N²`
-/// entries and padded rows `B·W²`. Returns `(1, Hkv, G·N, D)`.
+/// `flash_attn_varlen_func`, plus a shared prefix per sequence): `q (1,
+/// Hkv, G·N, D)` already scaled, `k, v (1, Hkv, N, D)`, where the `N`
+/// positions are `seqs` laid end to end in order. A query of a sequence
+/// sees its sequence's prefix span whole and its own sequence up to
+/// itself, nothing else, so no mask is stored: a packed micro-batch costs
+/// `Σ L·(P + L/2)` scores where a dense mask would cost `N²` entries and
+/// padded rows `B·W²`. Returns `(1, Hkv, G·N, D)`.
 ///
 /// On the CPU in f32/f64 it is one op whose work units are (kv head,
 /// sequence) pairs, each [`attention`]'s blocks of query rows over only
 /// the keys its rows see; elsewhere it is [`attention_varlen_composite`].
-pub fn attention_varlen(q: &Tensor, k: &Tensor, v: &Tensor, cu: &[usize]) -> Result<Tensor> {
-    varlen_dims(q, k, v, cu)?;
+pub fn attention_varlen(q: &Tensor, k: &Tensor, v: &Tensor, seqs: &[Seq]) -> Result<Tensor> {
+    varlen_dims(q, k, v, seqs)?;
     let same = [k, v].iter().all(|x| x.dtype() == q.dtype() && x.device().is_cpu());
     if !(fused_ok(q) && same) {
-        return attention_varlen_composite(q, k, v, cu);
+        return attention_varlen_composite(q, k, v, seqs);
     }
-    q.contiguous()?.apply_op3(&k.contiguous()?, &v.contiguous()?, VarlenAttention { cu: cu.to_vec() })
+    q.contiguous()?.apply_op3(&k.contiguous()?, &v.contiguous()?, VarlenAttention { seqs: seqs.to_vec() })
 }
 
-/// [`attention_varlen`] from candle ops: each sequence's queries, keys and
-/// values cut out and given to [`attention_composite`] with a causal mask.
-pub fn attention_varlen_composite(q: &Tensor, k: &Tensor, v: &Tensor, cu: &[usize]) -> Result<Tensor> {
-    let (hk, g, n, d) = varlen_dims(q, k, v, cu)?;
+/// [`attention_varlen`] from candle ops: each sequence's queries, and its
+/// prefix's keys and values then its own, given to [`attention_composite`]
+/// with the mask that shows the prefix whole and the sequence causally.
+pub fn attention_varlen_composite(q: &Tensor, k: &Tensor, v: &Tensor, seqs: &[Seq]) -> Result<Tensor> {
+    let (hk, g, n, d) = varlen_dims(q, k, v, seqs)?;
     let q5 = q.reshape((1, hk, g, n, d))?;
-    let mut outs = Vec::with_capacity(cu.len() - 1);
-    for s in cu.windows(2) {
-        let (c0, l) = (s[0], s[1] - s[0]);
-        if l == 0 {
-            continue;
-        }
+    let mut outs = Vec::with_capacity(seqs.len());
+    for sq in seqs.iter().filter(|sq| sq.len > 0) {
+        let (c0, l, (p0, pl)) = (sq.start, sq.len, sq.prefix);
         let qs = q5.narrow(3, c0, l)?.contiguous()?.reshape((1, hk, g * l, d))?;
-        let (ks, vs) = (k.narrow(2, c0, l)?.contiguous()?, v.narrow(2, c0, l)?.contiguous()?);
-        let hidden: Vec<f32> = (0..l * l).map(|x| if x % l > x / l { -1e9 } else { 0.0 }).collect();
-        let mask = Tensor::from_vec(hidden, (1, 1, 1, l, l), q.device())?.to_dtype(q.dtype())?;
-        outs.push(attention_composite(&qs, &ks, &vs, &mask, l)?.reshape((1, hk, g, l, d))?);
+        let keys = |x: &Tensor| -> Result<Tensor> { Tensor::cat(&[x.narrow(2, p0, pl)?, x.narrow(2, c0, l)?], 2) };
+        let tk = pl + l;
+        let hidden: Vec<f32> = (0..l * tk).map(|x| if x % tk > pl + x / tk { -1e9 } else { 0.0 }).collect();
+        let mask = Tensor::from_vec(hidden, (1, 1, 1, l, tk), q.device())?.to_dtype(q.dtype())?;
+        outs.push(attention_composite(&qs, &keys(k)?, &keys(v)?, &mask, l)?.reshape((1, hk, g, l, d))?);
     }
     Tensor::cat(&outs, 3)?.reshape((1, hk, g * n, d))
 }
 
 /// `(Hkv, G, N, D)` of a packed attention's operands, or an error naming
-/// their shapes and the sequence bounds.
-fn varlen_dims(q: &Tensor, k: &Tensor, v: &Tensor, cu: &[usize]) -> Result<(usize, usize, usize, usize)> {
+/// their shapes and the sequences.
+fn varlen_dims(q: &Tensor, k: &Tensor, v: &Tensor, seqs: &[Seq]) -> Result<(usize, usize, usize, usize)> {
     let (one, hk, gn, d) = q.dims4()?;
     let n = k.dim(2)?;
-    let bounds_ok = cu.len() >= 2 && cu[0] == 0 && cu.last() == Some(&n) && cu.windows(2).all(|w| w[0] <= w[1]);
-    if one != 1 || n == 0 || gn % n != 0 || k.dims4()? != (1, hk, n, d) || v.dims4()? != (1, hk, n, d) || !bounds_ok {
+    // The sequences tile 0..N in order; a prefix ends before its sequence.
+    let mut at = 0;
+    let mut tiled = true;
+    for sq in seqs {
+        tiled &= sq.start == at && sq.prefix.0 + sq.prefix.1 <= sq.start;
+        at += sq.len;
+    }
+    tiled &= at == n;
+    if one != 1 || n == 0 || gn % n != 0 || k.dims4()? != (1, hk, n, d) || v.dims4()? != (1, hk, n, d) || !tiled {
         return Err(Error::Msg(format!(
-            "attention_varlen: q {:?}, k {:?}, v {:?} with sequence bounds {cu:?} (from 0 to the key count, \
-             non-decreasing)",
+            "attention_varlen: q {:?}, k {:?}, v {:?} with sequences {seqs:?} (which must tile the key \
+             positions in order, each prefix ending before its sequence)",
             q.dims(),
             k.dims(),
             v.dims()
@@ -453,9 +461,9 @@ fn varlen_dims(q: &Tensor, k: &Tensor, v: &Tensor, cu: &[usize]) -> Result<(usiz
     Ok((hk, gn / n, n, d))
 }
 
-/// The packed op: `q`, `k`, `v` are its arguments, the bounds a constant.
+/// The packed op: `q`, `k`, `v` are its arguments, the sequences a constant.
 struct VarlenAttention {
-    cu: Vec<usize>,
+    seqs: Vec<Seq>,
 }
 
 /// Shapes of a packed attention: kv heads, query heads per kv head, packed
@@ -470,18 +478,37 @@ struct Packed {
 
 impl Packed {
     /// The (kv head, sequence) work units with a non-empty sequence.
-    fn units(&self, cu: &[usize]) -> Vec<(usize, usize, usize)> {
-        (0..self.hk).flat_map(|h| cu.windows(2).filter(|w| w[1] > w[0]).map(move |w| (h, w[0], w[1] - w[0]))).collect()
+    fn units(&self, seqs: &[Seq]) -> Vec<(usize, Seq)> {
+        (0..self.hk).flat_map(|h| seqs.iter().filter(|s| s.len > 0).map(move |&s| (h, s))).collect()
     }
 }
 
-/// `s (n × kn) = softmax(q_rows · k[..kn]ᵀ)` over the keys each row sees:
-/// row `i` (query `i0 + i` of its sequence) sees keys `0..=i0 + i`, the
-/// others get probability 0, as an additive mask would give them.
-fn causal_probs<T: Float>(s: &mut [T], q: &[T], k: &[T], d: usize, (n, i0, kn): (usize, usize, usize)) {
-    mm((n, kn, d), s, kn, false, q, (d, 1), k, (1, d));
-    for (i, row) in s.chunks_exact_mut(kn).enumerate() {
-        let (seen, hidden) = row.split_at_mut(i0 + i + 1);
+/// One unit's operands: the rows of kv head `h`'s keys (or values) from
+/// the prefix's first and from the sequence's first.
+fn spans<T>(x: &[T], (h, sq): (usize, Seq), p: Packed) -> (&[T], &[T]) {
+    let head = &x[h * p.n * p.d..];
+    (&head[sq.prefix.0 * p.d..], &head[sq.start * p.d..])
+}
+
+/// `s (n × (pl + kn))`, row stride `pl + kn`: softmax of the block's
+/// queries (positions `i0..i0 + n` of their sequence) against the prefix's
+/// `pl` keys, all seen, then the sequence's first `kn` keys, of which
+/// query `i0 + i` sees `0..=i0 + i`; the others get probability 0, as an
+/// additive mask would give them.
+#[allow(clippy::too_many_arguments)]
+fn span_probs<T: Float>(
+    s: &mut [T],
+    q: &[T],
+    (kp, ks): (&[T], &[T]),
+    d: usize,
+    pl: usize,
+    (n, i0, kn): (usize, usize, usize),
+) {
+    let w = pl + kn;
+    mm((n, pl, d), s, w, false, q, (d, 1), kp, (1, d));
+    mm((n, kn, d), &mut s[pl..], w, false, q, (d, 1), ks, (1, d));
+    for (i, row) in s.chunks_exact_mut(w).enumerate() {
+        let (seen, hidden) = row.split_at_mut(pl + i0 + i + 1);
         let mx = T::row_max(seen);
         let inv = T::ONE / T::exp_shifted(seen, mx);
         seen.iter_mut().for_each(|x| *x = *x * inv);
@@ -489,66 +516,85 @@ fn causal_probs<T: Float>(s: &mut [T], q: &[T], k: &[T], d: usize, (n, i0, kn): 
     }
 }
 
-fn varlen_fwd<T: Float>(q: &[T], k: &[T], v: &[T], cu: &[usize], p: Packed) -> Vec<T> {
+fn varlen_fwd<T: Float>(q: &[T], k: &[T], v: &[T], seqs: &[Seq], p: Packed) -> Vec<T> {
     let Packed { hk, g, n, d } = p;
-    let units = p.units(cu);
+    let units = p.units(seqs);
     let rows = attention_rows();
     let parts: Vec<Vec<T>> = units
         .par_iter()
-        .map(|&(h, c0, l)| {
-            let (kr, vr) = (&k[(h * n + c0) * d..], &v[(h * n + c0) * d..]);
+        .map(|&(h, sq)| {
+            let (l, pl) = (sq.len, sq.prefix.1);
+            let (kk, vv) = (spans(k, (h, sq), p), spans(v, (h, sq), p));
             let mut o = vec![T::ZERO; g * l * d];
-            let mut s = vec![T::ZERO; rows.min(l) * l];
+            let mut s = vec![T::ZERO; rows.min(l) * (pl + l)];
             for gi in 0..g {
-                let qr = &q[((h * g + gi) * n + c0) * d..];
+                let qr = &q[((h * g + gi) * n + sq.start) * d..];
                 for i0 in (0..l).step_by(rows) {
                     let (nr, kn) = (rows.min(l - i0), (i0 + rows).min(l));
-                    let s = &mut s[..nr * kn];
-                    causal_probs(s, &qr[i0 * d..], kr, d, (nr, i0, kn));
-                    mm((nr, d, kn), &mut o[(gi * l + i0) * d..], d, false, s, (kn, 1), vr, (d, 1));
+                    let w = pl + kn;
+                    let s = &mut s[..nr * w];
+                    span_probs(s, &qr[i0 * d..], kk, d, pl, (nr, i0, kn));
+                    let out = &mut o[(gi * l + i0) * d..];
+                    mm((nr, d, pl), out, d, false, s, (w, 1), vv.0, (d, 1));
+                    mm((nr, d, kn), out, d, pl > 0, &s[pl..], (w, 1), vv.1, (d, 1));
                 }
             }
             o
         })
         .collect();
     let mut out = vec![T::ZERO; hk * g * n * d];
-    for (&(h, c0, l), o) in units.iter().zip(parts) {
+    for (&(h, sq), o) in units.iter().zip(parts) {
+        let l = sq.len;
         for gi in 0..g {
-            out[((h * g + gi) * n + c0) * d..][..l * d].copy_from_slice(&o[gi * l * d..(gi + 1) * l * d]);
+            out[((h * g + gi) * n + sq.start) * d..][..l * d].copy_from_slice(&o[gi * l * d..(gi + 1) * l * d]);
         }
     }
     out
 }
 
 /// The gradients `(dq, dk, dv)` of [`varlen_fwd`] for the upstream `dout`,
-/// per (kv head, sequence) as [`attention_bwd`] computes them per row.
-fn varlen_bwd<T: Float>(q: &[T], k: &[T], v: &[T], dout: &[T], cu: &[usize], p: Packed) -> (Vec<T>, Vec<T>, Vec<T>) {
+/// per (kv head, sequence) as [`attention_bwd`] computes them per row; a
+/// prefix's keys and values collect the gradients of every sequence that
+/// reads them.
+fn varlen_bwd<T: Float>(q: &[T], k: &[T], v: &[T], dout: &[T], seqs: &[Seq], p: Packed) -> (Vec<T>, Vec<T>, Vec<T>) {
     let Packed { hk, g, n, d } = p;
-    let units = p.units(cu);
+    let units = p.units(seqs);
     let rows = attention_rows();
+    // Per unit: dq of its queries, then dk and dv of its prefix's rows
+    // followed by its own rows.
     let parts: Vec<(Vec<T>, Vec<T>, Vec<T>)> = units
         .par_iter()
-        .map(|&(h, c0, l)| {
-            let (kr, vr) = (&k[(h * n + c0) * d..], &v[(h * n + c0) * d..]);
-            let (mut dq, mut dk, mut dv) = (vec![T::ZERO; g * l * d], vec![T::ZERO; l * d], vec![T::ZERO; l * d]);
-            let cap = rows.min(l) * l;
+        .map(|&(h, sq)| {
+            let (l, pl) = (sq.len, sq.prefix.1);
+            let (kk, vv) = (spans(k, (h, sq), p), spans(v, (h, sq), p));
+            let mut dq = vec![T::ZERO; g * l * d];
+            let (mut dk, mut dv) = (vec![T::ZERO; (pl + l) * d], vec![T::ZERO; (pl + l) * d]);
+            let cap = rows.min(l) * (pl + l);
             let (mut s, mut dp) = (vec![T::ZERO; cap], vec![T::ZERO; cap]);
             for gi in 0..g {
-                let at = ((h * g + gi) * n + c0) * d;
+                let at = ((h * g + gi) * n + sq.start) * d;
                 let (qr, gr) = (&q[at..], &dout[at..]);
                 for i0 in (0..l).step_by(rows) {
                     let (nr, kn) = (rows.min(l - i0), (i0 + rows).min(l));
-                    let (s, dp) = (&mut s[..nr * kn], &mut dp[..nr * kn]);
+                    let w = pl + kn;
+                    let (s, dp) = (&mut s[..nr * w], &mut dp[..nr * w]);
                     let (qb, gb) = (&qr[i0 * d..], &gr[i0 * d..]);
-                    causal_probs(s, qb, kr, d, (nr, i0, kn));
-                    mm((kn, d, nr), &mut dv, d, true, s, (1, kn), gb, (d, 1));
-                    mm((nr, kn, d), dp, kn, false, gb, (d, 1), vr, (1, d));
-                    for (pr, dr) in s.chunks_exact(kn).zip(dp.chunks_exact_mut(kn)) {
+                    span_probs(s, qb, kk, d, pl, (nr, i0, kn));
+                    // dv += Pᵀ·dout, prefix rows then the sequence's.
+                    mm((pl, d, nr), &mut dv, d, true, s, (1, w), gb, (d, 1));
+                    mm((kn, d, nr), &mut dv[pl * d..], d, true, &s[pl..], (1, w), gb, (d, 1));
+                    // dP = dout·vᵀ over both spans.
+                    mm((nr, pl, d), dp, w, false, gb, (d, 1), vv.0, (1, d));
+                    mm((nr, kn, d), &mut dp[pl..], w, false, gb, (d, 1), vv.1, (1, d));
+                    for (pr, dr) in s.chunks_exact(w).zip(dp.chunks_exact_mut(w)) {
                         let dot: T = pr.iter().zip(dr.iter()).map(|(&p, &x)| p * x).sum();
                         dr.iter_mut().zip(pr).for_each(|(x, &p)| *x = p * (*x - dot));
                     }
-                    mm((nr, d, kn), &mut dq[(gi * l + i0) * d..], d, false, dp, (kn, 1), kr, (d, 1));
-                    mm((kn, d, nr), &mut dk, d, true, dp, (1, kn), qb, (d, 1));
+                    let dqb = &mut dq[(gi * l + i0) * d..];
+                    mm((nr, d, pl), dqb, d, false, dp, (w, 1), kk.0, (d, 1));
+                    mm((nr, d, kn), dqb, d, pl > 0, &dp[pl..], (w, 1), kk.1, (d, 1));
+                    mm((pl, d, nr), &mut dk, d, true, dp, (1, w), qb, (d, 1));
+                    mm((kn, d, nr), &mut dk[pl * d..], d, true, &dp[pl..], (1, w), qb, (d, 1));
                 }
             }
             (dq, dk, dv)
@@ -557,12 +603,17 @@ fn varlen_bwd<T: Float>(q: &[T], k: &[T], v: &[T], dout: &[T], cu: &[usize], p: 
     let mut dq = vec![T::ZERO; hk * g * n * d];
     let mut dk = vec![T::ZERO; hk * n * d];
     let mut dv = vec![T::ZERO; hk * n * d];
-    for (&(h, c0, l), (q1, k1, v1)) in units.iter().zip(parts) {
+    // In unit order: a prefix's sums are the same bits on any thread count.
+    for (&(h, sq), (q1, k1, v1)) in units.iter().zip(parts) {
+        let (l, (p0, pl)) = (sq.len, sq.prefix);
         for gi in 0..g {
-            dq[((h * g + gi) * n + c0) * d..][..l * d].copy_from_slice(&q1[gi * l * d..(gi + 1) * l * d]);
+            dq[((h * g + gi) * n + sq.start) * d..][..l * d].copy_from_slice(&q1[gi * l * d..(gi + 1) * l * d]);
         }
-        dk[(h * n + c0) * d..][..l * d].copy_from_slice(&k1);
-        dv[(h * n + c0) * d..][..l * d].copy_from_slice(&v1);
+        for (dst, src) in [(&mut dk, &k1), (&mut dv, &v1)] {
+            let head = &mut dst[h * n * d..(h + 1) * n * d];
+            head[p0 * d..(p0 + pl) * d].iter_mut().zip(&src[..pl * d]).for_each(|(a, &b)| *a = *a + b);
+            head[sq.start * d..][..l * d].iter_mut().zip(&src[pl * d..]).for_each(|(a, &b)| *a = *a + b);
+        }
     }
     (dq, dk, dv)
 }
@@ -574,7 +625,6 @@ impl VarlenAttention {
         Ok(Packed { hk, g: gn / n, n, d })
     }
 }
-
 impl CustomOp3 for VarlenAttention {
     fn name(&self) -> &'static str {
         "r2vpo-attention-varlen"
@@ -596,14 +646,14 @@ impl CustomOp3 for VarlenAttention {
                 contiguous(q, l1, n)?,
                 contiguous(k, l2, n)?,
                 contiguous(v, l3, n)?,
-                &self.cu,
+                &self.seqs,
                 p,
             )),
             (CpuStorage::F64(q), CpuStorage::F64(k), CpuStorage::F64(v)) => CpuStorage::F64(varlen_fwd(
                 contiguous(q, l1, n)?,
                 contiguous(k, l2, n)?,
                 contiguous(v, l3, n)?,
-                &self.cu,
+                &self.seqs,
                 p,
             )),
             _ => return Err(unsupported(n, s1)),
@@ -631,7 +681,7 @@ impl CustomOp3 for VarlenAttention {
         let (dq, dk, dv) = match (&*qs, &*ks, &*vs, &*gs) {
             (Cpu(CpuStorage::F32(q)), Cpu(CpuStorage::F32(k)), Cpu(CpuStorage::F32(v)), Cpu(CpuStorage::F32(g))) => {
                 let c = |s, l| contiguous(s, l, n);
-                let (a, b, e) = varlen_bwd(c(q, ql)?, c(k, kl)?, c(v, vl)?, c(g, gl)?, &self.cu, p);
+                let (a, b, e) = varlen_bwd(c(q, ql)?, c(k, kl)?, c(v, vl)?, c(g, gl)?, &self.seqs, p);
                 (
                     Tensor::from_vec(a, ql.dims(), dev)?,
                     Tensor::from_vec(b, kl.dims(), dev)?,
@@ -640,7 +690,7 @@ impl CustomOp3 for VarlenAttention {
             }
             (Cpu(CpuStorage::F64(q)), Cpu(CpuStorage::F64(k)), Cpu(CpuStorage::F64(v)), Cpu(CpuStorage::F64(g))) => {
                 let c = |s, l| contiguous(s, l, n);
-                let (a, b, e) = varlen_bwd(c(q, ql)?, c(k, kl)?, c(v, vl)?, c(g, gl)?, &self.cu, p);
+                let (a, b, e) = varlen_bwd(c(q, ql)?, c(k, kl)?, c(v, vl)?, c(g, gl)?, &self.seqs, p);
                 (
                     Tensor::from_vec(a, ql.dims(), dev)?,
                     Tensor::from_vec(b, kl.dims(), dev)?,
