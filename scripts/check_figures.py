@@ -1095,6 +1095,87 @@ def check_dist_memory(c):
         c.num(f, "largest resume rise at ZeRO-2", m[12], max(rise((2, 3), (2,))))
 
 
+PACKING = "results/bench/packing-2026-12-07-intel-xeon-avx512-amx"
+PACKING_RUNS = (("lognormal", "log-normal"), ("uniform", "all 256"), ("short", "short answers"))
+
+
+def check_packing(c):
+    """The packing bench's tables (its README, docs/llm-training.md) against
+    the runs' JSON: speed from one process per length distribution, memory
+    from one process per layout."""
+    f = f"{PACKING}/README.md"
+    runs = {name: json.loads((ROOT / PACKING / f"{name}.json").read_text()) for name, _ in PACKING_RUNS}
+    for name, label in PACKING_RUNS:
+        rows = runs[name]["rows"]
+        table = c.table(f, rf"\| layout \({re.escape(label)}", f"{name} table")
+        if len(table) != len(rows):
+            c.fail(f, f"{name} table: {len(table)} rows, {name}.json {len(rows)}")
+        for cells, r in zip(table, rows):
+            what = f"{name}: {r['layout']}"
+            c.same(f, f"{what}: layout", cells[0], r["layout"])
+            c.same(f, f"{what}: micro-batches", cells[1], r["micro_batches"])
+            c.same(f, f"{what}: computed tokens", cells[2], r["computed_tokens"])
+            c.num(f, f"{what}: padding %", cells[3].rstrip(" %"), 100 * r["padding_frac"])
+            c.num(f, f"{what}: median step s", cells[4].rstrip(" s"), r["median_s"])
+            m = re.match(rf"({N})× the time \(({N})× faster\)", cells[5])
+            if m is None:
+                c.fail(f, f"{what}: ratio cell {cells[5]!r}")
+                continue
+            c.num(f, f"{what}: time ratio", m[1], r["vs_padded"])
+            c.num(f, f"{what}: speed-up", m[2], 1 / r["vs_padded"])
+    table = c.table(f, r"\| layout \(alone in its process", "memory table")
+    for cells in table:
+        key = cells[0].split(" ")[0].strip("`")
+        r = json.loads((ROOT / PACKING / f"memory-{key}.json").read_text())["rows"][0]
+        c.same(f, f"memory {key}: layout", cells[1], r["layout"])
+        c.num(f, f"memory {key}: peak GiB", cells[2].rstrip(" GiB"), r["peak_gib"])
+    inv = lambda name, layouts: [1 / r["vs_padded"] for r in runs[name]["rows"]  # noqa: E731
+                                 if r["layout"].split(",")[0] == "packed" and (("≤" in r["layout"]) in layouts)]
+    ratio = lambda name, budget: [r["vs_padded"] for r in runs[name]["rows"]  # noqa: E731
+                                  if r["layout"].split(",")[0] == "packed" and ("≤" in r["layout"]) == budget][0]
+    m = c.find(f, rf"a step takes ({N})× the time \(({N})× with a token budget\)", "long-tailed time ratios")
+    if m:
+        c.num(f, "packed rows time ratio", m[1], ratio("lognormal", False))
+        c.num(f, "packed budget time ratio", m[2], ratio("lognormal", True))
+    m = c.find(f, rf"on such a distribution: ({N})–({N})×", "long-tailed speed-ups")
+    if m:
+        c.rng(f, "long-tailed packed speed-ups", m[1], m[2], inv("lognormal", (False, True)))
+    m = c.find(f, rf"packing is not slower: ({N})–({N})× faster", "equal-length speed-ups")
+    if m:
+        c.rng(f, "equal-length packed speed-ups", m[1], m[2], inv("uniform", (False, True)))
+    m = c.find(f, rf"shared prompts helped most \(({N})×\), packing is ({N})–({N})× faster", "short speed-ups")
+    if m:
+        shared = [1 / r["vs_padded"] for r in runs["short"]["rows"] if r["layout"].startswith("shared")][0]
+        c.num(f, "short shared-prompt speed-up", m[1], shared)
+        c.rng(f, "short packed speed-ups", m[2], m[3], inv("short", (False, True)))
+    peak = lambda k: json.loads((ROOT / PACKING / f"memory-{k}.json").read_text())["rows"][0]["peak_gib"]  # noqa: E731
+    for rel in (f, "docs/llm-training.md"):
+        m = c.find(rel, rf"({N}) (?:GiB packed )?against ({N}) GiB", "packed against padded peak")
+        if m:
+            c.num(rel, "packed peak", m[1], peak("packed"))
+            c.num(rel, "padded peak", m[2], peak("padded"))
+    m = c.find(f, rf"and ({N}) against ({N}) GiB under", "budget peaks")
+    if m:
+        c.num(f, "packed budget peak", m[1], peak("packed-budget"))
+        c.num(f, "padded budget peak", m[2], peak("padded-budget"))
+    m = c.find("README.md", rf"a training step is ({N})× faster than padded rows on long-tailed answers and ({N})× on short",
+               "README packing row")
+    if m:
+        c.num("README.md", "long-tailed packed budget speed-up", m[1], 1 / ratio("lognormal", True))
+        c.num("README.md", "short packed budget speed-up", m[2], 1 / ratio("short", True))
+    # The summary in docs/llm-training.md: each run's speed-up over padded rows.
+    d = "docs/llm-training.md"
+    table = c.table(d, r"\| response lengths \| padded rows", "packing summary")
+    for cells, (name, _) in zip(table, PACKING_RUNS):
+        by = {r["layout"].split(",")[0] + (" budget" if "≤" in r["layout"] else ""): r for r in runs[name]["rows"]}
+        for cell, key in zip(cells[1:], ("padded rows", "shared prompts", "packed", "packed budget")):
+            m = re.match(rf"({N})×", cell)
+            if m is None:
+                c.fail(d, f"{name}: cell {cell!r}")
+            else:
+                c.num(d, f"{name}: {key} speed-up", m[1], 1 / by[key]["vs_padded"])
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -1103,7 +1184,7 @@ def main():
     t0 = time.perf_counter()
     c = Checker(verbose)
     for step in (check_geometry, check_top_control, check_hparams_readme, check_analysis, check_final_returns,
-                 check_llm, check_dist, check_dist_memory):
+                 check_llm, check_dist, check_dist_memory, check_packing):
         try:
             step(c)
         except Exception as e:  # a raw file missing or reshaped is a failure, not a crash

@@ -216,6 +216,19 @@ if has_torch; then
         --reps "$REPS" --out "$OUT/torch-ck-step.json"
 fi
 
+# Packed micro-batches against padded rows on the device (#69): one
+# checkpointed torch-backend step over 2 prompts × 8 samples of log-normal
+# lengths up to 8192 tokens (a reasoning model's spread), padded rows of 4
+# against packed ones, by rows and by a 16k-token budget.
+PACK_MAX=${PACK_MAX:-8192} PACK_MEDIAN=${PACK_MEDIAN:-1000} PACK_BUDGET=${PACK_BUDGET:-16384}
+[ $dry = 1 ] && PACK_MAX=96 PACK_MEDIAN=24 PACK_BUDGET=256
+echo "== 2c. packing: $SHAPE, $DEV $dtype, log-normal responses to $PACK_MAX tokens"
+if [ $tbin = 1 ]; then
+    PEAK=1 phase r2vpo-torch-packing 300 "$TBIN" bench packing --backend torch --shape "$SHAPE" --device $DEV \
+        --dtype $dtype --checkpoint --prompt "$PROMPT" --median "$PACK_MEDIAN" --max "$PACK_MAX" --min 20 \
+        --budget "$PACK_BUDGET" --reps "$REPS" --out "$OUT/r2vpo-torch-packing.json"
+fi
+
 # LoRA on one GPU (#54): rank-16 adapters on a frozen bf16 base of the
 # Qwen3-8B shape, checkpointed, 4 × 4096 tokens (the goal: it fits one
 # 80 GB GPU), r2vpo's torch backend against PyTorch + PEFT (or the same

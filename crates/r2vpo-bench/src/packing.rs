@@ -22,10 +22,10 @@ use r2vpo::objective::{ObjectiveConfig, PolicyBatch};
 use r2vpo::seed::splitmix64;
 use r2vpo::stats::median;
 use r2vpo_llm::backend::batch::{self, Inputs, MicroBatch};
-use r2vpo_llm::backend::candle::{CandleBackend, Transformer};
+use r2vpo_llm::backend::open::open_backend;
 use r2vpo_llm::backend::{forward_backward, Backend};
 use r2vpo_llm::experience::Sample;
-use r2vpo_llm::model::ModelConfig;
+use r2vpo_llm::model::{ModelConfig, RandomInit};
 use r2vpo_llm::train::config::OptimConfig;
 use r2vpo_llm::train::micro_batch::{plan, Item, Layout};
 
@@ -37,6 +37,15 @@ pub struct PackingBenchArgs {
     /// The model's shape: a Hugging Face `config.json` (weights are random).
     #[arg(long, default_value = "configs/shapes/smollm2-135m.json")]
     pub shape: PathBuf,
+    /// The compute backend, its device and dtype, as `bench step` takes
+    /// them (`--backend torch --device cuda --dtype bf16` on a GPU machine;
+    /// shared prompts over padded rows are candle's alone and are left out
+    /// elsewhere).
+    #[command(flatten)]
+    pub backend: crate::backend_args::BackendArgs,
+    /// Gradient checkpointing per decoder layer.
+    #[arg(long)]
+    pub checkpoint: bool,
     /// Prompts per step.
     #[arg(long, default_value_t = 2)]
     pub prompts: usize,
@@ -104,13 +113,16 @@ struct Row {
     /// layout's (padded rows, unless `--layouts` left them out) in the same
     /// repetition.
     vs_padded: f64,
-    /// Largest resident set during this layout's steps, GiB.
+    /// Largest resident set of this process during this layout's steps,
+    /// GiB (host memory: on a GPU the device's is not in it).
     peak_gib: f64,
 }
 
 #[derive(Serialize)]
 struct Out {
     shape: String,
+    backend: String,
+    checkpoint: bool,
     threads: usize,
     samples: usize,
     /// Σ (prompt + response) over the samples.
@@ -197,9 +209,8 @@ fn padding(mb: &MicroBatch) -> Result<usize> {
 /// the tokens their layers compute and how many of those are padding.
 fn micro_batches(
     samples: &[Sample],
-    layout: Layout,
-    budget: usize,
-    rows: usize,
+    (layout, budget, rows): (Layout, usize, usize),
+    dev: &Device,
 ) -> Result<(Vec<MicroBatch>, usize, usize)> {
     let items: Vec<Item> = samples
         .iter()
@@ -211,9 +222,9 @@ fn micro_batches(
         let part: Vec<&Sample> = idx.iter().map(|&i| &samples[i]).collect();
         tokens += layout.cost(idx.iter().map(|&i| &items[i]));
         mbs.push(match layout {
-            Layout::Padded => batch::pack(&part, 0, &Device::Cpu)?,
-            Layout::Prefixed => batch::pack_prefixed(&part, 0, &Device::Cpu)?,
-            Layout::Packed => batch::pack_sequences(&part, 0, &Device::Cpu)?,
+            Layout::Padded => batch::pack(&part, 0, dev)?,
+            Layout::Prefixed => batch::pack_prefixed(&part, 0, dev)?,
+            Layout::Packed => batch::pack_sequences(&part, 0, dev)?,
         });
         pad += padding(mbs.last().expect("pushed"))?;
     }
@@ -223,7 +234,7 @@ fn micro_batches(
 /// One step over `mbs`: each micro-batch's forward, R²VPO (λ 0.05, behaviour
 /// log-probs the current ones plus 0.1 so ρ ≠ 1) normalised over the whole
 /// step, backward; then the clipped AdamW step.
-fn step(be: &mut CandleBackend, mbs: &[MicroBatch], optim: &OptimConfig) -> Result<()> {
+fn step(be: &mut dyn Backend, mbs: &[MicroBatch], optim: &OptimConfig) -> Result<()> {
     let obj = ObjectiveConfig::preset("r2vpo")?;
     let masks: Vec<&Tensor> = mbs.iter().map(|m| &m.mask).collect();
     let global = GlobalBatch::from_masks(&masks)?;
@@ -236,6 +247,7 @@ fn step(be: &mut CandleBackend, mbs: &[MicroBatch], optim: &OptimConfig) -> Resu
     }
     let norm = be.grad_norm()?;
     be.step(optim.clip_scale(norm))?;
+    be.synchronize()?;
     Ok(())
 }
 
@@ -251,14 +263,18 @@ pub fn packing(a: &PackingBenchArgs) -> Result<()> {
     let lens = lengths(a)?;
     let samples = samples(a, cfg.vocab_size, &lens);
     let real: usize = samples.iter().map(|s| s.prompt_ids.len() + s.response_ids.len()).sum();
-    let model = Transformer::new_random(cfg.clone(), 1, DType::F32, &Device::Cpu)?;
     let optim = OptimConfig { lr: 1e-6, ..OptimConfig::default() };
-    let mut be = CandleBackend::new(model, optim, false)?;
+    let spec = r2vpo_llm::backend::open::BackendSpec { checkpointing: a.checkpoint, ..a.backend.spec()? };
+    spec.kind.check_built()?;
+    let mut be = open_backend(&spec, &cfg, &RandomInit::new(cfg.clone(), 1, 0.02), optim)?;
+    let dev = be.device().clone();
     let threads = rayon::current_num_threads();
     println!(
-        "bench packing: {} ({} threads), {} samples ({} prompts × {}), prompt {} tokens, responses {} \
+        "bench packing: {} on {}{} ({} threads), {} samples ({} prompts × {}), prompt {} tokens, responses {} \
          (sorted: {:?}), {real} tokens of prompt + response over the samples",
         a.shape.display(),
+        a.backend.describe(),
+        if a.checkpoint { ", checkpointed layers" } else { "" },
         threads,
         samples.len(),
         a.prompts,
@@ -271,12 +287,18 @@ pub fn packing(a: &PackingBenchArgs) -> Result<()> {
             l
         }
     );
-    let ls = layouts(a)?;
+    let mut ls = layouts(a)?;
+    if !be.shares_prompt_prefix() {
+        ls.retain(|(_, l, _)| *l != Layout::Prefixed);
+    }
+    if ls.is_empty() {
+        bail!("--layouts: none of them runs on {}", a.backend.describe());
+    }
     let prepared: Vec<(Vec<MicroBatch>, usize, usize)> =
-        ls.iter().map(|(_, l, b)| micro_batches(&samples, *l, *b, a.rows)).collect::<Result<_>>()?;
+        ls.iter().map(|(_, l, b)| micro_batches(&samples, (*l, *b, a.rows), &dev)).collect::<Result<_>>()?;
     // Warm-up: the allocator and the kernels' first calls, every shape once.
     for (mbs, ..) in &prepared {
-        step(&mut be, mbs, &optim)?;
+        step(be.as_mut(), mbs, &optim)?;
     }
     let mut times = vec![Vec::new(); ls.len()];
     let mut peaks = vec![0f64; ls.len()];
@@ -284,7 +306,7 @@ pub fn packing(a: &PackingBenchArgs) -> Result<()> {
         for (k, (name, _, _)) in ls.iter().enumerate() {
             reset_peak()?;
             let t = Instant::now();
-            step(&mut be, &prepared[k].0, &optim)?;
+            step(be.as_mut(), &prepared[k].0, &optim)?;
             let s = t.elapsed().as_secs_f64();
             peaks[k] = peaks[k].max(rss()?.1);
             eprintln!("rep {rep}: {name}: {s:.2} s");
@@ -329,6 +351,8 @@ pub fn packing(a: &PackingBenchArgs) -> Result<()> {
     }
     let out = Out {
         shape: a.shape.display().to_string(),
+        backend: a.backend.describe(),
+        checkpoint: a.checkpoint,
         threads,
         samples: samples.len(),
         samples_tokens: real,

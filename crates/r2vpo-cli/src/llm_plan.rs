@@ -35,6 +35,15 @@ pub struct PlanArgs {
     /// Sequences per micro-batch (default: the config's `micro_batch_size`, else 1).
     #[arg(long)]
     pub micro_batch: Option<usize>,
+    /// A token budget per micro-batch instead of `--micro-batch` rows
+    /// (default: the config's `max_tokens_per_micro_batch`; 0: rows).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// Micro-batches packed end to end, no padding (default: the config's
+    /// `pack_sequences`): with a token budget a micro-batch holds the
+    /// budget's tokens whatever the lengths, not whole rows of the longest.
+    #[arg(long)]
+    pub packed: Option<bool>,
     /// Prompt tokens per sequence.
     #[arg(long, default_value_t = 1024)]
     pub prompt: usize,
@@ -112,6 +121,23 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         bail!("--micro-batch and --world-size must be at least 1");
     }
     let seq_len = a.prompt + response;
+    let budget = a.max_tokens.or(cfg.as_ref().map(|c| c.max_tokens_per_micro_batch)).unwrap_or(0);
+    let packed = a.packed.or(cfg.as_ref().map(|c| c.pack_sequences)).unwrap_or(false);
+    // The largest micro-batch the trainer can form (micro_batch::plan):
+    // rows of the longest sequence; under a budget, as many such rows as fit
+    // (one at least), or packed, the budget's tokens (one longer sequence
+    // alone), every token after one prompt a response token at worst.
+    let (tokens, response_tokens, shape_note) = match (budget, packed) {
+        (0, _) => (micro * seq_len, micro * response, format!("{micro} × ({} + {response}) tokens", a.prompt)),
+        (b, false) => {
+            let rows = (b / seq_len).max(1);
+            (rows * seq_len, rows * response, format!("≤ {b} tokens: {rows} × ({} + {response})", a.prompt))
+        }
+        (b, true) => {
+            let t = b.max(seq_len);
+            (t, t - a.prompt, format!("≤ {b} tokens packed ({t}, sequences of ≤ {} + {response})", a.prompt))
+        }
+    };
     let configured = cfg.as_ref().and_then(|c| c.model.lora.clone());
     let lora = match a.lora_rank {
         Some(0) => None,
@@ -121,8 +147,8 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     let input = PlanInput {
         world_size: a.world_size,
         zero_stage: a.zero,
-        micro_batch_tokens: micro * seq_len,
-        response_tokens: micro * response,
+        micro_batch_tokens: tokens,
+        response_tokens,
         seq_len,
         checkpointing,
         lm_head_chunk: match a.lm_head_chunk {
@@ -138,15 +164,13 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     let p = plan(&model, &input);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     println!(
-        "{}: {:.3}B parameters ({:.3}B trainable); {} rank(s), ZeRO-{}, {} × ({} + {}) tokens per micro-batch, {}, {}{}",
+        "{}: {:.3}B parameters ({:.3}B trainable); {} rank(s), ZeRO-{}, {} per micro-batch, {}, {}{}",
         shape.display(),
         p.parameters as f64 / 1e9,
         p.trainable as f64 / 1e9,
         a.world_size,
         a.zero,
-        micro,
-        a.prompt,
-        response,
+        shape_note,
         if bf16 { "bf16 compute" } else { "f32" },
         match (checkpointing, materialised_attention) {
             (true, false) => "checkpointed layers, fused attention",

@@ -61,15 +61,15 @@ fn the_gpu_checks_dry_run_passes_every_phase() {
 /// The torch build's phases of the end-to-end section: the torch run, the
 /// collectives checked through a launched job of one, and the torch run
 /// again as that job (the distributed learner), which on the CPU gives the
-/// plain run's figures.
+/// plain run's figures; and the packing bench on the torch backend.
 #[cfg(feature = "torch")]
 #[test]
 fn the_gpu_checks_distributed_learner_phases_pass_in_the_dry_run() {
     let (_tmp, out, status) = dry_run(&[
         ("R2VPO_TORCH_BIN", env!("CARGO_BIN_EXE_r2vpo").into()),
-        ("ONLY", "train-torch-e2e dist-check train-torch-dist1 summary".into()),
+        ("ONLY", "train-torch-e2e dist-check train-torch-dist1 r2vpo-torch-packing summary".into()),
     ]);
-    for phase in ["train-torch-e2e", "dist-check", "train-torch-dist1", "summary"] {
+    for phase in ["train-torch-e2e", "dist-check", "train-torch-dist1", "r2vpo-torch-packing", "summary"] {
         assert!(status.contains(&format!("{phase} rc=0")), "{phase} did not pass:\n{status}");
     }
     let summary: serde_json::Value =

@@ -168,6 +168,28 @@ fn llm_plan_reads_a_recipe_and_says_what_fits() {
     assert_eq!(bytes("weights"), 2.0 * p);
     assert!((bytes("gradients") - 4.0 * p / 8.0).abs() <= 1.0);
     assert!((bytes("AdamW") - 8.0 * p / 8.0).abs() <= 1.0);
+    // Packed micro-batches under a token budget hold the budget's tokens:
+    // a quarter of four padded rows of 1024 + 15360.
+    let plan_json = |extra: &[&str], name: &str| -> serde_json::Value {
+        let path = tmp.path().join(name);
+        let mut args = vec!["llm", "plan", "--shape", "configs/shapes/qwen3-8b.json", "--micro-batch", "4"];
+        args.extend_from_slice(&["--prompt", "1024", "--response", "15360", "--json", path.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        let (ok, out, err) = r2vpo(&args);
+        assert!(ok, "{err}");
+        assert!(!extra.is_empty() || out.contains("4 × (1024 + 15360) tokens"), "{out}");
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    };
+    let act = |v: &serde_json::Value| {
+        let rows = v["plan"]["rows"].as_array().unwrap();
+        rows.iter().find(|r| r["what"].as_str().unwrap().starts_with("activations")).unwrap()["bytes"].as_f64().unwrap()
+    };
+    let rows4 = plan_json(&[], "rows.json");
+    let packed = plan_json(&["--max-tokens", "16384", "--packed", "true"], "packed.json");
+    assert!((act(&packed) / act(&rows4) - 0.25).abs() < 1e-9, "{} vs {}", act(&packed), act(&rows4));
+    // Padded rows under the same budget: one row of 16384 fits.
+    let padded = plan_json(&["--max-tokens", "16384", "--packed", "false"], "padded.json");
+    assert!((act(&padded) / act(&rows4) - 0.25).abs() < 1e-9);
     // Bad input names the flag.
     let (ok, _, err) = r2vpo(&["llm", "plan", "--shape", "configs/shapes/qwen3-8b.json", "--dtype", "f16"]);
     assert!(!ok && err.contains("--dtype"), "{err}");

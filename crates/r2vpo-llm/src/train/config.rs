@@ -541,8 +541,9 @@ pub struct TrainConfig {
     /// on SmolLM2 at 8 × (44 + 256) tokens the step's peak resident memory
     /// falls from 10.1 to 3.4 GiB and its time rises 1.37×
     /// (`docs/cpu-speed.md`, "Memory of a training step"). Needs
-    /// `share_prompt_prefix = false` (the shared prompt's keys and values
-    /// cross every layer) and `entropy_coef = 0`; both are refused otherwise.
+    /// `entropy_coef = 0`, and on candle packed micro-batches or
+    /// `share_prompt_prefix = false` (a prompt's keys and values gathered
+    /// into padded rows cross every layer); refused otherwise.
     pub activation_checkpointing: bool,
     /// The policy objective (R²VPO or a baseline).
     pub objective: ObjectiveConfig,
@@ -622,7 +623,7 @@ impl Default for TrainConfig {
             minibatch_size: 32,
             micro_batch_size: 8,
             share_prompt_prefix: true,
-            pack_sequences: false,
+            pack_sequences: true,
             max_tokens_per_micro_batch: 0,
             activation_checkpointing: false,
             objective: ObjectiveConfig::default(),
@@ -778,8 +779,8 @@ impl TrainConfig {
         {
             return Err(bad(
                 "activation_checkpointing",
-                "needs share_prompt_prefix = false: a shared prompt's keys and values feed every layer of every \
-                 row, which per-layer recomputation cannot split",
+                "needs pack_sequences = true or share_prompt_prefix = false: a shared prompt's keys and values \
+                 gathered into every padded row feed every layer, which per-layer recomputation cannot split",
             ));
         }
         if self.activation_checkpointing && self.entropy_coef != 0.0 {
