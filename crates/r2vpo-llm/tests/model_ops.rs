@@ -535,8 +535,9 @@ fn attention_reads_cache_views_in_f32() {
 #[test]
 fn packed_attention_matches_each_sequence_alone() {
     use ops::Seq;
-    // (length, index of the earlier sequence that is its prefix).
-    let cases: [(usize, usize, usize, Vec<(usize, Option<usize>)>); 3] = [
+    // Each sequence: (length, index of the earlier sequence that is its prefix).
+    type Spec = Vec<(usize, Option<usize>)>;
+    let cases: [(usize, usize, usize, Spec); 3] = [
         (2, 3, 8, vec![(70, None), (3, Some(0)), (0, None), (130, Some(0)), (1, None), (9, Some(4))]),
         (1, 2, 4, vec![(5, None), (4, None)]),
         (1, 2, 4, vec![(3, None), (2, Some(0)), (3, Some(0))]),

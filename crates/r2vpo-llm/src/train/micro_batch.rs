@@ -154,7 +154,7 @@ mod tests {
     /// shared, once a row padded.
     #[test]
     fn costs_count_shared_prompts_once() {
-        let it = vec![
+        let it = [
             Item { prompt_key: 3, prompt: 10, response: 5 },
             Item { prompt_key: 3, prompt: 10, response: 20 },
             Item { prompt_key: 4, prompt: 6, response: 1 },
