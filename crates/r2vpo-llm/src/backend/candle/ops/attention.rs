@@ -624,7 +624,25 @@ impl VarlenAttention {
         let n = k.dims()[2];
         Ok(Packed { hk, g: gn / n, n, d })
     }
+
+    /// [`varlen_bwd`] on one dtype's storages, as tensors on `dev`.
+    fn grads<T: Float + candle_core::WithDType>(
+        &self,
+        (q, k, v, g): (&[T], &[T], &[T], &[T]),
+        (ql, kl, vl, gl): (&Layout, &Layout, &Layout, &Layout),
+        p: Packed,
+        dev: &candle_core::Device,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let c = |s, l| contiguous(s, l, self.name());
+        let (a, b, e) = varlen_bwd(c(q, ql)?, c(k, kl)?, c(v, vl)?, c(g, gl)?, &self.seqs, p);
+        Ok((
+            Tensor::from_vec(a, ql.dims(), dev)?,
+            Tensor::from_vec(b, kl.dims(), dev)?,
+            Tensor::from_vec(e, vl.dims(), dev)?,
+        ))
+    }
 }
+
 impl CustomOp3 for VarlenAttention {
     fn name(&self) -> &'static str {
         "r2vpo-attention-varlen"
@@ -677,25 +695,13 @@ impl CustomOp3 for VarlenAttention {
         let (gs, gl) = grad.storage_and_layout();
         let p = self.packed(ql, kl)?;
         use candle_core::Storage::Cpu;
-        let dev = q.device();
+        let (shapes, dev) = ((ql, kl, vl, gl), q.device().clone());
         let (dq, dk, dv) = match (&*qs, &*ks, &*vs, &*gs) {
             (Cpu(CpuStorage::F32(q)), Cpu(CpuStorage::F32(k)), Cpu(CpuStorage::F32(v)), Cpu(CpuStorage::F32(g))) => {
-                let c = |s, l| contiguous(s, l, n);
-                let (a, b, e) = varlen_bwd(c(q, ql)?, c(k, kl)?, c(v, vl)?, c(g, gl)?, &self.seqs, p);
-                (
-                    Tensor::from_vec(a, ql.dims(), dev)?,
-                    Tensor::from_vec(b, kl.dims(), dev)?,
-                    Tensor::from_vec(e, vl.dims(), dev)?,
-                )
+                self.grads((q, k, v, g), shapes, p, &dev)?
             }
             (Cpu(CpuStorage::F64(q)), Cpu(CpuStorage::F64(k)), Cpu(CpuStorage::F64(v)), Cpu(CpuStorage::F64(g))) => {
-                let c = |s, l| contiguous(s, l, n);
-                let (a, b, e) = varlen_bwd(c(q, ql)?, c(k, kl)?, c(v, vl)?, c(g, gl)?, &self.seqs, p);
-                (
-                    Tensor::from_vec(a, ql.dims(), dev)?,
-                    Tensor::from_vec(b, kl.dims(), dev)?,
-                    Tensor::from_vec(e, vl.dims(), dev)?,
-                )
+                self.grads((q, k, v, g), shapes, p, &dev)?
             }
             _ => return Err(Error::Msg(format!("{n}: backward needs f32 or f64 CPU tensors of one dtype"))),
         };
