@@ -1,63 +1,20 @@
 //! Packed micro-batches (samples end to end, no padding) against padded
 //! rows on the candle backend: log-probs, entropies, each aggregation
 //! mode's loss and gradients, and the weights after two optimizer steps;
-//! then the trainer end to end with packing and a token budget.
-
-use std::collections::HashMap;
+//! then the trainer end to end with packing and a token budget. (The torch
+//! backend's: `torch_backend.rs`.)
 
 use candle_core::{DType, Device, Tensor};
-use r2vpo::aggregate::{Aggregation, GlobalBatch};
-use r2vpo::dual::DualConfig;
-use r2vpo::learner::Learner;
-use r2vpo::objective::{ObjectiveConfig, PolicyBatch};
-use r2vpo_llm::backend::batch::{self, Inputs, MicroBatch};
+use r2vpo_llm::backend::batch::{self, Inputs};
 use r2vpo_llm::backend::candle::{CandleBackend, Transformer};
-use r2vpo_llm::backend::{forward_backward, Backend, OptimConfig, Policy};
+use r2vpo_llm::backend::{Backend, Policy};
 use r2vpo_llm::experience::Sample;
 use r2vpo_llm::model::{Architecture, ModelConfig};
 use r2vpo_llm::train::TrainConfig;
 
 mod common;
 
-fn flat(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
-}
-
-/// The values of `t` where `mask` is 1.
-fn masked(t: &Tensor, mask: &Tensor) -> Vec<f32> {
-    flat(t).into_iter().zip(flat(mask)).filter(|(_, m)| *m > 0.0).map(|(x, _)| x).collect()
-}
-
-/// max |a − b| over max(|b|, floor).
-fn rel(a: &[f32], b: &[f32], floor: f32) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(floor, |m, x| m.max(x.abs()));
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
-}
-
-/// Six samples whose prompts and responses span 1 to 40 tokens, in two
-/// micro-batches of three, each holding two samples of one prompt (packed
-/// once, then shared): every row but the longest is padded.
-fn samples(vocab: u32) -> Vec<Sample> {
-    let t = |n: usize, k: u32| (0..n as u32).map(|i| (i * 37 + k * 11 + 3) % vocab).collect::<Vec<u32>>();
-    // (problem, prompt tokens, response tokens)
-    let shapes = [(0, 5, 4), (0, 5, 40), (1, 9, 1), (2, 1, 12), (3, 30, 3), (3, 30, 25)];
-    shapes
-        .iter()
-        .enumerate()
-        .map(|(i, &(problem, p, r))| Sample {
-            problem,
-            prompt_ids: t(p, 2 * problem as u32),
-            response_ids: t(r, 2 * i as u32 + 1),
-            reward: 0.0,
-            correct: false,
-            advantage: [1.0, -0.5, 0.25, -1.5, 0.75, -0.25][i],
-            behaviour_logp: vec![0.0; r],
-            ref_logp: None,
-            version: 0,
-        })
-        .collect()
-}
+use common::packing::{flat, masked, micro_batches, optim, rel, samples, two_steps_agree};
 
 /// Qwen3's layout (grouped-query attention, q/k norms, untied head) and
 /// SmolLM2's (Llama, tied embeddings).
@@ -68,53 +25,9 @@ fn configs() -> Vec<(&'static str, ModelConfig)> {
     ]
 }
 
-/// Adam's ε well above the gradients' rounding, so an entry whose gradient
-/// is noise moves by a noise-sized step rather than ±lr in either layout.
-fn optim() -> OptimConfig {
-    OptimConfig { lr: 1e-3, eps: 1e-3, weight_decay: 0.1, ..OptimConfig::default() }
-}
-
 fn backend(cfg: &ModelConfig) -> CandleBackend {
     let m = Transformer::new_random_with_std(cfg.clone(), 5, 0.1, DType::F32, &Device::Cpu).unwrap();
     CandleBackend::new(m, optim(), false).unwrap()
-}
-
-fn micro_batches(parts: &[Vec<&Sample>], packed: bool) -> Vec<MicroBatch> {
-    parts
-        .iter()
-        .map(|p| {
-            if packed {
-                batch::pack_sequences(p, 0, &Device::Cpu).unwrap()
-            } else {
-                batch::pack(p, 0, &Device::Cpu).unwrap()
-            }
-        })
-        .collect()
-}
-
-/// One optimizer step's forward/backward over `mbs` under R²VPO with
-/// `agg`: the log-probs and the losses of each micro-batch, then the
-/// accumulated gradients.
-fn step(be: &mut CandleBackend, mbs: &[MicroBatch], agg: Aggregation) -> (Vec<Vec<f32>>, Vec<f32>) {
-    let objective = ObjectiveConfig { aggregation: agg, ..ObjectiveConfig::default() };
-    let learner = Learner::new(objective, &DualConfig { lambda0: 0.5, ..DualConfig::default() }).unwrap();
-    let masks: Vec<&Tensor> = mbs.iter().map(|m| &m.mask).collect();
-    let global = GlobalBatch::from_masks(&masks).unwrap().with_horizon(48.0);
-    let (mut logps, mut losses) = (Vec::new(), Vec::new());
-    for mb in mbs {
-        let (fwd, loss, ()) = forward_backward::<_, r2vpo_llm::model::ModelError>(be, mb, false, |logp, _| {
-            let batch = PolicyBatch { logp, old_logp: &mb.old_logp, advantages: &mb.advantages, mask: &mb.mask };
-            Ok((learner.loss(&batch, &global).map_err(|e| candle_core::Error::Msg(e.to_string()))?.loss, ()))
-        })
-        .unwrap();
-        logps.push(masked(&fwd.logp, &mb.mask));
-        losses.push(loss.to_dtype(DType::F32).unwrap().to_scalar::<f32>().unwrap());
-    }
-    (logps, losses)
-}
-
-fn weights(be: &CandleBackend) -> HashMap<String, Vec<f32>> {
-    be.export(0).unwrap().tensors.iter().map(|(n, t)| (n.clone(), flat(t))).collect()
 }
 
 /// Packed equals padded for log-probs (scored and trained), entropies, each
@@ -149,38 +62,10 @@ fn packed_micro_batches_equal_padded_rows() {
         let (ea, eb) = (be.forward(&padded[1], true).unwrap(), be.forward(&packed[1], true).unwrap());
         let (ea, eb) = (ea.entropy.unwrap(), eb.entropy.unwrap());
         assert!(rel(&masked(&eb, &packed[1].mask), &masked(&ea, &padded[1].mask), 1.0) < 1e-5, "{name}: entropy");
-        // Each aggregation mode: two optimizer steps from the same weights.
-        for agg in [
-            Aggregation::TokenMean,
-            Aggregation::SeqMeanTokenMean,
-            Aggregation::SeqMeanTokenSum,
-            Aggregation::SeqMeanTokenSumNorm,
-        ] {
-            let (mut a, mut b) = (backend(&cfg), backend(&cfg));
-            for k in 0..2 {
-                let (la, xa) = step(&mut a, &padded, agg);
-                let (lb, xb) = step(&mut b, &packed, agg);
-                for (p, q) in la.iter().zip(&lb) {
-                    assert!(rel(q, p, 1.0) < 1e-5, "{name} {agg:?} step {k}: log-probs");
-                }
-                assert!(rel(&xb, &xa, 1e-3) < 1e-5, "{name} {agg:?} step {k}: losses {xa:?} vs {xb:?}");
-                let (ga, gb) = (a.gradients().unwrap(), b.gradients().unwrap());
-                assert_eq!(ga.len(), gb.len());
-                for (n, g) in &ga {
-                    let d = rel(&flat(&gb[n]), &flat(g), 1e-6);
-                    assert!(d < 1e-4, "{name} {agg:?} step {k}: gradient of {n} differs by {d:e} (relative)");
-                }
-                a.step(1.0).unwrap();
-                b.step(1.0).unwrap();
-            }
-            let (wa, wb) = (weights(&a), weights(&b));
-            for (n, w) in &wa {
-                let d = w.iter().zip(&wb[n]).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-                // AdamW moves each entry by at most ~lr a step: agreement
-                // to 1 % of one step.
-                assert!(d < 1e-5, "{name} {agg:?}: weight {n} after two steps differs by {d:e}");
-            }
-        }
+        // Each aggregation mode: two optimizer steps from the same weights;
+        // AdamW moves each entry by at most ~lr (1e-3) a step: the weights
+        // agree to 1 % of one step.
+        two_steps_agree(name, cfg.vocab_size as u32, &|| Box::new(backend(&cfg)), (1e-5, 1e-4, 1e-5));
     }
 }
 

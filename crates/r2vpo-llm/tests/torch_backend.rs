@@ -598,3 +598,23 @@ fn packed_sequences_match_padded_rows_and_candle() {
         assert_eq!(torch(&cfg, false).score(&packed).unwrap().dims(), packed.mask.dims());
     }
 }
+
+/// Packed against padded rows on libtorch under every aggregation mode: two
+/// AdamW steps over two micro-batches (prompts shared in each), log-probs,
+/// losses and gradients at each step and the weights after, whole graph and
+/// checkpointed, on every architecture (the candle backend's:
+/// `packing.rs`).
+#[test]
+fn packed_and_padded_take_the_same_two_steps_under_every_aggregation() {
+    for (name, cfg) in configs() {
+        for checkpointing in [false, true] {
+            let make = || -> Box<dyn Backend> {
+                let opts = TorchOptions { cuda: None, bf16: false, checkpointing };
+                let init = RandomInit::new(cfg.clone(), 5, 0.1);
+                Box::new(TorchBackend::new(cfg.clone(), &init, common::packing::optim(), opts).unwrap())
+            };
+            let what = format!("{name}{}", if checkpointing { ", checkpointed" } else { "" });
+            common::packing::two_steps_agree(&what, cfg.vocab_size as u32, &make, (1e-5, 1e-4, 1e-5));
+        }
+    }
+}

@@ -1,9 +1,11 @@
 //! Shared by the sampling tests (a peaked tiny model and the learner's
 //! full-sequence recomputation of sampled tokens' log-probs) and the trainer
-//! tests (the tiny seeded run and its reward, in [`train`]).
+//! tests (the tiny seeded run and its reward, in [`train`]; packed against
+//! padded micro-batches, in [`packing`]).
 
 #![allow(dead_code)]
 
+pub mod packing;
 pub mod train;
 
 use candle_core::{DType, Device, Tensor};

@@ -813,26 +813,36 @@ impl TorchBackend {
             // varlen kernel (`_flash_attention_forward` with cumulative
             // lengths) is CUDA-only, outside tch's API and has no shared
             // prefix, so this is the portable form; the products outside
-            // the attention run on the packed row whole.
+            // the attention run on the packed row whole. A response runs
+            // behind its prompt's queries too, so one causal mask (no mask
+            // tensor, the kernels' own) covers both; the prompt's rows are
+            // dropped after. That recomputes the prompt's P²/2 scores once
+            // per response, where a boolean mask of its L × (P + L) entries
+            // (256 MB at 15k + 1k tokens) would stay in each layer's graph.
             Keys::Packed(seqs) => {
                 let parts: Vec<T> = seqs
                     .iter()
                     .filter(|sq| sq.len > 0)
                     .map(|sq| {
                         let (c0, l, p0, pl) = (sq.start as i64, sq.len as i64, sq.prefix.0 as i64, sq.prefix.1 as i64);
-                        let qs = q.narrow(2, c0, l);
-                        if pl == 0 {
-                            let (ks, vs) = (k.narrow(2, c0, l), v.narrow(2, c0, l));
-                            return T::scaled_dot_product_attention(&qs, &ks, &vs, None::<&T>, 0.0, true, 1.0, gqa);
-                        }
-                        let ks = T::cat(&[k.narrow(2, p0, pl), k.narrow(2, c0, l)], 2);
-                        let vs = T::cat(&[v.narrow(2, p0, pl), v.narrow(2, c0, l)], 2);
-                        // The prefix whole, then causal: key j is seen by
-                        // query i when j ≤ pl + i.
-                        let opts = (Kind::Int64, q.device());
-                        let seen =
-                            T::arange(pl + l, opts).unsqueeze(0).le_tensor(&(T::arange(l, opts) + pl).unsqueeze(1));
-                        T::scaled_dot_product_attention(&qs, &ks, &vs, Some(&seen), 0.0, false, 1.0, gqa)
+                        let span = |x: &T| {
+                            if pl == 0 {
+                                x.narrow(2, c0, l)
+                            } else {
+                                T::cat(&[x.narrow(2, p0, pl), x.narrow(2, c0, l)], 2)
+                            }
+                        };
+                        let out = T::scaled_dot_product_attention(
+                            &span(&q),
+                            &span(&k),
+                            &span(&v),
+                            None::<&T>,
+                            0.0,
+                            true,
+                            1.0,
+                            gqa,
+                        );
+                        out.narrow(2, pl, l)
                     })
                     .collect();
                 T::cat(&parts, 2)
