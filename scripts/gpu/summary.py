@@ -169,6 +169,17 @@ def main() -> None:
                           f"{mib or '–'} |")
         if ours_l and theirs_l:
             md.append(f"\nr2vpo / PyTorch: tokens/s {ours_l['tokens_per_s'] / theirs_l['tokens_per_s']:.2f}×")
+    packing = load(d / "r2vpo-torch-packing.json")
+    if packing:
+        mib = peak(d / "r2vpo-torch-packing-peak-mib")
+        md += ["", f"## Packed micro-batches against padded rows: {packing['shape']}, {packing['backend']}"
+                   f"{', checkpointed' if packing['checkpoint'] else ''}, {packing['samples']} samples\n",
+               "| layout | micro-batches | computed tokens | padding | step s (median) | vs padded rows |",
+               "|---|---|---|---|---|---|"]
+        for r in packing["rows"]:
+            md.append(f"| {r['layout']} | {r['micro_batches']} | {r['computed_tokens']} | "
+                      f"{100 * r['padding_frac']:.0f} % | {r['median_s']:.3f} | {r['vs_padded']:.2f}× the time |")
+        md.append(f"\nPeak GPU MiB over the phase (every layout): {mib or '–'}")
     loading = load(d / "serve-load.json")
     if loading:
         log = (d / "serve-load.log").read_text() if (d / "serve-load.log").exists() else ""
@@ -219,7 +230,7 @@ def main() -> None:
     if status:
         md += ["", "## Phases (exit code, seconds)\n", "```", *status, "```"]
     summary = {"device": device, "checks": checks, "samplers": samplers, "sampling": sampling, "steps": steps,
-               "plans": plans, "loading": loading, "runs": runs, "dist": dist,
+               "plans": plans, "loading": loading, "runs": runs, "dist": dist, "packing": packing,
                "phases": status}
     for name, text in [("summary.json", json.dumps(summary, indent=2)), ("summary.md", "\n".join(md) + "\n")]:
         tmp = d / (name + ".tmp")

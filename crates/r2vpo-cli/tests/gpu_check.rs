@@ -74,6 +74,12 @@ fn the_gpu_checks_distributed_learner_phases_pass_in_the_dry_run() {
     }
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    // The packing bench on the torch backend: padded rows first, packed faster
+    // in tokens computed (the dry run's times are too small to compare).
+    let rows = summary["packing"]["rows"].as_array().unwrap_or_else(|| panic!("no packing rows: {summary}"));
+    assert!(rows[0]["layout"].as_str().unwrap().starts_with("padded rows"), "{rows:?}");
+    let packed = rows.iter().find(|r| r["layout"].as_str().unwrap().starts_with("packed")).unwrap();
+    assert!(packed["computed_tokens"].as_u64() < rows[0]["computed_tokens"].as_u64(), "{rows:?}");
     let dist = &summary["dist"];
     assert!(dist["train_tok_s_dist"].as_f64().unwrap() > 0.0, "{dist}");
     assert!(dist["worst_rel"].as_f64().unwrap() <= 1e-4, "{dist}");
