@@ -21,6 +21,7 @@ deps:
 	@PYTHON=$(PYTHON) bash scripts/math_verify/venv.sh
 	@PYTHON=$(PYTHON) bash scripts/brax/venv.sh
 	@PYTHON=$(PYTHON) bash scripts/vllm/venv.sh
+	@PYTHON=$(PYTHON) bash scripts/losses/venv.sh
 
 build: deps
 	$(CARGO) build --release -p r2vpo-cli

@@ -8,6 +8,9 @@
 # (wheels pinned for one CPython). Idempotent: returns at once when the venv
 # holds exactly these requirements (a stamp of their hash). Shared by the
 # differential tests' venvs (scripts/*/venv.sh), which `make deps` runs.
+# With BASE_VENV set, the new venv also sees that venv's site-packages (a
+# .pth file), so a venv of a few pure-Python packages can share the torch of
+# another instead of downloading its own 3 GB.
 set -euo pipefail
 what=$1 VENV=$2 REQ=$3 min=$4 exact=$5 check=$6
 cd "$(dirname "$0")/.."
@@ -32,6 +35,15 @@ rm -rf "$VENV"
 if ! "$PYTHON" -m venv "$VENV"; then
   echo "deps: '$PYTHON -m venv' failed (on Debian: apt-get install python3-venv)" >&2
   exit 1
+fi
+if [ -n "${BASE_VENV:-}" ]; then
+  base_site=$("$BASE_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || {
+    echo "deps: $what needs $BASE_VENV first (make deps builds it)" >&2
+    rm -rf "$VENV"
+    exit 1
+  }
+  own_site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$base_site" > "$own_site/base-venv.pth"
 fi
 if ! "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --require-hashes -r "$REQ"; then
   echo "deps: pip could not install $REQ into $VENV (is PyPI reachable? a hash mismatch means a changed file)" >&2

@@ -56,7 +56,7 @@ pub fn core(a: &CoreArgs) -> Result<()> {
     let cfgs = presets.iter().map(|p| ObjectiveConfig::preset(p)).collect::<Result<Vec<_>, _>>()?;
     let step = |cfg: &ObjectiveConfig| -> Result<f64> {
         let t0 = Instant::now();
-        let batch = PolicyBatch { logp: cur.as_tensor(), old_logp: &old, advantages: &adv, mask: &mask };
+        let batch = PolicyBatch { logp: cur.as_tensor(), old_logp: &old, advantages: &adv, mask: &mask, weights: None };
         let out = cfg.loss(&batch, 0.05, &global)?;
         let grads = out.loss.backward()?;
         std::hint::black_box(grads.get(&cur));
@@ -196,7 +196,7 @@ fn train_step_overhead(
             suffix_mask: &suffix_att,
         })?;
         let out = objectives[1].1.loss(
-            &PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask },
+            &PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask, weights: None },
             0.05,
             &global,
         )?;
@@ -205,8 +205,11 @@ fn train_step_overhead(
         for (k, (_, cfg)) in objectives.iter().enumerate() {
             let t0 = Instant::now();
             let logp = model.tail_logprobs(&ids, &att, r)?;
-            let out =
-                cfg.loss(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask }, 0.05, &global)?;
+            let out = cfg.loss(
+                &PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask, weights: None },
+                0.05,
+                &global,
+            )?;
             out.loss.backward()?;
             step[k].push(t0.elapsed().as_secs_f64());
             // The objective alone, on a leaf holding the same log-probs.
@@ -214,7 +217,13 @@ fn train_step_overhead(
             let t1 = Instant::now();
             for _ in 0..20 {
                 let o = cfg.loss(
-                    &PolicyBatch { logp: leaf.as_tensor(), old_logp: &old, advantages: &adv, mask: &mask },
+                    &PolicyBatch {
+                        logp: leaf.as_tensor(),
+                        old_logp: &old,
+                        advantages: &adv,
+                        mask: &mask,
+                        weights: None,
+                    },
                     0.05,
                     &global,
                 )?;

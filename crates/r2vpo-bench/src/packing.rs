@@ -241,7 +241,7 @@ fn step(be: &mut dyn Backend, mbs: &[MicroBatch], optim: &OptimConfig) -> Result
     for mb in mbs {
         forward_backward(be, mb, false, |logp, _| -> Result<_> {
             let old = (logp.detach() + 0.1)?;
-            let pb = PolicyBatch { logp, old_logp: &old, advantages: &mb.advantages, mask: &mb.mask };
+            let pb = PolicyBatch { logp, old_logp: &old, advantages: &mb.advantages, mask: &mb.mask, weights: None };
             Ok((obj.loss(&pb, 0.05, &global)?.loss, ()))
         })?;
     }

@@ -268,7 +268,7 @@ fn bench_loss(x: &Batch, coef: f64, logp: &Tensor, entropy: Option<&Tensor>) -> 
     let obj = ObjectiveConfig::preset("r2vpo")?;
     let global = GlobalBatch::from_mask(&x.mask)?;
     let old = (logp.detach() + &x.wobble)?;
-    let pb = PolicyBatch { logp, old_logp: &old, advantages: &x.adv, mask: &x.mask };
+    let pb = PolicyBatch { logp, old_logp: &old, advantages: &x.adv, mask: &x.mask, weights: None };
     let mut loss = obj.loss(&pb, 0.05, &global)?.loss;
     if let Some(e) = entropy {
         let term = aggregate(e, &x.mask, obj.aggregation, &global)?;

@@ -142,6 +142,8 @@ mod tests {
             let mut typed = ToyConfig { iterations: 5, minibatches: 4, ..ToyConfig::default() };
             typed.dual.eta = 2.0;
             a.objective.apply(&mut typed.objective);
+            a.apply_dual(&mut typed.dual);
+            a.apply_group_norm(&mut typed.group_norm);
             typed.mode = a.mode;
             assert_eq!(serde_json::to_value(&layered).unwrap(), serde_json::to_value(&typed).unwrap(), "{}", a.name);
         }

@@ -257,8 +257,10 @@ pub fn loss_and_grads(
     let old = Tensor::from_slice(mb.behaviour_logp, (rows, 1), dev)?;
     let adv_t = Tensor::from_slice(&adv, (rows, 1), dev)?;
     let logp = Var::from_vec(net.log_prob(&f, mb.actions), (rows, 1), dev)?;
-    let out = learner
-        .loss(&PolicyBatch { logp: logp.as_tensor(), old_logp: &old, advantages: &adv_t, mask: &mask }, &global)?;
+    let out = learner.loss(
+        &PolicyBatch { logp: logp.as_tensor(), old_logp: &old, advantages: &adv_t, mask: &mask, weights: None },
+        &global,
+    )?;
     let dlogp = match out.loss.backward()?.get(logp.as_tensor()) {
         Some(g) => g.flatten_all()?.to_vec1::<f32>()?,
         None => vec![0f32; rows],

@@ -71,12 +71,23 @@ fn algo_base_label(cfg: &TrainConfig) -> String {
     let o = &cfg.objective;
     let base = match o.kind {
         ObjectiveKind::R2vpo => "R²VPO".to_string(),
+        ObjectiveKind::Clip if o.aggregation == r2vpo::aggregate::Aggregation::SeqMeanTokenSumNorm => {
+            "Dr.GRPO".to_string()
+        }
         ObjectiveKind::Clip if o.eps_high > o.eps_low => "GRPO-CH".to_string(),
         ObjectiveKind::Clip => "GRPO".to_string(),
         ObjectiveKind::Gppo => "GPPO".to_string(),
         ObjectiveKind::Topr => "TOPR".to_string(),
         ObjectiveKind::KlPenalty => "GRPO-KL".to_string(),
         ObjectiveKind::IsPg => "IS-PG".to_string(),
+        ObjectiveKind::M2po => "M2PO".to_string(),
+        ObjectiveKind::LogRatioSq => "log-ratio²".to_string(),
+        ObjectiveKind::Spo => "SPO".to_string(),
+        ObjectiveKind::Gspo => "GSPO".to_string(),
+        ObjectiveKind::Cispo => "CISPO".to_string(),
+        ObjectiveKind::Sapo => "SAPO".to_string(),
+        ObjectiveKind::DppoTv => "DPPO-TV".to_string(),
+        ObjectiveKind::DppoKl => "DPPO-KL".to_string(),
     };
     match cfg.mode {
         Mode::On if o.kind == ObjectiveKind::R2vpo => format!("{base}-ON"),

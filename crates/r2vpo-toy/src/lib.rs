@@ -391,7 +391,8 @@ fn update(
     let adv = Tensor::from_vec(adv, (b, l), dev)?;
     let mask = Tensor::ones((b, l), DType::F32, dev)?;
     let global = GlobalBatch::from_mask(&mask)?;
-    let out = learner.loss(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask }, &global)?;
+    let out = learner
+        .loss(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask, weights: None }, &global)?;
     let grads = out.loss.backward()?;
     opt.step(&grads)?;
     Ok(learner.after_step(&[out.stats])?)
@@ -540,6 +541,8 @@ mod tests {
     fn with_algo(mut cfg: ToyConfig, algo: &str) -> ToyConfig {
         let a = r2vpo::algo::find(algo).unwrap();
         a.objective.apply(&mut cfg.objective);
+        a.apply_dual(&mut cfg.dual);
+        a.apply_group_norm(&mut cfg.group_norm);
         cfg.mode = a.mode;
         cfg
     }

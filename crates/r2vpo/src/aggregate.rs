@@ -30,6 +30,18 @@ pub enum Aggregation {
     SeqMeanTokenSumNorm,
 }
 
+impl Aggregation {
+    /// The config name (the serde name: `token-mean`, `seq-mean-token-mean`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Aggregation::TokenMean => "token-mean",
+            Aggregation::SeqMeanTokenMean => "seq-mean-token-mean",
+            Aggregation::SeqMeanTokenSum => "seq-mean-token-sum",
+            Aggregation::SeqMeanTokenSumNorm => "seq-mean-token-sum-norm",
+        }
+    }
+}
+
 /// Normalisers taken over the whole global batch (all micro-batches of one
 /// optimizer step).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

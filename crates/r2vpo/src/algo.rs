@@ -11,6 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::aggregate::Aggregation;
+use crate::dual::{DualConfig, DualMode};
 use crate::objective::{KlEstimator, ObjectiveConfig, ObjectiveKind, RatioLevel};
 use crate::{Error, Result};
 
@@ -51,11 +53,22 @@ pub struct ObjectiveSpec {
     pub topr_ratio_level: Option<RatioLevel>,
     /// The KL estimator of the KL-penalty kind.
     pub kl_estimator: Option<KlEstimator>,
+    /// The aggregation the algorithm's paper and reference code use
+    /// (GSPO and SAPO: seq-mean-token-mean; Dr.GRPO: the constant horizon).
+    pub aggregation: Option<Aggregation>,
 }
 
 impl ObjectiveSpec {
     const fn kind(kind: ObjectiveKind) -> Self {
-        ObjectiveSpec { kind, eps: None, dual_clip: None, gppo_beta: None, topr_ratio_level: None, kl_estimator: None }
+        ObjectiveSpec {
+            kind,
+            eps: None,
+            dual_clip: None,
+            gppo_beta: None,
+            topr_ratio_level: None,
+            kl_estimator: None,
+            aggregation: None,
+        }
     }
 
     /// Writes the defining keys into `cfg`, leaving the others alone.
@@ -77,6 +90,9 @@ impl ObjectiveSpec {
         }
         if let Some(k) = self.kl_estimator {
             cfg.kl_estimator = k;
+        }
+        if let Some(a) = self.aggregation {
+            cfg.aggregation = a;
         }
     }
 
@@ -103,6 +119,9 @@ impl ObjectiveSpec {
         if let Some(k) = self.kl_estimator {
             v.push(format!("objective.kl_estimator=\"{}\"", k.as_str()));
         }
+        if let Some(a) = self.aggregation {
+            v.push(format!("objective.aggregation=\"{}\"", a.as_str()));
+        }
         v
     }
 }
@@ -116,6 +135,16 @@ pub struct Algorithm {
     pub objective: ObjectiveSpec,
     /// How it uses data.
     pub mode: Mode,
+    /// `Some(λ)`: the penalty coefficient is this constant (`dual.mode =
+    /// "fixed"`, `dual.lambda0 = λ`), e.g. prime-rl's `kl_tau`; `None`
+    /// leaves `[dual]` to the run's config.
+    pub fixed_lambda: Option<f64>,
+    /// `Some(false)`: group-relative advantages without the std (Dr.GRPO's
+    /// `R − mean`); applies to the trainers with group advantages (toy,
+    /// LLM), the control trainer's GAE has no groups.
+    pub scale_by_std: Option<bool>,
+    /// The paper or code the defaults come from.
+    pub source: &'static str,
     /// One line for the docs.
     pub summary: &'static str,
 }
@@ -123,82 +152,191 @@ pub struct Algorithm {
 const CLIP_02: ObjectiveSpec = ObjectiveSpec { eps: Some((0.2, 0.2)), ..ObjectiveSpec::kind(ObjectiveKind::Clip) };
 const CLIP_HIGHER: ObjectiveSpec = ObjectiveSpec { eps: Some((0.2, 0.28)), ..ObjectiveSpec::kind(ObjectiveKind::Clip) };
 const R2VPO: ObjectiveSpec = ObjectiveSpec::kind(ObjectiveKind::R2vpo);
+const M2PO: ObjectiveSpec = ObjectiveSpec::kind(ObjectiveKind::M2po);
+
+const fn algo(
+    name: &'static str,
+    objective: ObjectiveSpec,
+    mode: Mode,
+    source: &'static str,
+    summary: &'static str,
+) -> Algorithm {
+    Algorithm { name, objective, mode, fixed_lambda: None, scale_by_std: None, source, summary }
+}
+
+const PAPER: &str = "the R²VPO paper";
 
 /// Every named algorithm, the single source of `--algo` and the objective
 /// presets.
 pub const ALGORITHMS: &[Algorithm] = &[
-    Algorithm {
-        name: "r2vpo-on",
-        objective: R2VPO,
-        mode: Mode::On,
-        summary: "R²VPO-ON (Algorithm 1): ρÂ − λ(ρ−1)², epochs over each fresh batch",
-    },
-    Algorithm {
-        name: "r2vpo-off",
-        objective: R2VPO,
-        mode: Mode::Off,
-        summary: "R²VPO-OFF (Algorithm 2): the same objective on a FIFO replay buffer of the last K iterations",
-    },
-    Algorithm { name: "r2vpo", objective: R2VPO, mode: Mode::On, summary: "alias of r2vpo-on" },
-    Algorithm {
-        name: "ppo",
-        objective: ObjectiveSpec { dual_clip: Some(None), ..ObjectiveSpec::kind(ObjectiveKind::Clip) },
-        mode: Mode::On,
-        summary: "PPO: ratio clipping at the config's ε, no dual-clip (CleanRL)",
-    },
-    Algorithm {
-        name: "grpo",
-        objective: CLIP_02,
-        mode: Mode::On,
-        summary: "GRPO: clipping at ε 0.2/0.2 with the config's dual-clip (3 by default)",
-    },
-    Algorithm {
-        name: "grpo-ch",
-        objective: CLIP_HIGHER,
-        mode: Mode::On,
-        summary: "GRPO-CH: DAPO's clip-higher, ε 0.2/0.28",
-    },
-    Algorithm {
-        name: "gppo",
-        objective: ObjectiveSpec {
+    algo("r2vpo-on", R2VPO, Mode::On, PAPER, "R²VPO-ON (Algorithm 1): ρÂ − λ(ρ−1)², epochs over each fresh batch"),
+    algo(
+        "r2vpo-off",
+        R2VPO,
+        Mode::Off,
+        PAPER,
+        "R²VPO-OFF (Algorithm 2): the same objective on a FIFO replay buffer of the last K iterations",
+    ),
+    algo("r2vpo", R2VPO, Mode::On, PAPER, "alias of r2vpo-on"),
+    algo(
+        "ppo",
+        ObjectiveSpec { dual_clip: Some(None), ..ObjectiveSpec::kind(ObjectiveKind::Clip) },
+        Mode::On,
+        "Schulman et al. 2017; CleanRL",
+        "PPO: ratio clipping at the config's ε, no dual-clip (CleanRL)",
+    ),
+    algo(
+        "grpo",
+        CLIP_02,
+        Mode::On,
+        "Shao et al. 2024; verl `vanilla`",
+        "GRPO: clipping at ε 0.2/0.2 with the config's dual-clip (3 by default)",
+    ),
+    algo("grpo-ch", CLIP_HIGHER, Mode::On, "Yu et al. 2025 (DAPO)", "GRPO-CH: DAPO's clip-higher, ε 0.2/0.28"),
+    algo(
+        "gppo",
+        ObjectiveSpec {
             eps: Some((0.2, 0.28)),
             gppo_beta: Some((0.25, 1.0)),
             ..ObjectiveSpec::kind(ObjectiveKind::Gppo)
         },
-        mode: Mode::On,
-        summary: "GPPO: clip-higher bounds whose clipped tokens keep a bounded gradient, ε 0.2/0.28, β 0.25/1.0",
-    },
+        Mode::On,
+        "Su et al. 2025 (KlearReasoner)",
+        "GPPO: clip-higher bounds whose clipped tokens keep a bounded gradient, ε 0.2/0.28, β 0.25/1.0",
+    ),
+    algo(
+        "topr",
+        ObjectiveSpec { topr_ratio_level: Some(RatioLevel::Token), ..ObjectiveSpec::kind(ObjectiveKind::Topr) },
+        Mode::On,
+        "Roux et al. 2025",
+        "TOPR: tapered off-policy REINFORCE, token-level taper",
+    ),
+    algo(
+        "grpo-kl",
+        ObjectiveSpec { kl_estimator: Some(KlEstimator::K3), ..ObjectiveSpec::kind(ObjectiveKind::KlPenalty) },
+        Mode::On,
+        PAPER,
+        "GRPO-KL: ρÂ − λ·KL estimate (k3), the exact-KL comparison",
+    ),
+    algo(
+        "is-pg",
+        ObjectiveSpec::kind(ObjectiveKind::IsPg),
+        Mode::On,
+        PAPER,
+        "unclipped importance-sampled policy gradient (Theorem 3.3's J^UNC)",
+    ),
+    algo("grpo-off", CLIP_02, Mode::Off, PAPER, "GRPO on the replay buffer"),
+    algo("grpo-ch-off", CLIP_HIGHER, Mode::Off, PAPER, "GRPO-CH on the replay buffer"),
+    algo(
+        "m2po",
+        M2PO,
+        Mode::On,
+        "Zheng et al. 2025 (M2PO); AReaL",
+        "M2PO: unclipped ρÂ on the tokens left after masking the largest (log ρ)² until their mean is ≤ 0.04",
+    ),
+    algo(
+        "m2po-off",
+        M2PO,
+        Mode::Off,
+        "Zheng et al. 2025 (M2PO)",
+        "M2PO on the replay buffer, the stale data it was made for",
+    ),
     Algorithm {
-        name: "topr",
-        objective: ObjectiveSpec {
-            topr_ratio_level: Some(RatioLevel::Token),
-            ..ObjectiveSpec::kind(ObjectiveKind::Topr)
+        fixed_lambda: Some(1e-3),
+        ..algo(
+            "log-ratio-sq",
+            ObjectiveSpec::kind(ObjectiveKind::LogRatioSq),
+            Mode::On,
+            "prime-rl `kl_tau` (default loss)",
+            "ρÂ − τ(log ρ)² with prime-rl's fixed τ = 10⁻³",
+        )
+    },
+    algo(
+        "log-ratio-sq-dual",
+        ObjectiveSpec::kind(ObjectiveKind::LogRatioSq),
+        Mode::On,
+        "R²VPO's dual λ on prime-rl's penalty",
+        "ρÂ − λ(log ρ)² with the dual λ of `[dual]`: the ablation of (ρ−1)² against log ρ²",
+    ),
+    algo(
+        "spo",
+        ObjectiveSpec::kind(ObjectiveKind::Spo),
+        Mode::On,
+        "Xie et al. 2025 (SPO)",
+        "SPO: ρÂ − |Â|/(2ε)(ρ−1)², ε = 0.2",
+    ),
+    algo(
+        "gspo",
+        ObjectiveSpec {
+            eps: Some((3e-4, 4e-4)),
+            aggregation: Some(Aggregation::SeqMeanTokenMean),
+            ..ObjectiveSpec::kind(ObjectiveKind::Gspo)
         },
-        mode: Mode::On,
-        summary: "TOPR: tapered off-policy REINFORCE, token-level taper",
-    },
+        Mode::On,
+        "Zheng et al. 2025 (GSPO); verl `gspo`, TRL sequence-level",
+        "GSPO: clipping of the sequence ratio (ρ's geometric mean), ε 3·10⁻⁴/4·10⁻⁴, seq-mean-token-mean",
+    ),
+    algo(
+        "cispo",
+        ObjectiveSpec::kind(ObjectiveKind::Cispo),
+        Mode::On,
+        "MiniMax 2025 (CISPO); TRL `cispo`",
+        "CISPO: −sg(min(ρ, 5))·Â·log π, every token keeps its gradient",
+    ),
+    algo(
+        "sapo",
+        ObjectiveSpec { aggregation: Some(Aggregation::SeqMeanTokenMean), ..ObjectiveSpec::kind(ObjectiveKind::Sapo) },
+        Mode::On,
+        "Gao et al. 2025 (SAPO); verl `sapo`, TRL `sapo`",
+        "SAPO: (4/τ)σ(τ(ρ−1))·Â, τ 1.0/1.05, seq-mean-token-mean",
+    ),
+    algo(
+        "dppo-tv",
+        ObjectiveSpec { eps: Some((0.15, 0.15)), dual_clip: Some(None), ..ObjectiveSpec::kind(ObjectiveKind::DppoTv) },
+        Mode::On,
+        "Qi et al. 2026 (DPPO); verl `dppo_tv`",
+        "DPPO-TV: ρ-weighted REINFORCE masked where |π−π_off| of the sampled token passes δ = 0.15 the advantage's way",
+    ),
+    algo(
+        "dppo-kl",
+        ObjectiveSpec { eps: Some((0.05, 0.05)), dual_clip: Some(None), ..ObjectiveSpec::kind(ObjectiveKind::DppoKl) },
+        Mode::On,
+        "Qi et al. 2026 (DPPO); verl `dppo_kl`",
+        "DPPO-KL: the same with a binary-KL region, δ = 0.05",
+    ),
     Algorithm {
-        name: "grpo-kl",
-        objective: ObjectiveSpec {
-            kl_estimator: Some(KlEstimator::K3),
-            ..ObjectiveSpec::kind(ObjectiveKind::KlPenalty)
-        },
-        mode: Mode::On,
-        summary: "GRPO-KL: ρÂ − λ·KL estimate (k3), the exact-KL comparison",
+        scale_by_std: Some(false),
+        ..algo(
+            "dr-grpo",
+            ObjectiveSpec { aggregation: Some(Aggregation::SeqMeanTokenSumNorm), ..CLIP_02 },
+            Mode::On,
+            "Liu et al. 2025 (Dr.GRPO)",
+            "Dr.GRPO: GRPO's clip with R − mean advantages (no std) and the constant-horizon aggregation",
+        )
     },
-    Algorithm {
-        name: "is-pg",
-        objective: ObjectiveSpec::kind(ObjectiveKind::IsPg),
-        mode: Mode::On,
-        summary: "unclipped importance-sampled policy gradient (Theorem 3.3's J^UNC)",
-    },
-    Algorithm { name: "grpo-off", objective: CLIP_02, mode: Mode::Off, summary: "GRPO on the replay buffer" },
-    Algorithm { name: "grpo-ch-off", objective: CLIP_HIGHER, mode: Mode::Off, summary: "GRPO-CH on the replay buffer" },
 ];
 
 /// The distinct objectives of the table, by a representative name (every
 /// algorithm name is accepted by [`ObjectiveConfig::preset`]).
-pub const PRESETS: [&str; 8] = ["r2vpo", "ppo", "grpo", "grpo-ch", "gppo", "topr", "grpo-kl", "is-pg"];
+pub const PRESETS: [&str; 17] = [
+    "r2vpo",
+    "ppo",
+    "grpo",
+    "grpo-ch",
+    "gppo",
+    "topr",
+    "grpo-kl",
+    "is-pg",
+    "m2po",
+    "log-ratio-sq",
+    "spo",
+    "gspo",
+    "cispo",
+    "sapo",
+    "dppo-tv",
+    "dppo-kl",
+    "dr-grpo",
+];
 
 // Defined here rather than beside ObjectiveConfig so the objective module does
 // not depend on the table that depends on it.
@@ -239,10 +377,32 @@ impl Algorithm {
     /// which then refuse replay algorithms through [`Algorithm::require_on_policy`].
     pub fn overrides(&self, with_mode: bool) -> Vec<String> {
         let mut v = self.objective.overrides();
+        if let Some(l) = self.fixed_lambda {
+            v.push("dual.mode=\"fixed\"".to_string());
+            v.push(format!("dual.lambda0={l:?}"));
+        }
         if with_mode {
             v.push(format!("mode={}", self.mode.as_str()));
+            if let Some(b) = self.scale_by_std {
+                v.push(format!("group_norm.scale_by_std={b}"));
+            }
         }
         v
+    }
+
+    /// The typed twin of [`Algorithm::overrides`]'s `[dual]` keys.
+    pub fn apply_dual(&self, dual: &mut DualConfig) {
+        if let Some(l) = self.fixed_lambda {
+            dual.mode = DualMode::Fixed;
+            dual.lambda0 = l;
+        }
+    }
+
+    /// The typed twin of [`Algorithm::overrides`]'s `[group_norm]` key.
+    pub fn apply_group_norm(&self, g: &mut crate::advantage::GroupNormConfig) {
+        if let Some(b) = self.scale_by_std {
+            g.scale_by_std = b;
+        }
     }
 
     /// An error naming `trainer` when this algorithm needs replay.

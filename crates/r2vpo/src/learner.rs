@@ -113,7 +113,7 @@ mod tests {
         let old = Tensor::new(&[[-1.0f32, -1.0]], &dev).unwrap();
         let adv = Tensor::new(&[[1.0f32, -1.0]], &dev).unwrap();
         let mask = Tensor::ones((1, 2), candle_core::DType::F32, &dev).unwrap();
-        let b = PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask };
+        let b = PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask, weights: None };
         let g = GlobalBatch::from_mask(&mask).unwrap();
         let cfg = DualConfig { mode: DualMode::Fixed, lambda0: 0.5, ..DualConfig::default() };
         let l = Learner::new(ObjectiveConfig::default(), &cfg).unwrap();

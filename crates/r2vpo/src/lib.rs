@@ -13,7 +13,8 @@
 //!
 //! | module | what | paper |
 //! |---|---|---|
-//! | [`objective`] | R²VPO penalty and the baselines (clip, dual-clip, clip-higher, GPPO, TOPR, exact-KL, plain IS-PG) with detached ratio statistics | Eq. (primal–dual), Eq. (gradient), Eq. (clip objective) |
+//! | [`objective`] | R²VPO penalty and the baselines (clip, dual-clip, clip-higher, GPPO, TOPR, exact-KL, plain IS-PG, and the 2026 menu: M2PO, log-ratio², SPO, GSPO, CISPO, SAPO, DPPO) with detached ratio statistics | Eq. (primal–dual), Eq. (gradient), Eq. (clip objective) |
+//! | [`correction`] | rollout–trainer mismatch weights: token/sequence TIS and MIS | — |
 //! | [`aggregate`] | token-mean / seq-mean-token-mean / seq-mean-token-sum / seq-mean-token-sum-norm, normalised over the global batch | — |
 //! | [`dual`] | fixed or adaptive λ | Eq. (λ update) |
 //! | [`advantage`] | GAE and group-relative advantages | — |
@@ -34,6 +35,7 @@ pub mod adam;
 pub mod advantage;
 pub mod aggregate;
 pub mod algo;
+pub mod correction;
 pub mod divergence;
 pub mod dual;
 mod error;

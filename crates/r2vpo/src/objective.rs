@@ -57,6 +57,10 @@ pub struct PolicyBatch<'a> {
     pub advantages: &'a Tensor,
     /// 1 for tokens that count, 0 for padding.
     pub mask: &'a Tensor,
+    /// Detached per-token weights on the policy-gradient term (the
+    /// rollout–trainer mismatch correction, [`crate::correction`]); `None`
+    /// is all ones.
+    pub weights: Option<&'a Tensor>,
 }
 
 /// Which policy objective to optimise.
@@ -75,6 +79,24 @@ pub enum ObjectiveKind {
     KlPenalty,
     /// Plain importance-sampled policy gradient, no regulariser.
     IsPg,
+    /// M2PO: the unclipped `ρÂ` on the tokens left after masking the
+    /// largest `(log ρ)²` until their mean is ≤ τ_M2.
+    M2po,
+    /// `ρÂ − λ(log ρ)²`: R²VPO's penalty in log-ratio form (prime-rl's
+    /// `kl_tau` term), fixed λ or the dual λ.
+    LogRatioSq,
+    /// SPO: `ρÂ − |Â|/(2ε)·(ρ−1)²`, a penalty scaled by each token's |Â|.
+    Spo,
+    /// GSPO: clipping of a sequence-level ratio (geometric mean of ρ).
+    Gspo,
+    /// CISPO: REINFORCE weighted by the clipped, detached ratio.
+    Cispo,
+    /// SAPO: a sigmoid gate of the ratio instead of a hard clip.
+    Sapo,
+    /// DPPO with a total-variation trust region on the sampled token's probability.
+    DppoTv,
+    /// DPPO with a binary-KL trust region on the sampled token's probability.
+    DppoKl,
 }
 
 impl ObjectiveKind {
@@ -87,6 +109,14 @@ impl ObjectiveKind {
             ObjectiveKind::Topr => "topr",
             ObjectiveKind::KlPenalty => "kl-penalty",
             ObjectiveKind::IsPg => "is-pg",
+            ObjectiveKind::M2po => "m2po",
+            ObjectiveKind::LogRatioSq => "log-ratio-sq",
+            ObjectiveKind::Spo => "spo",
+            ObjectiveKind::Gspo => "gspo",
+            ObjectiveKind::Cispo => "cispo",
+            ObjectiveKind::Sapo => "sapo",
+            ObjectiveKind::DppoTv => "dppo-tv",
+            ObjectiveKind::DppoKl => "dppo-kl",
         }
     }
 
@@ -94,7 +124,7 @@ impl ObjectiveKind {
     /// variable, or the KL coefficient): only then does λ act on the loss,
     /// move by the dual update (Eq. λ update) and need to be finite and ≥ 0.
     pub fn uses_lambda(self) -> bool {
-        matches!(self, ObjectiveKind::R2vpo | ObjectiveKind::KlPenalty)
+        matches!(self, ObjectiveKind::R2vpo | ObjectiveKind::KlPenalty | ObjectiveKind::LogRatioSq)
     }
 }
 
@@ -188,6 +218,26 @@ pub struct ObjectiveConfig {
     pub log_ratio_clamp: f64,
     /// How per-token losses become the scalar loss. Default token-mean.
     pub aggregation: Aggregation,
+    /// M2PO's bound τ_M2 on the mean `(log ρ)²` of the kept tokens. Default
+    /// 0.04, the value of every experiment in the M2PO paper.
+    pub m2po_tau: f64,
+    /// SPO's ε: a token's optimum ratio is `1 ± ε`. Default 0.2 (the SPO
+    /// code's `--epsilon`).
+    pub spo_eps: f64,
+    /// CISPO's cap on the detached importance weight. Default 5.0 (TRL's
+    /// documented CISPO setting `epsilon_high = 5.0`).
+    pub cispo_cap: f64,
+    /// SAPO's gate temperature for A > 0. Default 1.0 (TRL).
+    pub sapo_tau_pos: f64,
+    /// SAPO's gate temperature for A ≤ 0. Default 1.05 (TRL).
+    pub sapo_tau_neg: f64,
+    /// Rollout–trainer mismatch correction: detached weights from the
+    /// learner's old log-probs over the engine's, on the policy-gradient term
+    /// ([`crate::correction`]). Default none.
+    pub rollout_correction: crate::correction::RolloutCorrection,
+    /// The correction's cap C: TIS truncates the weight at C, MIS zeroes the
+    /// tokens (or sequences) whose weight exceeds it. Default 2.0 (verl).
+    pub rollout_correction_cap: f64,
 }
 
 impl Default for ObjectiveConfig {
@@ -205,6 +255,13 @@ impl Default for ObjectiveConfig {
             kl_estimator: KlEstimator::K3,
             log_ratio_clamp: 20.0,
             aggregation: Aggregation::TokenMean,
+            m2po_tau: 0.04,
+            spo_eps: 0.2,
+            cispo_cap: 5.0,
+            sapo_tau_pos: 1.0,
+            sapo_tau_neg: 1.05,
+            rollout_correction: crate::correction::RolloutCorrection::None,
+            rollout_correction_cap: 2.0,
         }
     }
 }
@@ -257,12 +314,17 @@ pub struct RatioStats {
     pub kl_k3: f64,
     /// Fraction of tokens whose |log ρ| exceeded `log_ratio_clamp`.
     pub log_ratio_clamped_frac: f64,
+    /// Fraction of tokens the objective's own mask dropped (M2PO's second
+    /// moment, DPPO's trust region); 0 for the other kinds.
+    #[serde(default)]
+    pub masked_frac: f64,
     /// Aggregated policy-gradient part of the loss (detached).
     pub pg_loss: f64,
     /// Aggregated penalty part of the loss (detached; 0 for kinds without one).
     pub penalty: f64,
     /// The statistic the dual update consumes: E\[(ρ−1)²\] for every kind but
-    /// [`ObjectiveKind::KlPenalty`], whose constraint is E\[k\] of its estimator.
+    /// [`ObjectiveKind::KlPenalty`], whose constraint is E\[k\] of its
+    /// estimator, and [`ObjectiveKind::LogRatioSq`], whose is E\[(log ρ)²\].
     pub constraint: f64,
 }
 
@@ -314,6 +376,7 @@ impl RatioStats {
         out.approx_kl = wmean(&|p| p.approx_kl);
         out.kl_k3 = wmean(&|p| p.kl_k3);
         out.log_ratio_clamped_frac = wmean(&|p| p.log_ratio_clamped_frac);
+        out.masked_frac = wmean(&|p| p.masked_frac);
         out.constraint = wmean(&|p| p.constraint);
         out
     }
@@ -339,6 +402,19 @@ impl ObjectiveConfig {
         check(self.eps_high > 0.0 && self.eps_high < 1.0, "objective.eps_high", "must be in (0, 1)", self.eps_high)?;
         if let Some(c) = self.dual_clip {
             check(c > 1.0 && c.is_finite(), "objective.dual_clip", "must be finite and > 1 (or \"none\")", c)?;
+        }
+        for (v, field) in [
+            (self.m2po_tau, "objective.m2po_tau"),
+            (self.spo_eps, "objective.spo_eps"),
+            (self.sapo_tau_pos, "objective.sapo_tau_pos"),
+            (self.sapo_tau_neg, "objective.sapo_tau_neg"),
+        ] {
+            check(v > 0.0 && v.is_finite(), field, "must be finite and > 0", v)?;
+        }
+        for (v, field) in
+            [(self.cispo_cap, "objective.cispo_cap"), (self.rollout_correction_cap, "objective.rollout_correction_cap")]
+        {
+            check(v >= 1.0 && v.is_finite(), field, "must be finite and >= 1", v)?;
         }
         for (v, field) in [
             (self.gppo_beta1, "objective.gppo_beta1"),
@@ -368,7 +444,10 @@ impl ObjectiveConfig {
             return Err(invalid("lambda", format!("the penalty coefficient must be finite and >= 0, got {lambda}")));
         }
         let p = Prepared::new(batch, self.log_ratio_clamp)?;
-        let (pg, penalty) = match self.kind {
+        // A kind that masks tokens of its own (M2PO, DPPO) leaves its 0/1
+        // keep-mask here, for the masked fraction it reports.
+        let mut keep: Option<Tensor> = None;
+        let (mut pg, penalty) = match self.kind {
             ObjectiveKind::R2vpo => {
                 (is_pg_per_token(&p.ratio, &p.adv)?, Some(r2vpo_penalty_per_token(&p.ratio, lambda)?))
             }
@@ -399,7 +478,36 @@ impl ObjectiveConfig {
                 Some(kl_estimate(self.kl_estimator, &p.log_ratio)?.affine(lambda, 0.0)?),
             ),
             ObjectiveKind::IsPg => (is_pg_per_token(&p.ratio, &p.adv)?, None),
+            ObjectiveKind::M2po => {
+                let k = m2po_keep_mask(&p.log_ratio, &p.mask, self.m2po_tau)?;
+                let l = m2po_per_token(&p.ratio, &p.adv, &k)?;
+                keep = Some(k);
+                (l, None)
+            }
+            ObjectiveKind::LogRatioSq => {
+                (is_pg_per_token(&p.ratio, &p.adv)?, Some(log_ratio_sq_penalty(&p.log_ratio, lambda)?))
+            }
+            ObjectiveKind::Spo => {
+                (is_pg_per_token(&p.ratio, &p.adv)?, Some(spo_penalty(&p.ratio, &p.adv, self.spo_eps)?))
+            }
+            ObjectiveKind::Gspo => {
+                let s = gspo_sequence_ratio(&p.log_ratio, &p.logp, &p.mask, self.log_ratio_clamp)?;
+                (clip_per_token(&s, &p.adv, self.eps_low, self.eps_high, None)?, None)
+            }
+            ObjectiveKind::Cispo => (cispo_per_token(&p.logp, &p.ratio, &p.adv, self.cispo_cap)?, None),
+            ObjectiveKind::Sapo => (sapo_per_token(&p.ratio, &p.adv, self.sapo_tau_pos, self.sapo_tau_neg)?, None),
+            ObjectiveKind::DppoTv | ObjectiveKind::DppoKl => {
+                let k = dppo_keep_mask(&p.logp, &p.old, &p.adv, &p.mask, self.kind, self.eps_low, self.eps_high)?;
+                let l = dppo_per_token(&p.logp, &p.ratio, &p.adv, &k, self.dual_clip)?;
+                keep = Some(k);
+                (l, None)
+            }
         };
+        // Rollout–trainer mismatch weights act on the policy-gradient term
+        // only, detached (verl's rollout correction, TRL's vLLM IS).
+        if let Some(w) = &p.weights {
+            pg = pg.mul(w)?;
+        }
         let per_token = match &penalty {
             Some(pen) => pg.add(pen)?,
             None => pg.clone(),
@@ -409,6 +517,10 @@ impl ObjectiveConfig {
             Ok(aggregate(&t.detach(), &p.mask, self.aggregation, global)?.to_dtype(DType::F64)?.to_scalar::<f64>()?)
         };
         let mut stats = ratio_stats(batch, self)?;
+        if let (Some(k), true) = (&keep, stats.tokens > 0.0) {
+            let kept = k.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+            stats.masked_frac = 1.0 - kept / stats.tokens;
+        }
         stats.pg_loss = detached_agg(&pg)?;
         stats.penalty = match &penalty {
             Some(pen) => detached_agg(pen)?,
@@ -428,6 +540,10 @@ struct Prepared {
     adv: Tensor,
     /// log π_θ, 0 at masked tokens (TOPR differentiates it directly).
     logp: Tensor,
+    /// Detached log π_off, 0 at masked tokens.
+    old: Tensor,
+    /// Detached rollout-correction weights, 0 at masked tokens.
+    weights: Option<Tensor>,
 }
 
 impl Prepared {
@@ -444,13 +560,18 @@ impl Prepared {
         let adv = valid.where_cond(&batch.advantages.detach().to_dtype(dtype)?, &zeros)?;
         let log_ratio = clamped_log_ratio(&logp, &old, clamp)?;
         let ratio = log_ratio.exp()?;
-        Ok(Prepared { mask, log_ratio, ratio, adv, logp })
+        let weights = match batch.weights {
+            Some(w) => Some(valid.where_cond(&w.detach().to_dtype(dtype)?, &zeros)?),
+            None => None,
+        };
+        Ok(Prepared { mask, log_ratio, ratio, adv, logp, old, weights })
     }
 }
 
 fn check_shapes(batch: &PolicyBatch) -> Result<()> {
     let dims = batch.logp.dims();
-    let same = [batch.old_logp, batch.advantages, batch.mask].iter().all(|t| t.dims() == dims);
+    let same = [batch.old_logp, batch.advantages, batch.mask].iter().all(|t| t.dims() == dims)
+        && batch.weights.is_none_or(|w| w.dims() == dims);
     if dims.len() != 2 || !same {
         return Err(Error::Shape(format!(
             "objective: logp {:?}, old_logp {:?}, advantages {:?} and mask {:?} must all be the same (B, T)",
@@ -652,6 +773,160 @@ pub fn kl_penalty_per_token(
     Ok(is_pg_per_token(ratio, adv)?.add(&kl_estimate(k, log_ratio)?.affine(lambda, 0.0)?)?)
 }
 
+/// CISPO per-token loss (MiniMax-M1; TRL `loss_type="cispo"`):
+/// `ℓ = −sg(min(ρ, c))·A·log π`. Every token keeps a gradient (none is
+/// clipped away); the importance weight is capped instead.
+pub fn cispo_per_token(logp: &Tensor, ratio: &Tensor, adv: &Tensor, cap: f64) -> Result<Tensor> {
+    Ok(ratio.detach().clamp(f64::NEG_INFINITY, cap)?.mul(adv)?.mul(logp)?.neg()?)
+}
+
+/// SAPO per-token loss (Qwen 2025; TRL `loss_type="sapo"`):
+/// `ℓ = −(4/τ)·σ(τ(ρ−1))·A`, with τ = τ₊ for A > 0 and τ₋ otherwise. The
+/// gate's slope is 1 at ρ = 1 (the plain policy gradient) and decays
+/// smoothly away from it, instead of dropping to 0 at a clip edge.
+pub fn sapo_per_token(ratio: &Tensor, adv: &Tensor, tau_pos: f64, tau_neg: f64) -> Result<Tensor> {
+    let tau =
+        adv.gt(0.0)?.where_cond(&adv.ones_like()?.affine(tau_pos, 0.0)?, &adv.ones_like()?.affine(tau_neg, 0.0)?)?;
+    let gate = candle_nn_free_sigmoid(&ratio.affine(1.0, -1.0)?.mul(&tau)?)?.affine(4.0, 0.0)?.div(&tau)?;
+    Ok(gate.mul(adv)?.neg()?)
+}
+
+/// `1 / (1 + e^{−x})`, differentiable (candle-core has no sigmoid op of its
+/// own; candle-nn's is not a dependency of the algorithm core).
+fn candle_nn_free_sigmoid(x: &Tensor) -> Result<Tensor> {
+    Ok(x.neg()?.exp()?.affine(1.0, 1.0)?.recip()?)
+}
+
+/// M2PO's second-moment mask (Zheng et al. 2025, Algorithm 1; AReaL's
+/// `_get_m2po_loss_mask`): over the valid tokens, the largest `(log ρ)²` are
+/// masked one by one until the mean of the rest is ≤ `tau`. Returns a
+/// detached `(B, T)` 0/1 keep-mask (0 at invalid tokens too).
+///
+/// The bound is per micro-batch, as AReaL applies it (the paper states it
+/// over the batch it trains on); at least one token is always kept, as in
+/// AReaL. Ties are broken by position, so the mask is deterministic.
+pub fn m2po_keep_mask(log_ratio: &Tensor, mask: &Tensor, tau: f64) -> Result<Tensor> {
+    let (b, t) = log_ratio.dims2()?;
+    let x: Vec<f64> = log_ratio.detach().to_dtype(DType::F64)?.flatten_all()?.to_vec1()?;
+    let m: Vec<f64> = mask.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?;
+    let mut valid: Vec<(f64, usize)> = (0..x.len()).filter(|&i| m[i] > 0.0).map(|i| (x[i] * x[i], i)).collect();
+    let mut keep: Vec<f64> = m.iter().map(|&v| if v > 0.0 { 1.0 } else { 0.0 }).collect();
+    // Largest first, ties by position.
+    valid.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let n = valid.len();
+    let mut suffix = 0.0;
+    let mut cut = n.saturating_sub(1);
+    // suffix mean of valid[k..]; the first k whose suffix mean is ≤ τ.
+    let mut means = vec![0.0; n];
+    for k in (0..n).rev() {
+        suffix += valid[k].0;
+        means[k] = suffix / (n - k) as f64;
+    }
+    if let Some(k) = means.iter().position(|&mk| mk <= tau) {
+        cut = k;
+    }
+    for &(_, i) in &valid[..cut.min(n)] {
+        keep[i] = 0.0;
+    }
+    Ok(Tensor::from_vec(keep, (b, t), log_ratio.device())?.to_dtype(log_ratio.dtype())?)
+}
+
+/// M2PO per-token loss `ℓ = −keep·ρ·A`: the paper's objective
+/// `Σ M_{i,t}·ρ·A / Σ|o_i|` is unclipped; masked tokens stay in the
+/// aggregation's normaliser (they count as zero loss, as in the paper).
+pub fn m2po_per_token(ratio: &Tensor, adv: &Tensor, keep: &Tensor) -> Result<Tensor> {
+    Ok(is_pg_per_token(ratio, adv)?.mul(keep)?)
+}
+
+/// The log-ratio-squared penalty `λ·(log ρ)²` (prime-rl's default loss
+/// carries it with a fixed `kl_tau = 1e-3`): R²VPO's penalty with `ρ−1`
+/// replaced by `log ρ`, equal to second order at ρ = 1 and symmetric in log
+/// space, so a token at ρ = ½ is pulled back as hard as one at ρ = 2.
+pub fn log_ratio_sq_penalty(log_ratio: &Tensor, lambda: f64) -> Result<Tensor> {
+    Ok(log_ratio.sqr()?.affine(lambda, 0.0)?)
+}
+
+/// SPO's penalty `|A|/(2ε)·(ρ−1)²` (Xie et al. 2025, the objective
+/// `ρÂ − |Â|/(2ε)(ρ−1)²`): its optimum in ρ for one token is `1 + ε·sign(A)`,
+/// the edge of PPO's clip band, reached smoothly instead of by a cut.
+pub fn spo_penalty(ratio: &Tensor, adv: &Tensor, eps: f64) -> Result<Tensor> {
+    Ok(ratio.affine(1.0, -1.0)?.sqr()?.mul(&adv.abs()?)?.affine(1.0 / (2.0 * eps), 0.0)?)
+}
+
+/// GSPO's sequence ratio with token-level gradients (verl
+/// `compute_policy_loss_gspo`): `log s_{i,t} = sg(mean_t log ρ_{i,t}) +
+/// log π_{i,t} − sg(log π_{i,t})`, so its value is the geometric mean of the
+/// sequence's ratios and its gradient `s·∇log π_{i,t}`. The mean is over the
+/// valid tokens of the row; `log s` is capped at [`GSPO_LOG_RATIO_CAP`] above
+/// (verl's 10) and at `−c` below.
+pub fn gspo_sequence_ratio(log_ratio: &Tensor, logp: &Tensor, mask: &Tensor, c: f64) -> Result<Tensor> {
+    let mask = mask.to_dtype(log_ratio.dtype())?;
+    let len = mask.sum_keepdim(D::Minus1)?.clamp(1.0, f64::INFINITY)?;
+    let mean = log_ratio.detach().mul(&mask)?.sum_keepdim(D::Minus1)?.div(&len)?;
+    let tok = logp.sub(&logp.detach())?.broadcast_add(&mean)?;
+    Ok(clamp_st(&tok, -c, GSPO_LOG_RATIO_CAP.min(c))?.exp()?)
+}
+
+/// verl's upper cap on GSPO's log sequence ratio.
+pub const GSPO_LOG_RATIO_CAP: f64 = 10.0;
+
+/// DPPO's trust-region mask (Qi et al. 2026; verl `dppo_tv` / `dppo_kl`):
+/// the divergence between the sampled token's probabilities `p = π_θ` and
+/// `p_old` decides, per advantage sign, whether the token may still move.
+///
+/// - TV: keep if `p − p_old ≤ δ_h` (A > 0), `p − p_old ≥ −δ_l` (A ≤ 0).
+/// - KL: the binary KL `p_old·log(p_old/p) + (1−p_old)·log((1−p_old)/(1−p))`
+///   ≤ δ_h (A > 0) or δ_l (A ≤ 0), or the token has not moved in its
+///   advantage's direction (`p ≤ p_old` for A > 0, `p ≥ p_old` otherwise).
+///
+/// Detached 0/1, 0 at invalid tokens.
+pub fn dppo_keep_mask(
+    logp: &Tensor,
+    old_logp: &Tensor,
+    adv: &Tensor,
+    mask: &Tensor,
+    kind: ObjectiveKind,
+    delta_low: f64,
+    delta_high: f64,
+) -> Result<Tensor> {
+    let p = logp.detach().exp()?;
+    let p_old = old_logp.detach().exp()?;
+    let diff = p.sub(&p_old)?;
+    let pos = adv.gt(0.0)?;
+    let keep = match kind {
+        ObjectiveKind::DppoTv => pos.where_cond(&diff.le(delta_high)?, &diff.ge(-delta_low)?)?,
+        _ => {
+            // verl's binary KL, its 1e-8 included (it keeps the second log
+            // finite when a probability reaches 1).
+            let lp = logp.detach();
+            let lq = old_logp.detach();
+            let kl = p_old.mul(&lq.sub(&lp)?)?.add(
+                &p_old
+                    .affine(-1.0, 1.0 + 1e-8)?
+                    .log()?
+                    .sub(&p.affine(-1.0, 1.0 + 1e-8)?.log()?)?
+                    .mul(&p_old.affine(-1.0, 1.0)?)?,
+            )?;
+            let keep_pos = kl.le(delta_high)?.maximum(&diff.le(0.0)?)?;
+            let keep_neg = kl.le(delta_low)?.maximum(&diff.ge(0.0)?)?;
+            pos.where_cond(&keep_pos, &keep_neg)?
+        }
+    };
+    Ok(keep.to_dtype(logp.dtype())?.mul(&mask.to_dtype(logp.dtype())?)?)
+}
+
+/// DPPO per-token loss `ℓ = −keep·sg(min(ρ, c))·A·log π`: REINFORCE with
+/// the (optionally truncated) ratio as a detached weight, on the tokens the
+/// trust region keeps. `cap` is verl's `clip_ratio_c` (`None`: no truncation,
+/// the authors' 10⁴).
+pub fn dppo_per_token(logp: &Tensor, ratio: &Tensor, adv: &Tensor, keep: &Tensor, cap: Option<f64>) -> Result<Tensor> {
+    let w = match cap {
+        Some(c) => ratio.detach().clamp(f64::NEG_INFINITY, c)?,
+        None => ratio.detach(),
+    };
+    Ok(w.mul(adv)?.mul(logp)?.mul(keep)?.neg()?)
+}
+
 /// Detached ratio statistics of `batch` under `cfg`'s clamps, clip widths and
 /// KL estimator, computed in f64 on the host. `pg_loss` and `penalty` are left
 /// at 0 (they need λ and the aggregation; [`ObjectiveConfig::loss`] fills them).
@@ -664,7 +939,7 @@ pub fn ratio_stats(batch: &PolicyBatch, cfg: &ObjectiveConfig) -> Result<RatioSt
     let (lo, hi) = (1.0 - cfg.eps_low, 1.0 + cfg.eps_high);
     let mut ratios = Vec::new();
     let (mut clamped, mut low, mut high, mut dual) = (0usize, 0usize, 0usize, 0usize);
-    let (mut sum, mut sq_dev, mut k1, mut k3, mut kk) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    let (mut sum, mut sq_dev, mut k1, mut k3, mut kk, mut x2) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     for i in 0..mask.len() {
         if mask[i] <= 0.0 {
             continue;
@@ -681,6 +956,7 @@ pub fn ratio_stats(batch: &PolicyBatch, cfg: &ObjectiveConfig) -> Result<RatioSt
         k1 += -x;
         k3 += kl_estimate_scalar(KlEstimator::K3, x);
         kk += kl_estimate_scalar(cfg.kl_estimator, x);
+        x2 += x * x;
         low += usize::from(r < lo);
         high += usize::from(r > hi);
         dual += usize::from(matches!(cfg.dual_clip, Some(cd) if adv[i] < 0.0 && r > cd));
@@ -708,9 +984,14 @@ pub fn ratio_stats(batch: &PolicyBatch, cfg: &ObjectiveConfig) -> Result<RatioSt
         approx_kl: k1 / nf,
         kl_k3: k3 / nf,
         log_ratio_clamped_frac: clamped as f64 / nf,
+        masked_frac: 0.0,
         pg_loss: 0.0,
         penalty: 0.0,
-        constraint: if cfg.kind == ObjectiveKind::KlPenalty { kk / nf } else { sq_dev_mean },
+        constraint: match cfg.kind {
+            ObjectiveKind::KlPenalty => kk / nf,
+            ObjectiveKind::LogRatioSq => x2 / nf,
+            _ => sq_dev_mean,
+        },
     })
 }
 
@@ -803,7 +1084,7 @@ mod tests {
     fn run(cfg: &ObjectiveConfig, logp: &Tensor, old: &Tensor, adv: &Tensor, mask: &Tensor, lambda: f64) -> Run {
         let var = Var::from_tensor(logp).unwrap();
         let global = GlobalBatch::from_mask(mask).unwrap();
-        let batch = PolicyBatch { logp: var.as_tensor(), old_logp: old, advantages: adv, mask };
+        let batch = PolicyBatch { logp: var.as_tensor(), old_logp: old, advantages: adv, mask, weights: None };
         let out = cfg.loss(&batch, lambda, &global).unwrap();
         assert_eq!(out.loss.rank(), 0);
         let grads = out.loss.backward().unwrap();
@@ -1095,6 +1376,155 @@ mod tests {
         assert_close(named.to_vec2::<f64>().unwrap()[0][0], out.per_token[0][0], 1e-12, "kl_penalty_per_token");
     }
 
+    fn kind(kind: ObjectiveKind) -> ObjectiveConfig {
+        ObjectiveConfig { kind, ..ObjectiveConfig::default() }
+    }
+
+    /// The 2026 menu's per-token losses and gradients against their
+    /// formulas, written out here in scalars (one row, old log-prob 0, so
+    /// `x = log ρ = log π`, token-mean weight 1/n).
+    #[test]
+    fn menu_losses_match_scalar_formulas() {
+        let ratios = [1.6, 0.7, 1.05, 0.4, 2.5];
+        let adv = [1.0, -0.5, 0.8, 1.2, -1.5];
+        let n = ratios.len() as f64;
+        let check = |cfg: &ObjectiveConfig, lambda: f64, f: &dyn Fn(f64, f64) -> (f64, f64)| {
+            let out = run_ratios(cfg, &ratios, &adv, lambda);
+            let mut loss = 0.0;
+            for k in 0..ratios.len() {
+                let (v, d) = f(ratios[k], adv[k]);
+                assert_close(out.per_token[0][k], v, 1e-12, &format!("{:?} value {k}", cfg.kind));
+                assert_close(out.grad[0][k], d / n, 1e-12, &format!("{:?} grad {k}", cfg.kind));
+                loss += v / n;
+            }
+            assert_close(out.loss, loss, 1e-12, &format!("{:?} loss", cfg.kind));
+            out
+        };
+        // ρÂ − λ(log ρ)²: ∂/∂x = −ρA + 2λx; its dual statistic is E[x²].
+        let lam = 0.3;
+        let out = check(&kind(ObjectiveKind::LogRatioSq), lam, &|r: f64, a| {
+            (-r * a + lam * r.ln().powi(2), -r * a + 2.0 * lam * r.ln())
+        });
+        let ex2 = ratios.iter().map(|r: &f64| r.ln().powi(2)).sum::<f64>() / n;
+        assert_close(out.stats.constraint, ex2, 1e-12, "log-ratio-sq constraint");
+        // SPO: −ρA + |A|/(2ε)(ρ−1)², ∂/∂x = (−A + |A|(ρ−1)/ε)·ρ.
+        let eps = 0.2;
+        check(&kind(ObjectiveKind::Spo), 0.0, &|r: f64, a: f64| {
+            (-r * a + a.abs() / (2.0 * eps) * (r - 1.0).powi(2), (-a + a.abs() * (r - 1.0) / eps) * r)
+        });
+        // CISPO at cap 1.5: −min(ρ, 1.5)·A·log π, gradient −min(ρ, 1.5)·A.
+        let cispo = ObjectiveConfig { cispo_cap: 1.5, ..kind(ObjectiveKind::Cispo) };
+        check(&cispo, 0.0, &|r: f64, a| (-r.min(1.5) * a * r.ln(), -r.min(1.5) * a));
+        // SAPO: −(4/τ)σ(τ(ρ−1))A, gradient −4σ(1−σ)·ρ·A.
+        check(&kind(ObjectiveKind::Sapo), 0.0, &|r: f64, a: f64| {
+            let tau = if a > 0.0 { 1.0 } else { 1.05 };
+            let sig = 1.0 / (1.0 + (-tau * (r - 1.0)).exp());
+            (-(4.0 / tau) * sig * a, -4.0 * sig * (1.0 - sig) * r * a)
+        });
+        // GSPO on one row: the sequence ratio s = exp(mean x) for every
+        // token, clipped PPO-style; the gradient −A·s on the active side.
+        let s_ratio = (ratios.iter().map(|r: &f64| r.ln()).sum::<f64>() / n).exp();
+        for (lo, hi) in [(0.2, 0.2), (3e-4, 4e-4)] {
+            let cfg = ObjectiveConfig { eps_low: lo, eps_high: hi, ..kind(ObjectiveKind::Gspo) };
+            check(&cfg, 0.0, &|_r, a: f64| {
+                let c = s_ratio.clamp(1.0 - lo, 1.0 + hi);
+                if -a * s_ratio >= -a * c {
+                    (-a * s_ratio, -a * s_ratio)
+                } else {
+                    (-a * c, 0.0)
+                }
+            });
+        }
+    }
+
+    #[test]
+    fn dppo_masks_by_the_sampled_tokens_probability() {
+        // p_old = 0.5 everywhere; (p, A) pairs on each side of the regions.
+        let probs = [0.6, 0.7, 0.3, 0.45, 0.9, 0.52];
+        let adv = [1.0, 1.0, -1.0, -1.0, -2.0, 0.5];
+        let logp = row(&probs.map(f64::ln));
+        let old = row(&[0.5f64.ln(); 6]);
+        let n = 6.0;
+        for (k, delta) in [(ObjectiveKind::DppoTv, 0.15), (ObjectiveKind::DppoKl, 0.05)] {
+            let cfg = ObjectiveConfig { eps_low: delta, eps_high: delta, dual_clip: Some(1.5), ..kind(k) };
+            let out = run(&cfg, &logp, &old, &row(&adv), &row(&[1.0; 6]), 0.0);
+            let mut dropped = 0.0;
+            for j in 0..6 {
+                let (p, q, a) = (probs[j], 0.5f64, adv[j]);
+                let keep = match k {
+                    ObjectiveKind::DppoTv => {
+                        if a > 0.0 {
+                            p - q <= delta
+                        } else {
+                            p - q >= -delta
+                        }
+                    }
+                    _ => {
+                        let kl = q * (q.ln() - p.ln()) + (1.0 - q) * ((1.0 - q + 1e-8) / (1.0 - p + 1e-8)).ln();
+                        if a > 0.0 {
+                            kl <= delta || p <= q
+                        } else {
+                            kl <= delta || p >= q
+                        }
+                    }
+                };
+                dropped += f64::from(u8::from(!keep));
+                let w = if keep { (p / q).min(1.5) } else { 0.0 };
+                assert_close(out.grad[0][j], -w * a / n, 1e-12, &format!("{k:?} grad {j}"));
+                assert_close(out.per_token[0][j], -w * a * p.ln(), 1e-12, &format!("{k:?} value {j}"));
+            }
+            assert!(dropped > 0.0 && dropped < 6.0, "{k:?}: the cases straddle the region");
+            assert_close(out.stats.masked_frac, dropped / n, 1e-12, "masked fraction");
+        }
+    }
+
+    #[test]
+    fn m2po_masks_the_largest_second_moments_until_the_bound_holds() {
+        // x² = 0.25, 0.09, 0.01, 0, 0.0025: mean 0.0705 > 0.04; without the
+        // 0.25 the mean is 0.025625 ≤ 0.04, so exactly token 0 goes.
+        let xs = [0.5, -0.3, 0.1, 0.0, 0.05];
+        let adv = [1.0, -1.0, 0.5, 2.0, -0.5];
+        let ratios = xs.map(f64::exp);
+        let out = run_ratios(&kind(ObjectiveKind::M2po), &ratios, &adv, 0.0);
+        assert_eq!(out.grad[0][0], 0.0);
+        assert_eq!(out.per_token[0][0], 0.0);
+        for k in 1..5 {
+            assert_close(out.grad[0][k], -ratios[k] * adv[k] / 5.0, 1e-12, "kept token: −ρA/n");
+        }
+        assert_close(out.stats.masked_frac, 0.2, 1e-15, "one of five masked");
+        // A tighter bound takes the next largest too; a loose one keeps all.
+        let tight = ObjectiveConfig { m2po_tau: 0.01, ..kind(ObjectiveKind::M2po) };
+        let out = run_ratios(&tight, &ratios, &adv, 0.0);
+        assert_eq!((out.grad[0][0], out.grad[0][1]), (0.0, 0.0));
+        assert!(out.grad[0][2] != 0.0);
+        let loose = ObjectiveConfig { m2po_tau: 0.1, ..kind(ObjectiveKind::M2po) };
+        assert_eq!(run_ratios(&loose, &ratios, &adv, 0.0).stats.masked_frac, 0.0);
+        // At least one token always stays (AReaL).
+        let none = ObjectiveConfig { m2po_tau: 1e-9, ..kind(ObjectiveKind::M2po) };
+        assert_close(run_ratios(&none, &ratios, &adv, 0.0).stats.masked_frac, 0.8, 1e-15, "n − 1 masked");
+    }
+
+    #[test]
+    fn correction_weights_multiply_the_policy_gradient_term_only() {
+        let logp = row(&[0.2, -0.1, 0.3]);
+        let zeros = row(&[0.0; 3]);
+        let adv = row(&[1.0, -1.0, 0.5]);
+        let mask = row(&[1.0; 3]);
+        let w = row(&[0.5, 2.0, 0.0]);
+        let var = Var::from_tensor(&logp).unwrap();
+        let global = GlobalBatch::from_mask(&mask).unwrap();
+        let cfg = ObjectiveConfig::default();
+        let batch =
+            PolicyBatch { logp: var.as_tensor(), old_logp: &zeros, advantages: &adv, mask: &mask, weights: Some(&w) };
+        let out = cfg.loss(&batch, 0.4, &global).unwrap();
+        let grad = out.loss.backward().unwrap().get(var.as_tensor()).unwrap().to_vec2::<f64>().unwrap();
+        for (k, (x, a, wk)) in [(0.2f64, 1.0, 0.5), (-0.1, -1.0, 2.0), (0.3, 0.5, 0.0)].into_iter().enumerate() {
+            let r = x.exp();
+            // −w·ρA + λ(ρ−1)²: the penalty is not weighted.
+            assert_close(grad[0][k], (-wk * r * a + 0.4 * 2.0 * (r - 1.0) * r) / 3.0, 1e-12, &format!("grad {k}"));
+        }
+    }
+
     fn vecs(b: usize, t: usize, lo: f64, hi: f64) -> impl Strategy<Value = Vec<Vec<f64>>> {
         prop::collection::vec(prop::collection::vec(lo..hi, t), b)
     }
@@ -1209,13 +1639,18 @@ mod tests {
         assert_close(s.pg_loss, -(0.5 + 1.0 - 1.5 - 2.0) / 4.0, tol, "pg");
         assert_eq!(s.log_ratio_clamped_frac, 0.0);
         // The public helper gives the same ratio statistics.
-        let direct =
-            ratio_stats(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask }, &cfg).unwrap();
+        let direct = ratio_stats(
+            &PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask, weights: None },
+            &cfg,
+        )
+        .unwrap();
         assert_eq!(RatioStats { pg_loss: s.pg_loss, penalty: s.penalty, ..direct }, s);
         // No unmasked token: zeros, no quantiles.
-        let empty =
-            ratio_stats(&PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &row(&[0.0; 5]) }, &cfg)
-                .unwrap();
+        let empty = ratio_stats(
+            &PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &row(&[0.0; 5]), weights: None },
+            &cfg,
+        )
+        .unwrap();
         assert_eq!(empty, RatioStats::default());
     }
 
@@ -1289,7 +1724,7 @@ mod tests {
         let (logp, old, adv, mask) = (mat(&rb.logp), mat(&rb.old), mat(&rb.adv), mat(&rb.mask));
         let full = cfg
             .loss(
-                &PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask },
+                &PolicyBatch { logp: &logp, old_logp: &old, advantages: &adv, mask: &mask, weights: None },
                 0.4,
                 &GlobalBatch::from_mask(&mask).unwrap(),
             )
@@ -1302,9 +1737,13 @@ mod tests {
         let stats: Vec<RatioStats> = [p1, p2]
             .iter()
             .map(|p| {
-                cfg.loss(&PolicyBatch { logp: &p[0], old_logp: &p[1], advantages: &p[2], mask: &p[3] }, 0.4, &global)
-                    .unwrap()
-                    .stats
+                cfg.loss(
+                    &PolicyBatch { logp: &p[0], old_logp: &p[1], advantages: &p[2], mask: &p[3], weights: None },
+                    0.4,
+                    &global,
+                )
+                .unwrap()
+                .stats
             })
             .collect();
         let merged = RatioStats::merge(&stats);
@@ -1385,7 +1824,7 @@ mod tests {
             (ObjectiveConfig { log_ratio_clamp: 100.0, ..d() }, "objective.log_ratio_clamp"),
         ];
         let one = row(&[0.0]);
-        let batch = PolicyBatch { logp: &one, old_logp: &one, advantages: &one, mask: &one };
+        let batch = PolicyBatch { logp: &one, old_logp: &one, advantages: &one, mask: &one, weights: None };
         let g = GlobalBatch::from_mask(&one).unwrap();
         for (cfg, want) in cases {
             for res in [cfg.validate(), cfg.loss(&batch, 0.0, &g).map(|_| ())] {
@@ -1413,9 +1852,9 @@ mod tests {
         let g = GlobalBatch { tokens: 1.0, sequences: 1.0, horizon: 1.0 };
         let cfg = ObjectiveConfig::default();
         for batch in [
-            PolicyBatch { logp: &a, old_logp: &b, advantages: &a, mask: &a },
-            PolicyBatch { logp: &a, old_logp: &a, advantages: &a, mask: &b },
-            PolicyBatch { logp: &v, old_logp: &v, advantages: &v, mask: &v },
+            PolicyBatch { logp: &a, old_logp: &b, advantages: &a, mask: &a, weights: None },
+            PolicyBatch { logp: &a, old_logp: &a, advantages: &a, mask: &b, weights: None },
+            PolicyBatch { logp: &v, old_logp: &v, advantages: &v, mask: &v, weights: None },
         ] {
             assert!(matches!(cfg.loss(&batch, 0.0, &g), Err(Error::Shape(_))));
             assert!(matches!(ratio_stats(&batch, &cfg), Err(Error::Shape(_))));

@@ -88,7 +88,13 @@ impl Trainer {
                 // the seed of the hand-written backward pass.
                 let logp = Var::from_vec(self.fast.log_prob(&f, &a_mb), (mb, 1), dev)?;
                 let out = self.learner.loss(
-                    &PolicyBatch { logp: logp.as_tensor(), old_logp: &old_t, advantages: &adv_t, mask: &mask },
+                    &PolicyBatch {
+                        logp: logp.as_tensor(),
+                        old_logp: &old_t,
+                        advantages: &adv_t,
+                        mask: &mask,
+                        weights: None,
+                    },
                     &global,
                 )?;
                 let dlogp = match out.loss.backward()?.get(logp.as_tensor()) {

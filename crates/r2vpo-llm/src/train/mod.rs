@@ -1021,7 +1021,13 @@ impl Trainer {
                 entropy_coef != 0.0,
                 |logp, entropy| -> TrainResult<_> {
                     let out = self.learner.loss(
-                        &PolicyBatch { logp, old_logp: &t.old_logp, advantages: &t.advantages, mask: &t.mask },
+                        &PolicyBatch {
+                            logp,
+                            old_logp: &t.old_logp,
+                            advantages: &t.advantages,
+                            mask: &t.mask,
+                            weights: None,
+                        },
                         &global,
                     )?;
                     let mut loss = out.loss;

@@ -92,7 +92,8 @@ pub fn step(be: &mut dyn Backend, mbs: &[MicroBatch], agg: Aggregation) -> (Vec<
     let (mut logps, mut losses) = (Vec::new(), Vec::new());
     for mb in mbs {
         let (fwd, loss, ()) = forward_backward::<_, r2vpo_llm::model::ModelError>(be, mb, false, |logp, _| {
-            let batch = PolicyBatch { logp, old_logp: &mb.old_logp, advantages: &mb.advantages, mask: &mb.mask };
+            let batch =
+                PolicyBatch { logp, old_logp: &mb.old_logp, advantages: &mb.advantages, mask: &mb.mask, weights: None };
             Ok((learner.loss(&batch, &global).map_err(|e| candle_core::Error::Msg(e.to_string()))?.loss, ()))
         })
         .unwrap();

@@ -52,6 +52,8 @@ pub fn tiny(iterations: usize) -> TrainConfig {
 pub fn with_algo(mut cfg: TrainConfig, algo: &str) -> TrainConfig {
     let a = r2vpo::algo::find(algo).unwrap();
     a.objective.apply(&mut cfg.objective);
+    a.apply_dual(&mut cfg.dual);
+    a.apply_group_norm(&mut cfg.group_norm);
     cfg.mode = a.mode;
     cfg
 }
