@@ -619,9 +619,24 @@ mod algo_table_tests {
             let want = a.objective_config();
             let toy: r2vpo_toy::ToyConfig = config::load(None, &crate::toy::algo_overrides(a.name).unwrap()).unwrap();
             assert_eq!((&toy.objective, toy.mode), (&want, a.mode), "toy --algo {}", a.name);
+            let mut typed = r2vpo_toy::ToyConfig::default();
+            a.apply_dual(&mut typed.dual);
+            a.apply_group_norm(&mut typed.group_norm);
+            assert_eq!((&toy.dual, &toy.group_norm), (&typed.dual, &typed.group_norm), "toy --algo {}", a.name);
             let llm: r2vpo_llm::train::TrainConfig =
                 config::load(None, &r2vpo_llm::train::TrainConfig::algo_overrides(a.name).unwrap()).unwrap();
             assert_eq!((&llm.objective, llm.mode), (&want, a.mode), "llm --algo {}", a.name);
+            if let Some(l) = a.fixed_lambda {
+                assert_eq!(
+                    (llm.dual.mode, llm.dual.lambda0),
+                    (r2vpo::dual::DualMode::Fixed, l),
+                    "llm --algo {}",
+                    a.name
+                );
+            }
+            if let Some(b) = a.scale_by_std {
+                assert_eq!(llm.group_norm.scale_by_std, b, "llm --algo {}", a.name);
+            }
             match (a.mode, r2vpo_control::trainer::algo_overrides(a.name)) {
                 (Mode::On, Ok(sets)) => {
                     let c: r2vpo_control::trainer::TrainConfig = config::load(None, &sets).unwrap();
@@ -637,7 +652,7 @@ mod algo_table_tests {
     fn the_readme_lists_the_table() {
         let readme = include_str!("../../../README.md");
         for a in ALGORITHMS {
-            let row = format!("| `{}` | {} |", a.name, a.summary);
+            let row = format!("| `{}` | {} | {} |", a.name, a.summary, a.source);
             assert!(readme.contains(&row), "README.md lacks the row:\n{row}");
         }
     }

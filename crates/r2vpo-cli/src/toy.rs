@@ -36,7 +36,8 @@ pub struct CompareArgs {
     /// `--config` and `--set`.
     #[command(flatten)]
     pub cfg: ConfigArgs,
-    /// Comma-separated algorithm presets.
+    /// Comma-separated algorithm presets, or `all` for the whole table
+    /// (every entry but the `r2vpo` alias).
     #[arg(long, default_value = "grpo,grpo-ch,r2vpo-on,grpo-off,r2vpo-off", value_delimiter = ',')]
     pub algos: Vec<String>,
     /// Comma-separated seeds.
@@ -74,13 +75,26 @@ pub fn cmd_train(a: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
+/// `--algos` with `all` replaced by every algorithm of the table but the
+/// `r2vpo` alias, in table order.
+fn expand_algos(names: &[String]) -> Vec<String> {
+    names
+        .iter()
+        .flat_map(|n| match n.as_str() {
+            "all" => r2vpo::algo::names().into_iter().filter(|&a| a != "r2vpo").map(String::from).collect(),
+            _ => vec![n.clone()],
+        })
+        .collect()
+}
+
 /// `r2vpo toy compare`: algorithms × seeds, reward curves with mean ± std
 /// bands, the λ trajectory, and a Markdown table of final values. Every
 /// run's config is resolved and validated before `--out` is touched, so a
 /// bad `--set` leaves no folder behind.
 pub fn cmd_compare(a: &CompareArgs) -> Result<()> {
+    let algos = expand_algos(&a.algos);
     let mut plan: Vec<(String, Vec<(u64, ToyConfig)>)> = Vec::new();
-    for algo in &a.algos {
+    for algo in &algos {
         let mut runs = Vec::new();
         for &seed in &a.seeds {
             let mut sets = a.cfg.sets.clone();
@@ -97,7 +111,7 @@ pub fn cmd_compare(a: &CompareArgs) -> Result<()> {
     }
     let existing = if a.overwrite { Existing::Overwrite } else { Existing::Refuse };
     let root = open_run_folder(&a.out, existing)?;
-    let mut progress = Progress::new((a.algos.len() * a.seeds.len()) as u64, "runs", false, Duration::ZERO);
+    let mut progress = Progress::new((algos.len() * a.seeds.len()) as u64, "runs", false, Duration::ZERO);
     let mut curves: Vec<(String, Vec<Vec<IterMetrics>>)> = Vec::new();
     let mut done = 0;
     for (algo, runs) in plan {
@@ -122,6 +136,14 @@ pub fn cmd_compare(a: &CompareArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn all_is_the_whole_table() {
+        let all = expand_algos(&["all".to_string()]);
+        assert_eq!(all.len(), r2vpo::algo::ALGORITHMS.len() - 1);
+        assert!(all.contains(&"dppo-kl".to_string()) && !all.contains(&"r2vpo".to_string()));
+        assert_eq!(expand_algos(&["grpo".to_string()]), vec!["grpo".to_string()]);
+    }
 
     #[test]
     fn bad_config_is_rejected_with_the_key() {

@@ -515,10 +515,19 @@ fn chart(title: &str, y_label: &str, series: Vec<plot::Series>) -> plot::LineCha
     c
 }
 
+/// Series `color` of a comparison: the palette's ten colours, solid, then
+/// dashed, then as markers, so the whole algorithm table (over 20 entries)
+/// stays tellable apart in one plot.
 fn banded_series(label: &str, color: usize, band: &[(f64, f64, f64, f64)]) -> plot::Series {
-    plot::Series::line(label, band.iter().map(|&(x, m, _, _)| (x, m)).collect())
+    let mut s = plot::Series::line(label, band.iter().map(|&(x, m, _, _)| (x, m)).collect())
         .with_band(band.iter().map(|&(x, _, lo, hi)| (x, lo, hi)).collect())
-        .with_color(color)
+        .with_color(color);
+    s.style = match (color / 10) % 3 {
+        0 => plot::LineStyle::Solid,
+        1 => plot::LineStyle::Dashed,
+        _ => plot::LineStyle::Points,
+    };
+    s
 }
 
 /// Per-iteration (x, mean, lo, hi) with lo/hi = mean ∓ std across runs.

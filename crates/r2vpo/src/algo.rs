@@ -263,7 +263,7 @@ pub const ALGORITHMS: &[Algorithm] = &[
         ObjectiveSpec::kind(ObjectiveKind::Spo),
         Mode::On,
         "Xie et al. 2025 (SPO)",
-        "SPO: ρÂ − |Â|/(2ε)(ρ−1)², ε = 0.2",
+        "SPO: ρÂ − (ρ−1)²·abs(Â)/(2ε), ε = 0.2: each token's optimum is the clip edge, reached smoothly",
     ),
     algo(
         "gspo",
@@ -295,7 +295,7 @@ pub const ALGORITHMS: &[Algorithm] = &[
         ObjectiveSpec { eps: Some((0.15, 0.15)), dual_clip: Some(None), ..ObjectiveSpec::kind(ObjectiveKind::DppoTv) },
         Mode::On,
         "Qi et al. 2026 (DPPO); verl `dppo_tv`",
-        "DPPO-TV: ρ-weighted REINFORCE masked where |π−π_off| of the sampled token passes δ = 0.15 the advantage's way",
+        "DPPO-TV: ρ-weighted REINFORCE, masked where the sampled token's probability moved over δ = 0.15 its advantage's way",
     ),
     algo(
         "dppo-kl",
