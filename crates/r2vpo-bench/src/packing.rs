@@ -163,6 +163,7 @@ fn samples(a: &PackingBenchArgs, vocab: usize, lens: &[usize]) -> Vec<Sample> {
                 advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
                 behaviour_logp: vec![0.0; r],
                 ref_logp: None,
+                is_weight: None,
                 version: 0,
             }
         })

@@ -329,6 +329,7 @@ impl BenchBatch {
             old_logp: x.mask.zeros_like()?,
             advantages: x.adv.clone(),
             ref_logp: None,
+            is_weight: None,
         };
         Ok(BenchBatch { x, mb, entropy: a.entropy, optim })
     }
@@ -841,6 +842,7 @@ fn sampled_gap<M: r2vpo_llm::decode::Decoder + Policy>(
         advantages: ones.zeros_like()?,
         mask: ones,
         ref_logp: None,
+        is_weight: None,
     };
     let lp: Vec<Vec<f32>> = Policy::score(m, &mb)?.to_dtype(DType::F32)?.to_vec2()?;
     let worst = worst_gap(&gens, &lp);

@@ -27,6 +27,11 @@ pub struct Sample {
     pub behaviour_logp: Vec<f32>,
     /// log π_ref per response token (only with a reference-KL term).
     pub ref_logp: Option<Vec<f32>>,
+    /// Rollout–trainer mismatch weights per response token (only with
+    /// `objective.rollout_correction`; [`r2vpo::correction`]), set when the
+    /// learner's recomputed log-probs replace the engine's.
+    #[serde(default)]
+    pub is_weight: Option<Vec<f32>>,
     /// Weight version that generated the response (see
     /// [`crate::rollout::GroupRollout::weight_version`]).
     #[serde(default)]
@@ -48,6 +53,7 @@ impl Sample {
                 advantage: entry.advantages[i],
                 behaviour_logp: entry.behaviour_logp[i].clone(),
                 ref_logp: None,
+                is_weight: None,
                 version: entry.weight_version,
             })
             .collect()
@@ -74,6 +80,7 @@ mod tests {
                 advantage: -0.7,
                 behaviour_logp: vec![-0.5],
                 ref_logp: None,
+                is_weight: None,
                 version: 9,
             }
         );

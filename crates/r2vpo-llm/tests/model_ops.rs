@@ -278,6 +278,7 @@ fn checkpointed_step(
         old_logp: zeros.clone(),
         advantages: zeros,
         ref_logp: None,
+        is_weight: None,
     };
     let (fwd, loss, ()) =
         forward_backward::<(), r2vpo_llm::model::ModelError>(&mut be, &mb, false, |lp, _| Ok((loss_of(lp)?, ())))

@@ -44,6 +44,7 @@ fn sample(prompt: &[u32], response: &[u32]) -> Sample {
         advantage: 0.0,
         behaviour_logp: vec![0.0; response.len()],
         ref_logp: None,
+        is_weight: None,
         version: 0,
     }
 }

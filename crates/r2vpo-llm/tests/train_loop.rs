@@ -120,13 +120,44 @@ fn non_finite_steps_are_skipped_then_stop_the_run() {
 
 #[test]
 fn every_algorithm_preset_runs() {
-    for algo in ["grpo-ch", "gppo", "topr", "grpo-kl", "r2vpo-off", "grpo-ch-off"] {
+    // r2vpo-on and grpo are the other tests' defaults.
+    let skip = ["r2vpo", "r2vpo-on", "grpo"];
+    for algo in r2vpo::algo::names().into_iter().filter(|a| !skip.contains(a)) {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = with_algo(tiny(2), algo);
         cfg.checkpoint_every = 0;
         let m = run(cfg, dir.path());
         assert_eq!(m.len(), 2, "{algo}");
         assert!(m.iter().all(|x| x.updates > 0 && x.loss.is_finite()), "{algo}: {m:?}");
+    }
+}
+
+/// The rollout–trainer correction's weights reach the loss: from the
+/// learner's recomputed log-probs over the sampler's, reported per
+/// iteration, and refused where nothing is recomputed.
+#[test]
+fn rollout_correction_weighs_recomputed_against_sampled_logprobs() {
+    use r2vpo::correction::RolloutCorrection;
+    use r2vpo_llm::train::BehaviourLogprobs;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny(2);
+    cfg.checkpoint_every = 0;
+    cfg.objective.rollout_correction = RolloutCorrection::TokenTis;
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(e.contains("objective.rollout_correction") && e.contains("recompute"), "{e}");
+    cfg.behaviour_logprobs = BehaviourLogprobs::Recompute;
+    let plain = run(TrainConfig { objective: Default::default(), ..cfg.clone() }, tempfile::tempdir().unwrap().path());
+    let m = run(cfg, dir.path());
+    for (x, p) in m.iter().zip(&plain) {
+        let c = x.correction.expect("weights are reported");
+        let mm = x.mismatch.expect("recompute measures the mismatch");
+        // 16 samples of up to 6 tokens each, all weighed.
+        assert!(c.tokens > 0 && c.tokens <= 16 * 6 && c.tokens == mm.tokens, "{c:?} {mm:?}");
+        // In-process sampling and recomputing differ by rounding only: the
+        // weights are 1 to that precision and nothing is capped at 2.
+        assert!((c.weight_mean - 1.0).abs() < 1e-3 && c.capped_frac == 0.0, "{c:?}");
+        assert!((x.loss - p.loss).abs() < 1e-3 * (1.0 + p.loss.abs()), "{} vs {}", x.loss, p.loss);
+        assert!(p.correction.is_none());
     }
 }
 

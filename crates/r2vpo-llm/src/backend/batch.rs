@@ -135,6 +135,9 @@ pub struct MicroBatch {
     pub advantages: Tensor,
     /// log π_ref at response tokens (when every sample has one) `(B, R)`.
     pub ref_logp: Option<Tensor>,
+    /// Rollout–trainer mismatch weights at response tokens, 0 elsewhere
+    /// (when every sample has them) `(B, R)`.
+    pub is_weight: Option<Tensor>,
 }
 
 /// Completes a micro-batch around `inputs` with the per-token tensors both
@@ -146,6 +149,8 @@ fn with_tail(inputs: Inputs, samples: &[&Sample], tail: usize, device: &Device) 
     let mut adv = vec![0f32; b * tail];
     let with_ref = !samples.is_empty() && samples.iter().all(|s| s.ref_logp.is_some());
     let mut rf = vec![0f32; if with_ref { b * tail } else { 0 }];
+    let with_w = !samples.is_empty() && samples.iter().all(|s| s.is_weight.is_some());
+    let mut w = vec![0f32; if with_w { b * tail } else { 0 }];
     for (i, s) in samples.iter().enumerate() {
         let r = s.response_ids.len();
         for k in 0..r {
@@ -155,6 +160,9 @@ fn with_tail(inputs: Inputs, samples: &[&Sample], tail: usize, device: &Device) 
             adv[j] = s.advantage;
             if with_ref {
                 rf[j] = s.ref_logp.as_ref().expect("checked")[k];
+            }
+            if with_w {
+                w[j] = s.is_weight.as_ref().expect("checked")[k];
             }
         }
     }
@@ -166,6 +174,7 @@ fn with_tail(inputs: Inputs, samples: &[&Sample], tail: usize, device: &Device) 
         old_logp: t(old)?,
         advantages: t(adv)?,
         ref_logp: if with_ref { Some(t(rf)?) } else { None },
+        is_weight: if with_w { Some(t(w)?) } else { None },
     })
 }
 
@@ -346,6 +355,7 @@ mod tests {
             advantage: adv,
             behaviour_logp: r.iter().map(|&t| -(t as f32)).collect(),
             ref_logp: None,
+            is_weight: None,
             version: 0,
         }
     }
@@ -375,6 +385,15 @@ mod tests {
         }
         let back = unpack_responses(&t.old_logp, &[&a, &b]).unwrap();
         assert_eq!(back, vec![a.behaviour_logp.clone(), b.behaviour_logp.clone()]);
+        assert!(t.is_weight.is_none(), "no weights without a correction");
+        // Mismatch weights land on the response columns of every layout.
+        let (mut a, mut b) = (a, b);
+        a.is_weight = Some(vec![0.5, 2.0]);
+        b.is_weight = Some(vec![1.0, 0.0, 1.5]);
+        for t in [pack(&[&a, &b], 0, &Device::Cpu).unwrap(), pack_sequences(&[&a, &b], 0, &Device::Cpu).unwrap()] {
+            let w = t.is_weight.expect("every sample has weights");
+            assert_eq!(w.to_vec2::<f32>().unwrap(), vec![vec![0.0, 0.5, 2.0], vec![1.0, 0.0, 1.5]]);
+        }
     }
 
     /// Shared prompts are stored once; each row's suffix is the prompt's

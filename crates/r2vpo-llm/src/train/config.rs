@@ -813,6 +813,18 @@ impl TrainConfig {
         if self.queue.tls_ca.is_some() && !self.queue.url.starts_with("rediss://") {
             return Err(bad("queue.tls_ca", "a CA file needs a TLS URL: queue.url = \"rediss://…\""));
         }
+        if self.objective.rollout_correction != r2vpo::correction::RolloutCorrection::None
+            && self.behaviour_logprobs != BehaviourLogprobs::Recompute
+        {
+            return Err(bad(
+                "objective.rollout_correction",
+                format!(
+                    "`{}` weighs the learner's log-probs against the engine's, which only differ when the learner \
+                     recomputes them: set behaviour_logprobs = \"recompute\" (or rollout_correction = \"none\")",
+                    self.objective.rollout_correction.as_str()
+                ),
+            ));
+        }
         if self.actors.asynchronous {
             if self.behaviour_logprobs == BehaviourLogprobs::Recompute {
                 return Err(bad(

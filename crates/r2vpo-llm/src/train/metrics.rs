@@ -103,6 +103,9 @@ pub struct IterMetrics {
     pub clip_frac_high: f64,
     /// Fraction where the dual clip binds.
     pub clip_frac_dual: f64,
+    /// Fraction of tokens the objective's own mask dropped (M2PO, DPPO).
+    #[serde(default)]
+    pub masked_frac: f64,
     /// k1 estimate of KL(π_off‖π_θ).
     pub approx_kl: f64,
     /// k3 estimate of KL(π_off‖π_θ).
@@ -143,6 +146,10 @@ pub struct IterMetrics {
     /// the same tokens before any update (`None` in older logs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mismatch: Option<Mismatch>,
+    /// The rollout–trainer mismatch correction's weights on this
+    /// iteration's fresh samples (`None` without `objective.rollout_correction`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correction: Option<Correction>,
     /// Wall-clock measurements.
     pub timing: Timing,
 }
@@ -166,6 +173,28 @@ pub struct Mismatch {
     /// E\[(ρ − 1)²\] at step 0: R²VPO's penalty before the policy moved,
     /// all of it mismatch.
     pub sq_dev: f64,
+}
+
+/// What `objective.rollout_correction` did to one iteration's samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Correction {
+    /// Tokens weighed.
+    pub tokens: usize,
+    /// Mean weight applied (1 where learner and engine agree).
+    pub weight_mean: f64,
+    /// Fraction of tokens whose weight was truncated (TIS) or zeroed (MIS).
+    pub capped_frac: f64,
+}
+
+impl Correction {
+    /// The summary of `sums`, `None` where no token was weighed.
+    pub fn from_sums(sums: &r2vpo::correction::CorrectionSums) -> Option<Correction> {
+        (sums.tokens > 0.0).then(|| Correction {
+            tokens: sums.tokens as usize,
+            weight_mean: sums.weight_sum / sums.tokens,
+            capped_frac: sums.capped / sums.tokens,
+        })
+    }
 }
 
 /// Sums for [`Mismatch`], added to per micro-batch and summed over ranks.
@@ -253,6 +282,9 @@ impl IterMetrics {
             ("mismatch/abs_mean", self.mismatch.map_or(f64::NAN, |m| m.abs_mean)),
             ("mismatch/abs_max", self.mismatch.map_or(f64::NAN, |m| m.abs_max)),
             ("mismatch/sq_dev", self.mismatch.map_or(f64::NAN, |m| m.sq_dev)),
+            ("correction/weight_mean", self.correction.map_or(f64::NAN, |c| c.weight_mean)),
+            ("correction/capped_frac", self.correction.map_or(f64::NAN, |c| c.capped_frac)),
+            ("ratio/masked_frac", self.masked_frac),
             ("time/rollout_tokens_per_s", self.timing.rollout_tokens_per_s),
             ("time/train_tokens_per_s", self.timing.train_tokens_per_s),
         ]
@@ -319,6 +351,7 @@ impl StepAccumulator {
         m.clip_frac_low = s.clip_frac_low;
         m.clip_frac_high = s.clip_frac_high;
         m.clip_frac_dual = s.clip_frac_dual;
+        m.masked_frac = s.masked_frac;
         m.approx_kl = s.approx_kl;
         m.kl_k3 = s.kl_k3;
     }

@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use r2vpo::advantage::count_zero_variance_groups;
 use r2vpo::aggregate::{aggregate, GlobalBatch};
+use r2vpo::correction::{self, RolloutCorrection};
 use r2vpo::learner::Learner;
 use r2vpo::objective::{kl_estimate, PolicyBatch, RatioStats};
 use r2vpo::replay::ReplayBuffer;
@@ -832,6 +833,7 @@ impl Trainer {
         // log-probs are recomputed, else in the first optimizer step,
         // whose forward runs at the weights that sampled.
         let mut mismatch: Option<metrics::MismatchSums> = None;
+        let mut correction_sums = correction::CorrectionSums::default();
         let t_score = Instant::now();
         if !samples.is_empty()
             && (self.cfg.behaviour_logprobs == BehaviourLogprobs::Recompute || self.reference.is_some())
@@ -847,6 +849,8 @@ impl Trainer {
                 Some(r) => Some(self.score(r.as_ref(), &refs)?),
                 None => None,
             };
+            let correction = self.cfg.objective.rollout_correction;
+            let cap = self.cfg.objective.rollout_correction_cap;
             for (i, s) in samples.iter_mut().enumerate() {
                 if let Some(r) = &recomputed {
                     // Before the engine's log-probs are replaced: how far
@@ -856,6 +860,13 @@ impl Trainer {
                         let mm = mismatch.get_or_insert_with(metrics::MismatchSums::default);
                         mm.add_row(&r[i], &s.behaviour_logp, &vec![1.0; r[i].len()]);
                     }
+                    // The mismatch correction's weights π_old/μ, fixed
+                    // from here on (replayed samples keep theirs).
+                    if correction != RolloutCorrection::None {
+                        let (w, sums) = correction::weights(correction, cap, &r[i], &s.behaviour_logp);
+                        s.is_weight = Some(w);
+                        correction_sums.add(&sums);
+                    }
                     s.behaviour_logp = r[i].clone();
                 }
                 if let Some(r) = &reference {
@@ -864,6 +875,7 @@ impl Trainer {
             }
         }
         let score_s = t_score.elapsed().as_secs_f64();
+        m.correction = metrics::Correction::from_sums(&correction_sums);
 
         // Update phase.
         on_event(Event::Phase { iter, name: "update" });
@@ -1026,7 +1038,7 @@ impl Trainer {
                             old_logp: &t.old_logp,
                             advantages: &t.advantages,
                             mask: &t.mask,
-                            weights: None,
+                            weights: t.is_weight.as_ref(),
                         },
                         &global,
                     )?;

@@ -56,6 +56,7 @@ pub fn samples(vocab: u32) -> Vec<Sample> {
             advantage: [1.0, -0.5, 0.25, -1.5, 0.75, -0.25][i],
             behaviour_logp: vec![0.0; r],
             ref_logp: None,
+            is_weight: None,
             version: 0,
         })
         .collect()
