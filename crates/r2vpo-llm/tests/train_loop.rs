@@ -161,6 +161,77 @@ fn rollout_correction_weighs_recomputed_against_sampled_logprobs() {
     }
 }
 
+/// Every other problem (by its id's last digit) is one the policy cannot
+/// move: all its samples score 1, a zero-variance group.
+struct HalfFlat;
+
+impl r2vpo_llm::train::RewardFn for HalfFlat {
+    fn score(&self, p: &r2vpo_llm::data::Problem, g: &r2vpo_llm::sample::Generation) -> r2vpo_llm::train::Scored {
+        let flat = p.id.bytes().last().is_some_and(|b| b % 2 == 0);
+        if flat {
+            r2vpo_llm::train::Scored { reward: 1.0, correct: true }
+        } else {
+            r2vpo_llm::train::RewardFn::score(&EvenTokens, p, g)
+        }
+    }
+}
+
+/// DAPO's dynamic sampling: without over-sampling the filter shrinks the
+/// batch; with it, further batches refill it to `prompts_per_iter` groups
+/// with a signal (or stop at the cap and say so); overlong shaping lowers
+/// the rewards of responses that reach the length limit.
+#[test]
+fn dapo_oversampling_refills_the_filtered_batch() {
+    use r2vpo_llm::train::Outcome;
+    let go = |cfg: TrainConfig| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = Trainer::with_reward(cfg, dir.path(), Box::new(HalfFlat)).unwrap();
+        assert_eq!(t.run(&AtomicBool::new(false), &mut |_| {}).unwrap(), Outcome::Finished);
+        let events = std::fs::read_to_string(dir.path().join("events.jsonl")).unwrap_or_default();
+        (read_metrics(dir.path()), events)
+    };
+    let mut cfg = tiny(3);
+    cfg.checkpoint_every = 0;
+    cfg.filter_zero_variance = true;
+    let (shrunk, _) = go(cfg.clone());
+    assert!(shrunk.iter().any(|m| m.filtered_groups > 0), "the fixture has flat groups: {shrunk:?}");
+    assert!(shrunk.iter().all(|m| m.gen_batches == 1 && m.refilled_groups == 0));
+    cfg.max_gen_batches = 8;
+    let (full, events) = go(cfg.clone());
+    for m in &full {
+        // 4 groups × 4 samples trained, the first batch's flat ones dropped.
+        let trained = 4 - m.zero_variance_groups + m.refilled_groups;
+        assert_eq!(trained, 4, "{m:?}");
+        assert_eq!(m.refilled_groups, m.zero_variance_groups, "{m:?}");
+        assert!(m.gen_batches >= 1 + usize::from(m.zero_variance_groups > 0), "{m:?}");
+    }
+    assert!(full.iter().any(|m| m.gen_batches > 1));
+    assert!(!events.contains("dynamic_sampling_short"), "{events}");
+    // At a cap of 2 batches a short batch trains on what it has and says so
+    // (half the problems are flat, so two batches of 4 rarely give 4).
+    cfg.max_gen_batches = 2;
+    cfg.prompts_per_iter = 4;
+    let (capped, events) = go(cfg.clone());
+    assert!(capped.iter().all(|m| m.gen_batches <= 2));
+    if capped.iter().any(|m| 4 - m.zero_variance_groups + m.refilled_groups < 4) {
+        assert!(events.contains("dynamic_sampling_short"), "{events}");
+    }
+    // Refused where it cannot work.
+    let e = TrainConfig { filter_zero_variance: false, ..cfg.clone() }.validate().unwrap_err().to_string();
+    assert!(e.contains("max_gen_batches") && e.contains("filter_zero_variance"), "{e}");
+    // Overlong shaping: every response of this tiny run reaches its 6-token
+    // limit (no stop token is likely from a random model), so with a buffer
+    // of 3 the shaping takes up to the full penalty off its reward.
+    let mut plain = tiny(1);
+    plain.checkpoint_every = 0;
+    let shaped = TrainConfig { overlong_buffer: 3, overlong_penalty: 0.5, ..plain.clone() };
+    let (a, _) = go(plain);
+    let (b, _) = go(shaped);
+    assert_eq!(a[0].response_len_mean, b[0].response_len_mean, "shaping does not change sampling");
+    assert!(b[0].reward_mean < a[0].reward_mean - 0.1, "{} vs {}", b[0].reward_mean, a[0].reward_mean);
+    assert!(b[0].reward_mean >= a[0].reward_mean - 0.5 - 1e-6);
+}
+
 /// The exported policy is a Hugging Face folder that loads back with the
 /// same weights, tokenizer ids, stop ids and chat template.
 #[test]

@@ -441,7 +441,13 @@ impl Actor {
                 weight_version: group.first().map_or(version, |(_, _, v)| *v),
             };
             for (_, gen, _) in group {
-                let s = self.reward_fn.score(&self.problems[p], gen);
+                let mut s = self.reward_fn.score(&self.problems[p], gen);
+                s.reward += overlong_shaping(
+                    gen.token_ids.len(),
+                    self.cfg.sampling.max_new_tokens,
+                    self.cfg.overlong_buffer,
+                    self.cfg.overlong_penalty,
+                );
                 e.responses.push(gen.token_ids.clone());
                 e.behaviour_logp.push(match self.cfg.behaviour_logprobs {
                     BehaviourLogprobs::Sampled => gen.logprobs.clone(),
@@ -457,6 +463,35 @@ impl Actor {
             entries.push(e);
         }
         Ok(Produced { entries, positions: problems.iter().map(|&(k, _)| k).collect(), rollout_s })
+    }
+}
+
+/// DAPO's soft overlong punishment (Yu et al. 2025, Eq. 13, as verl's
+/// `DAPORewardManager` computes it): 0 up to `max_len − buffer` tokens, then
+/// falling linearly to `−penalty` at `max_len` (a response cut at the limit).
+/// `buffer = 0` turns it off.
+pub fn overlong_shaping(len: usize, max_len: usize, buffer: usize, penalty: f64) -> f64 {
+    if buffer == 0 {
+        return 0.0;
+    }
+    let exceed = len as f64 - (max_len - buffer) as f64;
+    (-exceed / buffer as f64 * penalty).min(0.0)
+}
+
+#[cfg(test)]
+mod shaping_tests {
+    use super::overlong_shaping;
+
+    #[test]
+    fn overlong_shaping_is_dapos_eq_13() {
+        // DAPO's setting: L_max 20480, L_cache 4096.
+        let f = |len| overlong_shaping(len, 20480, 4096, 1.0);
+        assert_eq!(f(100), 0.0);
+        assert_eq!(f(16384), 0.0);
+        assert_eq!(f(16384 + 1024), -0.25);
+        assert_eq!(f(20480), -1.0);
+        assert_eq!(overlong_shaping(20480, 20480, 4096, 0.5), -0.5);
+        assert_eq!(overlong_shaping(20480, 20480, 0, 1.0), 0.0, "off");
     }
 }
 

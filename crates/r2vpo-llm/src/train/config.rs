@@ -554,9 +554,25 @@ pub struct TrainConfig {
     /// Group-relative advantage normalisation.
     pub group_norm: GroupNormConfig,
     /// Drop groups whose rewards are all equal from the update (DAPO's
-    /// dynamic-sampling filter without over-sampling: the batch shrinks).
-    /// They are counted either way.
+    /// dynamic-sampling filter). They are counted either way. Alone, the
+    /// batch shrinks; with `max_gen_batches > 1` it is refilled.
     pub filter_zero_variance: bool,
+    /// DAPO's over-sampling (verl's `filter_groups.max_num_gen_batches`):
+    /// with `filter_zero_variance`, draw and sample further batches of
+    /// `prompts_per_iter` problems, keeping their groups that carry a signal,
+    /// until the iteration holds `prompts_per_iter` such groups or this many
+    /// batches were sampled; the surplus is dropped. A batch still short at
+    /// the cap trains on what it has and says so in `events.jsonl`.
+    /// Default 1: no over-sampling. The DAPO recipe uses 10.
+    pub max_gen_batches: usize,
+    /// DAPO's overlong reward shaping (Eq. 13): a response within the last
+    /// `overlong_buffer` tokens of `sampling.max_new_tokens` loses
+    /// `overlong_penalty` × (how far into that buffer it reached) / buffer,
+    /// so a truncated one loses the whole penalty. Default 0: off. DAPO uses
+    /// 4096 of 20480.
+    pub overlong_buffer: usize,
+    /// The shaping's full penalty (verl's `overlong_buffer.penalty_factor`). Default 1.0.
+    pub overlong_penalty: f64,
     /// Optimizer.
     pub optim: OptimConfig,
     /// KL to the initial policy.
@@ -631,6 +647,9 @@ impl Default for TrainConfig {
             replay: ReplayConfig { minibatch_size: 32, ..ReplayConfig::default() },
             group_norm: GroupNormConfig::default(),
             filter_zero_variance: false,
+            max_gen_batches: 1,
+            overlong_buffer: 0,
+            overlong_penalty: 1.0,
             optim: OptimConfig::default(),
             ref_kl: RefKlConfig::default(),
             dist: DistConfig::default(),
@@ -812,6 +831,28 @@ impl TrainConfig {
         }
         if self.queue.tls_ca.is_some() && !self.queue.url.starts_with("rediss://") {
             return Err(bad("queue.tls_ca", "a CA file needs a TLS URL: queue.url = \"rediss://…\""));
+        }
+        at_least_one(&[("max_gen_batches", self.max_gen_batches)], "")?;
+        if self.max_gen_batches > 1 && !self.filter_zero_variance {
+            return Err(bad(
+                "max_gen_batches",
+                "over-sampling refills the groups filter_zero_variance drops: set filter_zero_variance = true",
+            ));
+        }
+        if self.max_gen_batches > 1 && self.actors.asynchronous {
+            return Err(bad(
+                "max_gen_batches",
+                "asynchronous actors fill the queue at their own pace; over-sampling is for synchronous runs",
+            ));
+        }
+        if self.overlong_buffer > self.sampling.max_new_tokens {
+            return Err(bad(
+                "overlong_buffer",
+                format!("must be at most sampling.max_new_tokens ({})", self.sampling.max_new_tokens),
+            ));
+        }
+        if !(self.overlong_penalty.is_finite() && self.overlong_penalty >= 0.0) {
+            return Err(bad("overlong_penalty", format!("must be finite and >= 0, got {}", self.overlong_penalty)));
         }
         if self.objective.rollout_correction != r2vpo::correction::RolloutCorrection::None
             && self.behaviour_logprobs != BehaviourLogprobs::Recompute

@@ -62,6 +62,14 @@ pub struct IterMetrics {
     pub zero_variance_frac: f64,
     /// Groups dropped by `filter_zero_variance`.
     pub filtered_groups: usize,
+    /// Batches sampled this iteration (1 without DAPO's over-sampling,
+    /// `max_gen_batches`; verl's `num_gen_batches`). `zero_variance_*`
+    /// count the first batch's groups.
+    #[serde(default = "one")]
+    pub gen_batches: usize,
+    /// Groups with a signal that the extra batches added.
+    #[serde(default)]
+    pub refilled_groups: usize,
     /// λ after the iteration.
     pub lambda: f64,
     /// Optimizer steps taken in this iteration.
@@ -152,6 +160,10 @@ pub struct IterMetrics {
     pub correction: Option<Correction>,
     /// Wall-clock measurements.
     pub timing: Timing,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// The rollout–trainer mismatch of one iteration, as verl's rollout
@@ -277,6 +289,7 @@ impl IterMetrics {
             ("approx_kl", self.approx_kl),
             ("grad_norm", self.grad_norm),
             ("zero_variance_frac", self.zero_variance_frac),
+            ("gen_batches", self.gen_batches as f64),
             ("staleness", self.staleness),
             ("version_lag", self.version_lag_mean),
             ("mismatch/abs_mean", self.mismatch.map_or(f64::NAN, |m| m.abs_mean)),

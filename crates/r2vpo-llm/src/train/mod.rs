@@ -346,6 +346,9 @@ pub struct Trainer {
     dp: data_parallel::DataParallel,
     /// Seconds and bytes of this iteration's weight push, for its metrics.
     push: (f64, u64),
+    /// DAPO's over-sampling this iteration: batches sampled and groups
+    /// they added ([`Trainer::oversample`]), for its metrics.
+    refill: (usize, usize),
 }
 
 impl Trainer {
@@ -432,6 +435,7 @@ impl Trainer {
             run_dir: run_dir.to_path_buf(),
             dp: data_parallel::DataParallel::alone(),
             push: (0.0, 0),
+            refill: (1, 0),
         })
     }
 
@@ -750,8 +754,65 @@ impl Trainer {
         let mut produced = self.dp.exchange_rollouts(produced, spread, || t_start.elapsed().as_secs_f64())?;
         let pushed = self.actor.rollout_counters();
         self.push = (pushed.push_s - pushed_before.push_s, pushed.push_bytes - pushed_before.push_bytes);
-        let entries = std::mem::take(&mut produced.entries);
-        self.learn(&entries, produced.rollout_s, t_start, None, on_event)
+        let mut entries = std::mem::take(&mut produced.entries);
+        let mut rollout_s = produced.rollout_s;
+        if self.cfg.max_gen_batches > 1 {
+            rollout_s += self.oversample(&mut entries, share, spread)?;
+        }
+        self.learn(&entries, rollout_s, t_start, None, on_event)
+    }
+
+    /// DAPO's dynamic sampling (verl's `filter_groups`): while fewer than
+    /// `prompts_per_iter` of `entries` carry a learning signal (rewards not
+    /// all equal) and fewer than `max_gen_batches` batches were sampled,
+    /// draw the next `prompts_per_iter` problems, sample them as the first
+    /// batch was, and keep their groups with a signal, up to the number
+    /// missing. Batch k of iteration i is seeded as batch `i + k·2⁴⁰`, so
+    /// its samples are new draws. The zero-variance groups of the first
+    /// batch stay in `entries` for [`Trainer::learn`] to count and filter.
+    /// Returns the extra rollout seconds; the batch count and the groups
+    /// added go to the iteration's metrics, and a batch still short at the
+    /// cap is reported in `events.jsonl`.
+    fn oversample(&mut self, entries: &mut Vec<GroupEntry>, share: BatchShare, spread: bool) -> TrainResult<f64> {
+        let iter = self.progress.iteration;
+        let want = self.cfg.prompts_per_iter;
+        let signal = |e: &GroupEntry| e.rewards.iter().any(|&r| r != e.rewards[0]);
+        let mut kept = entries.iter().filter(|e| signal(e)).count();
+        let (mut batches, mut added, mut extra_s) = (1usize, 0usize, 0.0f64);
+        while kept < want && batches < self.cfg.max_gen_batches {
+            let t = Instant::now();
+            let id = iter as u64 + ((batches as u64) << 40);
+            let more = self
+                .dp
+                .samples(spread)
+                .then(|| self.actor.produce(self.backend.as_ref(), id, &mut self.progress.data, iter as u64, share));
+            self.write_actor_events()?;
+            let more = self.dp.exchange_rollouts(more, spread, || t.elapsed().as_secs_f64())?;
+            extra_s += more.rollout_s;
+            batches += 1;
+            for e in more.entries {
+                if kept < want && signal(&e) {
+                    entries.push(e);
+                    kept += 1;
+                    added += 1;
+                }
+            }
+        }
+        self.refill = (batches, added);
+        if kept < want && self.is_writer() {
+            self.events.write(&serde_json::json!({
+                "event": "dynamic_sampling_short",
+                "iteration": iter,
+                "gen_batches": batches,
+                "groups_with_signal": kept,
+                "wanted": want,
+                "message": format!(
+                    "{kept} of {want} groups carry a signal after {batches} batches (max_gen_batches); \
+                     training on those"
+                ),
+            }))?;
+        }
+        Ok(extra_s)
     }
 
     /// Writes the actor's pending `events.jsonl` lines.
@@ -798,6 +859,7 @@ impl Trainer {
         let zero_var = count_zero_variance_groups(&rewards, g)?;
         let n = samples.len() as f64;
         let lens: Vec<usize> = samples.iter().map(|s| s.response_ids.len()).collect();
+        let (gen_batches, refilled) = std::mem::replace(&mut self.refill, (1, 0));
         let mut m = IterMetrics {
             iter,
             reward_mean: rewards.iter().map(|&r| f64::from(r)).sum::<f64>() / n,
@@ -813,7 +875,10 @@ impl Trainer {
             },
             rollout_version,
             zero_variance_groups: zero_var,
-            zero_variance_frac: zero_var as f64 / entries.len() as f64,
+            // Over the first batch: the refill kept only groups with a signal.
+            zero_variance_frac: zero_var as f64 / (entries.len() - refilled) as f64,
+            gen_batches,
+            refilled_groups: refilled,
             ..IterMetrics::default()
         };
 
