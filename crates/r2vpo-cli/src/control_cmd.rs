@@ -30,9 +30,11 @@ pub struct TrainArgs {
     /// Task, e.g. `cheetah-run` (overrides the config's `task`).
     #[arg(long)]
     pub task: Option<String>,
-    /// Algorithm from the one table (`r2vpo::algo::ALGORITHMS`), on-policy
-    /// only here: r2vpo (= r2vpo-on), ppo, grpo, grpo-ch, gppo, topr,
-    /// grpo-kl, is-pg; an unknown or replay name is refused with the list.
+    /// Algorithm from the one table (`r2vpo::algo::ALGORITHMS`), on-policy only
+    /// here: r2vpo-on, r2vpo, ppo, grpo, grpo-ch, gppo, topr, grpo-kl, is-pg,
+    /// m2po, log-ratio-sq, log-ratio-sq-dual, spo, gspo, cispo, sapo, dr-grpo;
+    /// an unknown or replay name is refused with the list, DPPO (a bound on
+    /// a token's probability) with the reason.
     #[arg(long, default_value = "r2vpo")]
     pub algo: String,
     /// Continue the run in this folder from its newest checkpoint (its

@@ -22,10 +22,11 @@ pub struct TrainArgs {
     /// `--config`, `--set`, `--seed`, `--out`, `--quiet`.
     #[command(flatten)]
     pub run: RunArgs,
-    /// Algorithm from the one table (`r2vpo::algo::ALGORITHMS`), applied
-    /// before `--set`: r2vpo-on, r2vpo-off, r2vpo, ppo, grpo, grpo-ch, gppo,
-    /// topr, grpo-kl, is-pg, grpo-off, grpo-ch-off (default: the config's
-    /// own objective and mode).
+    /// Algorithm from the one table (`r2vpo::algo::ALGORITHMS`), applied before
+    /// `--set`: r2vpo-on, r2vpo-off, r2vpo, ppo, grpo, grpo-ch, gppo, topr,
+    /// grpo-kl, is-pg, grpo-off, grpo-ch-off, m2po, m2po-off, log-ratio-sq,
+    /// log-ratio-sq-dual, spo, gspo, cispo, sapo, dppo-tv, dppo-kl, dr-grpo
+    /// (default: the config's own objective and mode).
     #[arg(long)]
     pub algo: Option<String>,
     /// Continue the run in this folder from its latest checkpoint, with its

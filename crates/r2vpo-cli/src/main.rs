@@ -637,13 +637,37 @@ mod algo_table_tests {
             if let Some(b) = a.scale_by_std {
                 assert_eq!(llm.group_norm.scale_by_std, b, "llm --algo {}", a.name);
             }
+            let dppo = matches!(
+                a.objective.kind,
+                r2vpo::objective::ObjectiveKind::DppoTv | r2vpo::objective::ObjectiveKind::DppoKl
+            );
             match (a.mode, r2vpo_control::trainer::algo_overrides(a.name)) {
+                (Mode::On, Err(e)) if dppo => assert!(e.to_string().contains("density"), "{e}"),
                 (Mode::On, Ok(sets)) => {
                     let c: r2vpo_control::trainer::TrainConfig = config::load(None, &sets).unwrap();
                     assert_eq!(c.objective, want, "control --algo {}", a.name);
                 }
                 (Mode::Off, Err(e)) => assert!(e.to_string().contains("replay"), "{e}"),
                 (m, r) => panic!("control --algo {}: mode {m:?} gave {r:?}", a.name),
+            }
+        }
+    }
+
+    /// Each `--algo` help names every algorithm its trainer takes.
+    #[test]
+    fn every_algo_help_lists_the_table() {
+        use clap::CommandFactory;
+        let cli = crate::Cli::command();
+        for (path, on_only) in [(["toy", "train"], false), (["llm", "train"], false), (["control", "train"], true)] {
+            let cmd = cli.find_subcommand(path[0]).unwrap().find_subcommand(path[1]).unwrap();
+            let arg = cmd.get_arguments().find(|a| a.get_id() == "algo").unwrap();
+            let help = arg.get_help().unwrap().to_string();
+            let listed: Vec<&str> = help.split([':', ',', ';', '(', ')', ' ', '.']).collect();
+            let takes = |a: &r2vpo::algo::Algorithm| {
+                !on_only || (a.mode == Mode::On && r2vpo_control::trainer::algo_overrides(a.name).is_ok())
+            };
+            for a in ALGORITHMS.iter().filter(|a| takes(a)) {
+                assert!(listed.contains(&a.name), "{} --algo help lacks {}: {help}", path.join(" "), a.name);
             }
         }
     }

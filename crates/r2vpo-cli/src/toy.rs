@@ -23,9 +23,10 @@ pub struct TrainArgs {
     /// `--config`, `--set`, `--seed`, `--out`, `--quiet`.
     #[command(flatten)]
     pub run: RunArgs,
-    /// Algorithm from the one table (`r2vpo::algo::ALGORITHMS`), applied
-    /// before `--set`: r2vpo-on, r2vpo-off, r2vpo, ppo, grpo, grpo-ch, gppo,
-    /// topr, grpo-kl, is-pg, grpo-off, grpo-ch-off.
+    /// Algorithm from the one table (`r2vpo::algo::ALGORITHMS`), applied before
+    /// `--set`: r2vpo-on, r2vpo-off, r2vpo, ppo, grpo, grpo-ch, gppo, topr,
+    /// grpo-kl, is-pg, grpo-off, grpo-ch-off, m2po, m2po-off, log-ratio-sq,
+    /// log-ratio-sq-dual, spo, gspo, cispo, sapo, dppo-tv, dppo-kl, dr-grpo.
     #[arg(long)]
     pub algo: Option<String>,
 }

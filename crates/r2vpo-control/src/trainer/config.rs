@@ -216,6 +216,17 @@ impl TrainConfig {
 
     /// Checks every field; errors name the field.
     pub fn validate(&self) -> TrainResult<()> {
+        use r2vpo::objective::ObjectiveKind;
+        if matches!(self.objective.kind, ObjectiveKind::DppoTv | ObjectiveKind::DppoKl) {
+            return Err(config_err(
+                "objective.kind",
+                format!(
+                    "`{}` bounds how far the sampled token's probability moved; a continuous action has a density, \
+                     not a probability (it can exceed 1), so DPPO's trust region means nothing here",
+                    self.objective.kind.as_str()
+                ),
+            ));
+        }
         for (k, v) in [
             ("num_envs", self.num_envs),
             ("unroll", self.unroll),
@@ -317,7 +328,13 @@ impl TrainConfig {
 pub fn algo_overrides(name: &str) -> TrainResult<Vec<String>> {
     let a = r2vpo::algo::find(name)?;
     a.require_on_policy("control")?;
-    Ok(a.overrides(false))
+    let sets = a.overrides(false);
+    // DPPO is refused by validate(), with the reason; say it here too so
+    // `--algo dppo-tv` fails before any config is read.
+    let mut probe = TrainConfig::default();
+    a.objective.apply(&mut probe.objective);
+    probe.validate()?;
+    Ok(sets)
 }
 
 /// The control commands' config file when `--config` is not given, where it
