@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Reference values for r2vpo's policy losses, computed by verl's and TRL's own loss code.
+"""Reference values for r2vpo's policy losses, computed by verl's and TRL's own loss code (and AReaL's M2PO mask).
 
 Reads one JSON object on stdin:
 
-    {"cases": [{"name": "...", "impl": "verl" | "trl", "loss": "<name>", "params": {...},
+    {"cases": [{"name": "...", "impl": "verl" | "trl" | "areal", "loss": "<name>", "params": {...},
                 "logp": [[...]], "old_logp": [[...]], "advantages": [[...]], "mask": [[...]],
                 "rollout_logp": [[...]] (optional), "ref_logp": [[...]] (optional, TRL beta != 0)}]}
 
@@ -237,6 +237,42 @@ def run_trl(case, logp, old, adv, mask, rollout, ref):
     return loss, metrics
 
 
+_AREAL = None
+
+
+def _areal():
+    """AReaL's M2PO mask (areal 1.0.4, areal/trainer/ppo/actor.py): the two functions, taken verbatim from the
+    installed file by `ast` and run with torch, because importing the module pulls in AReaL's whole training
+    service (ray, sglang, ...), none of which the mask uses."""
+    global _AREAL
+    if _AREAL is None:
+        import ast
+
+        spec = importlib.util.find_spec("areal")
+        path = f"{spec.submodule_search_locations[0]}/trainer/ppo/actor.py"
+        tree = ast.parse(open(path).read())
+        want = {"_apply_m2po_masking", "_get_m2po_loss_mask"}
+        funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in want]
+        if {f.name for f in funcs} != want:
+            raise RuntimeError(f"{path} no longer defines {sorted(want)}; update cases.py")
+        ns = {"torch": torch}
+        exec(compile(ast.Module(body=funcs, type_ignores=[]), path, "exec"), ns)
+        _AREAL = types.SimpleNamespace(**{name: ns[name] for name in want})
+    return _AREAL
+
+
+def run_areal(case, logp, old, adv, mask):
+    """`loss = "m2po"`: AReaL's keep-mask over Δ = log π_θ − log π_old (AReaL's Δ is behaviour minus proximal;
+    the mask depends on Δ² only), then the M2PO paper's unclipped token-mean objective on the kept tokens with
+    the masked ones left in the normaliser, written here. params: m2_threshold (default 0.04)."""
+    a = _areal()
+    tau = float((case.get("params") or {}).get("m2_threshold", 0.04))
+    keep = a._apply_m2po_masking(old, logp.detach(), mask.to(bool), tau)
+    ratio = torch.exp(logp - old)
+    loss = -(ratio * adv * keep * mask).sum() / mask.sum()
+    return loss, {"keep": keep.to(DTYPE).tolist()}
+
+
 def _finite(x):
     if isinstance(x, float):
         return x if math.isfinite(x) else None
@@ -263,6 +299,8 @@ def run_case(case):
         loss, metrics = run_verl(case, logp, old, adv, mask, rollout)
     elif case["impl"] == "trl":
         loss, metrics = run_trl(case, logp, old, adv, mask, rollout, ref)
+    elif case["impl"] == "areal":
+        loss, metrics = run_areal(case, logp, old, adv, mask)
     else:
         raise ValueError(f"unknown impl {case['impl']!r}")
     if loss.dtype != DTYPE:

@@ -799,7 +799,8 @@ fn candle_nn_free_sigmoid(x: &Tensor) -> Result<Tensor> {
 
 /// M2PO's second-moment mask (Zheng et al. 2025, Algorithm 1; AReaL's
 /// `_get_m2po_loss_mask`): over the valid tokens, the largest `(log ρ)²` are
-/// masked one by one until the mean of the rest is ≤ `tau`. Returns a
+/// masked one by one until the mean of the rest is below `tau` (AReaL's
+/// strict `<`; the paper's loop stops at ≤, which differs only at equality). Returns a
 /// detached `(B, T)` 0/1 keep-mask (0 at invalid tokens too).
 ///
 /// The bound is per micro-batch, as AReaL applies it (the paper states it
@@ -822,7 +823,7 @@ pub fn m2po_keep_mask(log_ratio: &Tensor, mask: &Tensor, tau: f64) -> Result<Ten
         suffix += valid[k].0;
         means[k] = suffix / (n - k) as f64;
     }
-    if let Some(k) = means.iter().position(|&mk| mk <= tau) {
+    if let Some(k) = means.iter().position(|&mk| mk < tau) {
         cut = k;
     }
     for &(_, i) in &valid[..cut.min(n)] {
@@ -1481,7 +1482,7 @@ mod tests {
     #[test]
     fn m2po_masks_the_largest_second_moments_until_the_bound_holds() {
         // x² = 0.25, 0.09, 0.01, 0, 0.0025: mean 0.0705 > 0.04; without the
-        // 0.25 the mean is 0.025625 ≤ 0.04, so exactly token 0 goes.
+        // 0.25 the mean is 0.025625 < 0.04, so exactly token 0 goes.
         let xs = [0.5, -0.3, 0.1, 0.0, 0.05];
         let adv = [1.0, -1.0, 0.5, 2.0, -0.5];
         let ratios = xs.map(f64::exp);

@@ -4,10 +4,12 @@
 //! `GRPOTrainer._compute_loss`, run by scripts/losses/cases.py in the pinned
 //! venv `make deps` makes (scripts/losses/venv.sh). Float64 on both sides.
 //!
-//! Losses that have no importable upstream code are checked against their
-//! papers' equations in `objective.rs`'s unit tests instead: M2PO's mask
-//! (AReaL is not on PyPI), SPO (its code is Atari/MuJoCo only) and the
-//! log-ratio² penalty (prime-rl is not a library).
+//! M2PO's mask is AReaL 1.0.4's own (`_apply_m2po_masking`, read out of
+//! the installed file), with the M2PO paper's objective on the kept tokens
+//! written in the harness. Losses without importable upstream code are
+//! checked against their papers' equations in `objective.rs`'s unit tests
+//! instead: SPO (its code is Atari/MuJoCo only) and the log-ratio² penalty
+//! (prime-rl is not a library).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -215,6 +217,15 @@ fn pairs(t: usize) -> Vec<Pair> {
             json!({"clip_ratio_low": 0.01, "clip_ratio_high": 0.03, "clip_ratio_c": 2.0}),
         ),
     ];
+    for tau in [0.04, 0.005] {
+        v.push(pair(
+            &format!("m2po τ {tau} = AReaL's mask"),
+            ObjectiveConfig { m2po_tau: tau, ..preset("m2po") },
+            "areal",
+            "m2po",
+            json!({"m2_threshold": tau}),
+        ));
+    }
     // The SAPO temperatures of TRL are float32 (`torch.where` on Python
     // floats): τ₋ = 1.05 is 1.0499999523 there.
     v.push(Pair {
@@ -320,12 +331,22 @@ fn every_menu_loss_matches_its_published_code() {
     let mut report = Vec::new();
     let mut failed = Vec::new();
     let mut dppo_masked = std::collections::BTreeMap::<String, f64>::new();
+    let mut areal_masked = std::collections::BTreeMap::<String, f64>::new();
     for (k, theirs) in lines.iter().enumerate() {
         let (x, p) = (&batches[k / pairs.len()], &pairs[k % pairs.len()]);
         let name = theirs["name"].as_str().unwrap();
         assert!(theirs.get("error").is_none(), "{name}: upstream refused the case: {}", theirs["error"]);
         let w = p.weights.map(|(mode, cap)| correction_weights(x, mode, cap));
         let (loss, grad, masked) = ours(&p.cfg, x, w.as_ref());
+        // M2PO: the same tokens masked as AReaL's mask.
+        if let Some(keep) = theirs["metrics"].get("keep") {
+            let keep = grid(keep);
+            let valid: f64 = x.mask.iter().flatten().sum();
+            let kept: f64 = keep.iter().flatten().zip(x.mask.iter().flatten()).map(|(k, m)| k * m).sum();
+            let f = 1.0 - kept / valid;
+            assert!((masked - f).abs() < 1e-12, "{name}: masked {masked} vs AReaL's {f}");
+            *areal_masked.entry(p.name.clone()).or_insert(0.0) += f;
+        }
         // DPPO's trust region: the same tokens masked as verl's metric says.
         if let Some(f) = theirs["metrics"].get("actor/pg_clipfrac").and_then(Value::as_f64) {
             if p.upstream["loss"].as_str().unwrap().starts_with("dppo") {
@@ -349,8 +370,8 @@ fn every_menu_loss_matches_its_published_code() {
     }
     println!("{}", report.join("\n"));
     // Every DPPO pair has its region bind somewhere, else the mask went untested.
-    assert_eq!(dppo_masked.len(), 4, "{dppo_masked:?}");
-    for (name, f) in &dppo_masked {
+    assert_eq!((dppo_masked.len(), areal_masked.len()), (4, 2), "{dppo_masked:?} {areal_masked:?}");
+    for (name, f) in dppo_masked.iter().chain(&areal_masked) {
         assert!(*f > 0.0, "{name}: no token left the trust region in either batch");
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
