@@ -33,7 +33,10 @@ What it checks, each against the raw file named:
 - results/bench/dist-cpu-2026-11-29/README.md and docs/distributed.md
   against ranks-f32.json and ranks-bf16.json (GiB = MiB / 1024);
 - results/bench/dist-memory-*/README.md (table and prose) against
-  memory.json.
+  memory.json;
+- results/bench/packing-*/ against its runs' JSON;
+- results/toy/menu-*/summary.md against each run's summary.json, and its
+  README's prose against the table.
 
 How: each figure is found by a regular expression anchored on the words
 around it (whitespace-insensitive, so re-wrapping a paragraph does not
@@ -1176,6 +1179,59 @@ def check_packing(c):
                 c.num(d, f"{name}: {key} speed-up", m[1], 1 / by[key]["vs_padded"])
 
 
+TOY_MENU = "results/toy/menu-2026-12-07-intel-xeon-avx512-amx"
+
+
+def check_toy_menu(c):
+    """The whole-table toy comparison: summary.md's final reward and greedy
+    accuracy (mean ± population std over seeds) against each run's
+    summary.json, then the README's prose against summary.md."""
+    f = f"{TOY_MENU}/summary.md"
+    table = {cells[0]: cells for cells in c.table(f, r"\| algorithm \| seeds \| final reward", "menu table")}
+    if len(table) != 22:
+        c.fail(f, f"{len(table)} algorithms, the table has 22 (every entry but the r2vpo alias)")
+    for algo, cells in table.items():
+        runs = sorted(glob.glob(str(ROOT / TOY_MENU / "runs" / f"{algo}-seed*" / "summary.json")))
+        finals = [json.loads(Path(r).read_text()) for r in runs]
+        c.same(f, f"{algo}: seeds", cells[1], len(finals))
+        for col, key in ((2, "reward"), (3, "greedy_accuracy")):
+            v = [x[key] for x in finals]
+            mean = sum(v) / len(v)
+            std = (sum((x - mean) ** 2 for x in v) / len(v)) ** 0.5
+            m = re.match(rf"({N}) ± ({N})", cells[col])
+            if m is None:
+                c.fail(f, f"{algo}: cell {cells[col]!r}")
+                continue
+            c.num(f, f"{algo}: final {key} mean", m[1], mean)
+            c.num(f, f"{algo}: final {key} std", m[2], std)
+    r = f"{TOY_MENU}/README.md"
+    cell = lambda algo, col: parse(re.match(rf"({N})", table[algo][col])[1])  # noqa: E731
+    on = ["r2vpo-on", "ppo", "grpo", "grpo-ch", "gppo", "topr", "grpo-kl", "is-pg", "m2po", "log-ratio-sq",
+          "log-ratio-sq-dual", "cispo", "sapo", "dppo-tv", "dppo-kl"]
+    m = c.find(r, rf"final reward ({N})–({N}) ± ({N})", "on-policy band")
+    if m:
+        c.rng(r, "on-policy final rewards", m[1], m[2], [cell(a, 2) for a in on])
+    m = c.find(r, rf"E\[\(ρ−1\)²\] near ({N})·10⁻³", "on-policy sq-dev")
+    if m:
+        c.num(r, "r2vpo-on mean sq-dev ×1e3", m[1], 1e3 * parse(table["r2vpo-on"][5]))
+    for algo, label in (("gspo", "GSPO"), ("spo", "SPO"), ("dr-grpo", "Dr.GRPO")):
+        m = c.find(r, rf"(?<![A-Z]){re.escape(label)} \(({N})\)", f"{algo} final reward")
+        if m:
+            c.num(r, f"{algo} final reward", m[1], cell(algo, 2))
+    m = c.find(r, rf"\(({N}) % of token ratios", "gspo clip fraction")
+    if m:
+        c.num(r, "gspo mean clip frac %", m[1], 100 * parse(table["gspo"][6]))
+    m = c.find(r, rf"E\[\(ρ−1\)²\] ≈ ({N})–({N})·10⁻²", "replay sq-dev range")
+    if m:
+        c.rng(r, "replay mean sq-dev ×1e2", m[1], m[2],
+              [1e2 * parse(table[a][5]) for a in ("r2vpo-off", "grpo-off", "grpo-ch-off", "m2po-off")])
+    for algo, label in (("r2vpo-off", "R²VPO-OFF"), ("m2po-off", "M2PO-OFF"), ("grpo-off", "GRPO-OFF"),
+                        ("grpo-ch-off", "GRPO-CH-OFF")):
+        m = c.find(r, rf"{re.escape(label)} \(({N}) ± ({N})\)", f"{algo} final reward")
+        if m:
+            c.same(r, f"{algo} final reward", f"{m[1]} ± {m[2]}", table[algo][2])
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -1184,7 +1240,7 @@ def main():
     t0 = time.perf_counter()
     c = Checker(verbose)
     for step in (check_geometry, check_top_control, check_hparams_readme, check_analysis, check_final_returns,
-                 check_llm, check_dist, check_dist_memory, check_packing):
+                 check_llm, check_dist, check_dist_memory, check_packing, check_toy_menu):
         try:
             step(c)
         except Exception as e:  # a raw file missing or reshaped is a failure, not a crash
