@@ -84,28 +84,29 @@ pub fn weights(mode: RolloutCorrection, cap: f64, old: &[f32], rollout: &[f32]) 
         .zip(rollout)
         .map(|(&o, &r)| (f64::from(o) - f64::from(r)).clamp(-LOG_WEIGHT_CLAMP, LOG_WEIGHT_CLAMP))
         .collect();
-    let seq = || log_rho.iter().sum::<f64>().clamp(-LOG_WEIGHT_CLAMP, LOG_WEIGHT_CLAMP).exp();
-    let w: Vec<f64> = match mode {
+    // The raw weight each token gets: its own ratio, or its sequence's.
+    let rho: Vec<f64> = match mode {
         RolloutCorrection::None => vec![1.0; n],
-        RolloutCorrection::TokenTis => log_rho.iter().map(|x| x.exp().min(cap)).collect(),
-        RolloutCorrection::TokenMis => log_rho.iter().map(|x| x.exp()).map(|r| if r > cap { 0.0 } else { r }).collect(),
-        RolloutCorrection::SeqTis => vec![seq().min(cap); n],
-        RolloutCorrection::SeqMis => {
-            let r = seq();
-            vec![if r > cap { 0.0 } else { r }; n]
-        }
-    };
-    let capped = match mode {
-        RolloutCorrection::None => 0,
-        RolloutCorrection::TokenTis | RolloutCorrection::TokenMis => log_rho.iter().filter(|x| x.exp() > cap).count(),
+        RolloutCorrection::TokenTis | RolloutCorrection::TokenMis => log_rho.iter().map(|x| x.exp()).collect(),
         RolloutCorrection::SeqTis | RolloutCorrection::SeqMis => {
-            if seq() > cap {
-                n
-            } else {
-                0
-            }
+            vec![log_rho.iter().sum::<f64>().clamp(-LOG_WEIGHT_CLAMP, LOG_WEIGHT_CLAMP).exp(); n]
         }
     };
+    let masks = matches!(mode, RolloutCorrection::TokenMis | RolloutCorrection::SeqMis);
+    let over = |r: f64| mode != RolloutCorrection::None && r > cap;
+    let w: Vec<f64> = rho
+        .iter()
+        .map(|&r| {
+            if !over(r) {
+                r
+            } else if masks {
+                0.0
+            } else {
+                cap
+            }
+        })
+        .collect();
+    let capped = rho.iter().filter(|&&r| over(r)).count();
     let sums = CorrectionSums { tokens: n as f64, weight_sum: w.iter().sum(), capped: capped as f64 };
     (w.into_iter().map(|v| v as f32).collect(), sums)
 }

@@ -815,18 +815,16 @@ pub fn m2po_keep_mask(log_ratio: &Tensor, mask: &Tensor, tau: f64) -> Result<Ten
     // Largest first, ties by position.
     valid.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     let n = valid.len();
+    // Suffix means of valid[k..]; mask the first k whose suffix mean is
+    // below τ, else all but the smallest.
     let mut suffix = 0.0;
-    let mut cut = n.saturating_sub(1);
-    // suffix mean of valid[k..]; the first k whose suffix mean is ≤ τ.
     let mut means = vec![0.0; n];
     for k in (0..n).rev() {
         suffix += valid[k].0;
         means[k] = suffix / (n - k) as f64;
     }
-    if let Some(k) = means.iter().position(|&mk| mk < tau) {
-        cut = k;
-    }
-    for &(_, i) in &valid[..cut.min(n)] {
+    let cut = means.iter().position(|&mk| mk < tau).unwrap_or(n.saturating_sub(1));
+    for &(_, i) in &valid[..cut] {
         keep[i] = 0.0;
     }
     Ok(Tensor::from_vec(keep, (b, t), log_ratio.device())?.to_dtype(log_ratio.dtype())?)
