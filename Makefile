@@ -17,6 +17,7 @@ deps:
 	@$(PYTHON) scripts/deps.py
 	@$(PYTHON) scripts/vendor_check.py fetch
 	@bash scripts/redis.sh
+	@bash scripts/egl.sh
 	@PYTHON=$(PYTHON) bash scripts/openai/venv.sh
 	@PYTHON=$(PYTHON) bash scripts/math_verify/venv.sh
 	@PYTHON=$(PYTHON) bash scripts/brax/venv.sh

@@ -22,6 +22,8 @@ echo "== 3/6  R²VPO vs GRPO on the synthetic sequence bandit (core algorithm en
 echo
 echo "== 4/6  PPO vs R²VPO (fixed λ = 0.06) on DeepMind Control cartpole-swingup, real MuJoCo physics, 2 seeds × 200k steps"
 "$BIN" control compare --tasks cartpole-swingup --algos ppo,r2vpo --seeds 0,1 --set total_env_steps=204800 --out "$OUT/control"
+echo "   ... and one episode of the trained R²VPO policy filmed (MuJoCo's renderer, offscreen; H.264 MP4)"
+"$BIN" control eval --run "$OUT/control/cartpole-swingup/r2vpo-seed0" --episodes 1 --video "$OUT/control/videos"
 
 echo
 echo "== 5/6  Theory: f-divergence ≈ ½·f''(1)·Var[ρ] (Proposition 3.1, Table 1, Figure 2)"
@@ -33,4 +35,4 @@ echo "== 6/6  Theory: clipping error ≤ (A_max/ε)·E[(ρ−1)²] (Theorem 3.3)
 
 echo
 echo "demo outputs:"
-find "$OUT" -maxdepth 3 \( -name '*.png' -o -name '*.md' -o -name '*.csv' \) | sort | sed 's/^/  /'
+find "$OUT" -maxdepth 3 \( -name '*.png' -o -name '*.md' -o -name '*.csv' -o -name '*.mp4' \) | sort | sed 's/^/  /'

@@ -13,7 +13,8 @@ use r2vpo::stats::mean_std;
 use serde::Serialize;
 
 use r2vpo_control::run::{check_same_config, sweep_state, train_in_folder, SweepRun};
-use r2vpo_control::trainer::{algo_overrides, evaluate_policy, load_policy, TrainConfig, UpdateMetrics};
+use r2vpo_control::trainer::{algo_overrides, evaluate_policy_recorded, load_policy, TrainConfig, UpdateMetrics};
+use r2vpo_control::video::VideoTarget;
 use r2vpo_report::edge::{Existing, Progress, Stop, StopSignal};
 use r2vpo_report::plot::{mean_std_band, Grid, LineChart, Series};
 use r2vpo_report::RunDir;
@@ -55,6 +56,18 @@ pub struct EvalArgs {
     /// Seed of the evaluation environments.
     #[arg(long, default_value_t = 12345)]
     pub seed: u64,
+    /// Film episodes into this folder as MP4 (H.264, browser-playable):
+    /// `<task>-seed<seed>-ep<i>.mp4`, plus a PNG of the first one's middle
+    /// frame. Size and camera come from the run's `[video]`, else `--set`.
+    #[arg(long)]
+    pub video: Option<PathBuf>,
+    /// How many of the episodes to film (the first ones).
+    #[arg(long, default_value_t = 1, requires = "video")]
+    pub video_episodes: usize,
+    /// Overrides of the run's config for this evaluation, e.g.
+    /// `--set video.width=640 --set video.height=480 --set video.camera=1`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
 }
 
 /// `r2vpo control compare` arguments.
@@ -165,14 +178,46 @@ pub fn train(a: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
+/// `cfg` with `--set KEY=VALUE` overrides applied (as `control train`
+/// applies them to a file).
+fn with_sets(cfg: &TrainConfig, sets: &[String]) -> Result<TrainConfig> {
+    let mut table = toml::Table::try_from(cfg).context("serialising the run's config")?;
+    for s in sets {
+        r2vpo_report::config::apply_override(&mut table, s)?;
+    }
+    toml::Value::Table(table).try_into().map_err(|e| anyhow::anyhow!("--set {}: {e}", sets.join(" --set ")))
+}
+
 /// `r2vpo control eval`.
 pub fn eval(a: &EvalArgs) -> Result<()> {
     let saved = load_policy(&a.run.join("checkpoints")).context("loading the run's policy")?;
     if a.episodes == 0 {
         bail!("--episodes must be at least 1");
     }
+    let mut saved = saved;
+    if !a.sets.is_empty() {
+        saved.config = with_sets(&saved.config, &a.sets)?;
+        saved.config.validate()?;
+    }
     let cfg = &saved.config;
-    let returns = evaluate_policy(cfg, &saved.eval_policy(), a.episodes, a.seed)?;
+    let targets = match &a.video {
+        Some(dir) => {
+            if a.video_episodes == 0 || a.video_episodes > a.episodes {
+                bail!("--video-episodes must be between 1 and --episodes ({})", a.episodes);
+            }
+            (0..a.video_episodes)
+                .map(|i| {
+                    let stem = format!("{}-seed{}-ep{i}", cfg.task, a.seed);
+                    VideoTarget {
+                        path: dir.join(format!("{stem}.mp4")),
+                        still: (i == 0).then(|| dir.join(format!("{stem}.png"))),
+                    }
+                })
+                .collect()
+        }
+        None => Vec::new(),
+    };
+    let (returns, videos) = evaluate_policy_recorded(cfg, &saved.eval_policy(), a.episodes, a.seed, targets)?;
     let (m, s) = mean_std(&returns);
     let kind = if cfg.eval_deterministic { "deterministic" } else { "sampled" };
     println!("{}: {} {kind} episodes: return {m:.1} ± {s:.1}", cfg.task, returns.len());
@@ -191,6 +236,9 @@ pub fn eval(a: &EvalArgs) -> Result<()> {
         &Out { task: &cfg.task, episodes: returns.len(), seed: a.seed, mean: m, std: s, returns: &returns },
     )?;
     println!("written: {}", path.display());
+    for v in &videos {
+        println!("video: {} ({} frames at {} fps)", v.path.display(), v.frames, v.fps);
+    }
     Ok(())
 }
 
@@ -392,7 +440,8 @@ mod tests {
         let more = TrainConfig { total_env_steps: 192, ..cfg };
         let all = train_into(more, &run, Existing::Resume, true).unwrap();
         assert_eq!(all.iter().map(|m| m.update).collect::<Vec<_>>(), vec![1, 2, 3]);
-        eval(&EvalArgs { run: run.clone(), episodes: 1, seed: 1 }).unwrap();
+        eval(&EvalArgs { run: run.clone(), episodes: 1, seed: 1, video: None, video_episodes: 1, sets: Vec::new() })
+            .unwrap();
         let out = dir.path().join("cmp");
         let mut csets = sets.clone();
         csets.push("total_env_steps=64".into());

@@ -153,6 +153,9 @@ pub enum TrainError {
         /// Why it is invalid.
         message: String,
     },
+    /// Rendering or encoding an episode video failed.
+    #[error("video: {0}")]
+    Video(String),
     /// A loss or gradient became non-finite.
     #[error("training diverged at update {update}: {what}")]
     Diverged {

@@ -11,6 +11,8 @@
 //!   by truncation, actions in `[-1, 1]^nu`.
 //! * [`vec_env`]: N environments over one shared model, stepped with rayon,
 //!   auto-reset, observation normalisation and reward scaling ([`VecEnv`]).
+//! * [`video`]: episode videos, drawn offscreen by MuJoCo's renderer and
+//!   encoded to MP4 by ffmpeg.
 //!
 //! Parity with dm_control is checked by golden trajectories recorded with
 //! `scripts/dmc_golden.py` and replayed in `tests/golden.rs`.
@@ -30,9 +32,10 @@ pub mod stats;
 pub mod tasks;
 pub mod trainer;
 pub mod vec_env;
+pub mod video;
 
 pub use env::{load_task_model, make_env, Env, StepResult};
 pub use error::{Error, PhysicsWarning, Result};
 pub use physics::{load_edited_model, load_model, suite_dir, Physics, PhysicsState, SUITE_ENV_VAR};
-pub use tasks::{task_names, task_spec, Task, TaskSpec};
+pub use tasks::{task_names, task_spec, MovedObject, Task, TaskSpec};
 pub use vec_env::{EpisodeStats, RunningMeanStd, VecEnv, VecEnvConfig, VecStep};

@@ -95,6 +95,7 @@ pub fn train_in_folder(
     };
     let run = open_run_folder(dir, existing)?;
     let mut trainer = trainer;
+    trainer.set_video_dir(&run.join("videos"), &run.join("plots").join("video_frame.png"));
     if existing == Existing::Resume {
         let update = trainer.counters().update;
         r2vpo_report::jsonl::retain_records(&metrics_path, |v| {

@@ -221,6 +221,14 @@ impl VecEnv {
         &self.config
     }
 
+    /// Environment `i` (for drawing it; stepping goes through [`VecEnv::step`]).
+    ///
+    /// # Panics
+    /// When `i` is not below [`VecEnv::num_envs`].
+    pub fn env(&self, i: usize) -> &Env {
+        &self.envs[i]
+    }
+
     /// Number of environments.
     pub fn num_envs(&self) -> usize {
         self.envs.len()

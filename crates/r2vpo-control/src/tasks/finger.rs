@@ -58,6 +58,9 @@ pub struct Finger {
     touchbottom: Sensor,
     /// Target site position (x, z) in the world, this episode.
     target: [f64; 2],
+    /// The target site and its (fixed) y.
+    target_site: usize,
+    target_y: f64,
 }
 
 fn make(model: &MjModel, name: &'static str, turn: Option<f64>) -> Result<Box<dyn Task>> {
@@ -81,6 +84,8 @@ fn make(model: &MjModel, name: &'static str, turn: Option<f64>) -> Result<Box<dy
         touchtop: Sensor::find(model, name, "touchtop")?,
         touchbottom: Sensor::find(model, name, "touchbottom")?,
         target: [tp[0], tp[2]],
+        target_site,
+        target_y: tp[1],
     }))
 }
 
@@ -178,6 +183,16 @@ impl Task for Finger {
             self.target.to_vec()
         } else {
             Vec::new()
+        }
+    }
+
+    fn moved_objects(&self) -> Vec<super::MovedObject> {
+        match self.turn {
+            Some(_) => vec![super::MovedObject::Site {
+                id: self.target_site,
+                pos: [self.target[0], self.target_y, self.target[1]],
+            }],
+            None => Vec::new(),
         }
     }
 

@@ -64,6 +64,33 @@ pub trait Task: Send + std::fmt::Debug {
     fn set_episode_params(&mut self, params: &[f64]) -> Result<()> {
         expect_len(self.name(), "episode_params", params.len(), 0)
     }
+
+    /// The world positions of the objects [`Task::episode_params`] moved
+    /// (dm_control edits the model; the shared model here keeps its
+    /// defaults), for a rendered frame to show them where the reward sees
+    /// them. Empty for most tasks.
+    fn moved_objects(&self) -> Vec<MovedObject> {
+        Vec::new()
+    }
+}
+
+/// An object on the world body that a task moved for this episode.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MovedObject {
+    /// A geom, by id, at a world position.
+    Geom {
+        /// Geom id.
+        id: usize,
+        /// World position.
+        pos: [f64; 3],
+    },
+    /// A site, by id, at a world position.
+    Site {
+        /// Site id.
+        id: usize,
+        /// World position.
+        pos: [f64; 3],
+    },
 }
 
 /// Sequential writer of a flat observation.

@@ -38,18 +38,24 @@ pub struct Reacher {
     finger: usize,
     /// Target geom position (x, y) on the world body, this episode.
     target: [f64; 2],
+    /// The target geom and its (fixed) height.
+    target_geom: usize,
+    target_z: f64,
 }
 
 fn make(model: &MjModel, name: &'static str, target_size: f64) -> Result<Box<dyn Task>> {
     check_model(model, name, 2, 2, 2)?;
     let finger = geom_id(model, name, "finger")?;
-    let tp = model.geom_pos()[geom_id(model, name, "target")?];
+    let target_geom = geom_id(model, name, "target")?;
+    let tp = model.geom_pos()[target_geom];
     Ok(Box::new(Reacher {
         name,
         target_size,
         finger_size: model.geom_size()[finger][0],
         finger,
         target: [tp[0], tp[1]],
+        target_geom,
+        target_z: tp[2],
     }))
 }
 
@@ -99,6 +105,10 @@ impl Task for Reacher {
 
     fn episode_params(&self) -> Vec<f64> {
         self.target.to_vec()
+    }
+
+    fn moved_objects(&self) -> Vec<super::MovedObject> {
+        vec![super::MovedObject::Geom { id: self.target_geom, pos: [self.target[0], self.target[1], self.target_z] }]
     }
 
     fn set_episode_params(&mut self, params: &[f64]) -> Result<()> {

@@ -138,6 +138,9 @@ pub struct TrainConfig {
     /// sampling actions from it. Brax's default (`deterministic_eval =
     /// False`) samples.
     pub eval_deterministic: bool,
+    /// Episode videos (`[video]`): size, camera, and how often training
+    /// films an evaluation episode.
+    pub video: crate::video::VideoConfig,
     /// Checkpoint every this many env steps (0: only at the end and on
     /// SIGINT/SIGTERM). Default 320 000 = 10 × (1000-step episodes × 32
     /// envs), so an interrupted run loses at most ~10 minutes on 2 cores
@@ -156,6 +159,7 @@ impl Default for TrainConfig {
             task_gamma: Default::default(),
             reset_every_update: false,
             eval_deterministic: true,
+            video: crate::video::VideoConfig::default(),
             task: "cheetah-run".into(),
             seed: 0,
             total_env_steps: 1_000_000,
@@ -217,6 +221,13 @@ impl TrainConfig {
     /// Checks every field; errors name the field.
     pub fn validate(&self) -> TrainResult<()> {
         use r2vpo::objective::ObjectiveKind;
+        self.video.validate()?;
+        if self.video.every > 0 && self.eval_episodes == 0 {
+            return Err(config_err(
+                "video.every",
+                "videos film evaluation episodes, and eval_episodes = 0 turns evaluation off".into(),
+            ));
+        }
         if matches!(self.objective.kind, ObjectiveKind::DppoTv | ObjectiveKind::DppoKl) {
             return Err(config_err(
                 "objective.kind",

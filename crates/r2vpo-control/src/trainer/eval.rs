@@ -28,6 +28,23 @@ impl Trainer {
             derived_seed(self.cfg.seed, TAG_EVAL, index),
         )
     }
+
+    /// [`Trainer::evaluate`] that films the first episode into `target`;
+    /// the returns are the unfilmed evaluation's.
+    pub fn evaluate_filmed(
+        &self,
+        episodes: usize,
+        index: u64,
+        target: VideoTarget,
+    ) -> TrainResult<(Vec<f64>, Vec<VideoFile>)> {
+        evaluate_policy_recorded(
+            &self.cfg,
+            &EvalPolicy { net: &self.net, obs_stats: self.env.obs_stats(), obs_norm: self.obs_norm.as_ref() },
+            episodes,
+            derived_seed(self.cfg.seed, TAG_EVAL, index),
+            vec![target],
+        )
+    }
 }
 
 /// Evaluation of `policy` (see [`Trainer::evaluate`]) on environments
@@ -35,10 +52,39 @@ impl Trainer {
 /// `num_eval_envs` environments for one episode each in the same way).
 /// Sampled actions draw from a stream derived from `seed`.
 pub fn evaluate_policy(cfg: &TrainConfig, policy: &EvalPolicy, episodes: usize, seed: u64) -> TrainResult<Vec<f64>> {
+    Ok(evaluate_policy_recorded(cfg, policy, episodes, seed, Vec::new())?.0)
+}
+
+/// [`evaluate_policy`] that also films the first episode of the first
+/// `videos.len()` environments (one [`VideoTarget`] each, `cfg.video`'s
+/// size and camera). Returns the returns, which recording leaves as they
+/// are, and the videos written.
+pub fn evaluate_policy_recorded(
+    cfg: &TrainConfig,
+    policy: &EvalPolicy,
+    episodes: usize,
+    seed: u64,
+    videos: Vec<VideoTarget>,
+) -> TrainResult<(Vec<f64>, Vec<VideoFile>)> {
     if episodes == 0 {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
-    let mut env = VecEnv::new(cfg.env_config(episodes, seed))?;
+    if videos.len() > episodes {
+        return Err(config_err(
+            "video episodes",
+            format!("{} videos asked of an evaluation of {episodes} episodes", videos.len()),
+        ));
+    }
+    let env_cfg = cfg.env_config(episodes, seed);
+    let mut recorder = if videos.is_empty() {
+        None
+    } else {
+        let model = crate::load_task_model(crate::task_spec(&cfg.task)?, env_cfg.suite_dir.as_deref())?;
+        let probe = crate::Env::with_model(crate::task_spec(&cfg.task)?, Arc::clone(&model), 0)?;
+        let dt = probe.physics().control_timestep();
+        Some(Recorder::new(&cfg.video, model, dt, probe.episode_steps(), videos)?)
+    };
+    let mut env = VecEnv::new(env_cfg)?;
     env.set_update_stats(false);
     env.set_obs_stats(policy.obs_stats.clone())?;
     let mut net = NativeNet::from_net(policy.net)?;
@@ -46,6 +92,11 @@ pub fn evaluate_policy(cfg: &TrainConfig, policy: &EvalPolicy, episodes: usize, 
     let a = env.action_dim();
     let mut rng = ChaCha8Rng::seed_from_u64(derived_seed(seed, TAG_SAMPLING, 0));
     let mut obs: Vec<f32> = env.reset()?.iter().map(|&x| x as f32).collect();
+    if let Some(rec) = recorder.as_mut() {
+        for i in 0..rec.len() {
+            rec.frame(i, env.env(i))?;
+        }
+    }
     let mut returns: Vec<Option<f64>> = vec![None; episodes];
     let mut actions = vec![0f64; episodes * a];
     // Unstable episodes restart; give up after a generous number of steps.
@@ -69,10 +120,23 @@ pub fn evaluate_policy(cfg: &TrainConfig, policy: &EvalPolicy, episodes: usize, 
             if !e.unstable && returns[e.env].is_none() {
                 returns[e.env] = Some(e.ret);
             }
+            // A video holds one episode: the environment has been reset.
+            if let Some(rec) = recorder.as_mut() {
+                rec.finish(e.env)?;
+            }
+        }
+        if let Some(rec) = recorder.as_mut() {
+            for i in 0..rec.len() {
+                rec.frame(i, env.env(i))?;
+            }
         }
         if returns.iter().all(Option::is_some) {
             break;
         }
     }
-    Ok(returns.into_iter().flatten().collect())
+    let files = match recorder {
+        Some(rec) => rec.close()?,
+        None => Vec::new(),
+    };
+    Ok((returns.into_iter().flatten().collect(), files))
 }

@@ -19,6 +19,10 @@ pub struct Counters {
     pub next_eval: u64,
     /// Env-step count at which the next checkpoint is due.
     pub next_checkpoint: u64,
+    /// Env-step count from which the next evaluation is filmed
+    /// (`video.every`; absent from checkpoints written before videos).
+    #[serde(default)]
+    pub next_video: u64,
     /// Episodes reset on MuJoCo warnings (all segments).
     pub warning_resets: u64,
 }
@@ -79,6 +83,9 @@ pub struct UpdateMetrics {
     pub eval_return_mean: Option<f64>,
     /// Its standard deviation.
     pub eval_return_std: Option<f64>,
+    /// The video of this evaluation's first episode (`video.every`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub video: Option<String>,
 }
 
 impl UpdateMetrics {

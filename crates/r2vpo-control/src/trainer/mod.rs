@@ -49,6 +49,8 @@ use crate::error::config_err;
 use crate::native::NativeNet;
 use crate::policy::{ActorCritic, PolicyConfig};
 use crate::vec_env::{EpisodeStats, RunningMeanStd, VecEnv, VecEnvConfig};
+use crate::video::{Recorder, VideoFile, VideoTarget};
+use std::sync::Arc;
 
 mod brax_update;
 mod checkpoint;
@@ -62,7 +64,7 @@ mod update;
 pub use crate::error::{TrainError, TrainResult};
 pub use checkpoint::{latest_checkpoint, load_policy, CheckpointState, SavedPolicy};
 pub use config::{algo_overrides, default_config, Flavour, NormRefresh, TrainConfig, DEFAULT_CONFIG};
-pub use eval::{evaluate_policy, EvalPolicy};
+pub use eval::{evaluate_policy, evaluate_policy_recorded, EvalPolicy};
 pub use metrics::{Counters, UpdateMetrics};
 pub use optim::Adam;
 
@@ -99,6 +101,9 @@ pub struct Trainer {
     /// Brax's in-network observation normaliser (brax flavour with
     /// `normalize_obs`).
     obs_norm: Option<ObsNormalizer>,
+    /// Where filmed evaluations go (`video.every`), and the still of the
+    /// first one (see [`Trainer::set_video_dir`]).
+    video_dir: Option<(PathBuf, PathBuf)>,
 }
 impl Trainer {
     /// A fresh run.
@@ -119,8 +124,12 @@ impl Trainer {
         let adam = Adam::new(&params, cfg.lr, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps);
         let learner = Learner::new(cfg.objective.clone(), &cfg.dual)?;
         let rng = ChaCha8Rng::seed_from_u64(derived_seed(cfg.seed, TAG_SAMPLING, 0));
-        let counters =
-            Counters { next_eval: cfg.eval_every, next_checkpoint: cfg.checkpoint_every, ..Counters::default() };
+        let counters = Counters {
+            next_eval: cfg.eval_every,
+            next_checkpoint: cfg.checkpoint_every,
+            next_video: cfg.video.every,
+            ..Counters::default()
+        };
         let segment_stats = env.obs_stats().clone();
         let mut t = Self {
             cfg,
@@ -136,6 +145,7 @@ impl Trainer {
             buf: Rollout::default(),
             segment_stats,
             obs_norm,
+            video_dir: None,
         };
         t.reset_envs()?;
         Ok(t)
@@ -166,6 +176,13 @@ impl Trainer {
     /// `normalize_obs`).
     pub fn obs_normalizer(&self) -> Option<&ObsNormalizer> {
         self.obs_norm.as_ref()
+    }
+
+    /// Films evaluations as `video.every` says: `videos/eval-<env steps>.mp4`
+    /// under `dir`, and a frame of the first one as `still` (if no file is
+    /// there yet). Without this call no video is recorded.
+    pub fn set_video_dir(&mut self, dir: &Path, still: &Path) {
+        self.video_dir = Some((dir.to_path_buf(), still.to_path_buf()));
     }
 
     /// The current λ.
@@ -218,7 +235,24 @@ impl Trainer {
             if self.cfg.eval_episodes > 0
                 && (finished || (self.cfg.eval_every > 0 && self.counters.env_steps >= self.counters.next_eval))
             {
-                let r = self.evaluate(self.cfg.eval_episodes, self.counters.evals)?;
+                let film = self.video_dir.is_some()
+                    && self.cfg.video.every > 0
+                    && (finished || self.counters.env_steps >= self.counters.next_video);
+                let r = if film {
+                    let (dir, still) = self.video_dir.clone().expect("checked");
+                    let target = VideoTarget {
+                        path: dir.join(format!("eval-{}.mp4", self.counters.env_steps)),
+                        still: (!still.exists()).then_some(still),
+                    };
+                    while self.counters.next_video <= self.counters.env_steps {
+                        self.counters.next_video += self.cfg.video.every;
+                    }
+                    let (r, files) = self.evaluate_filmed(self.cfg.eval_episodes, self.counters.evals, target)?;
+                    m.video = files.into_iter().next().map(|f| f.path.display().to_string());
+                    r
+                } else {
+                    self.evaluate(self.cfg.eval_episodes, self.counters.evals)?
+                };
                 self.counters.evals += 1;
                 while self.cfg.eval_every > 0 && self.counters.next_eval <= self.counters.env_steps {
                     self.counters.next_eval += self.cfg.eval_every;

@@ -203,6 +203,7 @@ impl Trainer {
             learn_s,
             eval_return_mean: None,
             eval_return_std: None,
+            video: None,
         }
     }
 }
