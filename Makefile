@@ -23,6 +23,7 @@ deps:
 	@PYTHON=$(PYTHON) bash scripts/brax/venv.sh
 	@PYTHON=$(PYTHON) bash scripts/vllm/venv.sh
 	@PYTHON=$(PYTHON) bash scripts/losses/venv.sh
+	@PYTHON=$(PYTHON) bash scripts/trackers/venv.sh
 
 build: deps
 	$(CARGO) build --release -p r2vpo-cli

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use r2vpo_report::track::{flat_params, Artifact, Record, RunStatus, Trackers};
 
 use r2vpo_llm::queue::{ExperienceQueue, MemoryQueue, QueueError};
 use r2vpo_llm::rollout::RolloutSource;
@@ -221,6 +222,15 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     if resume {
         run.write_config(&config::to_toml(&cfg)?)?;
     }
+    // Rank 0 reports for the job; trackers only queue here (their own
+    // threads send), and a run that fails closes them as failed (Drop).
+    let trackers = if launch.as_ref().is_none_or(|l| l.rank == 0) {
+        let name = dir.file_name().map_or_else(|| "run".into(), |n| n.to_string_lossy().into_owned());
+        Trackers::start(&cfg.log, &dir, &name, resume)
+    } else {
+        Trackers::none()
+    };
+    trackers.params(flat_params(&cfg));
     let stop = Stop::install().context("installing the SIGINT/SIGTERM handlers")?;
     let mut progress = Progress::new(cfg.iterations as u64, "iterations", a.run.quiet, Duration::ZERO)
         .starting_at(trainer.progress().iteration as u64);
@@ -247,11 +257,19 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
         Event::Iteration(m) => {
             last = iteration_line(m);
             progress.update(m.iter as u64 + 1, &last);
+            if let Ok(v) = serde_json::to_value(m) {
+                trackers.metrics_json(m.iter as i64, &v);
+            }
         }
-        Event::Eval(r) => progress.println(&format!(
-            "eval after {} iterations: avg@{} {:.3}  pass@{} {:.3}  maj@{} {:.3}",
-            r.iter, r.k, r.avg_at_k, r.k, r.pass_at_k, r.k, r.maj_at_k
-        )),
+        Event::Eval(r) => {
+            progress.println(&format!(
+                "eval after {} iterations: avg@{} {:.3}  pass@{} {:.3}  maj@{} {:.3}",
+                r.iter, r.k, r.avg_at_k, r.k, r.pass_at_k, r.k, r.maj_at_k
+            ));
+            if let Ok(v) = serde_json::to_value(r) {
+                trackers.metrics_json(r.iter as i64, &serde_json::json!({ "eval": v }));
+            }
+        }
         Event::Checkpoint(p) => progress.println(&format!("checkpoint: {}", p.display())),
         Event::BadStep(d) => progress.println(&format!("skipped a non-finite step: {d}")),
     };
@@ -295,6 +313,7 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     match outcome {
         Outcome::Stopped => {
             let signal = stop.requested().unwrap_or(StopSignal::Interrupt);
+            trackers.finish(RunStatus::Killed);
             return Err(Stopped { signal, resume: resume_with }.into());
         }
         Outcome::Finished => {
@@ -321,8 +340,69 @@ pub fn train_as(a: &TrainArgs, role: Role) -> Result<()> {
     for p in plots {
         println!("plot: {}", p.display());
     }
+    let card = if cfg.export { dir.join("model").join("README.md") } else { dir.join("model_card.md") };
+    r2vpo_report::atomic_write_string(&card, &model_card(&cfg, &dir, a.algo.as_deref()))?;
+    println!("model card: {}", card.display());
+    trackers.artifacts_in(&dir.join("plots"), &["png", "svg"], "plots");
+    trackers.send(Record::Artifact(Artifact { path: card, under: "model".into() }));
+    trackers.artifacts_in(&dir, &["toml"], "");
+    trackers.finish(RunStatus::Finished);
     println!("run folder: {}", dir.display());
     Ok(())
+}
+
+/// The trained policy's model card (Hugging Face's README.md with YAML
+/// front matter): what it was trained from, how, and how it scored, from
+/// the run's own files.
+fn model_card(cfg: &TrainConfig, dir: &Path, algo: Option<&str>) -> String {
+    let last = |name: &str| -> Option<serde_json::Value> {
+        let text = std::fs::read_to_string(dir.join(name)).ok()?;
+        text.lines().rev().find_map(|l| serde_json::from_str(l).ok())
+    };
+    let kind = cfg.objective.kind.as_str();
+    let algo = algo.unwrap_or(kind);
+    let adapter = cfg.model.lora.is_some();
+    let mut s = String::new();
+    s.push_str("---\n");
+    s.push_str(&format!("base_model: {}\n", cfg.model.path));
+    s.push_str(if adapter { "library_name: peft\n" } else { "library_name: transformers\n" });
+    s.push_str(&format!("tags:\n- r2vpo\n- reinforcement-learning\n- {algo}\n---\n\n"));
+    s.push_str(&format!("# {}\n\n", dir.file_name().map_or("r2vpo run".into(), |n| n.to_string_lossy())));
+    s.push_str(&format!(
+        "{} of `{}` fine-tuned with r2vpo's `{algo}` (objective `{kind}`) for {} iterations of {} prompts × {} \
+         samples, seed {}.\n\n",
+        if adapter { "A LoRA adapter" } else { "The policy" },
+        cfg.model.path,
+        cfg.iterations,
+        cfg.prompts_per_iter,
+        cfg.group_size,
+        cfg.seed
+    ));
+    if let Some(m) = last("metrics.jsonl") {
+        s.push_str("## Last iteration\n\n| metric | value |\n|---|---|\n");
+        for k in ["iter", "reward_mean", "accuracy", "response_len_mean", "lambda", "loss"] {
+            if let Some(v) = m.get(k) {
+                s.push_str(&format!("| {k} | {v} |\n"));
+            }
+        }
+        s.push('\n');
+    }
+    if let Some(e) = last("eval.jsonl") {
+        let k = e.get("k").and_then(|v| v.as_u64()).unwrap_or(0);
+        s.push_str(&format!("## Held-out evaluation (after iteration {})\n\n", e.get("iter").unwrap_or(&0.into())));
+        s.push_str("| metric | value |\n|---|---|\n");
+        for (name, key) in [("avg", "avg_at_k"), ("pass", "pass_at_k"), ("maj", "maj_at_k")] {
+            if let Some(v) = e.get(key) {
+                s.push_str(&format!("| {name}@{k} | {v} |\n"));
+            }
+        }
+        s.push('\n');
+    }
+    s.push_str(
+        "## Reproduce\n\nThe run folder's `config.toml` is the whole configuration: \
+         `r2vpo llm train --config config.toml`. Its `metrics.jsonl` holds every iteration.\n",
+    );
+    s
 }
 
 /// `cfg` as one rank of `launch` trains it, on its own GPU

@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use r2vpo_report::edge::{open_run_folder, Existing};
 use r2vpo_report::plot::{LineChart, Series};
+use r2vpo_report::track::{RunStatus, Trackers};
 use r2vpo_report::TensorBoardWriter;
 
 use crate::error::{TrainError, TrainResult};
@@ -109,11 +110,18 @@ pub fn train_in_folder(
     let mut log = run.metrics()?;
     let mut tb = TensorBoardWriter::create(run.path())?;
     let mut tb_error = None;
+    // Trackers only queue here; a failed one closes its run as failed when
+    // this returns early (Drop).
+    let trackers = Trackers::start(&cfg.log, run.path(), &run_name(dir), existing == Existing::Resume);
+    trackers.params(r2vpo_report::track::flat_params(&cfg));
     let mut on_update = on_update;
     let start = trainer.counters().env_steps;
     trainer.run(Some(&ckpt), Some(&mut log), stop, |m| {
         if tb_error.is_none() {
             tb_error = tb.scalars(m.env_steps as i64, &scalars(m)).err();
+        }
+        if let Ok(v) = serde_json::to_value(m) {
+            trackers.metrics_json(m.env_steps as i64, &v);
         }
         on_update(m);
     })?;
@@ -126,7 +134,19 @@ pub fn train_in_folder(
         r2vpo_report::atomic_write_json(&run.join("summary.json"), &Summary::of(&cfg, &all))?;
         learning_curve(&cfg, &all).save(&run.join("plots").join("learning_curve"))?;
     }
+    trackers.artifacts_in(&run.join("plots"), &["png", "svg"], "plots");
+    trackers.artifacts_in(&run.join("videos"), &["mp4"], "videos");
+    trackers.artifacts_in(run.path(), &["json", "toml"], "");
+    trackers.finish(if stopped { RunStatus::Killed } else { RunStatus::Finished });
     Ok(RunOutcome { metrics: all, stopped })
+}
+
+/// A run's name in the trackers: its folder's last two components
+/// (`cartpole-swingup/r2vpo-seed0` in a comparison).
+fn run_name(dir: &Path) -> String {
+    let parts: Vec<String> =
+        dir.components().rev().take(2).map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    parts.into_iter().rev().collect::<Vec<_>>().join("/")
 }
 
 /// The TensorBoard scalars of one update (env steps on the x axis).

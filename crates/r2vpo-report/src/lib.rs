@@ -1,7 +1,8 @@
 //! # r2vpo-report — what a run leaves on disk
 //!
-//! Run folders, atomic file writes, metric logs (JSONL and CSV) and PNG/SVG
-//! plots. Shared by the CLI and the domain crates so every command writes its
+//! Run folders, atomic file writes, metric logs (JSONL and CSV), PNG/SVG
+//! plots, and the experiment trackers a run can also report to (MLflow,
+//! Weights & Biases: [`track`]). Shared by the CLI and the domain crates so every command writes its
 //! outputs the same way: nothing already written is lost if a process dies
 //! mid-write, because every file is written to a temporary sibling and
 //! renamed into place.
@@ -16,6 +17,7 @@ pub mod jsonl;
 mod lock;
 pub mod plot;
 mod tensorboard;
+pub mod track;
 
 pub use io::{
     atomic_write, atomic_write_json, atomic_write_string, permissions_as_created, CsvWriter, JsonlWriter, ReportError,

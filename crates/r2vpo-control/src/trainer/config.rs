@@ -141,6 +141,9 @@ pub struct TrainConfig {
     /// Episode videos (`[video]`): size, camera, and how often training
     /// films an evaluation episode.
     pub video: crate::video::VideoConfig,
+    /// Experiment trackers (`[log] mlflow = URI`, `wandb = true`), beside
+    /// `metrics.jsonl`.
+    pub log: r2vpo_report::track::LogConfig,
     /// Checkpoint every this many env steps (0: only at the end and on
     /// SIGINT/SIGTERM). Default 320 000 = 10 × (1000-step episodes × 32
     /// envs), so an interrupted run loses at most ~10 minutes on 2 cores
@@ -160,6 +163,7 @@ impl Default for TrainConfig {
             reset_every_update: false,
             eval_deterministic: true,
             video: crate::video::VideoConfig::default(),
+            log: r2vpo_report::track::LogConfig::default(),
             task: "cheetah-run".into(),
             seed: 0,
             total_env_steps: 1_000_000,
@@ -222,6 +226,7 @@ impl TrainConfig {
     pub fn validate(&self) -> TrainResult<()> {
         use r2vpo::objective::ObjectiveKind;
         self.video.validate()?;
+        self.log.validate().map_err(|m| config_err("log", m))?;
         if self.video.every > 0 && self.eval_episodes == 0 {
             return Err(config_err(
                 "video.every",

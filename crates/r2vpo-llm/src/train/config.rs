@@ -611,6 +611,9 @@ pub struct TrainConfig {
     /// The held-out evaluation (the same table as an `r2vpo llm eval`
     /// config; its `template`/`verify` should normally match training's).
     pub eval: EvalConfig,
+    /// Experiment trackers (`[log] mlflow = URI`, `wandb = true`), beside
+    /// `metrics.jsonl`; rank 0 of a data-parallel job reports.
+    pub log: r2vpo_report::track::LogConfig,
 }
 
 impl Default for TrainConfig {
@@ -657,6 +660,7 @@ impl Default for TrainConfig {
             checkpoint_every: 5,
             keep_checkpoints: 1,
             export: true,
+            log: r2vpo_report::track::LogConfig::default(),
             histogram_every: 5,
             max_bad_steps: 3,
             histogram_range: (0.5, 1.5, 100),
@@ -712,6 +716,7 @@ impl TrainConfig {
     /// compute backend it names).
     pub fn validate(&self) -> TrainResult<()> {
         self.validate_values()?;
+        self.log.validate().map_err(|m| bad("log", m))?;
         if !(self.dist.timeout_s.is_finite() && self.dist.timeout_s > 0.0) {
             return Err(bad("dist.timeout_s", format!("must be > 0 seconds, got {}", self.dist.timeout_s)));
         }
