@@ -74,7 +74,8 @@ impl Default for LogConfig {
 impl LogConfig {
     /// Checks the values that need no network.
     pub fn validate(&self) -> Result<(), String> {
-        if !self.mlflow.is_empty() && !(self.mlflow.starts_with("http://") || self.mlflow.starts_with("https://")) {
+        let http = self.mlflow.starts_with("http://") || self.mlflow.starts_with("https://");
+        if !self.mlflow.is_empty() && !http {
             return Err(format!(
                 "log.mlflow = {:?}: an http(s) URI of a tracking server (`mlflow server`), e.g. http://127.0.0.1:5000",
                 self.mlflow
