@@ -294,6 +294,10 @@ impl Recorder {
                      one (Debian: apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri; `make deps` does this)"
                 ))
             })?;
+        let mut renderer = renderer;
+        // The renderer's default stores the still uncompressed (230 KB at
+        // 320 × 240); the fast level is a third of that.
+        renderer.set_png_compression(mujoco_rs::renderer::png::Compression::Fast);
         let (stride, fps) = cfg.stride_and_fps(control_timestep);
         let frames = episode_steps.div_ceil(stride);
         let mut encoders = Vec::with_capacity(targets.len());
