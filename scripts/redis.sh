@@ -7,16 +7,8 @@ set -euo pipefail
 PIN="5:7.0.15-1~deb12u7"   # Debian 12's current build; any 7.x or newer works
 have() { command -v redis-server >/dev/null && redis-server --version | grep -Eq 'v=([7-9]|[1-9][0-9])\.'; }
 have && exit 0
-if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
-  echo "deps: error: redis-server ≥ 7.0 is needed (the experience-queue tests start one); install it, e.g. 'apt-get install redis-server'" >&2
-  exit 1
-fi
-echo "deps: installing Debian's redis-server"
-apt-get update -qq
-export DEBIAN_FRONTEND=noninteractive
 # The pinned build when the archive still has it, else Debian's current one.
-apt-get install -y -qq --no-install-recommends "redis-server=$PIN" >/dev/null 2>&1 \
-  || apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+bash "$(dirname "$0")/apt_install.sh" "redis-server >= 7.0, which the experience-queue tests start" "redis-server=$PIN"
 # Debian's package starts a system service on 6379; the tests use their own.
 if command -v service >/dev/null; then service redis-server stop >/dev/null 2>&1 || true; fi
 have || { echo "deps: error: redis-server ≥ 7.0 did not install" >&2; exit 1; }

@@ -3,6 +3,8 @@
 //! resumes to its end, logs written to a file get plain progress lines, and
 //! an `--out` folder that holds a run is never overwritten silently.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -38,25 +40,10 @@ fn signal_when(args: &[&str], signal: i32, ready: impl Fn() -> bool) -> (Option<
     (st.code(), std::fs::read_to_string(err.path()).unwrap())
 }
 
-fn tiny_llm_config(dir: &Path) -> PathBuf {
-    let gguf = root().join(".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(gguf.exists(), "{} missing (run `make deps`)", gguf.display());
-    let text = format!(
-        "iterations = 30\nprompts_per_iter = 2\ngroup_size = 4\nrollout_batch = 8\nminibatch_size = 4\n\
-         micro_batch_size = 2\ncheckpoint_every = 0\n[model]\npath = \"{}\"\n[model.random]\nhidden = 32\n\
-         intermediate = 64\nlayers = 2\nheads = 4\nkv_heads = 2\nseed = 3\ninit_std = 1.0\n[data]\ncount = 40\n\
-         [sampling]\nmax_new_tokens = 6\n",
-        gguf.display()
-    );
-    let p = dir.join("tiny.toml");
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
 #[test]
 fn llm_train_sigterm_checkpoints_exits_143_and_resumes() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = tiny_llm_config(tmp.path());
+    let cfg = common::tiny_llm_config(tmp.path(), 30, 0);
     let out = tmp.path().join("run");
     let (cfg_s, out_s) = (cfg.to_str().unwrap(), out.to_str().unwrap());
     let metrics = out.join("metrics.jsonl");
@@ -276,7 +263,7 @@ fn llm_resume_without_a_checkpoint_says_so_and_leaves_the_folder_alone() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     std::fs::create_dir_all(&run).unwrap();
-    std::fs::copy(tiny_llm_config(tmp.path()), run.join("config.toml")).unwrap();
+    std::fs::copy(common::tiny_llm_config(tmp.path(), 30, 0), run.join("config.toml")).unwrap();
     let before = std::fs::read(run.join("config.toml")).unwrap();
     // The command that starts it afresh is the one it was started with,
     // and each path is named where it is needed, not twice over.

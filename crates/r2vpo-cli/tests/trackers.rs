@@ -5,6 +5,8 @@
 //! offline runs that its record files show; a tracker that is down never
 //! stops training.
 
+mod common;
+
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -111,21 +113,6 @@ impl Drop for MlflowServer {
     }
 }
 
-fn tiny_llm_config(dir: &Path, iterations: usize) -> PathBuf {
-    let gguf = root().join(".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(gguf.exists(), "{} missing (run `make deps`)", gguf.display());
-    let text = format!(
-        "iterations = {iterations}\nprompts_per_iter = 2\ngroup_size = 4\nrollout_batch = 8\nminibatch_size = 4\n\
-         micro_batch_size = 2\ncheckpoint_every = 1\n[model]\npath = \"{}\"\n[model.random]\nhidden = 32\n\
-         intermediate = 64\nlayers = 2\nheads = 4\nkv_heads = 2\nseed = 3\ninit_std = 1.0\n[data]\ncount = 40\n\
-         [sampling]\nmax_new_tokens = 6\n",
-        gguf.display()
-    );
-    let p = dir.join("tiny.toml");
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
 const CONTROL_SETS: [&str; 8] = [
     "num_envs=4",
     "unroll=8",
@@ -159,7 +146,7 @@ fn series(history: &Value, key: &str) -> Vec<(i64, f64)> {
 fn mlflow_receives_llm_and_control_runs_and_resume_continues_them() {
     let tmp = tempfile::tempdir().unwrap();
     let server = MlflowServer::start(tmp.path());
-    let cfg = tiny_llm_config(tmp.path(), 3);
+    let cfg = common::tiny_llm_config(tmp.path(), 3, 1);
 
     // llm train: 3 iterations, then resumed to 5 into the same MLflow run.
     let run = tmp.path().join("llm");
@@ -239,7 +226,7 @@ fn wandb_offline(run: &Path) -> Value {
 #[test]
 fn wandb_offline_runs_hold_the_metrics_and_resume_continues_them() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = tiny_llm_config(tmp.path(), 2);
+    let cfg = common::tiny_llm_config(tmp.path(), 2, 1);
     let run = tmp.path().join("llm");
     let mut c = bin(tmp.path());
     c.args(["llm", "train", "--quiet", "--no-export", "--config"]).arg(&cfg).arg("--out").arg(&run);

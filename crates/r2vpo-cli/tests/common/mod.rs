@@ -1,5 +1,6 @@
 //! Shared by the tests that start real `r2vpo serve` processes: a tiny
-//! model folder, and a server handle that stops its process by PID.
+//! model folder, and a server handle that stops its process by PID; and the
+//! tiny `llm train` config of the run-edge and tracker tests.
 
 #![allow(dead_code)]
 
@@ -20,6 +21,23 @@ pub fn root() -> PathBuf {
 pub fn gguf() -> PathBuf {
     let p = root().join(".deps/models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(p.exists(), "{} missing (run `make deps`)", p.display());
+    p
+}
+
+/// A tiny `llm train` config in `dir/tiny.toml`: the embedded tokenizer on
+/// a random 2-layer model, 2 prompts × 4 samples of at most 6 tokens an
+/// iteration, a checkpoint every `checkpoint_every` iterations (0: only
+/// when stopped).
+pub fn tiny_llm_config(dir: &Path, iterations: usize, checkpoint_every: usize) -> PathBuf {
+    let text = format!(
+        "iterations = {iterations}\nprompts_per_iter = 2\ngroup_size = 4\nrollout_batch = 8\nminibatch_size = 4\n\
+         micro_batch_size = 2\ncheckpoint_every = {checkpoint_every}\n[model]\npath = \"{}\"\n[model.random]\n\
+         hidden = 32\nintermediate = 64\nlayers = 2\nheads = 4\nkv_heads = 2\nseed = 3\ninit_std = 1.0\n[data]\n\
+         count = 40\n[sampling]\nmax_new_tokens = 6\n",
+        gguf().display()
+    );
+    let p = dir.join("tiny.toml");
+    std::fs::write(&p, text).unwrap();
     p
 }
 
