@@ -54,8 +54,7 @@ struct MlflowServer {
 }
 
 impl MlflowServer {
-    fn start(dir: &Path) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    fn start(dir: &Path, port: u16) -> Self {
         let log = std::fs::File::create(dir.join("mlflow-server.log")).unwrap();
         let child = Command::new(venv().join("bin/mlflow"))
             .args(["server", "--host", "127.0.0.1", "--port", &port.to_string(), "--workers", "1"])
@@ -142,10 +141,26 @@ fn series(history: &Value, key: &str) -> Vec<(i64, f64)> {
         .collect()
 }
 
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
 #[test]
 fn mlflow_receives_llm_and_control_runs_and_resume_continues_them() {
     let tmp = tempfile::tempdir().unwrap();
-    let server = MlflowServer::start(tmp.path());
+    let port = free_port();
+    // control train starts before its server does: the tracker is down,
+    // said so once, retried, and the whole run arrives once the server
+    // answers (the run waits up to log.finish_wait_s for it).
+    let control = tmp.path().join("control");
+    let mut c = bin(tmp.path());
+    c.args(["control", "train", "--quiet", "--task", "cartpole-balance", "--algo", "ppo", "--out"]).arg(&control);
+    for s in CONTROL_SETS {
+        c.args(["--set", s]);
+    }
+    c.args(["--set", &format!("log.mlflow=http://127.0.0.1:{port}"), "--set", "log.finish_wait_s=120"]);
+    let early = c.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let server = MlflowServer::start(tmp.path(), port);
     let cfg = common::tiny_llm_config(tmp.path(), 3, 1);
 
     // llm train: 3 iterations, then resumed to 5 into the same MLflow run.
@@ -190,18 +205,16 @@ fn mlflow_receives_llm_and_control_runs_and_resume_continues_them() {
         assert!(theirs.contains(p), "{p:?} missing from MLflow's history {theirs:?}");
     }
 
-    // control train: every update's record at its env-step count.
-    let run = tmp.path().join("control");
-    let mut c = bin(tmp.path());
-    c.args(["control", "train", "--quiet", "--task", "cartpole-balance", "--algo", "ppo", "--out"]).arg(&run);
-    for s in CONTROL_SETS {
-        c.args(["--set", s]);
-    }
-    c.args(["--set", &format!("log.mlflow={}", server.uri)]);
-    run_ok(c);
-    let got = server.read(identity(&run, "mlflow")["run_id"].as_str().unwrap());
+    // The control run: every update's record at its env-step count.
+    let out = early.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let down = err.lines().filter(|l| l.starts_with("warning: mlflow:") && l.contains("training goes on")).count();
+    assert_eq!(down, 1, "{err}");
+    assert!(err.contains("mlflow: reachable again"), "{err}");
+    let got = server.read(identity(&control, "mlflow")["run_id"].as_str().unwrap());
     assert_eq!(got["status"], "FINISHED");
-    let ours: Vec<(i64, f64)> = records(&run.join("metrics.jsonl"))
+    let ours: Vec<(i64, f64)> = records(&control.join("metrics.jsonl"))
         .iter()
         .map(|m| (m["env_steps"].as_i64().unwrap(), m["policy_loss"].as_f64().unwrap()))
         .collect();
@@ -265,7 +278,7 @@ fn wandb_offline_runs_hold_the_metrics_and_resume_continues_them() {
 fn a_tracker_that_is_down_never_stops_training() {
     let tmp = tempfile::tempdir().unwrap();
     // A port nothing listens on.
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let run = tmp.path().join("control");
     let mut c = bin(tmp.path());
     c.args(["control", "train", "--quiet", "--task", "cartpole-balance", "--algo", "ppo", "--out"]).arg(&run);
