@@ -217,6 +217,17 @@ pub fn eval(a: &EvalArgs) -> Result<()> {
         }
         None => Vec::new(),
     };
+    if let Some(dir) = &a.video {
+        // Software rendering takes seconds per episode; say what is coming.
+        eprintln!(
+            "filming {} episode(s) of {} at {}x{} into {}…",
+            targets.len(),
+            cfg.task,
+            cfg.video.width,
+            cfg.video.height,
+            dir.display()
+        );
+    }
     let (returns, videos) = evaluate_policy_recorded(cfg, &saved.eval_policy(), a.episodes, a.seed, targets)?;
     let (m, s) = mean_std(&returns);
     let kind = if cfg.eval_deterministic { "deterministic" } else { "sampled" };
